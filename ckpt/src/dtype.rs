@@ -1,0 +1,176 @@
+//! Element types, named the way safetensors names them.
+//!
+//! The declaration order matters: safetensors writes tensors sorted by dtype from the last
+//! variant to the first (widest alignment first), then by name, so that every tensor stays
+//! naturally aligned. `Ord` follows the declaration order to reproduce that layout exactly.
+
+use std::fmt;
+
+/// The dtype of a tensor's elements.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[non_exhaustive]
+pub enum Dtype {
+    Bool,
+    F4,
+    F6E2M3,
+    F6E3M2,
+    U8,
+    I8,
+    F8E5M2,
+    F8E4M3,
+    F8E8M0,
+    F8E4M3Fnuz,
+    F8E5M2Fnuz,
+    I16,
+    U16,
+    F16,
+    BF16,
+    I32,
+    U32,
+    F32,
+    C64,
+    F64,
+    I64,
+    U64,
+}
+
+impl Dtype {
+    /// Every dtype, in declaration order.
+    pub const ALL: [Dtype; 22] = [
+        Dtype::Bool,
+        Dtype::F4,
+        Dtype::F6E2M3,
+        Dtype::F6E3M2,
+        Dtype::U8,
+        Dtype::I8,
+        Dtype::F8E5M2,
+        Dtype::F8E4M3,
+        Dtype::F8E8M0,
+        Dtype::F8E4M3Fnuz,
+        Dtype::F8E5M2Fnuz,
+        Dtype::I16,
+        Dtype::U16,
+        Dtype::F16,
+        Dtype::BF16,
+        Dtype::I32,
+        Dtype::U32,
+        Dtype::F32,
+        Dtype::C64,
+        Dtype::F64,
+        Dtype::I64,
+        Dtype::U64,
+    ];
+
+    /// The name safetensors uses in its header.
+    pub fn safetensors_name(self) -> &'static str {
+        match self {
+            Dtype::Bool => "BOOL",
+            Dtype::F4 => "F4",
+            Dtype::F6E2M3 => "F6_E2M3",
+            Dtype::F6E3M2 => "F6_E3M2",
+            Dtype::U8 => "U8",
+            Dtype::I8 => "I8",
+            Dtype::F8E5M2 => "F8_E5M2",
+            Dtype::F8E4M3 => "F8_E4M3",
+            Dtype::F8E8M0 => "F8_E8M0",
+            Dtype::F8E4M3Fnuz => "F8_E4M3FNUZ",
+            Dtype::F8E5M2Fnuz => "F8_E5M2FNUZ",
+            Dtype::I16 => "I16",
+            Dtype::U16 => "U16",
+            Dtype::F16 => "F16",
+            Dtype::BF16 => "BF16",
+            Dtype::I32 => "I32",
+            Dtype::U32 => "U32",
+            Dtype::F32 => "F32",
+            Dtype::C64 => "C64",
+            Dtype::F64 => "F64",
+            Dtype::I64 => "I64",
+            Dtype::U64 => "U64",
+        }
+    }
+
+    /// Parses a safetensors dtype name; `None` for a name safetensors does not define.
+    pub fn from_safetensors_name(name: &str) -> Option<Dtype> {
+        Dtype::ALL
+            .into_iter()
+            .find(|d| d.safetensors_name() == name)
+    }
+
+    /// Size of one element in bits (4 and 6 for the sub-byte float formats).
+    pub fn bits(self) -> u64 {
+        match self {
+            Dtype::F4 => 4,
+            Dtype::F6E2M3 | Dtype::F6E3M2 => 6,
+            Dtype::Bool
+            | Dtype::U8
+            | Dtype::I8
+            | Dtype::F8E5M2
+            | Dtype::F8E4M3
+            | Dtype::F8E8M0
+            | Dtype::F8E4M3Fnuz
+            | Dtype::F8E5M2Fnuz => 8,
+            Dtype::I16 | Dtype::U16 | Dtype::F16 | Dtype::BF16 => 16,
+            Dtype::I32 | Dtype::U32 | Dtype::F32 => 32,
+            Dtype::C64 | Dtype::F64 | Dtype::I64 | Dtype::U64 => 64,
+        }
+    }
+
+    /// Bytes needed by `numel` elements, or `None` on overflow or when the bit count is not a
+    /// whole number of bytes (safetensors refuses such tensors too).
+    pub fn byte_len(self, numel: u64) -> Option<u64> {
+        let bits = numel.checked_mul(self.bits())?;
+        (bits % 8 == 0).then_some(bits / 8)
+    }
+}
+
+impl fmt::Display for Dtype {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.safetensors_name())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Dtype;
+
+    #[test]
+    fn names_round_trip() {
+        for d in Dtype::ALL {
+            assert_eq!(Dtype::from_safetensors_name(d.safetensors_name()), Some(d));
+        }
+        assert_eq!(Dtype::from_safetensors_name("F128"), None);
+    }
+
+    #[test]
+    fn order_matches_the_safetensors_crate() {
+        // The on-disk order safetensors writes depends on this; pin it against the crate itself.
+        let ours: Vec<String> = Dtype::ALL
+            .iter()
+            .map(|d| d.safetensors_name().to_string())
+            .collect();
+        let mut theirs: Vec<safetensors::Dtype> = ours
+            .iter()
+            .map(|n| {
+                serde_json::from_value(serde_json::Value::String(n.clone())).expect("known dtype")
+            })
+            .collect();
+        theirs.sort();
+        let theirs: Vec<String> = theirs
+            .iter()
+            .map(|d| {
+                serde_json::to_value(d)
+                    .expect("serializes")
+                    .as_str()
+                    .expect("string")
+                    .to_string()
+            })
+            .collect();
+        assert_eq!(ours, theirs);
+        for d in Dtype::ALL {
+            let t: safetensors::Dtype =
+                serde_json::from_value(serde_json::Value::String(d.safetensors_name().into()))
+                    .expect("known");
+            assert_eq!(d.bits() as usize, t.bitsize(), "{d}");
+        }
+    }
+}

@@ -1,0 +1,214 @@
+//! Hugging Face sharded checkpoints: shard files plus an index.
+//!
+//! A sharded checkpoint is a folder of `model-00001-of-0000N.safetensors` files and one
+//! `model.safetensors.index.json`:
+//!
+//! ```json
+//! { "metadata": { "total_size": 123, ... }, "weight_map": { "tensor.name": "model-00001-of-00002.safetensors", ... } }
+//! ```
+//!
+//! `total_size` is the sum of the tensors' byte sizes (huggingface_hub counts each storage once,
+//! headers excluded). `weight_map` values are bare file names in the index's folder; like
+//! huggingface_hub we refuse anything that could leave it (separators, `..`, absolute or drive
+//! paths). With a single shard, huggingface_hub writes `model.safetensors` and no index.
+
+use std::path::{Path, PathBuf};
+
+use crate::error::{Error, IoContext, Result};
+
+/// The name huggingface_hub gives the index of `model{suffix}.safetensors` shards.
+pub const INDEX_NAME: &str = "model.safetensors.index.json";
+/// The name of an unsharded checkpoint.
+pub const SINGLE_NAME: &str = "model.safetensors";
+
+/// A parsed, validated index file.
+#[derive(Clone, Debug)]
+pub struct Index {
+    pub path: PathBuf,
+    /// `metadata`, in file order (`total_size` included when present).
+    pub metadata: serde_json::Map<String, serde_json::Value>,
+    /// `weight_map`, in file order.
+    pub weight_map: Vec<(String, String)>,
+}
+
+impl Index {
+    pub fn read(path: &Path) -> Result<Index> {
+        let text = std::fs::read(path).at(path)?;
+        Index::parse(&text, path)
+    }
+
+    pub fn parse(text: &[u8], path: &Path) -> Result<Index> {
+        let bad = |reason: String| Error::BadIndex {
+            path: path.to_path_buf(),
+            reason,
+        };
+        let root: serde_json::Value =
+            serde_json::from_slice(text).map_err(|e| bad(format!("not JSON: {e}")))?;
+        let serde_json::Value::Object(mut root) = root else {
+            return Err(bad("expected a JSON object".into()));
+        };
+        let metadata = match root.remove("metadata") {
+            None | Some(serde_json::Value::Null) => serde_json::Map::new(),
+            Some(serde_json::Value::Object(m)) => m,
+            Some(_) => return Err(bad("`metadata` must be an object".into())),
+        };
+        let Some(serde_json::Value::Object(map)) = root.remove("weight_map") else {
+            return Err(bad("`weight_map` is missing or not an object".into()));
+        };
+        let mut weight_map = Vec::with_capacity(map.len());
+        for (tensor, file) in map {
+            let serde_json::Value::String(file) = file else {
+                return Err(bad(format!(
+                    "`weight_map` entry `{tensor}` is not a string"
+                )));
+            };
+            if !is_plain_file_name(&file) {
+                return Err(Error::UnsafeShardPath {
+                    index: path.to_path_buf(),
+                    tensor,
+                    file,
+                });
+            }
+            weight_map.push((tensor, file));
+        }
+        Ok(Index {
+            path: path.to_path_buf(),
+            metadata,
+            weight_map,
+        })
+    }
+
+    /// The folder shard names are relative to.
+    pub fn dir(&self) -> &Path {
+        self.path.parent().unwrap_or(Path::new("."))
+    }
+
+    /// Distinct shard file names in order of first appearance.
+    pub fn shard_names(&self) -> Vec<&str> {
+        let mut seen = std::collections::HashSet::new();
+        self.weight_map
+            .iter()
+            .map(|(_, f)| f.as_str())
+            .filter(|f| seen.insert(*f))
+            .collect()
+    }
+
+    /// `metadata.total_size`, when present and a non-negative integer.
+    pub fn total_size(&self) -> Option<u64> {
+        self.metadata
+            .get("total_size")
+            .and_then(serde_json::Value::as_u64)
+    }
+}
+
+/// True when `name` names a file directly inside a folder on every OS: no separators, no
+/// drive letter, no `..`, not empty. huggingface_hub applies the same rule (parsing the value as
+/// a Windows path on every OS) before it opens a shard.
+pub fn is_plain_file_name(name: &str) -> bool {
+    !name.is_empty()
+        && name != "."
+        && name != ".."
+        && !name.contains(['/', '\\', '\0'])
+        && !(name.len() >= 2 && name.as_bytes()[1] == b':')
+}
+
+/// Shard file name `model-0000i-of-0000n.safetensors` (1-based), as huggingface_hub names it.
+pub fn shard_name(i: usize, n: usize) -> String {
+    format!("model-{i:05}-of-{n:05}.safetensors")
+}
+
+/// True for names that huggingface_hub's `save_torch_state_dict` deletes before writing:
+/// `model.safetensors`, `model-XXXXX-of-XXXXX.safetensors` and their `.index.json`.
+pub fn is_managed_name(name: &str) -> bool {
+    let Some(rest) = name.strip_prefix("model") else {
+        return false;
+    };
+    let rest = rest.strip_suffix(".index.json").unwrap_or(rest);
+    let Some(mid) = rest.strip_suffix(".safetensors") else {
+        return false;
+    };
+    if mid.is_empty() {
+        return true;
+    }
+    let b = mid.as_bytes();
+    b.len() == 15
+        && b[0] == b'-'
+        && b[1..6].iter().all(u8::is_ascii_digit)
+        && &mid[6..10] == "-of-"
+        && b[10..15].iter().all(u8::is_ascii_digit)
+}
+
+/// Renders an index the way huggingface_hub writes it: `json.dump(index, indent=2)`, which
+/// escapes every non-ASCII character and has no trailing newline.
+pub fn render(
+    metadata: &serde_json::Map<String, serde_json::Value>,
+    weight_map: &[(String, String)],
+) -> Vec<u8> {
+    let weight_map: serde_json::Map<String, serde_json::Value> = weight_map
+        .iter()
+        .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
+        .collect();
+    let root = serde_json::json!({ "metadata": metadata, "weight_map": weight_map });
+    // serde_json's pretty printer matches Python's `indent=2` layout; Python additionally
+    // escapes everything outside printable ASCII (ensure_ascii), which only occurs inside strings.
+    let pretty = serde_json::to_string_pretty(&root).unwrap_or_default();
+    escape_non_ascii(&pretty).into_bytes()
+}
+
+fn escape_non_ascii(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if (' '..='~').contains(&c) || c == '\n' {
+            out.push(c);
+        } else {
+            let mut buf = [0u16; 2];
+            for unit in c.encode_utf16(&mut buf) {
+                out.push_str(&format!("\\u{unit:04x}"));
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn managed_names() {
+        for ok in [
+            "model.safetensors",
+            "model-00001-of-00002.safetensors",
+            "model.safetensors.index.json",
+        ] {
+            assert!(is_managed_name(ok), "{ok}");
+        }
+        for no in [
+            "model-1-of-2.safetensors",
+            "other.safetensors",
+            "model.bin",
+            "model-00001-of-00002.bin",
+        ] {
+            assert!(!is_managed_name(no), "{no}");
+        }
+    }
+
+    #[test]
+    fn plain_names() {
+        assert!(is_plain_file_name("model-00001-of-00002.safetensors"));
+        for bad in ["../x", "/etc/passwd", "a/b", "a\\b", "C:x", "..", ""] {
+            assert!(!is_plain_file_name(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn render_escapes_like_python() {
+        let mut meta = serde_json::Map::new();
+        meta.insert("total_size".into(), 4.into());
+        let out = render(&meta, &[("é😀\u{7f}".into(), "f".into())]);
+        assert_eq!(
+            String::from_utf8(out).unwrap_or_default(),
+            "{\n  \"metadata\": {\n    \"total_size\": 4\n  },\n  \"weight_map\": {\n    \"\\u00e9\\ud83d\\ude00\\u007f\": \"f\"\n  }\n}"
+        );
+    }
+}

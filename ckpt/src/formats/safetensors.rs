@@ -1,0 +1,359 @@
+//! The safetensors file format.
+//!
+//! On disk a safetensors file is three parts, back to back:
+//!
+//! 1. `N`, the header length, as a little-endian u64;
+//! 2. `N` bytes of UTF-8 JSON: an object whose keys are tensor names, each mapping to
+//!    `{"dtype", "shape", "data_offsets": [begin, end]}`, plus an optional `__metadata__`
+//!    object of string to string;
+//! 3. the data buffer. Offsets are relative to its start (byte `8 + N` of the file), end-exclusive.
+//!
+//! A valid file has offsets that, sorted, start at 0 and follow each other with no gap and no
+//! overlap, each span exactly `numel × element size` bytes, and the last one ends exactly at the
+//! end of the file. We check the same rules as the `safetensors` crate's `Metadata::validate`
+//! (a test pins the parity) and one more: a name may appear only once, where the crate silently
+//! keeps the last.
+//!
+//! Writers sort tensors by dtype (widest first) then name, write the header as compact JSON
+//! with `__metadata__` first, and pad it with spaces to a multiple of 8 bytes. We reproduce that
+//! byte for byte, so our files equal what `safetensors.torch.save_file` writes.
+
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+
+use serde::de::{self, Deserializer, MapAccess, Visitor};
+use serde::Deserialize;
+
+use crate::dtype::Dtype;
+use crate::error::{Error, IoContext, Result};
+
+/// The largest header the `safetensors` crate accepts; we refuse the same.
+pub const MAX_HEADER_LEN: u64 = 100_000_000;
+
+/// One tensor entry of a parsed header.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HeaderTensor {
+    pub name: String,
+    pub dtype: Dtype,
+    pub shape: Vec<u64>,
+    /// Offsets into the data buffer, end-exclusive.
+    pub begin: u64,
+    pub end: u64,
+}
+
+/// A validated safetensors header.
+#[derive(Clone, Debug)]
+pub struct Header {
+    /// `N`: the length of the JSON header (including any padding).
+    pub header_len: u64,
+    /// `__metadata__`, in file order.
+    pub metadata: Option<Vec<(String, String)>>,
+    /// Tensors sorted by data offset: the order `safetensors.torch.load_file` returns them.
+    pub tensors: Vec<HeaderTensor>,
+}
+
+impl Header {
+    /// Absolute offset in the file where the data buffer starts.
+    pub fn data_start(&self) -> u64 {
+        8 + self.header_len
+    }
+
+    /// Total file length the header describes.
+    pub fn file_len(&self) -> u64 {
+        self.data_start() + self.tensors.last().map_or(0, |t| t.end)
+    }
+}
+
+/// Reads and validates the header of the safetensors file at `path`.
+pub fn read_header(path: &Path) -> Result<Header> {
+    let file = File::open(path).at(path)?;
+    let len = file.metadata().at(path)?.len();
+    read_header_from(&file, len, path)
+}
+
+/// Reads and validates a header from an open file of length `len`.
+pub fn read_header_from(file: &File, len: u64, path: &Path) -> Result<Header> {
+    let path_buf = || path.to_path_buf();
+    if len < 8 {
+        return Err(Error::HeaderTooSmall {
+            path: path_buf(),
+            len,
+        });
+    }
+    let mut n = [0u8; 8];
+    file.read_exact_at(&mut n, 0).at(path)?;
+    let header_len = u64::from_le_bytes(n);
+    if header_len > MAX_HEADER_LEN {
+        return Err(Error::HeaderTooLarge {
+            path: path_buf(),
+            header_len,
+            max: MAX_HEADER_LEN,
+        });
+    }
+    if header_len > len - 8 {
+        return Err(Error::HeaderBeyondFile {
+            path: path_buf(),
+            header_len,
+            len,
+        });
+    }
+    // Bounded by MAX_HEADER_LEN above, so the allocation is at most 100 MB.
+    let mut json = vec![0u8; header_len as usize];
+    file.read_exact_at(&mut json, 8).at(path)?;
+    let header = parse_header(&json, header_len, path)?;
+    let expected = header.file_len();
+    if expected != len {
+        return Err(Error::LengthMismatch {
+            path: path_buf(),
+            len,
+            expected,
+        });
+    }
+    Ok(header)
+}
+
+/// Parses and validates header JSON; everything but the file-length check.
+pub fn parse_header(json: &[u8], header_len: u64, path: &Path) -> Result<Header> {
+    let bad_json = |reason: String| Error::BadHeaderJson {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let text = std::str::from_utf8(json).map_err(|e| bad_json(format!("not UTF-8 ({e})")))?;
+    let entries: Entries = serde_json::from_str(text).map_err(|e| bad_json(e.to_string()))?;
+
+    let mut metadata = None;
+    let mut tensors = Vec::with_capacity(entries.0.len());
+    let mut seen = std::collections::HashSet::with_capacity(entries.0.len());
+    for (name, value) in entries.0 {
+        if !seen.insert(name.clone()) {
+            return Err(Error::DuplicateInFile {
+                path: path.to_path_buf(),
+                tensor: name,
+            });
+        }
+        if name == "__metadata__" {
+            metadata = Some(parse_metadata(value, path)?);
+        } else {
+            tensors.push(parse_tensor(name, value, path)?);
+        }
+    }
+    validate_offsets(&mut tensors, path)?;
+    Ok(Header {
+        header_len,
+        metadata,
+        tensors,
+    })
+}
+
+fn parse_metadata(value: serde_json::Value, path: &Path) -> Result<Vec<(String, String)>> {
+    let bad = |reason: String| Error::BadMetadata {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let serde_json::Value::Object(map) = value else {
+        return Err(bad(format!(
+            "expected an object, found {}",
+            json_kind(&value)
+        )));
+    };
+    map.into_iter()
+        .map(|(k, v)| match v {
+            serde_json::Value::String(s) => Ok((k, s)),
+            other => Err(bad(format!("value of `{k}` is {}", json_kind(&other)))),
+        })
+        .collect()
+}
+
+#[derive(Deserialize)]
+struct RawTensor {
+    dtype: String,
+    shape: Vec<u64>,
+    data_offsets: (u64, u64),
+}
+
+fn parse_tensor(name: String, value: serde_json::Value, path: &Path) -> Result<HeaderTensor> {
+    let raw: RawTensor = serde_json::from_value(value).map_err(|e| Error::BadTensorEntry {
+        path: path.to_path_buf(),
+        tensor: name.clone(),
+        reason: e.to_string(),
+    })?;
+    let Some(dtype) = Dtype::from_safetensors_name(&raw.dtype) else {
+        return Err(Error::UnknownDtype {
+            path: path.to_path_buf(),
+            tensor: name,
+            dtype: raw.dtype,
+        });
+    };
+    let (begin, end) = raw.data_offsets;
+    Ok(HeaderTensor {
+        name,
+        dtype,
+        shape: raw.shape,
+        begin,
+        end,
+    })
+}
+
+/// Sorts by offsets and checks contiguity and sizes, as `safetensors::Metadata::validate` does.
+fn validate_offsets(tensors: &mut [HeaderTensor], path: &Path) -> Result<()> {
+    tensors.sort_by_key(|t| (t.begin, t.end));
+    let mut next = 0u64;
+    for t in tensors.iter() {
+        if t.begin != next || t.end < t.begin {
+            return Err(Error::BadOffset {
+                path: path.to_path_buf(),
+                tensor: t.name.clone(),
+                expected: next,
+                found: t.begin,
+            });
+        }
+        let expected = numel(&t.shape)
+            .and_then(|n| t.dtype.byte_len(n))
+            .ok_or_else(|| Error::BadTensorEntry {
+                path: path.to_path_buf(),
+                tensor: t.name.clone(),
+                reason: format!(
+                    "shape {:?} of `{}` overflows or is not a whole number of bytes",
+                    t.shape, t.dtype
+                ),
+            })?;
+        let found = t.end - t.begin;
+        if expected != found {
+            return Err(Error::SizeMismatch {
+                path: path.to_path_buf(),
+                tensor: t.name.clone(),
+                dtype: t.dtype.to_string(),
+                shape: t.shape.clone(),
+                expected,
+                found,
+            });
+        }
+        next = t.end;
+    }
+    Ok(())
+}
+
+/// The element count of a shape, `None` on overflow.
+pub fn numel(shape: &[u64]) -> Option<u64> {
+    shape.iter().try_fold(1u64, |acc, &d| acc.checked_mul(d))
+}
+
+fn json_kind(v: &serde_json::Value) -> &'static str {
+    match v {
+        serde_json::Value::Null => "null",
+        serde_json::Value::Bool(_) => "a boolean",
+        serde_json::Value::Number(_) => "a number",
+        serde_json::Value::String(_) => "a string",
+        serde_json::Value::Array(_) => "an array",
+        serde_json::Value::Object(_) => "an object",
+    }
+}
+
+/// A JSON object read as its entries in file order, duplicates kept, so that we can refuse them
+/// (a plain map would silently keep one).
+struct Entries(Vec<(String, serde_json::Value)>);
+
+impl<'de> Deserialize<'de> for Entries {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Entries;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a JSON object of tensor entries")
+            }
+            fn visit_map<A: MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> std::result::Result<Entries, A::Error> {
+                let mut out = Vec::with_capacity(map.size_hint().unwrap_or(0));
+                while let Some((k, v)) = map.next_entry::<String, serde_json::Value>()? {
+                    out.push((k, v));
+                }
+                Ok(Entries(out))
+            }
+        }
+        d.deserialize_map(V).map_err(de::Error::custom)
+    }
+}
+
+/// One tensor to be written: its name, dtype, shape and byte length.
+#[derive(Clone, Debug)]
+pub struct OutTensor {
+    pub name: String,
+    pub dtype: Dtype,
+    pub shape: Vec<u64>,
+    pub len: u64,
+}
+
+/// The layout of a file to write: the encoded header, and each tensor's absolute file offset.
+#[derive(Clone, Debug)]
+pub struct Layout {
+    /// `N` as 8 little-endian bytes followed by the padded JSON header.
+    pub head: Vec<u8>,
+    /// Tensors in on-disk order with their absolute offsets in the file.
+    pub tensors: Vec<(OutTensor, u64)>,
+    pub file_len: u64,
+}
+
+/// Lays out a file the way the `safetensors` crate's `serialize` does: tensors sorted by dtype
+/// (widest first) then by name, the header compact JSON padded with spaces to a multiple of 8.
+pub fn layout(
+    mut tensors: Vec<OutTensor>,
+    metadata: &[(String, String)],
+    out: &Path,
+) -> Result<Layout> {
+    tensors.sort_by(|a, b| b.dtype.cmp(&a.dtype).then_with(|| a.name.cmp(&b.name)));
+    let mut obj = serde_json::Map::new();
+    if !metadata.is_empty() {
+        let meta: serde_json::Map<String, serde_json::Value> = metadata
+            .iter()
+            .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
+            .collect();
+        obj.insert("__metadata__".into(), meta.into());
+    }
+    let mut offset = 0u64;
+    let mut placed = Vec::with_capacity(tensors.len());
+    for t in tensors {
+        let entry = serde_json::json!({
+            "dtype": t.dtype.safetensors_name(),
+            "shape": t.shape,
+            "data_offsets": [offset, offset + t.len],
+        });
+        if obj.insert(t.name.clone(), entry).is_some() {
+            return Err(Error::DuplicateInFile {
+                path: out.to_path_buf(),
+                tensor: t.name,
+            });
+        }
+        let at = offset;
+        offset += t.len;
+        placed.push((t, at));
+    }
+    let mut json = serde_json::to_vec(&obj).map_err(|e| Error::BadHeaderJson {
+        path: out.to_path_buf(),
+        reason: e.to_string(),
+    })?;
+    json.resize(json.len().next_multiple_of(8), b' ');
+    let n = json.len() as u64;
+    if n > MAX_HEADER_LEN {
+        return Err(Error::HeaderTooLarge {
+            path: out.to_path_buf(),
+            header_len: n,
+            max: MAX_HEADER_LEN,
+        });
+    }
+    let mut head = Vec::with_capacity(8 + json.len());
+    head.extend_from_slice(&n.to_le_bytes());
+    head.extend_from_slice(&json);
+    let data_start = 8 + n;
+    let tensors = placed
+        .into_iter()
+        .map(|(t, at)| (t, data_start + at))
+        .collect();
+    Ok(Layout {
+        head,
+        tensors,
+        file_len: data_start + offset,
+    })
+}

@@ -1,0 +1,73 @@
+//! Checksum manifests: a `SHA256SUMS` file in the format `sha256sum` writes and `sha256sum -c`
+//! checks, one `<64 hex digits>  <file name>` line per file (`*` instead of the second space
+//! marks binary mode and is accepted too).
+
+use std::io::Read;
+use std::path::Path;
+
+use sha2::{Digest, Sha256};
+
+use crate::error::{Error, IoContext, Result};
+
+pub const MANIFEST_NAME: &str = "SHA256SUMS";
+
+/// The SHA-256 of a file as lowercase hex, read in fixed-size blocks.
+pub fn sha256_file(path: &Path) -> Result<String> {
+    let mut f = std::fs::File::open(path).at(path)?;
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = f.read(&mut buf).at(path)?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+    }
+    Ok(hasher
+        .finalize()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect())
+}
+
+/// Renders entries `(file name, hex digest)` sorted by name.
+pub fn render(entries: &[(String, String)]) -> String {
+    let mut sorted: Vec<&(String, String)> = entries.iter().collect();
+    sorted.sort();
+    sorted
+        .iter()
+        .map(|(name, sum)| format!("{sum}  {name}\n"))
+        .collect()
+}
+
+/// Parses a manifest into `(file name, hex digest)` pairs.
+pub fn parse(text: &str, path: &Path) -> Result<Vec<(String, String)>> {
+    let mut out = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let bad = |reason: &str| Error::BadManifest {
+            path: path.to_path_buf(),
+            line: i + 1,
+            reason: reason.into(),
+        };
+        let (sum, rest) = line
+            .split_at_checked(64)
+            .ok_or_else(|| bad("expected `<sha256>  <file>`"))?;
+        if !sum.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(bad("the checksum is not 64 hex digits"));
+        }
+        let name = rest
+            .strip_prefix("  ")
+            .or_else(|| rest.strip_prefix(" *"))
+            .ok_or_else(|| bad("expected two spaces or ` *` after the checksum"))?;
+        if !crate::formats::hf_index::is_plain_file_name(name) {
+            return Err(bad(
+                "the file name must be a plain name in the manifest's folder",
+            ));
+        }
+        out.push((name.to_string(), sum.to_ascii_lowercase()));
+    }
+    Ok(out)
+}

@@ -1,0 +1,104 @@
+//! The only module with `unsafe`: the kernel copy call and the memory map.
+//!
+//! Both exist to move tensor bytes without holding them: `copy_file_range` copies inside the
+//! kernel (and can share extents on filesystems that support it); where the kernel refuses, we
+//! copy out of a read-only memory map in windows and drop each window's pages once written, so
+//! resident memory stays at a window per thread whatever the checkpoint size.
+#![allow(unsafe_code)]
+
+use std::fs::File;
+use std::io;
+use std::os::fd::AsRawFd;
+
+use memmap2::{Mmap, UncheckedAdvice};
+
+/// Copies up to `len` bytes from `src` at `src_off` to `dst` at `dst_off` inside the kernel.
+/// Returns the number of bytes copied, which may be less than `len`; 0 means end of `src`.
+pub fn copy_file_range(
+    src: &File,
+    src_off: u64,
+    dst: &File,
+    dst_off: u64,
+    len: u64,
+) -> io::Result<u64> {
+    let mut off_in =
+        i64::try_from(src_off).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    let mut off_out =
+        i64::try_from(dst_off).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    // The kernel caps a single call well below usize::MAX anyway; 1 GiB keeps each call short.
+    let want = len.min(1 << 30) as usize;
+    // SAFETY: both descriptors are open for the duration of the call (borrowed `File`s), and the
+    // offset pointers point at live, properly aligned i64s on this stack frame. With explicit
+    // offsets the call does not touch the files' shared positions, so it is safe to run
+    // concurrently on the same descriptors.
+    let n = unsafe {
+        libc::copy_file_range(
+            src.as_raw_fd(),
+            &mut off_in,
+            dst.as_raw_fd(),
+            &mut off_out,
+            want,
+            0,
+        )
+    };
+    if n < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(n as u64)
+    }
+}
+
+/// True for the errors that mean "this kernel or filesystem pair cannot do it", after which a
+/// user-space copy is the right answer.
+pub fn copy_unsupported(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(
+            libc::EXDEV
+                | libc::ENOSYS
+                | libc::EOPNOTSUPP
+                | libc::EINVAL
+                | libc::EBADF
+                | libc::EPERM
+        )
+    )
+}
+
+/// A read-only memory map of a whole source file.
+#[derive(Debug)]
+pub struct MappedFile {
+    map: Mmap,
+}
+
+impl MappedFile {
+    pub fn open(file: &File) -> io::Result<MappedFile> {
+        // SAFETY: the map is read-only. A checkpoint being modified by another process while we
+        // read it is outside what any reader can guard against (torch and safetensors map the
+        // same way); we never hand out references that outlive `self`.
+        let map = unsafe { Mmap::map(file)? };
+        Ok(MappedFile { map })
+    }
+
+    /// The bytes at `[off, off + len)`, or `None` when out of bounds.
+    pub fn get(&self, off: u64, len: u64) -> Option<&[u8]> {
+        let start = usize::try_from(off).ok()?;
+        let end = start.checked_add(usize::try_from(len).ok()?)?;
+        self.map.get(start..end)
+    }
+
+    /// Drops the resident pages of `[off, off + len)`; they are re-read from the file if touched
+    /// again.
+    pub fn release(&self, off: u64, len: u64) {
+        let (Ok(off), Ok(len)) = (usize::try_from(off), usize::try_from(len)) else {
+            return;
+        };
+        // SAFETY: MADV_DONTNEED on a private read-only file mapping discards only clean page-cache
+        // backed pages; later reads fault them back in from the file with identical contents. No
+        // slice borrowed from the map is alive across this call in our callers (they release a
+        // window only after writing it out).
+        let _ = unsafe {
+            self.map
+                .unchecked_advise_range(UncheckedAdvice::DontNeed, off, len)
+        };
+    }
+}

@@ -1,0 +1,110 @@
+//! Verification: everything a reader would trip on, reported at once.
+//!
+//! Checks each file's header (size, JSON, dtypes, offsets with no gap, overlap or trailing
+//! bytes), the index against the shards (every `weight_map` entry present in the named shard,
+//! no tensor unlisted or held by two shards), and the `SHA256SUMS` manifest where there is one.
+
+use std::path::{Path, PathBuf};
+
+use crate::catalog::{scan, Format};
+use crate::error::{Error, IoContext, Result};
+use crate::manifest;
+
+/// The result of [`verify`]. Valid when `problems` is empty.
+#[derive(Debug)]
+pub struct Report {
+    pub path: PathBuf,
+    pub format: Option<Format>,
+    pub files: usize,
+    pub tensors: usize,
+    pub problems: Vec<Error>,
+    /// Things worth knowing that do not make the checkpoint invalid.
+    pub warnings: Vec<String>,
+    /// Files whose checksum matched the manifest.
+    pub checksums_ok: usize,
+}
+
+impl Report {
+    pub fn is_valid(&self) -> bool {
+        self.problems.is_empty()
+    }
+}
+
+/// Verifies the checkpoint at `src`. `Err` only for errors that stop verification from
+/// starting (no such path, not a checkpoint, I/O failure); every defect of the checkpoint
+/// itself is a problem in the report.
+pub fn verify(src: &str) -> Result<Report> {
+    let mut report = Report {
+        path: PathBuf::from(src),
+        format: None,
+        files: 0,
+        tensors: 0,
+        problems: Vec::new(),
+        warnings: Vec::new(),
+        checksums_ok: 0,
+    };
+    let scanned = match scan(src) {
+        Ok(s) => s,
+        Err(e) if e.is_invalid_data() => {
+            report.problems.push(e);
+            return Ok(report);
+        }
+        Err(e) => return Err(e),
+    };
+    let ck = scanned.checkpoint;
+    report.path = ck.root().to_path_buf();
+    report.format = Some(ck.format());
+    report.files = ck.files().len();
+    report.tensors = ck.tensors().len();
+    report.problems = scanned.problems;
+    if let Err(e) = ck.file_metadata() {
+        report.problems.push(e);
+    }
+    if let Some(declared) = ck.index.as_ref().and_then(|i| i.total_size()) {
+        let actual = ck.total_bytes();
+        if declared != actual {
+            report.warnings.push(format!(
+                "index `total_size` is {declared} but the tensors hold {actual} bytes (huggingface_hub counts shared storages once; older tools counted differently)"
+            ));
+        }
+    }
+    // The manifest sits beside the file or the index.
+    let manifest_path = ck.root().parent().map(|d| d.join(manifest::MANIFEST_NAME));
+    if let Some(mp) = manifest_path.filter(|p| p.is_file()) {
+        let names: Vec<String> = ck
+            .files()
+            .iter()
+            .filter_map(|f| f.path.file_name().map(|n| n.to_string_lossy().into_owned()))
+            .collect();
+        check_manifest(&mp, &names, &mut report)?;
+    }
+    Ok(report)
+}
+
+/// Checks the manifest's entries for the checkpoint's files. Entries for other files in the
+/// folder are not ours to judge.
+fn check_manifest(path: &Path, ours: &[String], report: &mut Report) -> Result<()> {
+    let text = std::fs::read_to_string(path).at(path)?;
+    let entries = match manifest::parse(&text, path) {
+        Ok(e) => e,
+        Err(e) => {
+            report.problems.push(e);
+            return Ok(());
+        }
+    };
+    let dir = path.parent().unwrap_or(Path::new("."));
+    for (name, expected) in entries.iter().filter(|(n, _)| ours.contains(n)) {
+        let found = manifest::sha256_file(&dir.join(name))?;
+        if &found == expected {
+            report.checksums_ok += 1;
+        } else {
+            report.problems.push(Error::ChecksumMismatch {
+                path: path.to_path_buf(),
+                file: name.clone(),
+                expected: expected.clone(),
+                found,
+            });
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,191 @@
+//! `ckpt`: split, merge, inspect and verify checkpoints; plan and explain data loading.
+//!
+//! Exit codes: 0 success, 1 problems found (`verify`), 2 usage, input or I/O error. stdout
+//! carries data only; progress and notes go to stderr.
+
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+
+mod output;
+mod progress;
+
+/// Split, merge, convert and verify checkpoints, streaming, with bounded memory.
+#[derive(Parser, Debug)]
+#[command(name = "ckpt", version, about, long_about = None)]
+pub struct Cli {
+    /// Print nothing on stderr but errors.
+    #[arg(short, long, global = true)]
+    pub quiet: bool,
+
+    /// How tensor bytes are moved: `auto` (kernel copy, falling back to a memory map) or `mmap`.
+    #[arg(long, global = true, value_enum, default_value_t = CopyArg::Auto, hide = true)]
+    pub copy_method: CopyArg,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CopyArg {
+    Auto,
+    Mmap,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Show a checkpoint's format, tensors and totals.
+    Inspect {
+        /// A `.safetensors` file, an index, a folder, or `hf://ORG/NAME[@REV][/PATH]`.
+        path: String,
+        /// Print JSON (schema in the README).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Split a checkpoint into huggingface_hub-style shards with an index.
+    Split {
+        /// A `.safetensors` file, a sharded folder or its index, or an `hf://` address.
+        src: String,
+        /// Output folder (created if missing). A previous checkpoint there is replaced.
+        out_dir: PathBuf,
+        /// Largest shard, in huggingface_hub's units: `5GB` is 5·10⁹ bytes.
+        #[arg(long, default_value = ckpt::DEFAULT_MAX_SHARD_SIZE)]
+        max_shard_size: String,
+        /// Also write a `SHA256SUMS` manifest that `ckpt verify` checks.
+        #[arg(long)]
+        checksums: bool,
+    },
+    /// Merge a sharded checkpoint into one `.safetensors` file, bit-exact.
+    Merge {
+        /// A sharded folder, its index file, or an `hf://` address.
+        src: String,
+        /// The output `.safetensors` file.
+        out: PathBuf,
+        /// Also write a `SHA256SUMS` manifest beside the output.
+        #[arg(long)]
+        checksums: bool,
+    },
+    /// Check headers, offsets, index completeness and checksums. Exit 0 valid, 1 problems, 2 error.
+    Verify {
+        path: String,
+        /// Print JSON (schema in the README).
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(&cli) {
+        Ok(code) => code,
+        Err(err) => {
+            // A closed pipe (`ckpt inspect x | head`) is not an error worth a message.
+            if err.chain().any(|c| {
+                c.downcast_ref::<std::io::Error>()
+                    .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
+            }) {
+                return ExitCode::SUCCESS;
+            }
+            let msg = err
+                .chain()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(": ");
+            let _ = writeln!(std::io::stderr(), "error: {msg}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn run(cli: &Cli) -> anyhow::Result<ExitCode> {
+    let copy = match cli.copy_method {
+        CopyArg::Auto => ckpt::CopyMethod::Auto,
+        CopyArg::Mmap => ckpt::CopyMethod::Mapped,
+    };
+    let notes = !cli.quiet && std::io::stderr().is_terminal();
+    let mut out = std::io::stdout().lock();
+    match &cli.command {
+        Command::Inspect { path, json } => {
+            let ck = ckpt::Checkpoint::open(path)?;
+            if *json {
+                output::inspect_json(&mut out, &ck)?;
+            } else {
+                output::inspect_text(&mut out, &ck)?;
+            }
+        }
+        Command::Split {
+            src,
+            out_dir,
+            max_shard_size,
+            checksums,
+        } => {
+            let max = ckpt::parse_size(max_shard_size)?;
+            let ck = ckpt::Checkpoint::open(src)?;
+            let bar = progress::Bar::new(ck.total_bytes(), !cli.quiet);
+            let report = |n: u64| bar.inc(n);
+            let opts = ckpt::WriteOptions {
+                copy,
+                checksums: *checksums,
+                progress: Some(&report),
+            };
+            let done = ckpt::split(&ck, out_dir, max, &opts)
+                .with_context(|| format!("splitting {src}"))?;
+            bar.finish();
+            for (path, _) in &done.files {
+                writeln!(out, "{}", path.display())?;
+            }
+            if let Some(index) = &done.index {
+                writeln!(out, "{}", index.display())?;
+            }
+            if notes {
+                eprintln!(
+                    "split {} tensors ({} bytes) into {} file(s)",
+                    ck.tensors().len(),
+                    done.total_size,
+                    done.files.len()
+                );
+            }
+        }
+        Command::Merge {
+            src,
+            out: dst,
+            checksums,
+        } => {
+            let ck = ckpt::Checkpoint::open(src)?;
+            let bar = progress::Bar::new(ck.total_bytes(), !cli.quiet);
+            let report = |n: u64| bar.inc(n);
+            let opts = ckpt::WriteOptions {
+                copy,
+                checksums: *checksums,
+                progress: Some(&report),
+            };
+            let done = ckpt::merge(&ck, dst, &opts).with_context(|| format!("merging {src}"))?;
+            bar.finish();
+            writeln!(out, "{}", done.path.display())?;
+            if notes {
+                eprintln!(
+                    "merged {} tensors ({} bytes) from {} file(s)",
+                    done.tensors,
+                    done.bytes,
+                    ck.files().len()
+                );
+            }
+        }
+        Command::Verify { path, json } => {
+            let report = ckpt::verify(path)?;
+            if *json {
+                output::verify_json(&mut out, &report)?;
+            } else {
+                output::verify_text(&mut out, &report)?;
+            }
+            if !report.is_valid() {
+                return Ok(ExitCode::from(1));
+            }
+        }
+    }
+    out.flush()?;
+    Ok(ExitCode::SUCCESS)
+}

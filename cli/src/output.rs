@@ -1,0 +1,156 @@
+//! What `inspect` and `verify` print, as text and as JSON.
+//!
+//! The JSON documents carry `"schema": "statekit.inspect/1"` or `"statekit.verify/1"`; fields are
+//! only ever added within a version. The README documents both.
+
+use std::io::Write;
+
+use serde_json::json;
+
+pub fn inspect_json(out: &mut impl Write, ck: &ckpt::Checkpoint) -> anyhow::Result<()> {
+    let files: Vec<serde_json::Value> = ck
+        .files()
+        .iter()
+        .map(|f| {
+            let meta: serde_json::Map<String, serde_json::Value> = f
+                .metadata
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone().into()))
+                .collect();
+            json!({ "path": f.path, "bytes": f.len, "metadata": meta })
+        })
+        .collect();
+    let tensors: Vec<serde_json::Value> = ck
+        .tensors()
+        .iter()
+        .map(|t| {
+            let file = t.chunks.first().map(|c| &ck.files()[c.file].path);
+            let offset = t.chunks.first().map(|c| c.offset);
+            json!({ "name": t.name, "dtype": t.dtype.to_string(), "shape": t.shape, "file": file, "offset": offset, "bytes": t.byte_len() })
+        })
+        .collect();
+    let doc = json!({
+        "schema": "statekit.inspect/1",
+        "format": ck.format().name(),
+        "path": ck.root(),
+        "index_metadata": ck.index_metadata(),
+        "files": files,
+        "tensors": tensors,
+        "totals": { "files": ck.files().len(), "tensors": ck.tensors().len(), "bytes": ck.total_bytes() },
+    });
+    serde_json::to_writer_pretty(&mut *out, &doc)?;
+    writeln!(out)?;
+    Ok(())
+}
+
+pub fn inspect_text(out: &mut impl Write, ck: &ckpt::Checkpoint) -> anyhow::Result<()> {
+    writeln!(out, "format:  {}", ck.format().name())?;
+    writeln!(out, "path:    {}", ck.root().display())?;
+    writeln!(out, "files:   {}", ck.files().len())?;
+    writeln!(out, "tensors: {}", ck.tensors().len())?;
+    writeln!(
+        out,
+        "bytes:   {} ({})",
+        ck.total_bytes(),
+        human(ck.total_bytes())
+    )?;
+    writeln!(out)?;
+    let rows: Vec<[String; 5]> = ck
+        .tensors()
+        .iter()
+        .map(|t| {
+            let file = t
+                .chunks
+                .first()
+                .and_then(|c| ck.files()[c.file].path.file_name())
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            [
+                t.name.clone(),
+                t.dtype.to_string(),
+                format!("{:?}", t.shape),
+                file,
+                t.byte_len().to_string(),
+            ]
+        })
+        .collect();
+    let header = ["NAME", "DTYPE", "SHAPE", "FILE", "BYTES"].map(String::from);
+    let mut widths = header.clone().map(|h| h.len());
+    for r in &rows {
+        for (w, c) in widths.iter_mut().zip(r) {
+            *w = (*w).max(c.chars().count());
+        }
+    }
+    for r in std::iter::once(&header).chain(&rows) {
+        let line: Vec<String> = r
+            .iter()
+            .zip(widths)
+            .enumerate()
+            .map(|(i, (c, w))| {
+                if i == 4 {
+                    format!("{c:>w$}")
+                } else {
+                    format!("{c:<w$}")
+                }
+            })
+            .collect();
+        writeln!(out, "{}", line.join("  ").trim_end())?;
+    }
+    Ok(())
+}
+
+pub fn verify_json(out: &mut impl Write, r: &ckpt::Report) -> anyhow::Result<()> {
+    let doc = json!({
+        "schema": "statekit.verify/1",
+        "valid": r.is_valid(),
+        "path": r.path,
+        "format": r.format.map(|f| f.name()),
+        "files": r.files,
+        "tensors": r.tensors,
+        "checksums_ok": r.checksums_ok,
+        "problems": r.problems.iter().map(ToString::to_string).collect::<Vec<_>>(),
+        "warnings": r.warnings,
+    });
+    serde_json::to_writer_pretty(&mut *out, &doc)?;
+    writeln!(out)?;
+    Ok(())
+}
+
+pub fn verify_text(out: &mut impl Write, r: &ckpt::Report) -> anyhow::Result<()> {
+    let what = format!(
+        "{} ({}, {} file(s), {} tensor(s), {} checksum(s) matched)",
+        r.path.display(),
+        r.format.map_or("unknown format", |f| f.name()),
+        r.files,
+        r.tensors,
+        r.checksums_ok
+    );
+    if r.is_valid() {
+        writeln!(out, "ok: {what}")?;
+    } else {
+        writeln!(out, "invalid: {what}: {} problem(s)", r.problems.len())?;
+        for p in &r.problems {
+            writeln!(out, "  problem: {p}")?;
+        }
+    }
+    for w in &r.warnings {
+        writeln!(out, "  warning: {w}")?;
+    }
+    Ok(())
+}
+
+/// Sizes in binary units, as `ls -h` shows them.
+fn human(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = bytes as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
+}
