@@ -1,0 +1,92 @@
+//! Rank-sharded, resumable, seedable data loading: the index side.
+//!
+//! This crate reproduces what a data-parallel run gets from Hugging Face accelerate
+//! (1.15) on top of torch (2.13) — which rank reads which sample at which step — and makes
+//! it resumable in O(1) and across world sizes.
+//!
+//! # Exact accelerate semantics
+//!
+//! * [`TorchGenerator`] is torch's CPU MT19937 and [`randperm`] is `torch.randperm` on the
+//!   CPU, both algorithms and the switch between them at [`INSIDE_OUT_THRESHOLD`].
+//! * [`SequentialSampler`] and [`SeedableRandomSampler`] order an epoch; the seedable sampler
+//!   draws `randperm(n, manual_seed(seed + epoch))`.
+//! * [`DataLoaderConfiguration`] has accelerate's fields and defaults, and
+//!   [`DataLoaderConfiguration::resolve`] accelerate's refusals.
+//! * [`shard_batches`] is `BatchSamplerShard`, batch by batch (varying batch sizes included);
+//!   [`IterableDatasetShard`] is accelerate's class of that name; [`Dispatcher`] is
+//!   `DataLoaderDispatcher` over a [`Collective`].
+//! * [`ShardedSampler`] is a prepared map-style loader, per-rank or dispatched, with
+//!   [`ShardedSampler::skip_first_batches`].
+//!
+//! Where accelerate's `len()` is wrong (split batches without even batches, and
+//! `IterableDatasetShard` with split batches), the `len` functions here return the true
+//! count and `accelerate_len` functions return accelerate's number.
+//!
+//! # The global cursor and O(1) resume
+//!
+//! An epoch's order depends only on (dataset length, sampler, seed, epoch). All ranks read
+//! that one order in global batches of `G` samples (the batch size with `split_batches`,
+//! batch size × ranks without), rank `p` taking the `p`-th slice of each (see [`EpochPlan`]).
+//! A position is therefore one number per epoch, the *cursor*: how many samples of the
+//! order the world has consumed. [`ShardedSampler::state_dict`] saves it in a versioned JSON
+//! [`LoaderState`] with everything it is only valid with (dataset length and fingerprint,
+//! sampler and seed, batch size, `drop_last`, accelerate's configuration, the world size at
+//! save time); [`ShardedSampler::load_state_dict`] refuses a state that does not match and
+//! otherwise continues from the cursor by computing, not replaying: no batch before it is
+//! produced. (With shuffling, the epoch's permutation itself is drawn once, as at the start
+//! of any epoch: resume costs the same as starting an epoch, whatever the position.)
+//!
+//! Compared with accelerate: `skip_first_batches(k)` walks and discards `k` batches (per rank:
+//! `k × P` inner batches, and for iterable datasets it reads the data); restoring a state here
+//! does not depend on `k`.
+//!
+//! # Elastic resume: N ranks → M ranks
+//!
+//! A state saved by `N` ranks loads on `M` ranks with the same batch size (the batch size of
+//! the underlying sampler, as in accelerate). The rule:
+//!
+//! 1. The order of the interrupted epoch does not depend on the world size, so the samples
+//!    before the cursor `c` are exactly those consumed, whatever `N` was.
+//! 2. The rest of that epoch, `order[c..n]`, is cut into global batches of the new world's
+//!    size `G' ` starting at `c`; rank `p` of `M` takes the `p`-th slice of each. Every
+//!    remaining sample is therefore handed out exactly once across the `M` ranks.
+//! 3. The end of the epoch follows the new world's rules: with `drop_last` an incomplete last
+//!    global batch is dropped (as it always is); with `even_batches` it is completed with
+//!    samples from the start of the epoch's order — repeats, exactly as in any accelerate run,
+//!    which `remainder`/`gather_for_metrics` can trim; otherwise the last step is uneven.
+//! 4. From the next epoch on, the loader is exactly an `M`-rank run.
+//!
+//! When `M = N` the cut points of step 2 are the uninterrupted run's, so a resumed run equals
+//! the remainder of the uninterrupted one, bit for bit.
+//!
+//! `split_batches` needs the batch size to divide by `M`, as it does in accelerate.
+
+mod batch_shard;
+mod collective;
+mod config;
+mod dispatch;
+mod error;
+mod iterable_shard;
+mod loader;
+mod plan;
+mod randperm;
+mod sampler;
+mod state;
+mod torch_rng;
+
+pub use batch_shard::{accelerate_shard_len, shard_batches, ShardParams};
+pub use collective::{Collective, InProcessCollective, InProcessGroup};
+pub use config::{DataLoaderConfiguration, DatasetKind, LoaderShape, ShardMode};
+pub use dispatch::{base_batches, gather_for_metrics, DispatchedBatch, Dispatcher};
+pub use error::{DataloadError, Result};
+pub use iterable_shard::IterableDatasetShard;
+pub use loader::{ShardedSampler, ShardedSamplerBuilder};
+pub use plan::{BatchGeometry, EpochPlan};
+pub use randperm::{
+    randperm, randperm_with, Permutation, RandpermAlgorithm, TorchVersion, INSIDE_OUT_THRESHOLD,
+};
+pub use sampler::{
+    EpochOrder, IndexSampler, SeedableRandomSampler, SequentialSampler, MAX_SEED, MIN_SEED,
+};
+pub use state::{LoaderState, SamplerSpec, STATE_FORMAT, STATE_VERSION};
+pub use torch_rng::TorchGenerator;

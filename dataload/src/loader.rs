@@ -1,0 +1,416 @@
+//! The rank-sharded index loader: accelerate's prepared map-style loader, as pure arithmetic.
+
+use crate::config::{DataLoaderConfiguration, DatasetKind, LoaderShape, ShardMode};
+use crate::error::{DataloadError, Result};
+use crate::plan::{BatchGeometry, EpochPlan};
+use crate::randperm::TorchVersion;
+use crate::sampler::{EpochOrder, IndexSampler, SeedableRandomSampler, SequentialSampler};
+use crate::state::{LoaderState, SamplerSpec, STATE_FORMAT, STATE_VERSION};
+
+/// Builds a [`ShardedSampler`]; every check happens in [`ShardedSamplerBuilder::build`].
+#[derive(Debug, Clone, Default)]
+pub struct ShardedSamplerBuilder {
+    dataset_len: Option<u64>,
+    batch_size: Option<u64>,
+    drop_last: bool,
+    world_size: Option<u64>,
+    rank: u64,
+    shuffle: bool,
+    torch_initial_seed: Option<i128>,
+    config: DataLoaderConfiguration,
+    put_on_device: bool,
+    fingerprint: Option<String>,
+    torch: TorchVersion,
+}
+
+impl ShardedSamplerBuilder {
+    /// Number of samples in the (map-style) dataset.
+    pub fn dataset_len(mut self, n: u64) -> Self {
+        self.dataset_len = Some(n);
+        self
+    }
+
+    /// Batch size of the underlying batch sampler, as given to torch's `DataLoader`.
+    pub fn batch_size(mut self, b: u64) -> Self {
+        self.batch_size = Some(b);
+        self
+    }
+
+    /// torch `DataLoader`'s `drop_last`.
+    pub fn drop_last(mut self, d: bool) -> Self {
+        self.drop_last = d;
+        self
+    }
+
+    /// Number of ranks.
+    pub fn world_size(mut self, w: u64) -> Self {
+        self.world_size = Some(w);
+        self
+    }
+
+    /// This rank (default 0).
+    pub fn rank(mut self, r: u64) -> Self {
+        self.rank = r;
+        self
+    }
+
+    /// torch `DataLoader`'s `shuffle` (a `RandomSampler`). Needs `use_seedable_sampler`.
+    pub fn shuffle(mut self, s: bool) -> Self {
+        self.shuffle = s;
+        self
+    }
+
+    /// What `torch.initial_seed()` returns in the training processes (what `set_seed` set);
+    /// used by the seedable sampler when `data_seed` is unset, as in accelerate.
+    pub fn torch_initial_seed(mut self, s: i128) -> Self {
+        self.torch_initial_seed = Some(s);
+        self
+    }
+
+    /// accelerate's configuration.
+    pub fn config(mut self, c: DataLoaderConfiguration) -> Self {
+        self.config = c;
+        self
+    }
+
+    /// accelerate's `put_on_device` (default true).
+    pub fn put_on_device(mut self, p: bool) -> Self {
+        self.put_on_device = p;
+        self
+    }
+
+    /// Identity of the dataset, checked when a state is loaded.
+    pub fn fingerprint(mut self, f: impl Into<String>) -> Self {
+        self.fingerprint = Some(f.into());
+        self
+    }
+
+    /// The torch whose `randperm` the order must equal (default: torch ≥ 2.6).
+    pub fn torch_version(mut self, t: TorchVersion) -> Self {
+        self.torch = t;
+        self
+    }
+
+    /// Validates everything and builds the loader, at epoch 0, position 0.
+    pub fn build(self) -> Result<ShardedSampler> {
+        let dataset_len = self.dataset_len.ok_or(DataloadError::Missing {
+            field: "dataset_len",
+        })?;
+        let batch_size = self.batch_size.ok_or(DataloadError::Missing {
+            field: "batch_size",
+        })?;
+        let world_size = self.world_size.ok_or(DataloadError::Missing {
+            field: "world_size",
+        })?;
+        if batch_size == 0 {
+            return Err(DataloadError::InvalidValue {
+                field: "batch_size",
+                value: "0".into(),
+                reason: "must be positive",
+            });
+        }
+        if world_size == 0 {
+            return Err(DataloadError::InvalidValue {
+                field: "world_size",
+                value: "0".into(),
+                reason: "at least one rank is needed",
+            });
+        }
+        if self.rank >= world_size {
+            return Err(DataloadError::RankOutOfRange {
+                rank: usize::try_from(self.rank).unwrap_or(usize::MAX),
+                world_size: usize::try_from(world_size).unwrap_or(usize::MAX),
+            });
+        }
+        if batch_size.checked_mul(world_size).is_none() {
+            return Err(DataloadError::InvalidValue {
+                field: "batch_size",
+                value: batch_size.to_string(),
+                reason: "batch size times world size overflows 64 bits",
+            });
+        }
+        let mode = self.config.resolve(LoaderShape {
+            dataset: DatasetKind::Map,
+            batch_size: usize::try_from(batch_size).ok(),
+            world_size: usize::try_from(world_size).unwrap_or(usize::MAX),
+            put_on_device: self.put_on_device,
+        })?;
+        let sampler = if self.shuffle {
+            if !self.config.use_seedable_sampler {
+                return Err(DataloadError::ShuffleNeedsSeedableSampler);
+            }
+            let seed = self
+                .config
+                .data_seed
+                .or(self.torch_initial_seed)
+                .ok_or(DataloadError::MissingSeed)?;
+            // Validates the seed range.
+            SeedableRandomSampler::new(dataset_len, seed, self.torch)?;
+            SamplerSpec::SeedableRandom { seed }
+        } else {
+            SamplerSpec::Sequential
+        };
+        Ok(ShardedSampler {
+            dataset_len,
+            sampler,
+            torch: self.torch,
+            config: self.config,
+            geometry: BatchGeometry {
+                batch_size,
+                world_size,
+                split_batches: self.config.split_batches,
+                even_batches: self.config.even_batches,
+                drop_last: self.drop_last,
+                mode,
+            },
+            rank: self.rank,
+            fingerprint: self.fingerprint,
+            epoch: 0,
+            start: 0,
+            pad_origin: 0,
+            step: 0,
+            plan: None,
+        })
+    }
+}
+
+/// One rank's view of an accelerate-prepared map-style loader: which dataset indices it gets,
+/// batch by batch, epoch after epoch; resumable in O(1) from a [`LoaderState`], also on
+/// another number of ranks.
+#[derive(Debug, Clone)]
+pub struct ShardedSampler {
+    dataset_len: u64,
+    sampler: SamplerSpec,
+    torch: TorchVersion,
+    config: DataLoaderConfiguration,
+    geometry: BatchGeometry,
+    rank: u64,
+    fingerprint: Option<String>,
+    epoch: u64,
+    /// Cursor where the current epoch's plan starts (0 unless resumed or skipped).
+    start: u64,
+    pad_origin: u64,
+    /// Steps consumed since `start`.
+    step: u64,
+    /// The current epoch's plan, built on first use: building it costs the permutation.
+    plan: Option<EpochPlan>,
+}
+
+impl ShardedSampler {
+    /// A builder (`put_on_device` defaults to true, like accelerate).
+    pub fn builder() -> ShardedSamplerBuilder {
+        ShardedSamplerBuilder {
+            put_on_device: true,
+            ..ShardedSamplerBuilder::default()
+        }
+    }
+
+    /// The epoch being read.
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// This rank.
+    pub fn rank(&self) -> u64 {
+        self.rank
+    }
+
+    /// The geometry (batch size, world size, flags, mode).
+    pub fn geometry(&self) -> &BatchGeometry {
+        &self.geometry
+    }
+
+    /// The sampler.
+    pub fn sampler(&self) -> SamplerSpec {
+        self.sampler
+    }
+
+    /// Dataset length.
+    pub fn dataset_len(&self) -> u64 {
+        self.dataset_len
+    }
+
+    /// Global cursor: samples of this epoch's order consumed by all ranks together.
+    pub fn cursor(&self) -> u64 {
+        let g = self.geometry.global_batch();
+        self.start
+            .saturating_add(self.step.saturating_mul(g))
+            .min(self.dataset_len)
+    }
+
+    /// The order of `epoch`, computed from scratch.
+    pub fn order(&self, epoch: u64) -> Result<EpochOrder> {
+        match self.sampler {
+            SamplerSpec::Sequential => SequentialSampler::new(self.dataset_len).order(epoch),
+            SamplerSpec::SeedableRandom { seed } => {
+                SeedableRandomSampler::new(self.dataset_len, seed, self.torch)?.order(epoch)
+            }
+        }
+    }
+
+    /// The whole plan of `epoch` from its start, for any rank (what a fresh loader would do).
+    pub fn plan_for_epoch(&self, epoch: u64) -> Result<EpochPlan> {
+        Ok(EpochPlan::new(self.order(epoch)?, self.geometry, 0, 0))
+    }
+
+    /// The plan of the current epoch from where this loader started reading it.
+    pub fn current_plan(&mut self) -> Result<&EpochPlan> {
+        if self.plan.is_none() {
+            let order = self.order(self.epoch)?;
+            self.plan = Some(EpochPlan::new(
+                order,
+                self.geometry,
+                self.start,
+                self.pad_origin,
+            ));
+        }
+        self.plan.as_ref().ok_or(DataloadError::InconsistentState {
+            reason: "plan vanished".into(),
+        })
+    }
+
+    /// This rank's next batch, or `None` at the end of the epoch, after which the loader is
+    /// at the start of the next epoch (accelerate increments its `iteration` the same way,
+    /// only when an epoch is read to the end).
+    pub fn next_batch(&mut self) -> Result<Option<Vec<u64>>> {
+        let (step, rank) = (self.step, self.rank);
+        match self.current_plan()?.rank_batch(step, rank) {
+            Some(batch) => {
+                self.step += 1;
+                Ok(Some(batch))
+            }
+            None => {
+                self.set_epoch(self.epoch + 1);
+                Ok(None)
+            }
+        }
+    }
+
+    /// All remaining batches of this rank in the current epoch; the loader ends at the start
+    /// of the next epoch.
+    pub fn rest_of_epoch(&mut self) -> Result<Vec<Vec<u64>>> {
+        let mut out = Vec::new();
+        while let Some(b) = self.next_batch()? {
+            out.push(b);
+        }
+        Ok(out)
+    }
+
+    /// Moves to the start of `epoch` (accelerate's `set_epoch`).
+    pub fn set_epoch(&mut self, epoch: u64) {
+        if epoch != self.epoch {
+            self.plan = None;
+        }
+        self.epoch = epoch;
+        if self.start != 0 || self.pad_origin != 0 {
+            self.plan = None;
+        }
+        self.start = 0;
+        self.pad_origin = 0;
+        self.step = 0;
+    }
+
+    /// accelerate's `skip_first_batches(loader, k)` for the current epoch: the epoch is read
+    /// from its start, minus this rank's first `k` batches. As in accelerate, a dispatched
+    /// loader counts `k` in batches of the *underlying* sampler (not in steps: with `P` ranks
+    /// and no `split_batches` a step is `P` of them), and its padding rows then come from
+    /// the first batch after the skipped ones. Costs nothing: no batch is produced.
+    pub fn skip_first_batches(&mut self, k: u64) {
+        self.set_epoch(self.epoch);
+        match self.geometry.mode {
+            ShardMode::PerRank => self.step = k,
+            ShardMode::Dispatch => {
+                let s = k
+                    .saturating_mul(self.geometry.batch_size)
+                    .min(self.dataset_len);
+                self.start = s;
+                self.pad_origin = s;
+                self.plan = None;
+            }
+        }
+    }
+
+    /// Batches this rank really gets in the current epoch, from where it started reading it.
+    pub fn len(&mut self) -> Result<u64> {
+        let rank = self.rank;
+        Ok(self.current_plan()?.rank_len(rank))
+    }
+
+    /// Whether the current epoch gives this rank nothing.
+    pub fn is_empty(&mut self) -> Result<bool> {
+        Ok(self.len()? == 0)
+    }
+
+    /// Batches left for this rank in the current epoch.
+    pub fn remaining(&mut self) -> Result<u64> {
+        let (rank, step) = (self.rank, self.step);
+        Ok(self.current_plan()?.rank_len(rank).saturating_sub(step))
+    }
+
+    /// The position and settings, to be saved (identical on every rank that has taken the
+    /// same number of steps).
+    pub fn state_dict(&self) -> LoaderState {
+        LoaderState {
+            format: STATE_FORMAT.to_owned(),
+            version: STATE_VERSION,
+            epoch: self.epoch,
+            cursor: self.cursor(),
+            padding_origin: self.pad_origin.min(self.cursor()),
+            dataset_len: self.dataset_len,
+            fingerprint: self.fingerprint.clone(),
+            sampler: self.sampler,
+            torch: self.torch,
+            batch_size: self.geometry.batch_size,
+            drop_last: self.geometry.drop_last,
+            world_size: self.geometry.world_size,
+            mode: self.geometry.mode,
+            config: self.config,
+        }
+    }
+
+    /// Continues from `state`, which may come from another world size (see the crate docs
+    /// for the elastic rule). Everything else must match; nothing is replayed.
+    pub fn load_state_dict(&mut self, state: &LoaderState) -> Result<()> {
+        if state.format != STATE_FORMAT {
+            return Err(DataloadError::MalformedState {
+                reason: format!("`format` is not `{STATE_FORMAT}`"),
+            });
+        }
+        if state.version != STATE_VERSION {
+            return Err(DataloadError::UnsupportedVersion {
+                found: state.version,
+                supported: STATE_VERSION,
+            });
+        }
+        state.check_consistent()?;
+        fn differ<T: PartialEq + std::fmt::Debug>(
+            field: &'static str,
+            saved: &T,
+            current: &T,
+        ) -> Result<()> {
+            if saved == current {
+                Ok(())
+            } else {
+                Err(DataloadError::StateMismatch {
+                    field,
+                    saved: format!("{saved:?}"),
+                    current: format!("{current:?}"),
+                })
+            }
+        }
+        differ("dataset_len", &state.dataset_len, &self.dataset_len)?;
+        differ("fingerprint", &state.fingerprint, &self.fingerprint)?;
+        differ("sampler", &state.sampler, &self.sampler)?;
+        differ("torch", &state.torch, &self.torch)?;
+        differ("batch_size", &state.batch_size, &self.geometry.batch_size)?;
+        differ("drop_last", &state.drop_last, &self.geometry.drop_last)?;
+        differ("mode", &state.mode, &self.geometry.mode)?;
+        differ("config", &state.config, &self.config)?;
+        self.epoch = state.epoch;
+        self.start = state.cursor;
+        self.pad_origin = state.padding_origin;
+        self.step = 0;
+        self.plan = None;
+        Ok(())
+    }
+}
