@@ -47,19 +47,13 @@ impl ShardParams {
             });
         }
         if self.rank >= self.world_size {
-            return Err(DataloadError::RankOutOfRange {
-                rank: self.rank,
-                world_size: self.world_size,
-            });
+            return Err(DataloadError::RankOutOfRange { rank: self.rank, world_size: self.world_size });
         }
         if self.split_batches {
             match self.batch_size {
                 None => return Err(DataloadError::SplitNeedsBatchSize),
                 Some(bs) if bs % self.world_size != 0 => {
-                    return Err(DataloadError::SplitNotDivisible {
-                        batch_size: bs,
-                        world_size: self.world_size,
-                    })
+                    return Err(DataloadError::SplitNotDivisible { batch_size: bs, world_size: self.world_size })
                 }
                 Some(_) => {}
             }
@@ -71,11 +65,7 @@ impl ShardParams {
 /// The batches rank `params.rank` gets from `inner`, exactly as accelerate yields them.
 pub fn shard_batches<T: Clone>(inner: &[Vec<T>], params: ShardParams) -> Result<Vec<Vec<T>>> {
     params.validate()?;
-    Ok(if params.split_batches {
-        with_split(inner, params)
-    } else {
-        without_split(inner, params)
-    })
+    Ok(if params.split_batches { with_split(inner, params) } else { without_split(inner, params) })
 }
 
 /// accelerate's `len(BatchSamplerShard)` for an inner sampler of `inner_len` batches. It is

@@ -30,17 +30,8 @@ impl InProcessGroup {
     /// One handle per rank; move each into its own thread.
     #[allow(clippy::new_ret_no_self)]
     pub fn new(world_size: usize) -> Vec<InProcessCollective> {
-        let shared = Arc::new(Shared {
-            slots: Mutex::new(vec![None; world_size]),
-            barrier: Barrier::new(world_size),
-        });
-        (0..world_size)
-            .map(|rank| InProcessCollective {
-                rank,
-                world_size,
-                shared: Arc::clone(&shared),
-            })
-            .collect()
+        let shared = Arc::new(Shared { slots: Mutex::new(vec![None; world_size]), barrier: Barrier::new(world_size) });
+        (0..world_size).map(|rank| InProcessCollective { rank, world_size, shared: Arc::clone(&shared) }).collect()
     }
 }
 
@@ -60,11 +51,7 @@ pub struct InProcessCollective {
 
 impl InProcessCollective {
     fn poisoned(&self, op: &'static str) -> DataloadError {
-        DataloadError::Collective {
-            op,
-            rank: self.rank,
-            reason: "another rank panicked".into(),
-        }
+        DataloadError::Collective { op, rank: self.rank, reason: "another rank panicked".into() }
     }
 
     /// Every rank deposits, all wait, every rank reads, all wait again so the slots can be
@@ -75,12 +62,7 @@ impl InProcessCollective {
             slots[self.rank] = data;
         }
         self.shared.barrier.wait();
-        let all = self
-            .shared
-            .slots
-            .lock()
-            .map_err(|_| self.poisoned(op))?
-            .clone();
+        let all = self.shared.slots.lock().map_err(|_| self.poisoned(op))?.clone();
         self.shared.barrier.wait();
         Ok(all)
     }
@@ -100,22 +82,16 @@ impl Collective for InProcessCollective {
             return Err(DataloadError::Collective {
                 op: "broadcast",
                 rank: self.rank,
-                reason: format!(
-                    "root {root} is not a rank of a world of {}",
-                    self.world_size
-                ),
+                reason: format!("root {root} is not a rank of a world of {}", self.world_size),
             });
         }
         let mine = if self.rank == root { data } else { None };
         let all = self.exchange("broadcast", mine)?;
-        all.into_iter()
-            .nth(root)
-            .flatten()
-            .ok_or_else(|| DataloadError::Collective {
-                op: "broadcast",
-                rank: self.rank,
-                reason: format!("root {root} sent nothing"),
-            })
+        all.into_iter().nth(root).flatten().ok_or_else(|| DataloadError::Collective {
+            op: "broadcast",
+            rank: self.rank,
+            reason: format!("root {root} sent nothing"),
+        })
     }
 
     fn all_gather(&self, data: Vec<u8>) -> Result<Vec<Vec<u8>>> {

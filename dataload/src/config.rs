@@ -37,6 +37,7 @@ pub struct DataLoaderConfiguration {
     /// Replace torch's `RandomSampler` by accelerate's `SeedableRandomSampler`.
     pub use_seedable_sampler: bool,
     /// Seed of the seedable sampler; `None` means `torch.initial_seed()`.
+    #[serde(with = "crate::sampler::seed_serde::option")]
     pub data_seed: Option<i128>,
     /// Non-blocking host-to-device copies (no effect on indices).
     pub non_blocking: bool,
@@ -111,16 +112,9 @@ impl DataLoaderConfiguration {
             // it: `BatchSamplerShard` refuses it, and an iterable per-rank loader would get a
             // per-rank batch size of 0, which torch's `DataLoader` refuses.
             if bs % w != 0 && (bs > 1 || !dispatch) {
-                return Err(DataloadError::SplitNotDivisible {
-                    batch_size: bs,
-                    world_size: shape.world_size,
-                });
+                return Err(DataloadError::SplitNotDivisible { batch_size: bs, world_size: shape.world_size });
             }
         }
-        Ok(if dispatch {
-            ShardMode::Dispatch
-        } else {
-            ShardMode::PerRank
-        })
+        Ok(if dispatch { ShardMode::Dispatch } else { ShardMode::PerRank })
     }
 }

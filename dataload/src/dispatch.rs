@@ -30,11 +30,7 @@ pub struct DispatchedBatch {
 
 /// Batches of the underlying torch `BatchSampler` over an epoch order: chunks of
 /// `batch_size`, the last one short unless `drop_last`.
-pub fn base_batches(
-    order: EpochOrder,
-    batch_size: u64,
-    drop_last: bool,
-) -> impl Iterator<Item = Vec<u64>> {
+pub fn base_batches(order: EpochOrder, batch_size: u64, drop_last: bool) -> impl Iterator<Item = Vec<u64>> {
     let n = order.len();
     let bs = batch_size.max(1);
     let count = if drop_last { n / bs } else { n.div_ceil(bs) };
@@ -98,10 +94,7 @@ impl Fetched {
                 })
                 .collect()
         });
-        Ok(Self {
-            batch,
-            exhausted: head[1] == 1,
-        })
+        Ok(Self { batch, exhausted: head[1] == 1 })
     }
 }
 
@@ -139,10 +132,7 @@ impl<'a, C: Collective> Dispatcher<'a, C> {
             })?;
             let fetched = if self.split_batches {
                 let batch = source.next();
-                Fetched {
-                    exhausted: batch.is_none(),
-                    batch,
-                }
+                Fetched { exhausted: batch.is_none(), batch }
             } else {
                 let mut rows = Vec::new();
                 let mut taken = 0;
@@ -162,10 +152,7 @@ impl<'a, C: Collective> Dispatcher<'a, C> {
                 // A partial group is only kept without drop_last (accelerate's second
                 // broadcast).
                 let keep = taken > 0 && (!exhausted || !self.drop_last);
-                Fetched {
-                    batch: keep.then_some(rows),
-                    exhausted,
-                }
+                Fetched { batch: keep.then_some(rows), exhausted }
             };
             Some(fetched.encode())
         } else {

@@ -56,9 +56,7 @@ pub enum DataloadError {
     )]
     ShuffleNeedsSeedableSampler,
     /// A seedable sampler was asked for but no seed is known.
-    #[error(
-        "shuffling needs a seed: set `data_seed` in the configuration or give the torch initial seed"
-    )]
+    #[error("shuffling needs a seed: set `data_seed` in the configuration or give the torch initial seed")]
     MissingSeed,
     /// The seed does not fit torch's `manual_seed` (`[-2^63, 2^64)`).
     #[error("seed {seed} is out of the range torch accepts ([-2^63, 2^64))")]
@@ -95,9 +93,7 @@ pub enum DataloadError {
         supported: u32,
     },
     /// A saved state does not belong to this loader.
-    #[error(
-        "loader state does not fit this loader: `{field}` was {saved} when saved, is {current} now"
-    )]
+    #[error("loader state does not fit this loader: `{field}` was {saved} when saved, is {current} now")]
     StateMismatch {
         /// The field that differs.
         field: &'static str,

@@ -25,12 +25,7 @@ pub struct IterableDatasetShard<I: Iterator> {
 }
 
 /// Global chunk size and this rank's slice of it.
-fn geometry(
-    batch_size: usize,
-    world_size: usize,
-    rank: usize,
-    split_batches: bool,
-) -> Result<(usize, usize, usize)> {
+fn geometry(batch_size: usize, world_size: usize, rank: usize, split_batches: bool) -> Result<(usize, usize, usize)> {
     if world_size == 0 {
         return Err(DataloadError::InvalidValue {
             field: "world_size",
@@ -42,28 +37,19 @@ fn geometry(
         return Err(DataloadError::RankOutOfRange { rank, world_size });
     }
     if batch_size == 0 {
-        return Err(DataloadError::InvalidValue {
-            field: "batch_size",
-            value: "0".into(),
-            reason: "must be positive",
-        });
+        return Err(DataloadError::InvalidValue { field: "batch_size", value: "0".into(), reason: "must be positive" });
     }
     if split_batches && batch_size > 1 && batch_size % world_size != 0 {
-        return Err(DataloadError::SplitNotDivisible {
-            batch_size,
-            world_size,
-        });
+        return Err(DataloadError::SplitNotDivisible { batch_size, world_size });
     }
     let (global, local) = if split_batches {
         (batch_size, batch_size / world_size)
     } else {
-        let global = batch_size
-            .checked_mul(world_size)
-            .ok_or(DataloadError::InvalidValue {
-                field: "batch_size",
-                value: batch_size.to_string(),
-                reason: "batch size times world size overflows",
-            })?;
+        let global = batch_size.checked_mul(world_size).ok_or(DataloadError::InvalidValue {
+            field: "batch_size",
+            value: batch_size.to_string(),
+            reason: "batch size times world size overflows",
+        })?;
         (global, batch_size)
     };
     Ok((global, rank * local, (rank + 1) * local))
@@ -84,16 +70,7 @@ where
         split_batches: bool,
     ) -> Result<Self> {
         let (global, lo, hi) = geometry(batch_size, world_size, rank, split_batches)?;
-        Ok(Self {
-            inner,
-            global,
-            lo,
-            hi,
-            drop_last,
-            first: None,
-            out: Default::default(),
-            done: false,
-        })
+        Ok(Self { inner, global, lo, hi, drop_last, first: None, out: Default::default(), done: false })
     }
 
     /// Items rank `rank` really yields from a stream of `n` items.
@@ -106,27 +83,14 @@ where
         split_batches: bool,
     ) -> Result<usize> {
         let (global, lo, hi) = geometry(batch_size, world_size, rank, split_batches)?;
-        let chunks = if drop_last || n == 0 {
-            n / global
-        } else {
-            n.div_ceil(global)
-        };
+        let chunks = if drop_last || n == 0 { n / global } else { n.div_ceil(global) };
         Ok(chunks * (hi - lo))
     }
 
     /// What accelerate's `len()` says (ignores `split_batches`).
-    pub fn accelerate_len(
-        n: usize,
-        batch_size: usize,
-        drop_last: bool,
-        world_size: usize,
-    ) -> usize {
+    pub fn accelerate_len(n: usize, batch_size: usize, drop_last: bool, world_size: usize) -> usize {
         let global = batch_size.saturating_mul(world_size).max(1);
-        let chunks = if drop_last {
-            n / global
-        } else {
-            n.div_ceil(global)
-        };
+        let chunks = if drop_last { n / global } else { n.div_ceil(global) };
         chunks * batch_size
     }
 

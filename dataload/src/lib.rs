@@ -82,11 +82,7 @@ pub use error::{DataloadError, Result};
 pub use iterable_shard::IterableDatasetShard;
 pub use loader::{ShardedSampler, ShardedSamplerBuilder};
 pub use plan::{BatchGeometry, EpochPlan};
-pub use randperm::{
-    randperm, randperm_with, Permutation, RandpermAlgorithm, TorchVersion, INSIDE_OUT_THRESHOLD,
-};
-pub use sampler::{
-    EpochOrder, IndexSampler, SeedableRandomSampler, SequentialSampler, MAX_SEED, MIN_SEED,
-};
+pub use randperm::{randperm, randperm_with, Permutation, RandpermAlgorithm, TorchVersion, INSIDE_OUT_THRESHOLD};
+pub use sampler::{EpochOrder, IndexSampler, SeedableRandomSampler, SequentialSampler, MAX_SEED, MIN_SEED};
 pub use state::{LoaderState, SamplerSpec, STATE_FORMAT, STATE_VERSION};
 pub use torch_rng::TorchGenerator;

@@ -93,15 +93,9 @@ impl ShardedSamplerBuilder {
 
     /// Validates everything and builds the loader, at epoch 0, position 0.
     pub fn build(self) -> Result<ShardedSampler> {
-        let dataset_len = self.dataset_len.ok_or(DataloadError::Missing {
-            field: "dataset_len",
-        })?;
-        let batch_size = self.batch_size.ok_or(DataloadError::Missing {
-            field: "batch_size",
-        })?;
-        let world_size = self.world_size.ok_or(DataloadError::Missing {
-            field: "world_size",
-        })?;
+        let dataset_len = self.dataset_len.ok_or(DataloadError::Missing { field: "dataset_len" })?;
+        let batch_size = self.batch_size.ok_or(DataloadError::Missing { field: "batch_size" })?;
+        let world_size = self.world_size.ok_or(DataloadError::Missing { field: "world_size" })?;
         if batch_size == 0 {
             return Err(DataloadError::InvalidValue {
                 field: "batch_size",
@@ -139,11 +133,7 @@ impl ShardedSamplerBuilder {
             if !self.config.use_seedable_sampler {
                 return Err(DataloadError::ShuffleNeedsSeedableSampler);
             }
-            let seed = self
-                .config
-                .data_seed
-                .or(self.torch_initial_seed)
-                .ok_or(DataloadError::MissingSeed)?;
+            let seed = self.config.data_seed.or(self.torch_initial_seed).ok_or(DataloadError::MissingSeed)?;
             // Validates the seed range.
             SeedableRandomSampler::new(dataset_len, seed, self.torch)?;
             SamplerSpec::SeedableRandom { seed }
@@ -199,10 +189,33 @@ pub struct ShardedSampler {
 impl ShardedSampler {
     /// A builder (`put_on_device` defaults to true, like accelerate).
     pub fn builder() -> ShardedSamplerBuilder {
-        ShardedSamplerBuilder {
-            put_on_device: true,
-            ..ShardedSamplerBuilder::default()
+        ShardedSamplerBuilder { put_on_device: true, ..ShardedSamplerBuilder::default() }
+    }
+
+    /// A loader for `rank` of `world_size` ranks with the settings recorded in `state`,
+    /// positioned where the state says (`world_size` may differ from the saved one: see the
+    /// crate docs for elastic resume).
+    pub fn from_state(state: &LoaderState, world_size: u64, rank: u64) -> Result<Self> {
+        state.check_consistent()?;
+        let mut b = Self::builder()
+            .dataset_len(state.dataset_len)
+            .batch_size(state.batch_size)
+            .drop_last(state.drop_last)
+            .world_size(world_size)
+            .rank(rank)
+            .config(state.config)
+            .torch_version(state.torch)
+            // The mode was resolved with the device placement in force when saving.
+            .put_on_device(state.mode == ShardMode::Dispatch || state.config.dispatch_batches != Some(true));
+        if let Some(f) = &state.fingerprint {
+            b = b.fingerprint(f.clone());
         }
+        if let SamplerSpec::SeedableRandom { seed } = state.sampler {
+            b = b.shuffle(true).torch_initial_seed(seed);
+        }
+        let mut loader = b.build()?;
+        loader.load_state_dict(state)?;
+        Ok(loader)
     }
 
     /// The epoch being read.
@@ -233,9 +246,7 @@ impl ShardedSampler {
     /// Global cursor: samples of this epoch's order consumed by all ranks together.
     pub fn cursor(&self) -> u64 {
         let g = self.geometry.global_batch();
-        self.start
-            .saturating_add(self.step.saturating_mul(g))
-            .min(self.dataset_len)
+        self.start.saturating_add(self.step.saturating_mul(g)).min(self.dataset_len)
     }
 
     /// The order of `epoch`, computed from scratch.
@@ -257,16 +268,9 @@ impl ShardedSampler {
     pub fn current_plan(&mut self) -> Result<&EpochPlan> {
         if self.plan.is_none() {
             let order = self.order(self.epoch)?;
-            self.plan = Some(EpochPlan::new(
-                order,
-                self.geometry,
-                self.start,
-                self.pad_origin,
-            ));
+            self.plan = Some(EpochPlan::new(order, self.geometry, self.start, self.pad_origin));
         }
-        self.plan.as_ref().ok_or(DataloadError::InconsistentState {
-            reason: "plan vanished".into(),
-        })
+        self.plan.as_ref().ok_or(DataloadError::InconsistentState { reason: "plan vanished".into() })
     }
 
     /// This rank's next batch, or `None` at the end of the epoch, after which the loader is
@@ -320,9 +324,7 @@ impl ShardedSampler {
         match self.geometry.mode {
             ShardMode::PerRank => self.step = k,
             ShardMode::Dispatch => {
-                let s = k
-                    .saturating_mul(self.geometry.batch_size)
-                    .min(self.dataset_len);
+                let s = k.saturating_mul(self.geometry.batch_size).min(self.dataset_len);
                 self.start = s;
                 self.pad_origin = s;
                 self.plan = None;
@@ -372,22 +374,13 @@ impl ShardedSampler {
     /// for the elastic rule). Everything else must match; nothing is replayed.
     pub fn load_state_dict(&mut self, state: &LoaderState) -> Result<()> {
         if state.format != STATE_FORMAT {
-            return Err(DataloadError::MalformedState {
-                reason: format!("`format` is not `{STATE_FORMAT}`"),
-            });
+            return Err(DataloadError::MalformedState { reason: format!("`format` is not `{STATE_FORMAT}`") });
         }
         if state.version != STATE_VERSION {
-            return Err(DataloadError::UnsupportedVersion {
-                found: state.version,
-                supported: STATE_VERSION,
-            });
+            return Err(DataloadError::UnsupportedVersion { found: state.version, supported: STATE_VERSION });
         }
         state.check_consistent()?;
-        fn differ<T: PartialEq + std::fmt::Debug>(
-            field: &'static str,
-            saved: &T,
-            current: &T,
-        ) -> Result<()> {
+        fn differ<T: PartialEq + std::fmt::Debug>(field: &'static str, saved: &T, current: &T) -> Result<()> {
             if saved == current {
                 Ok(())
             } else {

@@ -83,12 +83,7 @@ impl EpochPlan {
     /// accelerate's `skip_first_batches` on a dispatched map-style loader).
     pub fn new(order: EpochOrder, geometry: BatchGeometry, start: u64, pad_origin: u64) -> Self {
         let n = order.len();
-        Self {
-            order,
-            geometry,
-            start: start.min(n),
-            pad_origin: pad_origin.min(n),
-        }
+        Self { order, geometry, start: start.min(n), pad_origin: pad_origin.min(n) }
     }
 
     /// The epoch's order.
@@ -135,9 +130,7 @@ impl EpochPlan {
 
     /// Global cursor once `steps` steps are consumed (capped at the dataset length).
     pub fn cursor_after(&self, steps: u64) -> u64 {
-        self.start
-            .saturating_add(steps.saturating_mul(self.geometry.global_batch()))
-            .min(self.len())
+        self.start.saturating_add(steps.saturating_mul(self.geometry.global_batch())).min(self.len())
     }
 
     /// The rows of global batch `step` before any padding: what rank 0 broadcasts when
@@ -194,10 +187,7 @@ impl EpochPlan {
         let last = step + 1 == self.num_steps();
         if !self.geometry.drop_last && last && obs % p != 0 {
             // accelerate keeps the first P rows of the first global batch of the iteration.
-            let first_len = self
-                .geometry
-                .global_batch()
-                .min(self.len() - self.pad_origin);
+            let first_len = self.geometry.global_batch().min(self.len() - self.pad_origin);
             let keep = p.min(first_len);
             rows.extend(self.order.range(self.pad_origin, self.pad_origin + keep));
             per += 1;
@@ -217,9 +207,7 @@ impl EpochPlan {
             ShardMode::Dispatch => t,
             ShardMode::PerRank if self.geometry.drop_last || self.geometry.pads() => t,
             ShardMode::PerRank => {
-                let lo = self.start
-                    + (t - 1) * self.geometry.global_batch()
-                    + rank * self.geometry.local_batch();
+                let lo = self.start + (t - 1) * self.geometry.global_batch() + rank * self.geometry.local_batch();
                 (t - 1) + u64::from(lo < self.len())
             }
         }
@@ -233,11 +221,7 @@ impl EpochPlan {
         let geo = &self.geometry;
         let bs = geo.batch_size.max(1);
         let p = geo.world_size.max(1);
-        let inner = if geo.drop_last {
-            n / bs
-        } else {
-            n.div_ceil(bs)
-        };
+        let inner = if geo.drop_last { n / bs } else { n.div_ceil(bs) };
         match geo.mode {
             ShardMode::Dispatch => {
                 if geo.split_batches {
@@ -272,9 +256,7 @@ impl EpochPlan {
                 let t = self.num_steps();
                 (t > 0).then(|| self.global_rows(t - 1).len() as u64)
             }
-            ShardMode::PerRank => {
-                (!self.geometry.drop_last).then(|| self.len() % self.geometry.global_batch().max(1))
-            }
+            ShardMode::PerRank => (!self.geometry.drop_last).then(|| self.len() % self.geometry.global_batch().max(1)),
         }
     }
 }

@@ -69,9 +69,7 @@ enum Storage {
 
 impl std::fmt::Debug for Permutation {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Permutation")
-            .field("len", &self.len())
-            .finish_non_exhaustive()
+        f.debug_struct("Permutation").field("len", &self.len()).finish_non_exhaustive()
     }
 }
 
@@ -133,11 +131,7 @@ pub fn randperm(n: u64, gen: &mut TorchGenerator, torch: TorchVersion) -> Result
 }
 
 /// `randperm` with an explicit algorithm (for tests and for reproducing other torch versions).
-pub fn randperm_with(
-    n: u64,
-    gen: &mut TorchGenerator,
-    algorithm: RandpermAlgorithm,
-) -> Result<Permutation> {
+pub fn randperm_with(n: u64, gen: &mut TorchGenerator, algorithm: RandpermAlgorithm) -> Result<Permutation> {
     let len = usize::try_from(n).map_err(|_| DataloadError::TooLarge { len: n })?;
     if n <= 1u64 << 32 {
         let mut v: Vec<u32> = alloc(len, n)?;
@@ -152,8 +146,7 @@ pub fn randperm_with(
 
 fn alloc<T>(len: usize, n: u64) -> Result<Vec<T>> {
     let mut v = Vec::new();
-    v.try_reserve_exact(len)
-        .map_err(|_| DataloadError::TooLarge { len: n })?;
+    v.try_reserve_exact(len).map_err(|_| DataloadError::TooLarge { len: n })?;
     Ok(v)
 }
 
@@ -223,17 +216,8 @@ mod tests {
     #[test]
     fn threshold_picks_the_algorithm() {
         let t = TorchVersion::Torch2_6Plus;
-        assert_eq!(
-            RandpermAlgorithm::for_len(214_748_363, t),
-            RandpermAlgorithm::Classic
-        );
-        assert_eq!(
-            RandpermAlgorithm::for_len(214_748_364, t),
-            RandpermAlgorithm::InsideOut
-        );
-        assert_eq!(
-            RandpermAlgorithm::for_len(214_748_364, TorchVersion::Torch2_5OrOlder),
-            RandpermAlgorithm::Classic
-        );
+        assert_eq!(RandpermAlgorithm::for_len(214_748_363, t), RandpermAlgorithm::Classic);
+        assert_eq!(RandpermAlgorithm::for_len(214_748_364, t), RandpermAlgorithm::InsideOut);
+        assert_eq!(RandpermAlgorithm::for_len(214_748_364, TorchVersion::Torch2_5OrOlder), RandpermAlgorithm::Classic);
     }
 }

@@ -108,11 +108,7 @@ impl SeedableRandomSampler {
     /// unset. It may be any value Python's `manual_seed` accepts, negatives included.
     pub fn new(len: u64, initial_seed: i128, torch: TorchVersion) -> Result<Self> {
         check_seed(initial_seed)?;
-        Ok(Self {
-            len,
-            initial_seed,
-            torch,
-        })
+        Ok(Self { len, initial_seed, torch })
     }
 
     /// The seed of epoch 0.
@@ -133,9 +129,7 @@ impl IndexSampler for SeedableRandomSampler {
 
     fn order(&self, epoch: u64) -> Result<EpochOrder> {
         let mut gen = TorchGenerator::manual_seed(self.epoch_seed(epoch)?);
-        Ok(EpochOrder::Shuffled(Arc::new(randperm(
-            self.len, &mut gen, self.torch,
-        )?)))
+        Ok(EpochOrder::Shuffled(Arc::new(randperm(self.len, &mut gen, self.torch)?)))
     }
 }
 
@@ -187,5 +181,71 @@ mod tests {
         let o = SequentialSampler::new(4).order(9).unwrap();
         assert_eq!(o.range(0, 10), vec![0, 1, 2, 3]);
         assert_eq!(o.get(4), None);
+    }
+}
+
+/// Seeds are Python ints in `[-2^63, 2^64)`: written as JSON integers (i64 when negative,
+/// u64 otherwise) because serde's buffering of tagged enums has no 128-bit integers.
+pub(crate) mod seed_serde {
+    use serde::{de, Deserializer, Serializer};
+
+    use super::{MAX_SEED, MIN_SEED};
+
+    pub(crate) fn serialize<S: Serializer>(seed: &i128, s: S) -> Result<S::Ok, S::Error> {
+        if let Ok(v) = i64::try_from(*seed) {
+            s.serialize_i64(v)
+        } else if let Ok(v) = u64::try_from(*seed) {
+            s.serialize_u64(v)
+        } else {
+            Err(serde::ser::Error::custom(format!("seed {seed} is out of the range torch accepts")))
+        }
+    }
+
+    struct SeedVisitor;
+
+    impl de::Visitor<'_> for SeedVisitor {
+        type Value = i128;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("an integer seed in [-2^63, 2^64)")
+        }
+
+        fn visit_i64<E: de::Error>(self, v: i64) -> Result<i128, E> {
+            Ok(i128::from(v))
+        }
+
+        fn visit_u64<E: de::Error>(self, v: u64) -> Result<i128, E> {
+            Ok(i128::from(v))
+        }
+
+        fn visit_i128<E: de::Error>(self, v: i128) -> Result<i128, E> {
+            if (MIN_SEED..=MAX_SEED).contains(&v) {
+                Ok(v)
+            } else {
+                Err(E::custom(format!("seed {v} is out of the range torch accepts")))
+            }
+        }
+    }
+
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<i128, D::Error> {
+        d.deserialize_any(SeedVisitor)
+    }
+
+    pub(crate) mod option {
+        use serde::{Deserialize, Deserializer, Serializer};
+
+        pub(crate) fn serialize<S: Serializer>(seed: &Option<i128>, s: S) -> Result<S::Ok, S::Error> {
+            match seed {
+                Some(v) => super::serialize(v, s),
+                None => s.serialize_none(),
+            }
+        }
+
+        #[derive(Deserialize)]
+        struct Wrapped(#[serde(deserialize_with = "super::deserialize")] i128);
+
+        pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<i128>, D::Error> {
+            Ok(Option::<Wrapped>::deserialize(d)?.map(|w| w.0))
+        }
     }
 }

@@ -42,6 +42,7 @@ pub enum SamplerSpec {
     /// accelerate's `SeedableRandomSampler` with this initial seed.
     SeedableRandom {
         /// `data_seed`, or torch's initial seed.
+        #[serde(with = "crate::sampler::seed_serde")]
         seed: i128,
     },
 }
@@ -92,29 +93,21 @@ pub struct LoaderState {
 impl LoaderState {
     /// Pretty JSON.
     pub fn to_json(&self) -> Result<String> {
-        serde_json::to_string_pretty(self).map_err(|e| DataloadError::MalformedState {
-            reason: e.to_string(),
-        })
+        serde_json::to_string_pretty(self).map_err(|e| DataloadError::MalformedState { reason: e.to_string() })
     }
 
     /// Parses JSON, refusing other formats and versions before looking at the rest.
     pub fn from_json(text: &str) -> Result<Self> {
         let value: serde_json::Value =
-            serde_json::from_str(text).map_err(|e| DataloadError::MalformedState {
-                reason: e.to_string(),
-            })?;
+            serde_json::from_str(text).map_err(|e| DataloadError::MalformedState { reason: e.to_string() })?;
         let format = value.get("format").and_then(|f| f.as_str());
         if format != Some(STATE_FORMAT) {
-            return Err(DataloadError::MalformedState {
-                reason: format!("`format` is not `{STATE_FORMAT}`"),
-            });
+            return Err(DataloadError::MalformedState { reason: format!("`format` is not `{STATE_FORMAT}`") });
         }
         let version = value
             .get("version")
             .and_then(|v| v.as_u64())
-            .ok_or_else(|| DataloadError::MalformedState {
-                reason: "`version` is missing or not a number".into(),
-            })?;
+            .ok_or_else(|| DataloadError::MalformedState { reason: "`version` is missing or not a number".into() })?;
         if version != u64::from(STATE_VERSION) {
             return Err(DataloadError::UnsupportedVersion {
                 found: u32::try_from(version).unwrap_or(u32::MAX),
@@ -122,9 +115,7 @@ impl LoaderState {
             });
         }
         let state: Self =
-            serde_json::from_str(text).map_err(|e| DataloadError::MalformedState {
-                reason: e.to_string(),
-            })?;
+            serde_json::from_str(text).map_err(|e| DataloadError::MalformedState { reason: e.to_string() })?;
         state.check_consistent()?;
         Ok(state)
     }
@@ -133,16 +124,10 @@ impl LoaderState {
     pub fn check_consistent(&self) -> Result<()> {
         let bad = |reason: String| Err(DataloadError::InconsistentState { reason });
         if self.cursor > self.dataset_len {
-            return bad(format!(
-                "cursor {} is past the dataset length {}",
-                self.cursor, self.dataset_len
-            ));
+            return bad(format!("cursor {} is past the dataset length {}", self.cursor, self.dataset_len));
         }
         if self.padding_origin > self.cursor {
-            return bad(format!(
-                "padding origin {} is past the cursor {}",
-                self.padding_origin, self.cursor
-            ));
+            return bad(format!("padding origin {} is past the cursor {}", self.padding_origin, self.cursor));
         }
         if self.batch_size == 0 || self.world_size == 0 {
             return bad("batch size and world size must be positive".into());

@@ -23,10 +23,7 @@ pub struct TorchGenerator {
 
 impl std::fmt::Debug for TorchGenerator {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TorchGenerator")
-            .field("seed", &self.seed)
-            .field("next", &self.next)
-            .finish_non_exhaustive()
+        f.debug_struct("TorchGenerator").field("seed", &self.seed).field("next", &self.next).finish_non_exhaustive()
     }
 }
 
@@ -39,16 +36,10 @@ impl TorchGenerator {
         state[0] = seed as u32;
         for j in 1..N {
             let prev = state[j - 1];
-            state[j] = 1_812_433_253u32
-                .wrapping_mul(prev ^ (prev >> 30))
-                .wrapping_add(j as u32);
+            state[j] = 1_812_433_253u32.wrapping_mul(prev ^ (prev >> 30)).wrapping_add(j as u32);
         }
         // torch starts with `left = 1`, so the very first draw twists: same as `next = N`.
-        Self {
-            seed,
-            state,
-            next: N,
-        }
+        Self { seed, state, next: N }
     }
 
     /// The seed given to [`TorchGenerator::manual_seed`] (torch's `initial_seed()`).

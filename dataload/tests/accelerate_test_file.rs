@@ -7,8 +7,8 @@ mod common;
 
 use common::{b, batches, fixture, inner_batches, loader, u};
 use dataload::{
-    accelerate_shard_len, base_batches, shard_batches, DataloadError, Dispatcher, EpochOrder,
-    InProcessGroup, ShardParams,
+    accelerate_shard_len, base_batches, shard_batches, DataloadError, Dispatcher, EpochOrder, InProcessGroup,
+    ShardParams,
 };
 
 #[test]
@@ -37,10 +37,7 @@ fn batch_sampler_shards() {
             assert_eq!(l.rest_of_epoch().unwrap(), expected, "{c}");
             if let Some(len) = c["len"].as_array() {
                 let want = u(&len[rank as usize]);
-                assert_eq!(
-                    accelerate_shard_len(inner.len(), params).unwrap() as u64,
-                    want
-                );
+                assert_eq!(accelerate_shard_len(inner.len(), params).unwrap() as u64, want);
                 assert_eq!(l.plan_for_epoch(0).unwrap().accelerate_len(rank), want);
             }
         }
@@ -64,16 +61,9 @@ fn varying_batch_sizes() {
                 split_batches: false,
                 even_batches: b(&c["even_batches"]),
             };
-            assert_eq!(
-                shard_batches(&inner, params).unwrap(),
-                batches(&c["expected"][rank]),
-                "{c}"
-            );
+            assert_eq!(shard_batches(&inner, params).unwrap(), batches(&c["expected"][rank]), "{c}");
             if let Some(len) = c["len"].as_array() {
-                assert_eq!(
-                    accelerate_shard_len(inner.len(), params).unwrap() as u64,
-                    u(&len[rank])
-                );
+                assert_eq!(accelerate_shard_len(inner.len(), params).unwrap() as u64, u(&len[rank]));
             }
         }
     }
@@ -90,14 +80,8 @@ fn split_refusals() {
         even_batches: true,
     };
     let inner = vec![vec![0u64, 1], vec![2]];
-    assert_eq!(
-        shard_batches(&inner, dynamic),
-        Err(DataloadError::SplitNeedsBatchSize)
-    );
-    let three = ShardParams {
-        batch_size: Some(3),
-        ..dynamic
-    };
+    assert_eq!(shard_batches(&inner, dynamic), Err(DataloadError::SplitNeedsBatchSize));
+    let three = ShardParams { batch_size: Some(3), ..dynamic };
     let err = shard_batches(&inner, three).unwrap_err();
     assert_eq!(
         err.to_string(),
@@ -109,17 +93,7 @@ fn split_refusals() {
 fn skip_first_batches() {
     let fx = fixture("accelerate_test_data_loader.json").unwrap();
     for c in fx["skip_first_batches"].as_array().unwrap() {
-        let mut l = loader(
-            u(&c["n"]),
-            u(&c["batch_size"]),
-            false,
-            1,
-            0,
-            false,
-            true,
-            false,
-            None,
-        );
+        let mut l = loader(u(&c["n"]), u(&c["batch_size"]), false, 1, 0, false, true, false, None);
         l.skip_first_batches(u(&c["skip"]));
         assert_eq!(l.rest_of_epoch().unwrap(), batches(&c["expected"]));
     }
@@ -133,15 +107,8 @@ fn end_of_dataloader_only_on_last_batch() {
     let comm = InProcessGroup::new(1).pop().unwrap();
     for _ in 0..u(&c["passes"]) {
         let source = base_batches(EpochOrder::Sequential { len: n }, bs, false);
-        let got = Dispatcher::new(&comm, Some(Box::new(source)), false, false, 0)
-            .collect_all()
-            .unwrap();
-        let ends: Vec<usize> = got
-            .iter()
-            .enumerate()
-            .filter(|(_, x)| x.end_of_dataloader)
-            .map(|(i, _)| i)
-            .collect();
+        let got = Dispatcher::new(&comm, Some(Box::new(source)), false, false, 0).collect_all().unwrap();
+        let ends: Vec<usize> = got.iter().enumerate().filter(|(_, x)| x.end_of_dataloader).map(|(i, _)| i).collect();
         assert_eq!(ends, vec![u(&c["end_at"]) as usize]);
     }
 }

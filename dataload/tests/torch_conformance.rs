@@ -47,9 +47,7 @@ fn check_checksums(cases: &[serde_json::Value]) {
     for c in cases {
         let n = u(&c["n"]);
         let mut g = TorchGenerator::manual_seed(torch_seed(&c["seed"]));
-        let p = randperm(n, &mut g, TorchVersion::Torch2_6Plus)
-            .unwrap()
-            .to_vec();
+        let p = randperm(n, &mut g, TorchVersion::Torch2_6Plus).unwrap().to_vec();
         let head: Vec<u64> = serde_json::from_value(c["head"].clone()).unwrap();
         let tail: Vec<u64> = serde_json::from_value(c["tail"].clone()).unwrap();
         assert_eq!(&p[..4], &head[..], "n {n}");
@@ -63,11 +61,7 @@ fn medium_randperm_matches_torch() {
     let fx = fixture("randperm.json").unwrap();
     let cases = fx["medium"].as_array().unwrap();
     // Keep the debug-mode suite fast: the 10^6 cases run in the release/ignored pass.
-    let quick: Vec<_> = cases
-        .iter()
-        .filter(|c| u(&c["n"]) <= 100_003)
-        .cloned()
-        .collect();
+    let quick: Vec<_> = cases.iter().filter(|c| u(&c["n"]) <= 100_003).cloned().collect();
     assert!(quick.len() >= 6);
     check_checksums(&quick);
 }
@@ -80,9 +74,5 @@ fn medium_randperm_matches_torch() {
 fn large_randperm_matches_torch() {
     let fx = fixture("randperm_large.json").expect("run fixtures/gen/dataload_vectors.py");
     check_checksums(fx["cases"].as_array().unwrap());
-    check_checksums(
-        fixture("randperm.json").unwrap()["medium"]
-            .as_array()
-            .unwrap(),
-    );
+    check_checksums(fixture("randperm.json").unwrap()["medium"].as_array().unwrap());
 }

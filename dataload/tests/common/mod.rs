@@ -10,10 +10,7 @@ pub fn fixture(name: &str) -> Option<Value> {
 }
 
 pub fn seed(v: &Value) -> i128 {
-    v.as_i64()
-        .map(i128::from)
-        .or_else(|| v.as_u64().map(i128::from))
-        .unwrap()
+    v.as_i64().map(i128::from).or_else(|| v.as_u64().map(i128::from)).unwrap()
 }
 
 pub fn batches(v: &Value) -> Vec<Vec<u64>> {
@@ -61,15 +58,9 @@ pub fn loader(
 }
 
 pub fn inner_batches(order: &[u64], bs: usize, drop_last: bool) -> Vec<Vec<u64>> {
-    order
-        .chunks(bs)
-        .filter(|c| !drop_last || c.len() == bs)
-        .map(<[u64]>::to_vec)
-        .collect()
+    order.chunks(bs).filter(|c| !drop_last || c.len() == bs).map(<[u64]>::to_vec).collect()
 }
 
 pub fn wsum(v: &[u64]) -> u64 {
-    v.iter().enumerate().fold(0u64, |acc, (i, &x)| {
-        acc.wrapping_add(x.wrapping_mul(i as u64 + 1))
-    })
+    v.iter().enumerate().fold(0u64, |acc, (i, &x)| acc.wrapping_add(x.wrapping_mul(i as u64 + 1)))
 }

@@ -1,0 +1,285 @@
+//! `ckpt data`: plan and explain rank-sharded data loading (the `dataload` crate).
+//!
+//! JSON output of `ckpt data plan --json`:
+//! `{"ranks": [{"rank": r, "batches": [[i, ...], ...]}, ...]}`.
+//!
+//! JSON output of `ckpt data state FILE --json`:
+//! `{"epoch", "cursor", "dataset_len", "world_size", "global_batch_size", "steps_done",
+//!   "steps_left", "mode", "sampler", "ranks": [{"rank", "next_batch": [...] | null,
+//!   "batches_left"}]}`.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::{Args, Subcommand};
+use dataload::{DataLoaderConfiguration, LoaderState, ShardedSampler};
+use serde::Serialize;
+
+/// `ckpt data …`
+#[derive(Subcommand, Debug, Clone)]
+pub enum DataCommand {
+    /// Print the batches each rank gets (accelerate's sharding, exactly).
+    Plan(PlanArgs),
+    /// Explain a saved loader state: epoch, position, what each rank reads next.
+    State(StateArgs),
+}
+
+/// Arguments of `ckpt data plan`.
+#[derive(Args, Debug, Clone, PartialEq, Eq)]
+pub struct PlanArgs {
+    /// Number of samples in the dataset.
+    #[arg(long = "len", value_name = "N")]
+    pub len: u64,
+    /// Batch size of the underlying batch sampler (as given to torch's `DataLoader`).
+    #[arg(long, value_name = "B")]
+    pub batch_size: u64,
+    /// Number of ranks.
+    #[arg(long, value_name = "W")]
+    pub world_size: u64,
+    /// Only this rank (default: all).
+    #[arg(long, value_name = "R")]
+    pub rank: Option<u64>,
+    /// accelerate's `split_batches`.
+    #[arg(long)]
+    pub split_batches: bool,
+    /// accelerate's `even_batches = false`.
+    #[arg(long)]
+    pub no_even_batches: bool,
+    /// torch `DataLoader`'s `drop_last`.
+    #[arg(long)]
+    pub drop_last: bool,
+    /// accelerate's `dispatch_batches = true` (rank 0 reads and broadcasts).
+    #[arg(long)]
+    pub dispatch_batches: bool,
+    /// Shuffle with accelerate's `SeedableRandomSampler` (needs `--seed`).
+    #[arg(long, requires = "seed")]
+    pub shuffle: bool,
+    /// `data_seed` (any Python int torch accepts, negatives included).
+    #[arg(long, value_name = "S", allow_negative_numbers = true, requires = "shuffle")]
+    pub seed: Option<i128>,
+    /// Epoch to plan.
+    #[arg(long, value_name = "E", default_value_t = 0)]
+    pub epoch: u64,
+    /// accelerate's `skip_first_batches(K)`, applied on every rank.
+    #[arg(long, value_name = "K", default_value_t = 0)]
+    pub skip_batches: u64,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Arguments of `ckpt data state`.
+#[derive(Args, Debug, Clone, PartialEq, Eq)]
+pub struct StateArgs {
+    /// A loader state written by `ShardedSampler::state_dict` (JSON).
+    pub file: PathBuf,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Runs a `ckpt data` subcommand.
+pub fn run(cmd: DataCommand) -> anyhow::Result<ExitCode> {
+    let text = match cmd {
+        DataCommand::Plan(args) => plan(&args)?,
+        DataCommand::State(args) => state(&args)?,
+    };
+    // An `io::Error` (a closed pipe included) goes back to main, which decides the exit code.
+    let mut out = std::io::stdout().lock();
+    out.write_all(text.as_bytes())?;
+    out.flush()?;
+    Ok(ExitCode::SUCCESS)
+}
+
+#[derive(Serialize, Debug, PartialEq, Eq)]
+struct RankBatches {
+    rank: u64,
+    batches: Vec<Vec<u64>>,
+}
+
+#[derive(Serialize, Debug)]
+struct PlanOut {
+    ranks: Vec<RankBatches>,
+}
+
+impl PlanArgs {
+    fn loader(&self, rank: u64) -> anyhow::Result<ShardedSampler> {
+        let config = DataLoaderConfiguration {
+            split_batches: self.split_batches,
+            even_batches: !self.no_even_batches,
+            dispatch_batches: Some(self.dispatch_batches),
+            use_seedable_sampler: self.shuffle,
+            data_seed: self.seed,
+            ..DataLoaderConfiguration::default()
+        };
+        Ok(ShardedSampler::builder()
+            .dataset_len(self.len)
+            .batch_size(self.batch_size)
+            .world_size(self.world_size)
+            .rank(rank)
+            .drop_last(self.drop_last)
+            .shuffle(self.shuffle)
+            .config(config)
+            .build()?)
+    }
+
+    /// The batches of every requested rank.
+    fn compute(&self) -> anyhow::Result<Vec<RankBatches>> {
+        let ranks: Vec<u64> = match self.rank {
+            Some(r) => vec![r],
+            None => (0..self.world_size).collect(),
+        };
+        ranks
+            .into_iter()
+            .map(|rank| {
+                let mut l = self.loader(rank)?;
+                l.set_epoch(self.epoch);
+                l.skip_first_batches(self.skip_batches);
+                Ok(RankBatches { rank, batches: l.rest_of_epoch()? })
+            })
+            .collect()
+    }
+}
+
+fn list(b: &[u64]) -> String {
+    let items: Vec<String> = b.iter().map(u64::to_string).collect();
+    format!("[{}]", items.join(", "))
+}
+
+fn plan(args: &PlanArgs) -> anyhow::Result<String> {
+    let ranks = args.compute()?;
+    if args.json {
+        return Ok(serde_json::to_string(&PlanOut { ranks })? + "\n");
+    }
+    let mut out = String::new();
+    for r in &ranks {
+        out += &format!("rank {}: {} batches\n", r.rank, r.batches.len());
+        for b in &r.batches {
+            out += &format!("  {}\n", list(b));
+        }
+    }
+    Ok(out)
+}
+
+#[derive(Serialize, Debug)]
+struct RankNext {
+    rank: u64,
+    next_batch: Option<Vec<u64>>,
+    batches_left: u64,
+}
+
+#[derive(Serialize, Debug)]
+struct StateOut {
+    epoch: u64,
+    cursor: u64,
+    dataset_len: u64,
+    world_size: u64,
+    global_batch_size: u64,
+    steps_done: u64,
+    steps_left: u64,
+    mode: dataload::ShardMode,
+    sampler: String,
+    ranks: Vec<RankNext>,
+}
+
+fn state(args: &StateArgs) -> anyhow::Result<String> {
+    let text = std::fs::read_to_string(&args.file).with_context(|| format!("cannot read `{}`", args.file.display()))?;
+    let st =
+        LoaderState::from_json(&text).with_context(|| format!("`{}` is not a loader state", args.file.display()))?;
+    let mut ranks = Vec::new();
+    let mut geometry = None;
+    let mut steps_left = 0;
+    for rank in 0..st.world_size {
+        let mut l = ShardedSampler::from_state(&st, st.world_size, rank)?;
+        geometry.get_or_insert(*l.geometry());
+        steps_left = l.current_plan()?.num_steps();
+        let batches_left = l.remaining()?;
+        let next_batch = l.clone().next_batch()?;
+        ranks.push(RankNext { rank, next_batch, batches_left });
+    }
+    let g = geometry.map(|g| g.global_batch()).unwrap_or(0);
+    let out = StateOut {
+        epoch: st.epoch,
+        cursor: st.cursor,
+        dataset_len: st.dataset_len,
+        world_size: st.world_size,
+        global_batch_size: g,
+        steps_done: if g == 0 { 0 } else { st.cursor / g },
+        steps_left,
+        mode: st.mode,
+        sampler: st.sampler.to_string(),
+        ranks,
+    };
+    if args.json {
+        return Ok(serde_json::to_string_pretty(&out)? + "\n");
+    }
+    let mut s = format!(
+        "epoch {}: {} of {} samples consumed ({} sampler, {} ranks, global batch {})\n",
+        out.epoch, out.cursor, out.dataset_len, out.sampler, out.world_size, g
+    );
+    s += &format!("{} global steps left in this epoch\n", out.steps_left);
+    for r in &out.ranks {
+        match &r.next_batch {
+            Some(b) => s += &format!("rank {}: next {} ({} batches left)\n", r.rank, list(b), r.batches_left),
+            None => s += &format!("rank {}: epoch done, next batch starts epoch {}\n", r.rank, out.epoch + 1),
+        }
+    }
+    Ok(s)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser, Debug)]
+    struct Wrap {
+        #[command(subcommand)]
+        cmd: DataCommand,
+    }
+
+    fn parse(args: &[&str]) -> PlanArgs {
+        let mut v = vec!["x", "plan"];
+        v.extend_from_slice(args);
+        match Wrap::try_parse_from(v).unwrap().cmd {
+            DataCommand::Plan(p) => p,
+            DataCommand::State(_) => unreachable!("plan expected"),
+        }
+    }
+
+    #[test]
+    fn plan_parses_into_accelerate_batches() {
+        // accelerate's test_batch_sampler_shards_with_no_splits, n=21, bs=3.
+        let p = parse(&["--len", "21", "--batch-size", "3", "--world-size", "2"]);
+        let ranks = p.compute().unwrap();
+        assert_eq!(ranks[1].batches.last().unwrap(), &vec![0, 1, 2]);
+        let p = parse(&[
+            "--len",
+            "10",
+            "--batch-size",
+            "2",
+            "--world-size",
+            "2",
+            "--shuffle",
+            "--seed",
+            "42",
+            "--rank",
+            "1",
+            "--skip-batches",
+            "1",
+        ]);
+        assert_eq!(p.seed, Some(42));
+        let ranks = p.compute().unwrap();
+        assert_eq!(ranks.len(), 1);
+        assert_eq!(ranks[0].rank, 1);
+    }
+
+    #[test]
+    fn shuffle_needs_seed() {
+        let v = ["x", "plan", "--len", "4", "--batch-size", "1", "--world-size", "1", "--shuffle"];
+        assert!(Wrap::try_parse_from(v).is_err());
+    }
+}
