@@ -113,6 +113,21 @@ impl Checkpoint {
         self.tensors.iter().map(TensorInfo::byte_len).sum()
     }
 
+    /// Reads a tensor's bytes into memory (row-major, little-endian). For inspection and tests;
+    /// operations never hold whole tensors.
+    pub fn read_tensor(&self, tensor: &TensorInfo) -> Result<Vec<u8>> {
+        use std::os::unix::fs::FileExt;
+        let mut out = Vec::with_capacity(usize::try_from(tensor.byte_len()).unwrap_or(0));
+        for c in &tensor.chunks {
+            let path = &self.files[c.file].path;
+            let f = File::open(path).at(path)?;
+            let start = out.len();
+            out.resize(start + usize::try_from(c.len).unwrap_or(0), 0);
+            f.read_exact_at(&mut out[start..], c.offset).at(path)?;
+        }
+        Ok(out)
+    }
+
     /// The files' `__metadata__`, merged in file order. Shards that disagree on a key are refused.
     pub fn file_metadata(&self) -> Result<Vec<(String, String)>> {
         let mut out: Vec<(String, String)> = Vec::new();
@@ -125,11 +140,7 @@ impl Checkpoint {
                         out.push((k.clone(), v.clone()));
                     }
                     Some(&j) => {
-                        let first = out
-                            .iter()
-                            .find(|(kk, _)| kk == k)
-                            .map(|(_, vv)| vv.clone())
-                            .unwrap_or_default();
+                        let first = out.iter().find(|(kk, _)| kk == k).map(|(_, vv)| vv.clone()).unwrap_or_default();
                         if &first != v {
                             return Err(Error::MetadataConflict {
                                 key: k.clone(),
@@ -165,17 +176,8 @@ pub(crate) fn scan(src: &str) -> Result<Scan> {
         Format::Safetensors => {
             let (file, header) = read_file(&root)?;
             let tensors = header_tensors(&header, 0);
-            let checkpoint = Checkpoint {
-                format,
-                root,
-                files: vec![file],
-                tensors,
-                index: None,
-            };
-            Ok(Scan {
-                checkpoint,
-                problems: Vec::new(),
-            })
+            let checkpoint = Checkpoint { format, root, files: vec![file], tensors, index: None };
+            Ok(Scan { checkpoint, problems: Vec::new() })
         }
         Format::HfSharded => scan_index(root),
     }
@@ -185,10 +187,7 @@ pub(crate) fn scan(src: &str) -> Result<Scan> {
 pub(crate) fn detect(path: &Path) -> Result<(Format, PathBuf)> {
     let meta = std::fs::metadata(path).at(path)?;
     if meta.is_file() {
-        let name = path
-            .file_name()
-            .and_then(|n| n.to_str())
-            .unwrap_or_default();
+        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default();
         return if name.ends_with(".index.json") {
             Ok((Format::HfSharded, path.to_path_buf()))
         } else {
@@ -218,9 +217,7 @@ pub(crate) fn detect(path: &Path) -> Result<(Format, PathBuf)> {
     match (indexes.as_slice(), singles.as_slice()) {
         ([one], _) => Ok((Format::HfSharded, one.clone())),
         ([], [one]) => Ok((Format::Safetensors, one.clone())),
-        _ => Err(Error::NotACheckpoint {
-            path: path.to_path_buf(),
-        }),
+        _ => Err(Error::NotACheckpoint { path: path.to_path_buf() }),
     }
 }
 
@@ -229,14 +226,7 @@ fn read_file(path: &Path) -> Result<(SourceFile, Header)> {
     let len = file.metadata().at(path)?.len();
     let header = st::read_header_from(&file, len, path)?;
     let metadata = header.metadata.clone().unwrap_or_default();
-    Ok((
-        SourceFile {
-            path: path.to_path_buf(),
-            len,
-            metadata,
-        },
-        header,
-    ))
+    Ok((SourceFile { path: path.to_path_buf(), len, metadata }, header))
 }
 
 fn header_tensors(header: &Header, file: usize) -> Vec<TensorInfo> {
@@ -248,11 +238,7 @@ fn header_tensors(header: &Header, file: usize) -> Vec<TensorInfo> {
             name: t.name.clone(),
             dtype: t.dtype,
             shape: t.shape.clone(),
-            chunks: vec![Chunk {
-                file,
-                offset: start + t.begin,
-                len: t.end - t.begin,
-            }],
+            chunks: vec![Chunk { file, offset: start + t.begin, len: t.end - t.begin }],
         })
         .collect()
 }
@@ -295,10 +281,7 @@ fn scan_index(index_path: PathBuf) -> Result<Scan> {
             if let Some(&prev) = holder.get(&t.name) {
                 problems.push(Error::DuplicateAcrossShards {
                     tensor: t.name.clone(),
-                    first: files
-                        .get(prev)
-                        .map(|f: &SourceFile| f.path.clone())
-                        .unwrap_or_default(),
+                    first: files.get(prev).map(|f: &SourceFile| f.path.clone()).unwrap_or_default(),
                     second: path.clone(),
                 });
                 continue;
@@ -309,11 +292,7 @@ fn scan_index(index_path: PathBuf) -> Result<Scan> {
         files.push(file);
     }
 
-    let listed: HashMap<&str, &str> = index
-        .weight_map
-        .iter()
-        .map(|(t, f)| (t.as_str(), f.as_str()))
-        .collect();
+    let listed: HashMap<&str, &str> = index.weight_map.iter().map(|(t, f)| (t.as_str(), f.as_str())).collect();
     for (tensor, fname) in &index.weight_map {
         let Some(&fi) = file_of_name.get(fname.as_str()) else {
             continue;
@@ -322,7 +301,7 @@ fn scan_index(index_path: PathBuf) -> Result<Scan> {
             problems.push(Error::TensorNotInShard {
                 index: index_path.clone(),
                 tensor: tensor.clone(),
-                file: files[fi].path.clone(),
+                file: fname.clone(),
             });
         }
     }
@@ -339,15 +318,6 @@ fn scan_index(index_path: PathBuf) -> Result<Scan> {
             Some(_) => {}
         }
     }
-    let checkpoint = Checkpoint {
-        format: Format::HfSharded,
-        root: index_path,
-        files,
-        tensors,
-        index: Some(index),
-    };
-    Ok(Scan {
-        checkpoint,
-        problems,
-    })
+    let checkpoint = Checkpoint { format: Format::HfSharded, root: index_path, files, tensors, index: Some(index) };
+    Ok(Scan { checkpoint, problems })
 }

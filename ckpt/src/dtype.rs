@@ -91,9 +91,7 @@ impl Dtype {
 
     /// Parses a safetensors dtype name; `None` for a name safetensors does not define.
     pub fn from_safetensors_name(name: &str) -> Option<Dtype> {
-        Dtype::ALL
-            .into_iter()
-            .find(|d| d.safetensors_name() == name)
+        Dtype::ALL.into_iter().find(|d| d.safetensors_name() == name)
     }
 
     /// Size of one element in bits (4 and 6 for the sub-byte float formats).
@@ -144,32 +142,20 @@ mod tests {
     #[test]
     fn order_matches_the_safetensors_crate() {
         // The on-disk order safetensors writes depends on this; pin it against the crate itself.
-        let ours: Vec<String> = Dtype::ALL
-            .iter()
-            .map(|d| d.safetensors_name().to_string())
-            .collect();
+        let ours: Vec<String> = Dtype::ALL.iter().map(|d| d.safetensors_name().to_string()).collect();
         let mut theirs: Vec<safetensors::Dtype> = ours
             .iter()
-            .map(|n| {
-                serde_json::from_value(serde_json::Value::String(n.clone())).expect("known dtype")
-            })
+            .map(|n| serde_json::from_value(serde_json::Value::String(n.clone())).expect("known dtype"))
             .collect();
         theirs.sort();
         let theirs: Vec<String> = theirs
             .iter()
-            .map(|d| {
-                serde_json::to_value(d)
-                    .expect("serializes")
-                    .as_str()
-                    .expect("string")
-                    .to_string()
-            })
+            .map(|d| serde_json::to_value(d).expect("serializes").as_str().expect("string").to_string())
             .collect();
         assert_eq!(ours, theirs);
         for d in Dtype::ALL {
             let t: safetensors::Dtype =
-                serde_json::from_value(serde_json::Value::String(d.safetensors_name().into()))
-                    .expect("known");
+                serde_json::from_value(serde_json::Value::String(d.safetensors_name().into())).expect("known");
             assert_eq!(d.bits() as usize, t.bitsize(), "{d}");
         }
     }

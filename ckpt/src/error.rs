@@ -20,63 +20,35 @@ pub enum Error {
     HeaderTooSmall { path: PathBuf, len: u64 },
 
     #[error("{path}: header length {header_len} is larger than the {max} bytes allowed")]
-    HeaderTooLarge {
-        path: PathBuf,
-        header_len: u64,
-        max: u64,
-    },
+    HeaderTooLarge { path: PathBuf, header_len: u64, max: u64 },
 
     #[error("{path}: header length {header_len} runs past the end of the {len}-byte file")]
-    HeaderBeyondFile {
-        path: PathBuf,
-        header_len: u64,
-        len: u64,
-    },
+    HeaderBeyondFile { path: PathBuf, header_len: u64, len: u64 },
 
     #[error("{path}: header is not valid JSON: {reason}")]
     BadHeaderJson { path: PathBuf, reason: String },
 
     #[error("{path}: tensor `{tensor}`: {reason}")]
-    BadTensorEntry {
-        path: PathBuf,
-        tensor: String,
-        reason: String,
-    },
+    BadTensorEntry { path: PathBuf, tensor: String, reason: String },
 
     #[error("{path}: tensor `{tensor}` has unknown dtype `{dtype}`")]
-    UnknownDtype {
-        path: PathBuf,
-        tensor: String,
-        dtype: String,
-    },
+    UnknownDtype { path: PathBuf, tensor: String, dtype: String },
 
     #[error("{path}: tensor `{tensor}` appears twice in the header")]
     DuplicateInFile { path: PathBuf, tensor: String },
 
-    #[error("{path}: tensor `{tensor}`: shape {shape:?} of `{dtype}` needs {expected} bytes but its offsets span {found}")]
-    SizeMismatch {
-        path: PathBuf,
-        tensor: String,
-        dtype: String,
-        shape: Vec<u64>,
-        expected: u64,
-        found: u64,
-    },
+    #[error(
+        "{path}: tensor `{tensor}`: shape {shape:?} of `{dtype}` needs {expected} bytes but its offsets span {found}"
+    )]
+    SizeMismatch { path: PathBuf, tensor: String, dtype: String, shape: Vec<u64>, expected: u64, found: u64 },
 
-    #[error("{path}: tensor `{tensor}` starts at data offset {found}, expected {expected} (offsets overlap or leave a gap)")]
-    BadOffset {
-        path: PathBuf,
-        tensor: String,
-        expected: u64,
-        found: u64,
-    },
+    #[error(
+        "{path}: tensor `{tensor}` starts at data offset {found}, expected {expected} (offsets overlap or leave a gap)"
+    )]
+    BadOffset { path: PathBuf, tensor: String, expected: u64, found: u64 },
 
     #[error("{path}: file is {len} bytes but its header describes {expected} (truncated file or trailing bytes)")]
-    LengthMismatch {
-        path: PathBuf,
-        len: u64,
-        expected: u64,
-    },
+    LengthMismatch { path: PathBuf, len: u64, expected: u64 },
 
     #[error("{path}: `__metadata__` must map strings to strings: {reason}")]
     BadMetadata { path: PathBuf, reason: String },
@@ -85,39 +57,19 @@ pub enum Error {
     BadIndex { path: PathBuf, reason: String },
 
     #[error("{index}: tensor `{tensor}` is mapped to `{file}`, which does not exist")]
-    MissingShard {
-        index: PathBuf,
-        tensor: String,
-        file: String,
-    },
+    MissingShard { index: PathBuf, tensor: String, file: String },
 
     #[error("{index}: tensor `{tensor}` is mapped to `{file}`, which does not hold it")]
-    TensorNotInShard {
-        index: PathBuf,
-        tensor: String,
-        file: PathBuf,
-    },
+    TensorNotInShard { index: PathBuf, tensor: String, file: String },
 
     #[error("tensor `{tensor}` is in both {first} and {second}")]
-    DuplicateAcrossShards {
-        tensor: String,
-        first: PathBuf,
-        second: PathBuf,
-    },
+    DuplicateAcrossShards { tensor: String, first: PathBuf, second: PathBuf },
 
     #[error("{index}: shard {file} holds tensor `{tensor}`, which the `weight_map` does not list")]
-    UnlistedTensor {
-        index: PathBuf,
-        file: PathBuf,
-        tensor: String,
-    },
+    UnlistedTensor { index: PathBuf, file: PathBuf, tensor: String },
 
     #[error("{index}: `weight_map` entry `{tensor}` points at `{file}`, which is not a plain file name in the index's folder")]
-    UnsafeShardPath {
-        index: PathBuf,
-        tensor: String,
-        file: String,
-    },
+    UnsafeShardPath { index: PathBuf, tensor: String, file: String },
 
     #[error("{path}: no checkpoint found (expected a `.safetensors` file, a `model.safetensors.index.json`, or a folder holding one)")]
     NotACheckpoint { path: PathBuf },
@@ -128,42 +80,20 @@ pub enum Error {
     #[error("invalid hub address `{input}`: {reason}")]
     BadHubUrl { input: String, reason: String },
 
-    #[error(
-        "`{repo}` (revision `{revision}`) has no `{file}` in the local Hugging Face cache {cache}"
-    )]
-    NotInHubCache {
-        repo: String,
-        revision: String,
-        file: String,
-        cache: PathBuf,
-    },
+    #[error("`{repo}` (revision `{revision}`) has no `{file}` in the local Hugging Face cache {cache}")]
+    NotInHubCache { repo: String, revision: String, file: String, cache: PathBuf },
 
     #[error("`{path}` is the source, refusing to overwrite it")]
     OutputIsSource { path: PathBuf },
 
     #[error("shards disagree on `__metadata__` key `{key}`: {first:?} in {first_file}, {second:?} in {second_file}")]
-    MetadataConflict {
-        key: String,
-        first: String,
-        first_file: PathBuf,
-        second: String,
-        second_file: PathBuf,
-    },
+    MetadataConflict { key: String, first: String, first_file: PathBuf, second: String, second_file: PathBuf },
 
     #[error("{path}: checksum mismatch for `{file}`: manifest says {expected}, file has {found}")]
-    ChecksumMismatch {
-        path: PathBuf,
-        file: String,
-        expected: String,
-        found: String,
-    },
+    ChecksumMismatch { path: PathBuf, file: String, expected: String, found: String },
 
     #[error("{path}: bad checksum manifest line {line}: {reason}")]
-    BadManifest {
-        path: PathBuf,
-        line: usize,
-        reason: String,
-    },
+    BadManifest { path: PathBuf, line: usize, reason: String },
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -175,9 +105,6 @@ pub(crate) trait IoContext<T> {
 
 impl<T> IoContext<T> for std::io::Result<T> {
     fn at(self, path: impl Into<PathBuf>) -> Result<T> {
-        self.map_err(|source| Error::Io {
-            path: path.into(),
-            source,
-        })
+        self.map_err(|source| Error::Io { path: path.into(), source })
     }
 }

@@ -23,21 +23,14 @@ pub fn sha256_file(path: &Path) -> Result<String> {
         }
         hasher.update(&buf[..n]);
     }
-    Ok(hasher
-        .finalize()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect())
+    Ok(hasher.finalize().iter().map(|b| format!("{b:02x}")).collect())
 }
 
 /// Renders entries `(file name, hex digest)` sorted by name.
 pub fn render(entries: &[(String, String)]) -> String {
     let mut sorted: Vec<&(String, String)> = entries.iter().collect();
     sorted.sort();
-    sorted
-        .iter()
-        .map(|(name, sum)| format!("{sum}  {name}\n"))
-        .collect()
+    sorted.iter().map(|(name, sum)| format!("{sum}  {name}\n")).collect()
 }
 
 /// Parses a manifest into `(file name, hex digest)` pairs.
@@ -47,14 +40,8 @@ pub fn parse(text: &str, path: &Path) -> Result<Vec<(String, String)>> {
         if line.trim().is_empty() {
             continue;
         }
-        let bad = |reason: &str| Error::BadManifest {
-            path: path.to_path_buf(),
-            line: i + 1,
-            reason: reason.into(),
-        };
-        let (sum, rest) = line
-            .split_at_checked(64)
-            .ok_or_else(|| bad("expected `<sha256>  <file>`"))?;
+        let bad = |reason: &str| Error::BadManifest { path: path.to_path_buf(), line: i + 1, reason: reason.into() };
+        let (sum, rest) = line.split_at_checked(64).ok_or_else(|| bad("expected `<sha256>  <file>`"))?;
         if !sum.bytes().all(|b| b.is_ascii_hexdigit()) {
             return Err(bad("the checksum is not 64 hex digits"));
         }
@@ -63,9 +50,7 @@ pub fn parse(text: &str, path: &Path) -> Result<Vec<(String, String)>> {
             .or_else(|| rest.strip_prefix(" *"))
             .ok_or_else(|| bad("expected two spaces or ` *` after the checksum"))?;
         if !crate::formats::hf_index::is_plain_file_name(name) {
-            return Err(bad(
-                "the file name must be a plain name in the manifest's folder",
-            ));
+            return Err(bad("the file name must be a plain name in the manifest's folder"));
         }
         out.push((name.to_string(), sum.to_ascii_lowercase()));
     }

@@ -34,12 +34,7 @@ pub struct MergeOutcome {
 /// The shards, their names, the `weight_map` and `total_size` are what
 /// `huggingface_hub.save_torch_state_dict(load_file(src), out_dir, max_shard_size=…)` writes,
 /// and so is every shard's content.
-pub fn split(
-    ck: &Checkpoint,
-    out_dir: &Path,
-    max_shard_size: u64,
-    opts: &WriteOptions<'_>,
-) -> Result<SplitOutcome> {
+pub fn split(ck: &Checkpoint, out_dir: &Path, max_shard_size: u64, opts: &WriteOptions<'_>) -> Result<SplitOutcome> {
     let (plan, outcome) = plan_split(ck, out_dir, max_shard_size)?;
     write::execute(&plan, &ck.files, opts)?;
     Ok(outcome)
@@ -59,10 +54,7 @@ pub fn merge(ck: &Checkpoint, out: &Path, opts: &WriteOptions<'_>) -> Result<Mer
 /// The pass is greedy and single: a tensor larger than the limit gets a shard of its own,
 /// emitted immediately while the current shard stays open, so key order is not monotonic
 /// across shards (huggingface_hub behaves the same).
-pub fn assign_shards<K: Eq + std::hash::Hash + Clone>(
-    items: &[(K, u64)],
-    max: u64,
-) -> (Vec<Vec<usize>>, u64) {
+pub fn assign_shards<K: Eq + std::hash::Hash + Clone>(items: &[(K, u64)], max: u64) -> (Vec<Vec<usize>>, u64) {
     let mut groups: Vec<Vec<usize>> = Vec::new();
     let mut group_of: HashMap<K, usize> = HashMap::new();
     let mut shards: Vec<Vec<usize>> = Vec::new();
@@ -100,11 +92,7 @@ pub fn assign_shards<K: Eq + std::hash::Hash + Clone>(
 }
 
 /// Builds the plan for [`split`] without writing anything.
-pub fn plan_split(
-    ck: &Checkpoint,
-    out_dir: &Path,
-    max_shard_size: u64,
-) -> Result<(Plan, SplitOutcome)> {
+pub fn plan_split(ck: &Checkpoint, out_dir: &Path, max_shard_size: u64) -> Result<(Plan, SplitOutcome)> {
     // Within one file, tensors can only share a storage when they are empty and sit at the same
     // offset: safetensors hands them the same data pointer, and huggingface_hub keys storages
     // by (pointer, byte size).
@@ -112,10 +100,7 @@ pub fn plan_split(
         .tensors
         .iter()
         .map(|t| {
-            let first = t
-                .chunks
-                .first()
-                .map_or((usize::MAX, 0, 0), |c| (c.file, c.offset, c.len));
+            let first = t.chunks.first().map_or((usize::MAX, 0, 0), |c| (c.file, c.offset, c.len));
             (first, t.byte_len())
         })
         .collect();
@@ -125,15 +110,9 @@ pub fn plan_split(
     // `format`, and its index metadata beyond `total_size`. Like `save_torch_state_dict`, a
     // single output file carries it in `__metadata__`, a sharded output in the index.
     let source_meta = ck.file_metadata()?;
-    let format = source_meta
-        .iter()
-        .find(|(k, _)| k == "format")
-        .map_or_else(|| "pt".to_string(), |(_, v)| v.clone());
-    let mut user_meta: Vec<(String, serde_json::Value)> = source_meta
-        .into_iter()
-        .filter(|(k, _)| k != "format")
-        .map(|(k, v)| (k, v.into()))
-        .collect();
+    let format = source_meta.iter().find(|(k, _)| k == "format").map_or_else(|| "pt".to_string(), |(_, v)| v.clone());
+    let mut user_meta: Vec<(String, serde_json::Value)> =
+        source_meta.into_iter().filter(|(k, _)| k != "format").map(|(k, v)| (k, v.into())).collect();
     for (k, v) in index_extras(ck) {
         if !user_meta.iter().any(|(kk, _)| *kk == k) {
             user_meta.push((k, v));
@@ -142,32 +121,18 @@ pub fn plan_split(
     let n = shards.len();
     let mut file_meta = vec![("format".to_string(), format)];
     if n == 1 {
-        file_meta.extend(
-            user_meta
-                .iter()
-                .map(|(k, v)| (k.clone(), json_to_string(v))),
-        );
+        file_meta.extend(user_meta.iter().map(|(k, v)| (k.clone(), json_to_string(v))));
     }
 
     let mut plan = Plan::default();
-    let mut outcome = SplitOutcome {
-        files: Vec::new(),
-        index: None,
-        total_size,
-    };
+    let mut outcome = SplitOutcome { files: Vec::new(), index: None, total_size };
     let mut weight_map = Vec::new();
     for (i, shard) in shards.iter().enumerate() {
-        let name = if n == 1 {
-            hf_index::SINGLE_NAME.to_string()
-        } else {
-            shard_name(i + 1, n)
-        };
+        let name = if n == 1 { hf_index::SINGLE_NAME.to_string() } else { shard_name(i + 1, n) };
         let path = out_dir.join(&name);
         let tensors: Vec<&TensorInfo> = shard.iter().map(|&j| &ck.tensors[j]).collect();
         plan.targets.push(target_file(&path, &tensors, &file_meta)?);
-        outcome
-            .files
-            .push((path, tensors.iter().map(|t| t.name.clone()).collect()));
+        outcome.files.push((path, tensors.iter().map(|t| t.name.clone()).collect()));
         weight_map.extend(tensors.iter().map(|t| (t.name.clone(), name.clone())));
     }
     if n > 1 {
@@ -177,17 +142,13 @@ pub fn plan_split(
             meta.insert(k, v);
         }
         let index_path = out_dir.join(hf_index::INDEX_NAME);
-        plan.trailers
-            .push((index_path.clone(), hf_index::render(&meta, &weight_map)));
+        plan.trailers.push((index_path.clone(), hf_index::render(&meta, &weight_map)));
         outcome.index = Some(index_path);
     }
     plan.stale = stale_files(out_dir)?;
     refuse_overwriting_sources(
         ck,
-        plan.targets
-            .iter()
-            .map(|t| t.path.as_path())
-            .chain(plan.stale.iter().map(PathBuf::as_path)),
+        plan.targets.iter().map(|t| t.path.as_path()).chain(plan.stale.iter().map(PathBuf::as_path)),
     )?;
     Ok((plan, outcome))
 }
@@ -203,35 +164,15 @@ pub fn plan_merge(ck: &Checkpoint, out: &Path) -> Result<(Plan, MergeOutcome)> {
     let tensors: Vec<&TensorInfo> = ck.tensors.iter().collect();
     let target = target_file(out, &tensors, &meta)?;
     refuse_overwriting_sources(ck, std::iter::once(out))?;
-    let outcome = MergeOutcome {
-        path: out.to_path_buf(),
-        tensors: tensors.len(),
-        bytes: ck.total_bytes(),
-    };
-    Ok((
-        Plan {
-            targets: vec![target],
-            ..Plan::default()
-        },
-        outcome,
-    ))
+    let outcome = MergeOutcome { path: out.to_path_buf(), tensors: tensors.len(), bytes: ck.total_bytes() };
+    Ok((Plan { targets: vec![target], ..Plan::default() }, outcome))
 }
 
-fn target_file(
-    path: &Path,
-    tensors: &[&TensorInfo],
-    metadata: &[(String, String)],
-) -> Result<TargetFile> {
-    let by_name: HashMap<&str, &TensorInfo> =
-        tensors.iter().map(|t| (t.name.as_str(), *t)).collect();
+fn target_file(path: &Path, tensors: &[&TensorInfo], metadata: &[(String, String)]) -> Result<TargetFile> {
+    let by_name: HashMap<&str, &TensorInfo> = tensors.iter().map(|t| (t.name.as_str(), *t)).collect();
     let out: Vec<OutTensor> = tensors
         .iter()
-        .map(|t| OutTensor {
-            name: t.name.clone(),
-            dtype: t.dtype,
-            shape: t.shape.clone(),
-            len: t.byte_len(),
-        })
+        .map(|t| OutTensor { name: t.name.clone(), dtype: t.dtype, shape: t.shape.clone(), len: t.byte_len() })
         .collect();
     let layout = st::layout(out, metadata, path)?;
     let mut copies = Vec::new();
@@ -239,33 +180,18 @@ fn target_file(
         let mut dst = *at;
         for c in &by_name[t.name.as_str()].chunks {
             if c.len > 0 {
-                copies.push(RangeCopy {
-                    src: c.file,
-                    src_off: c.offset,
-                    dst_off: dst,
-                    len: c.len,
-                });
+                copies.push(RangeCopy { src: c.file, src_off: c.offset, dst_off: dst, len: c.len });
             }
             dst += c.len;
         }
     }
-    Ok(TargetFile {
-        path: path.to_path_buf(),
-        head: layout.head,
-        len: layout.file_len,
-        copies,
-    })
+    Ok(TargetFile { path: path.to_path_buf(), head: layout.head, len: layout.file_len, copies })
 }
 
 /// The source index's metadata other than `total_size`, which is always recomputed.
 fn index_extras(ck: &Checkpoint) -> Vec<(String, serde_json::Value)> {
     ck.index_metadata()
-        .map(|m| {
-            m.iter()
-                .filter(|(k, _)| *k != "total_size")
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect()
-        })
+        .map(|m| m.iter().filter(|(k, _)| *k != "total_size").map(|(k, v)| (k.clone(), v.clone())).collect())
         .unwrap_or_default()
 }
 
@@ -284,12 +210,7 @@ fn stale_files(dir: &Path) -> Result<Vec<PathBuf>> {
     let entries = match std::fs::read_dir(dir) {
         Ok(e) => e,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(stale),
-        Err(e) => {
-            return Err(Error::Io {
-                path: dir.to_path_buf(),
-                source: e,
-            })
-        }
+        Err(e) => return Err(Error::Io { path: dir.to_path_buf(), source: e }),
     };
     for entry in entries {
         let entry = entry.at(dir)?;
@@ -302,19 +223,14 @@ fn stale_files(dir: &Path) -> Result<Vec<PathBuf>> {
     Ok(stale)
 }
 
-fn refuse_overwriting_sources<'a>(
-    ck: &Checkpoint,
-    outputs: impl Iterator<Item = &'a Path>,
-) -> Result<()> {
+fn refuse_overwriting_sources<'a>(ck: &Checkpoint, outputs: impl Iterator<Item = &'a Path>) -> Result<()> {
     let canon = |p: &Path| std::fs::canonicalize(p).ok();
     let mut sources: Vec<PathBuf> = ck.files.iter().filter_map(|f| canon(&f.path)).collect();
     sources.extend(canon(&ck.root));
     for out in outputs {
         if let Some(c) = canon(out) {
             if sources.contains(&c) {
-                return Err(Error::OutputIsSource {
-                    path: out.to_path_buf(),
-                });
+                return Err(Error::OutputIsSource { path: out.to_path_buf() });
             }
         }
     }
@@ -326,11 +242,7 @@ mod tests {
     use super::assign_shards;
 
     fn gb(sizes: &[u64]) -> Vec<(usize, u64)> {
-        sizes
-            .iter()
-            .enumerate()
-            .map(|(i, s)| (i, s * 1_000_000_000))
-            .collect()
+        sizes.iter().enumerate().map(|(i, s)| (i, s * 1_000_000_000)).collect()
     }
 
     #[test]

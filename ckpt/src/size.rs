@@ -11,18 +11,13 @@ pub const DEFAULT_MAX_SHARD_SIZE: &str = "5GB";
 
 /// Parses a shard size into bytes.
 pub fn parse_size(input: &str) -> Result<u64> {
-    let bad = |reason: String| Error::BadSize {
-        input: input.to_string(),
-        reason,
-    };
+    let bad = |reason: String| Error::BadSize { input: input.to_string(), reason };
     let s = input.trim();
     if !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) {
         return s.parse().map_err(|e| bad(format!("{e}")));
     }
     if !s.is_ascii() || s.len() < 2 {
-        return Err(bad(
-            "expected a number followed by `KB`, `MB`, `GB` or `TB`".into(),
-        ));
+        return Err(bad("expected a number followed by `KB`, `MB`, `GB` or `TB`".into()));
     }
     let (number, unit) = s.split_at(s.len() - 2);
     let multiplier: f64 = match unit.to_ascii_uppercase().as_str() {
@@ -30,12 +25,13 @@ pub fn parse_size(input: &str) -> Result<u64> {
         "MB" => 1e6,
         "GB" => 1e9,
         "TB" => 1e12,
-        other => return Err(bad(format!("unit `{other}` is not one of `KB`, `MB`, `GB`, `TB` (sizes are decimal: `5GB` is 5·10⁹ bytes)"))),
+        other => {
+            return Err(bad(format!(
+                "unit `{other}` is not one of `KB`, `MB`, `GB`, `TB` (sizes are decimal: `5GB` is 5·10⁹ bytes)"
+            )))
+        }
     };
-    let value: f64 = number
-        .trim()
-        .parse()
-        .map_err(|_| bad(format!("`{}` is not a number", number.trim())))?;
+    let value: f64 = number.trim().parse().map_err(|_| bad(format!("`{}` is not a number", number.trim())))?;
     if !value.is_finite() || value < 0.0 {
         return Err(bad("the size must be a finite, non-negative number".into()));
     }
@@ -60,14 +56,8 @@ mod tests {
     #[test]
     fn refusals_name_the_input() {
         for bad in ["5GiB", "GB", "x", "-1GB", "nanGB", "", "5 G B"] {
-            let err = parse_size(bad)
-                .err()
-                .map(|e| e.to_string())
-                .unwrap_or_default();
-            assert!(
-                err.starts_with(&format!("invalid size `{bad}`")),
-                "{bad}: {err}"
-            );
+            let err = parse_size(bad).err().map(|e| e.to_string()).unwrap_or_default();
+            assert!(err.starts_with(&format!("invalid size `{bad}`")), "{bad}: {err}");
         }
     }
 }

@@ -14,33 +14,16 @@ use memmap2::{Mmap, UncheckedAdvice};
 
 /// Copies up to `len` bytes from `src` at `src_off` to `dst` at `dst_off` inside the kernel.
 /// Returns the number of bytes copied, which may be less than `len`; 0 means end of `src`.
-pub fn copy_file_range(
-    src: &File,
-    src_off: u64,
-    dst: &File,
-    dst_off: u64,
-    len: u64,
-) -> io::Result<u64> {
-    let mut off_in =
-        i64::try_from(src_off).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
-    let mut off_out =
-        i64::try_from(dst_off).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+pub fn copy_file_range(src: &File, src_off: u64, dst: &File, dst_off: u64, len: u64) -> io::Result<u64> {
+    let mut off_in = i64::try_from(src_off).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    let mut off_out = i64::try_from(dst_off).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
     // The kernel caps a single call well below usize::MAX anyway; 1 GiB keeps each call short.
     let want = len.min(1 << 30) as usize;
     // SAFETY: both descriptors are open for the duration of the call (borrowed `File`s), and the
     // offset pointers point at live, properly aligned i64s on this stack frame. With explicit
     // offsets the call does not touch the files' shared positions, so it is safe to run
     // concurrently on the same descriptors.
-    let n = unsafe {
-        libc::copy_file_range(
-            src.as_raw_fd(),
-            &mut off_in,
-            dst.as_raw_fd(),
-            &mut off_out,
-            want,
-            0,
-        )
-    };
+    let n = unsafe { libc::copy_file_range(src.as_raw_fd(), &mut off_in, dst.as_raw_fd(), &mut off_out, want, 0) };
     if n < 0 {
         Err(io::Error::last_os_error())
     } else {
@@ -53,14 +36,7 @@ pub fn copy_file_range(
 pub fn copy_unsupported(e: &io::Error) -> bool {
     matches!(
         e.raw_os_error(),
-        Some(
-            libc::EXDEV
-                | libc::ENOSYS
-                | libc::EOPNOTSUPP
-                | libc::EINVAL
-                | libc::EBADF
-                | libc::EPERM
-        )
+        Some(libc::EXDEV | libc::ENOSYS | libc::EOPNOTSUPP | libc::EINVAL | libc::EBADF | libc::EPERM)
     )
 }
 
@@ -96,9 +72,6 @@ impl MappedFile {
         // backed pages; later reads fault them back in from the file with identical contents. No
         // slice borrowed from the map is alive across this call in our callers (they release a
         // window only after writing it out).
-        let _ = unsafe {
-            self.map
-                .unchecked_advise_range(UncheckedAdvice::DontNeed, off, len)
-        };
+        let _ = unsafe { self.map.unchecked_advise_range(UncheckedAdvice::DontNeed, off, len) };
     }
 }

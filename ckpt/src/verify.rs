@@ -71,11 +71,8 @@ pub fn verify(src: &str) -> Result<Report> {
     // The manifest sits beside the file or the index.
     let manifest_path = ck.root().parent().map(|d| d.join(manifest::MANIFEST_NAME));
     if let Some(mp) = manifest_path.filter(|p| p.is_file()) {
-        let names: Vec<String> = ck
-            .files()
-            .iter()
-            .filter_map(|f| f.path.file_name().map(|n| n.to_string_lossy().into_owned()))
-            .collect();
+        let names: Vec<String> =
+            ck.files().iter().filter_map(|f| f.path.file_name().map(|n| n.to_string_lossy().into_owned())).collect();
         check_manifest(&mp, &names, &mut report)?;
     }
     Ok(report)

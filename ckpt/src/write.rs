@@ -74,10 +74,7 @@ pub struct WriteOptions<'a> {
 
 impl std::fmt::Debug for WriteOptions<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("WriteOptions")
-            .field("copy", &self.copy)
-            .field("checksums", &self.checksums)
-            .finish()
+        f.debug_struct("WriteOptions").field("copy", &self.copy).field("checksums", &self.checksums).finish()
     }
 }
 
@@ -97,10 +94,7 @@ pub fn execute(plan: &Plan, sources: &[SourceFile], opts: &WriteOptions<'_>) -> 
         }
         temps.create(&t.path)?;
     }
-    let srcs: Vec<File> = sources
-        .iter()
-        .map(|s| File::open(&s.path).at(&s.path))
-        .collect::<Result<_>>()?;
+    let srcs: Vec<File> = sources.iter().map(|s| File::open(&s.path).at(&s.path)).collect::<Result<_>>()?;
     let maps: Vec<std::sync::OnceLock<std::result::Result<MappedFile, String>>> =
         sources.iter().map(|_| std::sync::OnceLock::new()).collect();
 
@@ -115,15 +109,7 @@ pub fn execute(plan: &Plan, sources: &[SourceFile], opts: &WriteOptions<'_>) -> 
             let mut done = 0;
             while done < c.len {
                 let len = (c.len - done).min(PIECE);
-                pieces.push((
-                    ti,
-                    RangeCopy {
-                        src: c.src,
-                        src_off: c.src_off + done,
-                        dst_off: c.dst_off + done,
-                        len,
-                    },
-                ));
+                pieces.push((ti, RangeCopy { src: c.src, src_off: c.src_off + done, dst_off: c.dst_off + done, len }));
                 done += len;
             }
         }
@@ -143,32 +129,17 @@ pub fn execute(plan: &Plan, sources: &[SourceFile], opts: &WriteOptions<'_>) -> 
         }
         if copied < c.len {
             let map = maps[c.src].get_or_init(|| MappedFile::open(src).map_err(|e| e.to_string()));
-            let map = map.as_ref().map_err(|e| Error::Io {
-                path: src_path.clone(),
-                source: std::io::Error::other(e.clone()),
-            })?;
-            let rest = RangeCopy {
-                src: c.src,
-                src_off: c.src_off + copied,
-                dst_off: c.dst_off + copied,
-                len: c.len - copied,
-            };
-            mapped_copy(
-                map,
-                src_path,
-                dst,
-                &temps.files[*ti].0,
-                &rest,
-                opts.progress,
-            )?;
+            let map = map
+                .as_ref()
+                .map_err(|e| Error::Io { path: src_path.clone(), source: std::io::Error::other(e.clone()) })?;
+            let rest =
+                RangeCopy { src: c.src, src_off: c.src_off + copied, dst_off: c.dst_off + copied, len: c.len - copied };
+            mapped_copy(map, src_path, dst, &temps.files[*ti].0, &rest, opts.progress)?;
         }
         Ok::<(), Error>(())
     })?;
 
-    temps
-        .files
-        .par_iter()
-        .try_for_each(|(p, f)| f.sync_all().at(p))?;
+    temps.files.par_iter().try_for_each(|(p, f)| f.sync_all().at(p))?;
     let mut trailers = plan.trailers.clone();
     if opts.checksums {
         let sums: Vec<(String, String)> = plan
@@ -177,31 +148,16 @@ pub fn execute(plan: &Plan, sources: &[SourceFile], opts: &WriteOptions<'_>) -> 
             .zip(&temps.files)
             .map(|(t, (p, _))| Ok((file_name(&t.path), crate::manifest::sha256_file(p)?)))
             .collect::<Result<_>>()?;
-        let dir = plan
-            .targets
-            .first()
-            .and_then(|t| t.path.parent())
-            .unwrap_or(Path::new("."));
+        let dir = plan.targets.first().and_then(|t| t.path.parent()).unwrap_or(Path::new("."));
         // The manifest goes before the index: the index stays the last thing written.
-        trailers.insert(
-            0,
-            (
-                dir.join(crate::manifest::MANIFEST_NAME),
-                crate::manifest::render(&sums).into_bytes(),
-            ),
-        );
+        trailers.insert(0, (dir.join(crate::manifest::MANIFEST_NAME), crate::manifest::render(&sums).into_bytes()));
     }
 
     for stale in &plan.stale {
         match std::fs::remove_file(stale) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => {
-                return Err(Error::Io {
-                    path: stale.clone(),
-                    source: e,
-                })
-            }
+            Err(e) => return Err(Error::Io { path: stale.clone(), source: e }),
         }
     }
     for (t, (tmp, _)) in plan.targets.iter().zip(&temps.files) {
@@ -211,11 +167,7 @@ pub fn execute(plan: &Plan, sources: &[SourceFile], opts: &WriteOptions<'_>) -> 
     for (path, bytes) in &trailers {
         write_atomic(path, bytes)?;
     }
-    let mut dirs: Vec<&Path> = plan
-        .targets
-        .iter()
-        .filter_map(|t| t.path.parent())
-        .collect();
+    let mut dirs: Vec<&Path> = plan.targets.iter().filter_map(|t| t.path.parent()).collect();
     dirs.extend(trailers.iter().filter_map(|(p, _)| p.parent()));
     dirs.sort();
     dirs.dedup();
@@ -243,12 +195,7 @@ fn kernel_copy(
                 ok.store(false, Ordering::Relaxed);
                 return Ok(0);
             }
-            Err(e) => {
-                return Err(Error::Io {
-                    path: dst_path.to_path_buf(),
-                    source: e,
-                })
-            }
+            Err(e) => return Err(Error::Io { path: dst_path.to_path_buf(), source: e }),
         }
     }
     Ok(done)
@@ -265,9 +212,7 @@ fn mapped_copy(
     let mut done = 0;
     while done < c.len {
         let len = (c.len - done).min(WINDOW);
-        let bytes = map
-            .get(c.src_off + done, len)
-            .ok_or_else(|| short_source(src_path, c.src_off + done))?;
+        let bytes = map.get(c.src_off + done, len).ok_or_else(|| short_source(src_path, c.src_off + done))?;
         dst.write_all_at(bytes, c.dst_off + done).at(dst_path)?;
         map.release(c.src_off + done, len);
         done += len;
@@ -305,18 +250,12 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
 }
 
 fn sync_dir(dir: &Path) -> Result<()> {
-    let dir = if dir.as_os_str().is_empty() {
-        Path::new(".")
-    } else {
-        dir
-    };
+    let dir = if dir.as_os_str().is_empty() { Path::new(".") } else { dir };
     File::open(dir).and_then(|d| d.sync_all()).at(dir)
 }
 
 fn file_name(p: &Path) -> String {
-    p.file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default()
+    p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
 }
 
 /// Temporary files that are removed unless renamed into place.
@@ -331,12 +270,7 @@ impl TempSet {
     fn create(&mut self, target: &Path) -> Result<()> {
         let name = file_name(target);
         let tmp = target.with_file_name(format!(".{name}.tmp.{}", std::process::id()));
-        let f = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&tmp)
-            .at(&tmp)?;
+        let f = OpenOptions::new().write(true).create(true).truncate(true).open(&tmp).at(&tmp)?;
         self.files.push((tmp, f));
         Ok(())
     }

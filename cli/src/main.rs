@@ -10,12 +10,13 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 
+mod data;
 mod output;
 mod progress;
 
-/// Split, merge, convert and verify checkpoints, streaming, with bounded memory.
+/// Split, merge, inspect and verify checkpoints, streaming, with bounded memory.
 #[derive(Parser, Debug)]
-#[command(name = "ckpt", version, about, long_about = None)]
+#[command(name = "ckpt", version, about = "Split, merge, inspect and verify checkpoints, streaming, with bounded memory.", long_about = None)]
 pub struct Cli {
     /// Print nothing on stderr but errors.
     #[arg(short, long, global = true)]
@@ -37,6 +38,11 @@ pub enum CopyArg {
 
 #[derive(Subcommand, Debug)]
 pub enum Command {
+    /// Plan and explain rank-sharded data loading.
+    Data {
+        #[command(subcommand)]
+        cmd: data::DataCommand,
+    },
     /// Show a checkpoint's format, tensors and totals.
     Inspect {
         /// A `.safetensors` file, an index, a folder, or `hf://ORG/NAME[@REV][/PATH]`.
@@ -83,17 +89,23 @@ fn main() -> ExitCode {
         Ok(code) => code,
         Err(err) => {
             // A closed pipe (`ckpt inspect x | head`) is not an error worth a message.
-            if err.chain().any(|c| {
-                c.downcast_ref::<std::io::Error>()
-                    .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
-            }) {
+            if err
+                .chain()
+                .any(|c| c.downcast_ref::<std::io::Error>().is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe))
+            {
                 return ExitCode::SUCCESS;
             }
-            let msg = err
-                .chain()
-                .map(ToString::to_string)
-                .collect::<Vec<_>>()
-                .join(": ");
+            // Our library errors already include their cause; print each cause only once.
+            let mut msg = String::new();
+            for cause in err.chain() {
+                let text = cause.to_string();
+                if !msg.ends_with(&text) {
+                    if !msg.is_empty() {
+                        msg.push_str(": ");
+                    }
+                    msg.push_str(&text);
+                }
+            }
             let _ = writeln!(std::io::stderr(), "error: {msg}");
             ExitCode::from(2)
         }
@@ -108,6 +120,7 @@ fn run(cli: &Cli) -> anyhow::Result<ExitCode> {
     let notes = !cli.quiet && std::io::stderr().is_terminal();
     let mut out = std::io::stdout().lock();
     match &cli.command {
+        Command::Data { cmd } => return data::run(cmd.clone()),
         Command::Inspect { path, json } => {
             let ck = ckpt::Checkpoint::open(path)?;
             if *json {
@@ -116,23 +129,13 @@ fn run(cli: &Cli) -> anyhow::Result<ExitCode> {
                 output::inspect_text(&mut out, &ck)?;
             }
         }
-        Command::Split {
-            src,
-            out_dir,
-            max_shard_size,
-            checksums,
-        } => {
+        Command::Split { src, out_dir, max_shard_size, checksums } => {
             let max = ckpt::parse_size(max_shard_size)?;
             let ck = ckpt::Checkpoint::open(src)?;
             let bar = progress::Bar::new(ck.total_bytes(), !cli.quiet);
             let report = |n: u64| bar.inc(n);
-            let opts = ckpt::WriteOptions {
-                copy,
-                checksums: *checksums,
-                progress: Some(&report),
-            };
-            let done = ckpt::split(&ck, out_dir, max, &opts)
-                .with_context(|| format!("splitting {src}"))?;
+            let opts = ckpt::WriteOptions { copy, checksums: *checksums, progress: Some(&report) };
+            let done = ckpt::split(&ck, out_dir, max, &opts).with_context(|| format!("splitting {src}"))?;
             bar.finish();
             for (path, _) in &done.files {
                 writeln!(out, "{}", path.display())?;
@@ -149,29 +152,16 @@ fn run(cli: &Cli) -> anyhow::Result<ExitCode> {
                 );
             }
         }
-        Command::Merge {
-            src,
-            out: dst,
-            checksums,
-        } => {
+        Command::Merge { src, out: dst, checksums } => {
             let ck = ckpt::Checkpoint::open(src)?;
             let bar = progress::Bar::new(ck.total_bytes(), !cli.quiet);
             let report = |n: u64| bar.inc(n);
-            let opts = ckpt::WriteOptions {
-                copy,
-                checksums: *checksums,
-                progress: Some(&report),
-            };
+            let opts = ckpt::WriteOptions { copy, checksums: *checksums, progress: Some(&report) };
             let done = ckpt::merge(&ck, dst, &opts).with_context(|| format!("merging {src}"))?;
             bar.finish();
             writeln!(out, "{}", done.path.display())?;
             if notes {
-                eprintln!(
-                    "merged {} tensors ({} bytes) from {} file(s)",
-                    done.tensors,
-                    done.bytes,
-                    ck.files().len()
-                );
+                eprintln!("merged {} tensors ({} bytes) from {} file(s)", done.tensors, done.bytes, ck.files().len());
             }
         }
         Command::Verify { path, json } => {

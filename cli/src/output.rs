@@ -12,11 +12,8 @@ pub fn inspect_json(out: &mut impl Write, ck: &ckpt::Checkpoint) -> anyhow::Resu
         .files()
         .iter()
         .map(|f| {
-            let meta: serde_json::Map<String, serde_json::Value> = f
-                .metadata
-                .iter()
-                .map(|(k, v)| (k.clone(), v.clone().into()))
-                .collect();
+            let meta: serde_json::Map<String, serde_json::Value> =
+                f.metadata.iter().map(|(k, v)| (k.clone(), v.clone().into())).collect();
             json!({ "path": f.path, "bytes": f.len, "metadata": meta })
         })
         .collect();
@@ -48,12 +45,7 @@ pub fn inspect_text(out: &mut impl Write, ck: &ckpt::Checkpoint) -> anyhow::Resu
     writeln!(out, "path:    {}", ck.root().display())?;
     writeln!(out, "files:   {}", ck.files().len())?;
     writeln!(out, "tensors: {}", ck.tensors().len())?;
-    writeln!(
-        out,
-        "bytes:   {} ({})",
-        ck.total_bytes(),
-        human(ck.total_bytes())
-    )?;
+    writeln!(out, "bytes:   {} ({})", ck.total_bytes(), human(ck.total_bytes()))?;
     writeln!(out)?;
     let rows: Vec<[String; 5]> = ck
         .tensors()
@@ -65,13 +57,7 @@ pub fn inspect_text(out: &mut impl Write, ck: &ckpt::Checkpoint) -> anyhow::Resu
                 .and_then(|c| ck.files()[c.file].path.file_name())
                 .map(|n| n.to_string_lossy().into_owned())
                 .unwrap_or_default();
-            [
-                t.name.clone(),
-                t.dtype.to_string(),
-                format!("{:?}", t.shape),
-                file,
-                t.byte_len().to_string(),
-            ]
+            [t.name.clone(), t.dtype.to_string(), format!("{:?}", t.shape), file, t.byte_len().to_string()]
         })
         .collect();
     let header = ["NAME", "DTYPE", "SHAPE", "FILE", "BYTES"].map(String::from);
@@ -86,13 +72,7 @@ pub fn inspect_text(out: &mut impl Write, ck: &ckpt::Checkpoint) -> anyhow::Resu
             .iter()
             .zip(widths)
             .enumerate()
-            .map(|(i, (c, w))| {
-                if i == 4 {
-                    format!("{c:>w$}")
-                } else {
-                    format!("{c:<w$}")
-                }
-            })
+            .map(|(i, (c, w))| if i == 4 { format!("{c:>w$}") } else { format!("{c:<w$}") })
             .collect();
         writeln!(out, "{}", line.join("  ").trim_end())?;
     }

@@ -7,11 +7,7 @@ pub struct Bar(ProgressBar);
 impl Bar {
     pub fn new(total: u64, enabled: bool) -> Bar {
         // indicatif hides itself when stderr is not a terminal.
-        let target = if enabled {
-            ProgressDrawTarget::stderr()
-        } else {
-            ProgressDrawTarget::hidden()
-        };
+        let target = if enabled { ProgressDrawTarget::stderr() } else { ProgressDrawTarget::hidden() };
         let bar = ProgressBar::with_draw_target(Some(total), target);
         if let Ok(style) = ProgressStyle::with_template(
             "{bar:40} {binary_bytes}/{binary_total_bytes} {binary_bytes_per_sec} eta {eta}",

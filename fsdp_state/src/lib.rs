@@ -24,9 +24,7 @@ mod tests {
     #[test]
     fn trailing_ranks_may_hold_nothing() {
         // torch.chunk(torch.arange(5), 4) gives sizes [2, 2, 1] and a fourth, empty, rank.
-        let sizes: Vec<u64> = (0..4)
-            .map(|r| chunk_rows(5, 4, r).map(|x| x.end - x.start).unwrap_or(99))
-            .collect();
+        let sizes: Vec<u64> = (0..4).map(|r| chunk_rows(5, 4, r).map(|x| x.end - x.start).unwrap_or(99)).collect();
         assert_eq!(sizes, vec![2, 2, 1, 0]);
     }
 

@@ -38,12 +38,8 @@ impl Index {
     }
 
     pub fn parse(text: &[u8], path: &Path) -> Result<Index> {
-        let bad = |reason: String| Error::BadIndex {
-            path: path.to_path_buf(),
-            reason,
-        };
-        let root: serde_json::Value =
-            serde_json::from_slice(text).map_err(|e| bad(format!("not JSON: {e}")))?;
+        let bad = |reason: String| Error::BadIndex { path: path.to_path_buf(), reason };
+        let root: serde_json::Value = serde_json::from_slice(text).map_err(|e| bad(format!("not JSON: {e}")))?;
         let serde_json::Value::Object(mut root) = root else {
             return Err(bad("expected a JSON object".into()));
         };
@@ -58,24 +54,14 @@ impl Index {
         let mut weight_map = Vec::with_capacity(map.len());
         for (tensor, file) in map {
             let serde_json::Value::String(file) = file else {
-                return Err(bad(format!(
-                    "`weight_map` entry `{tensor}` is not a string"
-                )));
+                return Err(bad(format!("`weight_map` entry `{tensor}` is not a string")));
             };
             if !is_plain_file_name(&file) {
-                return Err(Error::UnsafeShardPath {
-                    index: path.to_path_buf(),
-                    tensor,
-                    file,
-                });
+                return Err(Error::UnsafeShardPath { index: path.to_path_buf(), tensor, file });
             }
             weight_map.push((tensor, file));
         }
-        Ok(Index {
-            path: path.to_path_buf(),
-            metadata,
-            weight_map,
-        })
+        Ok(Index { path: path.to_path_buf(), metadata, weight_map })
     }
 
     /// The folder shard names are relative to.
@@ -86,18 +72,12 @@ impl Index {
     /// Distinct shard file names in order of first appearance.
     pub fn shard_names(&self) -> Vec<&str> {
         let mut seen = std::collections::HashSet::new();
-        self.weight_map
-            .iter()
-            .map(|(_, f)| f.as_str())
-            .filter(|f| seen.insert(*f))
-            .collect()
+        self.weight_map.iter().map(|(_, f)| f.as_str()).filter(|f| seen.insert(*f)).collect()
     }
 
     /// `metadata.total_size`, when present and a non-negative integer.
     pub fn total_size(&self) -> Option<u64> {
-        self.metadata
-            .get("total_size")
-            .and_then(serde_json::Value::as_u64)
+        self.metadata.get("total_size").and_then(serde_json::Value::as_u64)
     }
 }
 
@@ -140,14 +120,9 @@ pub fn is_managed_name(name: &str) -> bool {
 
 /// Renders an index the way huggingface_hub writes it: `json.dump(index, indent=2)`, which
 /// escapes every non-ASCII character and has no trailing newline.
-pub fn render(
-    metadata: &serde_json::Map<String, serde_json::Value>,
-    weight_map: &[(String, String)],
-) -> Vec<u8> {
-    let weight_map: serde_json::Map<String, serde_json::Value> = weight_map
-        .iter()
-        .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
-        .collect();
+pub fn render(metadata: &serde_json::Map<String, serde_json::Value>, weight_map: &[(String, String)]) -> Vec<u8> {
+    let weight_map: serde_json::Map<String, serde_json::Value> =
+        weight_map.iter().map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone()))).collect();
     let root = serde_json::json!({ "metadata": metadata, "weight_map": weight_map });
     // serde_json's pretty printer matches Python's `indent=2` layout; Python additionally
     // escapes everything outside printable ASCII (ensure_ascii), which only occurs inside strings.
@@ -176,19 +151,10 @@ mod tests {
 
     #[test]
     fn managed_names() {
-        for ok in [
-            "model.safetensors",
-            "model-00001-of-00002.safetensors",
-            "model.safetensors.index.json",
-        ] {
+        for ok in ["model.safetensors", "model-00001-of-00002.safetensors", "model.safetensors.index.json"] {
             assert!(is_managed_name(ok), "{ok}");
         }
-        for no in [
-            "model-1-of-2.safetensors",
-            "other.safetensors",
-            "model.bin",
-            "model-00001-of-00002.bin",
-        ] {
+        for no in ["model-1-of-2.safetensors", "other.safetensors", "model.bin", "model-00001-of-00002.bin"] {
             assert!(!is_managed_name(no), "{no}");
         }
     }

@@ -76,27 +76,16 @@ pub fn read_header(path: &Path) -> Result<Header> {
 pub fn read_header_from(file: &File, len: u64, path: &Path) -> Result<Header> {
     let path_buf = || path.to_path_buf();
     if len < 8 {
-        return Err(Error::HeaderTooSmall {
-            path: path_buf(),
-            len,
-        });
+        return Err(Error::HeaderTooSmall { path: path_buf(), len });
     }
     let mut n = [0u8; 8];
     file.read_exact_at(&mut n, 0).at(path)?;
     let header_len = u64::from_le_bytes(n);
     if header_len > MAX_HEADER_LEN {
-        return Err(Error::HeaderTooLarge {
-            path: path_buf(),
-            header_len,
-            max: MAX_HEADER_LEN,
-        });
+        return Err(Error::HeaderTooLarge { path: path_buf(), header_len, max: MAX_HEADER_LEN });
     }
     if header_len > len - 8 {
-        return Err(Error::HeaderBeyondFile {
-            path: path_buf(),
-            header_len,
-            len,
-        });
+        return Err(Error::HeaderBeyondFile { path: path_buf(), header_len, len });
     }
     // Bounded by MAX_HEADER_LEN above, so the allocation is at most 100 MB.
     let mut json = vec![0u8; header_len as usize];
@@ -104,21 +93,14 @@ pub fn read_header_from(file: &File, len: u64, path: &Path) -> Result<Header> {
     let header = parse_header(&json, header_len, path)?;
     let expected = header.file_len();
     if expected != len {
-        return Err(Error::LengthMismatch {
-            path: path_buf(),
-            len,
-            expected,
-        });
+        return Err(Error::LengthMismatch { path: path_buf(), len, expected });
     }
     Ok(header)
 }
 
 /// Parses and validates header JSON; everything but the file-length check.
 pub fn parse_header(json: &[u8], header_len: u64, path: &Path) -> Result<Header> {
-    let bad_json = |reason: String| Error::BadHeaderJson {
-        path: path.to_path_buf(),
-        reason,
-    };
+    let bad_json = |reason: String| Error::BadHeaderJson { path: path.to_path_buf(), reason };
     let text = std::str::from_utf8(json).map_err(|e| bad_json(format!("not UTF-8 ({e})")))?;
     let entries: Entries = serde_json::from_str(text).map_err(|e| bad_json(e.to_string()))?;
 
@@ -127,10 +109,7 @@ pub fn parse_header(json: &[u8], header_len: u64, path: &Path) -> Result<Header>
     let mut seen = std::collections::HashSet::with_capacity(entries.0.len());
     for (name, value) in entries.0 {
         if !seen.insert(name.clone()) {
-            return Err(Error::DuplicateInFile {
-                path: path.to_path_buf(),
-                tensor: name,
-            });
+            return Err(Error::DuplicateInFile { path: path.to_path_buf(), tensor: name });
         }
         if name == "__metadata__" {
             metadata = Some(parse_metadata(value, path)?);
@@ -139,23 +118,13 @@ pub fn parse_header(json: &[u8], header_len: u64, path: &Path) -> Result<Header>
         }
     }
     validate_offsets(&mut tensors, path)?;
-    Ok(Header {
-        header_len,
-        metadata,
-        tensors,
-    })
+    Ok(Header { header_len, metadata, tensors })
 }
 
 fn parse_metadata(value: serde_json::Value, path: &Path) -> Result<Vec<(String, String)>> {
-    let bad = |reason: String| Error::BadMetadata {
-        path: path.to_path_buf(),
-        reason,
-    };
+    let bad = |reason: String| Error::BadMetadata { path: path.to_path_buf(), reason };
     let serde_json::Value::Object(map) = value else {
-        return Err(bad(format!(
-            "expected an object, found {}",
-            json_kind(&value)
-        )));
+        return Err(bad(format!("expected an object, found {}", json_kind(&value))));
     };
     map.into_iter()
         .map(|(k, v)| match v {
@@ -179,20 +148,10 @@ fn parse_tensor(name: String, value: serde_json::Value, path: &Path) -> Result<H
         reason: e.to_string(),
     })?;
     let Some(dtype) = Dtype::from_safetensors_name(&raw.dtype) else {
-        return Err(Error::UnknownDtype {
-            path: path.to_path_buf(),
-            tensor: name,
-            dtype: raw.dtype,
-        });
+        return Err(Error::UnknownDtype { path: path.to_path_buf(), tensor: name, dtype: raw.dtype });
     };
     let (begin, end) = raw.data_offsets;
-    Ok(HeaderTensor {
-        name,
-        dtype,
-        shape: raw.shape,
-        begin,
-        end,
-    })
+    Ok(HeaderTensor { name, dtype, shape: raw.shape, begin, end })
 }
 
 /// Sorts by offsets and checks contiguity and sizes, as `safetensors::Metadata::validate` does.
@@ -208,16 +167,11 @@ fn validate_offsets(tensors: &mut [HeaderTensor], path: &Path) -> Result<()> {
                 found: t.begin,
             });
         }
-        let expected = numel(&t.shape)
-            .and_then(|n| t.dtype.byte_len(n))
-            .ok_or_else(|| Error::BadTensorEntry {
-                path: path.to_path_buf(),
-                tensor: t.name.clone(),
-                reason: format!(
-                    "shape {:?} of `{}` overflows or is not a whole number of bytes",
-                    t.shape, t.dtype
-                ),
-            })?;
+        let expected = numel(&t.shape).and_then(|n| t.dtype.byte_len(n)).ok_or_else(|| Error::BadTensorEntry {
+            path: path.to_path_buf(),
+            tensor: t.name.clone(),
+            reason: format!("shape {:?} of `{}` overflows or is not a whole number of bytes", t.shape, t.dtype),
+        })?;
         let found = t.end - t.begin;
         if expected != found {
             return Err(Error::SizeMismatch {
@@ -262,10 +216,7 @@ impl<'de> Deserialize<'de> for Entries {
             fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
                 f.write_str("a JSON object of tensor entries")
             }
-            fn visit_map<A: MapAccess<'de>>(
-                self,
-                mut map: A,
-            ) -> std::result::Result<Entries, A::Error> {
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> std::result::Result<Entries, A::Error> {
                 let mut out = Vec::with_capacity(map.size_hint().unwrap_or(0));
                 while let Some((k, v)) = map.next_entry::<String, serde_json::Value>()? {
                     out.push((k, v));
@@ -298,18 +249,12 @@ pub struct Layout {
 
 /// Lays out a file the way the `safetensors` crate's `serialize` does: tensors sorted by dtype
 /// (widest first) then by name, the header compact JSON padded with spaces to a multiple of 8.
-pub fn layout(
-    mut tensors: Vec<OutTensor>,
-    metadata: &[(String, String)],
-    out: &Path,
-) -> Result<Layout> {
+pub fn layout(mut tensors: Vec<OutTensor>, metadata: &[(String, String)], out: &Path) -> Result<Layout> {
     tensors.sort_by(|a, b| b.dtype.cmp(&a.dtype).then_with(|| a.name.cmp(&b.name)));
     let mut obj = serde_json::Map::new();
     if !metadata.is_empty() {
-        let meta: serde_json::Map<String, serde_json::Value> = metadata
-            .iter()
-            .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
-            .collect();
+        let meta: serde_json::Map<String, serde_json::Value> =
+            metadata.iter().map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone()))).collect();
         obj.insert("__metadata__".into(), meta.into());
     }
     let mut offset = 0u64;
@@ -321,39 +266,23 @@ pub fn layout(
             "data_offsets": [offset, offset + t.len],
         });
         if obj.insert(t.name.clone(), entry).is_some() {
-            return Err(Error::DuplicateInFile {
-                path: out.to_path_buf(),
-                tensor: t.name,
-            });
+            return Err(Error::DuplicateInFile { path: out.to_path_buf(), tensor: t.name });
         }
         let at = offset;
         offset += t.len;
         placed.push((t, at));
     }
-    let mut json = serde_json::to_vec(&obj).map_err(|e| Error::BadHeaderJson {
-        path: out.to_path_buf(),
-        reason: e.to_string(),
-    })?;
+    let mut json = serde_json::to_vec(&obj)
+        .map_err(|e| Error::BadHeaderJson { path: out.to_path_buf(), reason: e.to_string() })?;
     json.resize(json.len().next_multiple_of(8), b' ');
     let n = json.len() as u64;
     if n > MAX_HEADER_LEN {
-        return Err(Error::HeaderTooLarge {
-            path: out.to_path_buf(),
-            header_len: n,
-            max: MAX_HEADER_LEN,
-        });
+        return Err(Error::HeaderTooLarge { path: out.to_path_buf(), header_len: n, max: MAX_HEADER_LEN });
     }
     let mut head = Vec::with_capacity(8 + json.len());
     head.extend_from_slice(&n.to_le_bytes());
     head.extend_from_slice(&json);
     let data_start = 8 + n;
-    let tensors = placed
-        .into_iter()
-        .map(|(t, at)| (t, data_start + at))
-        .collect();
-    Ok(Layout {
-        head,
-        tensors,
-        file_len: data_start + offset,
-    })
+    let tensors = placed.into_iter().map(|(t, at)| (t, data_start + at)).collect();
+    Ok(Layout { head, tensors, file_len: data_start + offset })
 }

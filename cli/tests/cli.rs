@@ -1,0 +1,194 @@
+//! The `ckpt` binary end to end: exit codes, what goes to stdout and stderr, and `--help`.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use common::*;
+
+#[test]
+fn help_matches_the_snapshot() {
+    let out = run(&["--help"]);
+    assert!(out.status.success());
+    let snapshot = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/snapshots/help.txt");
+    if std::env::var_os("UPDATE_SNAPSHOTS").is_some() {
+        std::fs::write(&snapshot, stdout(&out)).unwrap();
+    }
+    assert_eq!(stdout(&out), std::fs::read_to_string(&snapshot).unwrap());
+}
+
+#[test]
+fn inspect_json_follows_the_documented_schema() {
+    let path = fixtures().join("safetensors/model_sharded");
+    let out = run(&["inspect", "--json", path.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stderr(&out), "");
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(doc["schema"], "statekit.inspect/1");
+    assert_eq!(doc["format"], "hf-sharded-safetensors");
+    assert_eq!(doc["files"].as_array().unwrap().len(), 5);
+    let tensors = doc["tensors"].as_array().unwrap();
+    assert_eq!(doc["totals"]["tensors"].as_u64().unwrap() as usize, tensors.len());
+    let sum: u64 = tensors.iter().map(|t| t["bytes"].as_u64().unwrap()).sum();
+    assert_eq!(doc["totals"]["bytes"].as_u64().unwrap(), sum);
+    assert_eq!(doc["index_metadata"]["total_size"].as_u64().unwrap(), sum);
+    for t in tensors {
+        for field in ["name", "dtype", "shape", "file", "offset", "bytes"] {
+            assert!(!t[field].is_null(), "tensor field {field}");
+        }
+    }
+}
+
+#[test]
+fn inspect_text_lists_every_tensor() {
+    let path = fixtures().join("safetensors/all_dtypes.safetensors");
+    let out = run(&["inspect", path.to_str().unwrap()]);
+    assert!(out.status.success());
+    let text = stdout(&out);
+    assert!(text.starts_with("format:  safetensors\n"), "{text}");
+    assert!(text.contains("tensors: 25\n"));
+    assert!(text.contains("\nNAME "));
+    assert!(text.lines().any(|l| l.starts_with("t.f8_e4m3 ") && l.contains("F8_E4M3")));
+}
+
+#[test]
+fn verify_exit_codes() {
+    let ok = run(&["verify", fixtures().join("safetensors/model_sharded").to_str().unwrap()]);
+    assert_eq!(ok.status.code(), Some(0));
+    assert!(stdout(&ok).starts_with("ok: "));
+
+    let bad = run(&["verify", fixtures().join("hostile/safetensors/truncated.safetensors").to_str().unwrap()]);
+    assert_eq!(bad.status.code(), Some(1));
+    assert!(stdout(&bad).contains("problem: "));
+    assert!(stdout(&bad).contains("file is 140 bytes but its header describes 143"));
+
+    let missing = run(&["verify", "/nonexistent/model.safetensors"]);
+    assert_eq!(missing.status.code(), Some(2));
+    assert_eq!(stderr(&missing), "error: /nonexistent/model.safetensors: No such file or directory (os error 2)\n");
+
+    let usage = run(&["verify"]);
+    assert_eq!(usage.status.code(), Some(2));
+}
+
+#[test]
+fn verify_json_reports_problems() {
+    let out = run(&["verify", "--json", fixtures().join("hostile/safetensors/missing_shard").to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(doc["schema"], "statekit.verify/1");
+    assert_eq!(doc["valid"], false);
+    assert_eq!(doc["problems"].as_array().unwrap().len(), 1);
+}
+
+#[test]
+fn bad_input_is_one_line_on_stderr_with_exit_2() {
+    let out = run(&["inspect", fixtures().join("hostile/safetensors/unknown_dtype.safetensors").to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(stdout(&out), "");
+    let err = stderr(&out);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.starts_with("error: ") && err.contains("tensor `a` has unknown dtype `F128`"), "{err}");
+}
+
+#[test]
+fn sizes_are_parsed_like_huggingface_hub() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = fixtures().join("safetensors/model_single/model.safetensors");
+    let out =
+        run(&["split", src.to_str().unwrap(), dir.path().join("o").to_str().unwrap(), "--max-shard-size", "5GiB"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(
+        stderr(&out),
+        "error: invalid size `5GiB`: unit `IB` is not one of `KB`, `MB`, `GB`, `TB` (sizes are decimal: `5GB` is 5·10⁹ bytes)\n"
+    );
+}
+
+#[test]
+fn split_prints_the_files_it_wrote_and_merge_restores_the_source() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src.safetensors");
+    let original = write_checkpoint(&src, 6, 1000, 7);
+    let shards = dir.path().join("shards");
+    let out =
+        run(&["split", src.to_str().unwrap(), shards.to_str().unwrap(), "--max-shard-size", "10KB", "--checksums"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stderr(&out), "", "no progress or notes when stderr is not a terminal");
+    let listed: Vec<String> = stdout(&out).lines().map(String::from).collect();
+    let mut expected: Vec<String> =
+        (1..=3).map(|i| shards.join(format!("model-0000{i}-of-00003.safetensors")).display().to_string()).collect();
+    expected.push(shards.join("model.safetensors.index.json").display().to_string());
+    assert_eq!(listed, expected);
+    assert!(shards.join("SHA256SUMS").exists());
+
+    let v = run(&["verify", shards.to_str().unwrap()]);
+    assert!(stdout(&v).contains("3 checksum(s) matched"), "{}", stdout(&v));
+
+    let merged = dir.path().join("merged.safetensors");
+    let out = run(&["merge", shards.to_str().unwrap(), merged.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(std::fs::read(&merged).unwrap(), original);
+
+    // A corrupted shard is caught by its checksum.
+    let shard = shards.join("model-00002-of-00003.safetensors");
+    let mut bytes = std::fs::read(&shard).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 1;
+    std::fs::write(&shard, bytes).unwrap();
+    let v = run(&["verify", shards.to_str().unwrap()]);
+    assert_eq!(v.status.code(), Some(1));
+    assert!(stdout(&v).contains("checksum mismatch for `model-00002-of-00003.safetensors`"), "{}", stdout(&v));
+}
+
+#[test]
+fn mmap_and_kernel_copies_give_the_same_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src.safetensors");
+    write_checkpoint(&src, 5, 30_000, 3);
+    let a = dir.path().join("a");
+    let b = dir.path().join("b");
+    assert!(run(&["split", src.to_str().unwrap(), a.to_str().unwrap(), "--max-shard-size", "200KB"]).status.success());
+    assert!(run(&[
+        "--copy-method",
+        "mmap",
+        "split",
+        src.to_str().unwrap(),
+        b.to_str().unwrap(),
+        "--max-shard-size",
+        "200KB"
+    ])
+    .status
+    .success());
+    for entry in std::fs::read_dir(&a).unwrap() {
+        let name = entry.unwrap().file_name();
+        assert_eq!(std::fs::read(a.join(&name)).unwrap(), std::fs::read(b.join(&name)).unwrap(), "{name:?}");
+    }
+}
+
+#[test]
+fn refuses_to_overwrite_the_source() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("model.safetensors");
+    let original = write_checkpoint(&src, 3, 100, 1);
+    let out = run(&["split", src.to_str().unwrap(), dir.path().to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("is the source, refusing to overwrite it"), "{}", stderr(&out));
+    let out = run(&["merge", src.to_str().unwrap(), src.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(std::fs::read(&src).unwrap(), original);
+}
+
+#[test]
+fn split_replaces_a_previous_checkpoint_in_the_folder() {
+    let dir = tempfile::tempdir().unwrap();
+    let big = dir.path().join("big.safetensors");
+    write_checkpoint(&big, 8, 1000, 1);
+    let small = dir.path().join("small.safetensors");
+    let small_bytes = write_checkpoint(&small, 2, 10, 2);
+    let out = dir.path().join("out");
+    assert!(run(&["split", big.to_str().unwrap(), out.to_str().unwrap(), "--max-shard-size", "5KB"]).status.success());
+    assert!(run(&["split", small.to_str().unwrap(), out.to_str().unwrap()]).status.success());
+    let mut names: Vec<String> =
+        std::fs::read_dir(&out).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    names.sort();
+    assert_eq!(names, vec!["model.safetensors"]);
+    assert_eq!(std::fs::read(out.join("model.safetensors")).unwrap(), small_bytes);
+}
