@@ -77,7 +77,7 @@ pub fn accelerate_shard_len(inner_len: usize, params: ShardParams) -> Result<usi
     if params.split_batches {
         return Ok(inner_len);
     }
-    if inner_len % p == 0 {
+    if inner_len.is_multiple_of(p) {
         return Ok(inner_len / p);
     }
     let q = inner_len / p;
@@ -145,7 +145,7 @@ fn without_split<T: Clone>(inner: &[Vec<T>], sp: ShardParams) -> Vec<Vec<T>> {
                 pad.extend_from_within(..);
             }
             let mut cursor = 0;
-            while idx % p_count != 0 || !b.is_empty() {
+            while !idx.is_multiple_of(p_count) || !b.is_empty() {
                 let k = bs - b.len();
                 b.extend(pad[cursor..cursor + k].iter().cloned());
                 cursor += k;
@@ -162,7 +162,7 @@ fn without_split<T: Clone>(inner: &[Vec<T>], sp: ShardParams) -> Vec<Vec<T>> {
                 pad.extend_from_within(..);
             }
             let mut cursor = 0;
-            while idx % p_count != 0 || !b.is_empty() {
+            while !idx.is_multiple_of(p_count) || !b.is_empty() {
                 b = pad[cursor].clone();
                 cursor += 1;
                 if idx % p_count == rank {

@@ -39,7 +39,7 @@ fn geometry(batch_size: usize, world_size: usize, rank: usize, split_batches: bo
     if batch_size == 0 {
         return Err(DataloadError::InvalidValue { field: "batch_size", value: "0".into(), reason: "must be positive" });
     }
-    if split_batches && batch_size > 1 && batch_size % world_size != 0 {
+    if split_batches && batch_size > 1 && !batch_size.is_multiple_of(world_size) {
         return Err(DataloadError::SplitNotDivisible { batch_size, world_size });
     }
     let (global, local) = if split_batches {

@@ -185,7 +185,7 @@ impl EpochPlan {
         let obs = rows.len() as u64;
         let mut per = obs / p;
         let last = step + 1 == self.num_steps();
-        if !self.geometry.drop_last && last && obs % p != 0 {
+        if !self.geometry.drop_last && last && !obs.is_multiple_of(p) {
             // accelerate keeps the first P rows of the first global batch of the iteration.
             let first_len = self.geometry.global_batch().min(self.len() - self.pad_origin);
             let keep = p.min(first_len);
@@ -235,9 +235,7 @@ impl EpochPlan {
             ShardMode::PerRank => {
                 if geo.split_batches {
                     inner
-                } else if inner % p == 0 {
-                    inner / p
-                } else if geo.drop_last {
+                } else if inner.is_multiple_of(p) || geo.drop_last {
                     inner / p
                 } else if geo.even_batches || rank < inner % p {
                     inner / p + 1
