@@ -305,18 +305,11 @@ fn scan_index(index_path: PathBuf) -> Result<Scan> {
             });
         }
     }
-    for t in &tensors {
-        let fi = t.chunks[0].file;
-        match listed.get(t.name.as_str()) {
-            None => problems.push(Error::UnlistedTensor {
-                index: index_path.clone(),
-                file: files[fi].path.clone(),
-                tensor: t.name.clone(),
-            }),
-            // Listed under another shard: that shard is either missing or lacks it, both
-            // reported above.
-            Some(_) => {}
-        }
+    // A tensor listed under another shard is reported above (that shard is missing or lacks
+    // it); here only tensors the index does not list at all.
+    for t in tensors.iter().filter(|t| !listed.contains_key(t.name.as_str())) {
+        let file = t.chunks.first().and_then(|c| files.get(c.file)).map(|f| f.path.clone()).unwrap_or_default();
+        problems.push(Error::UnlistedTensor { index: index_path.clone(), file, tensor: t.name.clone() });
     }
     let checkpoint = Checkpoint { format: Format::HfSharded, root: index_path, files, tensors, index: Some(index) };
     Ok(Scan { checkpoint, problems })

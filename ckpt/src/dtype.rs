@@ -32,6 +32,9 @@ pub enum Dtype {
     F64,
     I64,
     U64,
+    /// complex128: a torch dtype that safetensors cannot store. Not in [`Dtype::ALL`], which
+    /// lists the safetensors dtypes.
+    C128,
 }
 
 impl Dtype {
@@ -86,7 +89,13 @@ impl Dtype {
             Dtype::F64 => "F64",
             Dtype::I64 => "I64",
             Dtype::U64 => "U64",
+            Dtype::C128 => "C128",
         }
+    }
+
+    /// True for the dtypes a safetensors file can hold.
+    pub fn in_safetensors(self) -> bool {
+        Dtype::ALL.contains(&self)
     }
 
     /// Parses a safetensors dtype name; `None` for a name safetensors does not define.
@@ -110,6 +119,7 @@ impl Dtype {
             Dtype::I16 | Dtype::U16 | Dtype::F16 | Dtype::BF16 => 16,
             Dtype::I32 | Dtype::U32 | Dtype::F32 => 32,
             Dtype::C64 | Dtype::F64 | Dtype::I64 | Dtype::U64 => 64,
+            Dtype::C128 => 128,
         }
     }
 

@@ -6,7 +6,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::catalog::{scan, Format};
+use crate::catalog::{detect, scan, Format};
 use crate::error::{Error, IoContext, Result};
 use crate::manifest;
 
@@ -43,6 +43,10 @@ pub fn verify(src: &str) -> Result<Report> {
         warnings: Vec::new(),
         checksums_ok: 0,
     };
+    // Detection alone tells the format even when the file itself turns out to be defective.
+    let (format, root) = detect(&crate::hub::resolve(src)?)?;
+    report.format = Some(format);
+    report.path = root;
     let scanned = match scan(src) {
         Ok(s) => s,
         Err(e) if e.is_invalid_data() => {

@@ -1,0 +1,203 @@
+//! From an unpickled object to state-dict entries.
+//!
+//! Nested dicts become dotted names, the way `state_dict()` keys read: `{"model": {"w": t}}`
+//! gives `model.w`, an int key (optimizer state) gives `state.0.exp_avg`. A list or tuple that
+//! holds tensors is numbered the same way. Everything else is a leaf value (a `step`, a config,
+//! `param_groups`), kept with its dotted name. The walk is budgeted: a pickle that fetches the
+//! same memoized list over and over (each level of a "billion laughs" doubling the last) is
+//! refused once it has cost more nodes than a real state dict could.
+
+use std::collections::HashSet;
+
+use super::pickle::{Obj, Pickle, TensorRef, V};
+
+/// Nodes the walk may visit in total.
+pub(crate) const MAX_VISITS: u64 = 1 << 25;
+/// Dict nesting the walk follows.
+pub(crate) const MAX_NESTING: usize = 64;
+
+/// A non-tensor value.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum Leaf {
+    None,
+    Bool(bool),
+    Int(i64),
+    Float(f64),
+    Str(String),
+    Bytes(Vec<u8>),
+    List(Vec<Leaf>),
+    Dict(Vec<(String, Leaf)>),
+}
+
+impl Leaf {
+    /// The value as JSON (bytes as an array of numbers; non-finite floats as strings).
+    pub fn to_json(&self) -> serde_json::Value {
+        use serde_json::Value as J;
+        match self {
+            Leaf::None => J::Null,
+            Leaf::Bool(b) => J::Bool(*b),
+            Leaf::Int(i) => J::from(*i),
+            Leaf::Float(f) => serde_json::Number::from_f64(*f).map_or_else(|| J::String(f.to_string()), J::Number),
+            Leaf::Str(s) => J::String(s.clone()),
+            Leaf::Bytes(b) => J::Array(b.iter().map(|&x| J::from(x)).collect()),
+            Leaf::List(l) => J::Array(l.iter().map(Leaf::to_json).collect()),
+            Leaf::Dict(d) => J::Object(d.iter().map(|(k, v)| (k.clone(), v.to_json())).collect()),
+        }
+    }
+}
+
+/// A state dict: tensors and leaves by dotted name, in pickle order.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Flat {
+    pub tensors: Vec<(String, TensorRef)>,
+    pub leaves: Vec<(String, Leaf)>,
+}
+
+struct Walk<'a> {
+    p: &'a Pickle,
+    visits: u64,
+    names: HashSet<String>,
+    out: Flat,
+}
+
+/// Flattens the pickle's root into named tensors and leaves; the error is a reason.
+pub(crate) fn flatten(p: &Pickle) -> Result<Flat, String> {
+    let mut w = Walk { p, visits: 0, names: HashSet::new(), out: Flat::default() };
+    match p.obj(p.root) {
+        Some(Obj::Dict(_) | Obj::List(_) | Obj::Tuple(_)) => w.node("", p.root, 0)?,
+        Some(Obj::Tensor(_)) => return Err("the file holds a single tensor, not a state dict".into()),
+        _ => return Err("the file holds no dict of tensors".into()),
+    }
+    Ok(w.out)
+}
+
+fn join(prefix: &str, key: &str) -> String {
+    if prefix.is_empty() {
+        key.to_string()
+    } else {
+        format!("{prefix}.{key}")
+    }
+}
+
+impl Walk<'_> {
+    fn tick(&mut self) -> Result<(), String> {
+        self.visits += 1;
+        if self.visits > MAX_VISITS {
+            return Err(format!("the object expands past {MAX_VISITS} values (memo reused to inflate it?)"));
+        }
+        Ok(())
+    }
+
+    fn claim(&mut self, name: &str) -> Result<(), String> {
+        if self.names.insert(name.to_string()) {
+            Ok(())
+        } else {
+            Err(format!("name `{name}` appears twice after flattening"))
+        }
+    }
+
+    fn node(&mut self, name: &str, v: V, depth: usize) -> Result<(), String> {
+        self.tick()?;
+        if depth > MAX_NESTING {
+            return Err(format!("`{name}` is nested deeper than {MAX_NESTING} levels"));
+        }
+        match self.p.obj(v) {
+            Some(Obj::Tensor(t)) => {
+                self.claim(name)?;
+                self.out.tensors.push((name.to_string(), t.clone()));
+                Ok(())
+            }
+            Some(Obj::Dict(items)) if !items.is_empty() => {
+                for &(k, val) in items {
+                    let key = self.key(k)?;
+                    self.node(&join(name, &key), val, depth + 1)?;
+                }
+                Ok(())
+            }
+            Some(Obj::List(items) | Obj::Tuple(items)) if self.holds_tensor(v, 0)? => {
+                for (i, &val) in items.iter().enumerate() {
+                    self.node(&join(name, &i.to_string()), val, depth + 1)?;
+                }
+                Ok(())
+            }
+            _ => {
+                let leaf = self.leaf(v, depth)?;
+                self.claim(name)?;
+                self.out.leaves.push((name.to_string(), leaf));
+                Ok(())
+            }
+        }
+    }
+
+    fn key(&self, k: V) -> Result<String, String> {
+        match k {
+            V::Int(i) => Ok(i.to_string()),
+            _ => match self.p.obj(k) {
+                Some(Obj::Str(s)) => Ok(s.clone()),
+                _ => Err("dict keys must be strings or ints".into()),
+            },
+        }
+    }
+
+    fn holds_tensor(&mut self, v: V, depth: usize) -> Result<bool, String> {
+        self.tick()?;
+        if depth > MAX_NESTING {
+            return Err(format!("a value is nested deeper than {MAX_NESTING} levels"));
+        }
+        Ok(match self.p.obj(v) {
+            Some(Obj::Tensor(_)) => true,
+            Some(Obj::List(items) | Obj::Tuple(items)) => {
+                for &i in items {
+                    if self.holds_tensor(i, depth + 1)? {
+                        return Ok(true);
+                    }
+                }
+                false
+            }
+            Some(Obj::Dict(items)) => {
+                for &(_, i) in items {
+                    if self.holds_tensor(i, depth + 1)? {
+                        return Ok(true);
+                    }
+                }
+                false
+            }
+            _ => false,
+        })
+    }
+
+    fn leaf(&mut self, v: V, depth: usize) -> Result<Leaf, String> {
+        self.tick()?;
+        if depth > MAX_NESTING {
+            return Err(format!("a value is nested deeper than {MAX_NESTING} levels"));
+        }
+        Ok(match v {
+            V::None => Leaf::None,
+            V::Bool(b) => Leaf::Bool(b),
+            V::Int(i) => Leaf::Int(i),
+            V::Float(f) => Leaf::Float(f),
+            V::Obj(_) => match self.p.obj(v) {
+                Some(Obj::Str(s)) => Leaf::Str(s.clone()),
+                Some(Obj::Bytes(b)) => Leaf::Bytes(b.clone()),
+                Some(Obj::List(items) | Obj::Tuple(items)) => {
+                    let mut out = Vec::with_capacity(items.len());
+                    for &i in items {
+                        out.push(self.leaf(i, depth + 1)?);
+                    }
+                    Leaf::List(out)
+                }
+                Some(Obj::Dict(items)) => {
+                    let mut out = Vec::with_capacity(items.len());
+                    for &(k, i) in items {
+                        out.push((self.key(k)?, self.leaf(i, depth + 1)?));
+                    }
+                    Leaf::Dict(out)
+                }
+                Some(Obj::BigInt(_)) => return Err("integers wider than 64 bits are not supported".into()),
+                Some(Obj::Global(g)) => return Err(format!("a bare `{g:?}` is not a value")),
+                Some(Obj::Storage(_)) => return Err("a bare storage is not supported".into()),
+                Some(Obj::Tensor(_)) | None => return Err("unexpected tensor".into()),
+            },
+        })
+    }
+}

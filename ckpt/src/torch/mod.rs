@@ -1,0 +1,426 @@
+//! PyTorch files (`torch.save`): read without executing anything, and written the way torch does.
+//!
+//! Since torch 1.6 a `torch.save` file is a zip archive (see [`zip`]) whose records all sit in one
+//! folder, the archive name (`x/` for `x.pt`, or `archive/`):
+//!
+//! - `data.pkl`: a pickle of the saved object (see [`pickle`]). Tensor bytes are not in it: each
+//!   storage is a persistent id `("storage", <class>, "<key>", "<device>", <numel>)`, and each
+//!   tensor a call `_rebuild_tensor_v2(storage, offset, size, stride, …)` (or `_v3` with an
+//!   explicit dtype over an untyped byte storage, for float8 and the unsigned types);
+//! - `data/<key>`: the raw little-endian bytes of each distinct storage, one record each;
+//! - `byteorder` (`little`), `version` (`3\n`, or `.data/version`), and since 2.7
+//!   `.format_version` and `.storage_alignment`.
+//!
+//! Several tensors may share one storage (tied weights, views); a tensor may start at an offset
+//! and have any strides. We keep each tensor as (storage record, offset, shape, strides) and
+//! read it as runs of contiguous bytes ([`strided`]), so a view never drags its whole storage
+//! along and a transpose comes out row-major.
+//!
+//! Before 1.6 (and with `_use_new_zipfile_serialization=False`) the file is a stream of pickles:
+//! a magic number, a protocol version (1001), a system-info dict, the object (whose persistent
+//! ids carry a sixth element, always `None` here), the list of storage keys; then, for each key
+//! in that list, an 8-byte little-endian element count followed by the raw bytes. We read that
+//! too. The pre-1.0 tar format is refused as "legacy torch format".
+//!
+//! In the catalog view ([`crate::Checkpoint`]), non-tensor values appear as the file's metadata
+//! with their dotted name and their value as JSON, so `inspect` reports them and `merge`/`split`
+//! carry them into `__metadata__`.
+
+pub(crate) mod flatten;
+pub(crate) mod pickle;
+pub(crate) mod strided;
+pub(crate) mod writer;
+pub(crate) mod zip;
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use crate::catalog::{Checkpoint, Chunk, Format, SourceFile, TensorInfo};
+use crate::dtype::Dtype;
+use crate::error::{Error, IoContext, Result};
+use crate::formats::hf_index::Index;
+use flatten::Leaf;
+use pickle::{Limits, Obj, Refusal, StorageKind};
+use strided::Runs;
+
+/// The largest `data.pkl` we read.
+pub const MAX_PICKLE_LEN: u64 = 256 << 20;
+/// The name huggingface_hub and transformers give an unsharded torch checkpoint.
+pub const TORCH_SINGLE_NAME: &str = "pytorch_model.bin";
+/// The index of a sharded torch checkpoint.
+pub const TORCH_INDEX_NAME: &str = "pytorch_model.bin.index.json";
+/// A tensor split into more pieces than this is refused in the catalog view (`convert` still
+/// reads it, gathering into a bounded window).
+const MAX_CATALOG_RUNS: u64 = 1 << 16;
+
+const LEGACY_MAGIC: [u8; 10] = [0x6c, 0xfc, 0x9c, 0x46, 0xf9, 0x20, 0x6a, 0xa8, 0x50, 0x19];
+
+/// One tensor of a torch file.
+#[derive(Clone, Debug)]
+pub(crate) struct TorchTensor {
+    pub name: String,
+    pub dtype: Dtype,
+    pub shape: Vec<u64>,
+    pub strides: Vec<u64>,
+    /// In elements of `dtype`.
+    pub offset: u64,
+    /// Index into [`TorchFile::storages`].
+    pub storage: usize,
+}
+
+impl TorchTensor {
+    pub fn runs(&self) -> Runs {
+        Runs::new(self.offset, &self.shape, &self.strides, self.dtype.bits() / 8)
+    }
+    pub fn byte_len(&self) -> u64 {
+        strided::numel(&self.shape).unwrap_or(0) * (self.dtype.bits() / 8)
+    }
+}
+
+/// A storage record: where its bytes are in the file.
+#[derive(Clone, Debug)]
+pub(crate) struct Storage {
+    pub key: String,
+    pub file_offset: u64,
+    pub byte_len: u64,
+}
+
+/// A torch file, read and validated: every tensor lies inside its storage, every storage inside
+/// the file.
+#[derive(Clone, Debug)]
+pub(crate) struct TorchFile {
+    pub path: PathBuf,
+    pub len: u64,
+    pub tensors: Vec<TorchTensor>,
+    pub storages: Vec<Storage>,
+    pub leaves: Vec<(String, Leaf)>,
+}
+
+/// True when `path` starts like a torch file (a zip, or a legacy pickle stream).
+pub(crate) fn sniff(path: &Path) -> bool {
+    let Ok(f) = File::open(path) else { return false };
+    let mut head = [0u8; 4];
+    if f.read_exact_at(&mut head, 0).is_err() {
+        return false;
+    }
+    head == *b"PK\x03\x04" || head[..3] == [0x80, 0x02, 0x8a]
+}
+
+fn refusal(path: &Path, record: &str, r: Refusal) -> Error {
+    match r {
+        Refusal::Global(global) => Error::RefusedGlobal { path: path.to_path_buf(), global },
+        Refusal::Bad { at, reason } => Error::BadPickle { path: path.to_path_buf(), record: record.into(), at, reason },
+    }
+}
+
+fn bad_file(path: &Path, reason: impl Into<String>) -> Error {
+    Error::BadTorchFile { path: path.to_path_buf(), reason: reason.into() }
+}
+
+/// Reads a torch file.
+pub(crate) fn read(path: &Path) -> Result<TorchFile> {
+    let file = File::open(path).at(path)?;
+    let len = file.metadata().at(path)?.len();
+    let mut head = [0u8; 8];
+    let n = usize::try_from(len.min(8)).unwrap_or(0);
+    file.read_exact_at(head.get_mut(..n).unwrap_or_default(), 0).at(path)?;
+    if head.starts_with(b"PK\x03\x04") {
+        read_zip(&file, len, path)
+    } else if head.starts_with(&[0x80, 0x02, 0x8a]) {
+        read_legacy(&file, len, path)
+    } else if head.starts_with(b"PYTORCH1") {
+        Err(bad_file(path, "legacy torch format (the 1.x preview release) is not supported"))
+    } else {
+        let mut tar = [0u8; 5];
+        if file.read_exact_at(&mut tar, 257).is_ok() && &tar == b"ustar" {
+            return Err(bad_file(path, "legacy torch format (pre-1.0 tar) is not supported; hint: load and re-save it with `torch.save`"));
+        }
+        Err(bad_file(path, "not a torch file (no zip or pickle signature)"))
+    }
+}
+
+fn read_zip(file: &File, len: u64, path: &Path) -> Result<TorchFile> {
+    let archive = zip::Archive::open(file, len, path)?;
+    let Some(first) = archive.entries.first() else {
+        return Err(bad_file(path, "empty archive"));
+    };
+    let Some((prefix, _)) = first.name.split_once('/') else {
+        return Err(bad_file(path, format!("record `{}` is not in a folder", first.name)));
+    };
+    let prefix = format!("{prefix}/");
+    if let Some(e) = archive.entries.iter().find(|e| !e.name.starts_with(&prefix)) {
+        return Err(bad_file(path, format!("record `{}` is outside the archive folder `{prefix}`", e.name)));
+    }
+    let has = |n: &str| archive.find(&format!("{prefix}{n}")).is_some();
+    if has("constants.pkl") {
+        return Err(bad_file(path, "a TorchScript archive (`torch.jit.save`), not a `torch.save` file"));
+    }
+    if !has("version") && !has(".data/version") {
+        return Err(bad_file(path, format!("no `{prefix}version` record")));
+    }
+    if let Some(bo) = archive.find(&format!("{prefix}byteorder")) {
+        let text = archive.read_entry(file, bo, 64)?;
+        if text != b"little" {
+            return Err(bad_file(path, format!("byte order `{}` is not supported", String::from_utf8_lossy(&text))));
+        }
+    }
+    let pkl_name = format!("{prefix}data.pkl");
+    let Some(pkl) = archive.find(&pkl_name) else {
+        return Err(bad_file(path, format!("no `{pkl_name}` record")));
+    };
+    let data = archive.read_entry(file, pkl, MAX_PICKLE_LEN)?;
+    let p = pickle::load(&data, Limits::default()).map_err(|r| refusal(path, &pkl_name, r))?;
+    let flat = flatten::flatten(&p).map_err(|reason| bad_file(path, reason))?;
+    let mut storages: Vec<Storage> = Vec::new();
+    let mut by_key: HashMap<String, usize> = HashMap::new();
+    let mut tensors = Vec::with_capacity(flat.tensors.len());
+    for (name, t) in flat.tensors {
+        let si = match by_key.get(&t.storage.key) {
+            Some(&i) => i,
+            None => {
+                let rec = format!("{prefix}data/{}", t.storage.key);
+                let Some(e) = archive.find(&rec) else {
+                    return Err(bad_tensor(path, &name, format!("its storage record `{rec}` is missing")));
+                };
+                if e.method != zip::Method::Stored {
+                    return Err(bad_tensor(
+                        path,
+                        &name,
+                        format!("storage record `{rec}` is compressed; only stored records can be read in place"),
+                    ));
+                }
+                storages.push(Storage { key: t.storage.key.clone(), file_offset: e.data_offset, byte_len: e.size });
+                by_key.insert(t.storage.key.clone(), storages.len() - 1);
+                storages.len() - 1
+            }
+        };
+        tensors.push(check_tensor(path, name, t, si, &storages)?);
+    }
+    Ok(TorchFile { path: path.to_path_buf(), len, tensors, storages, leaves: flat.leaves })
+}
+
+fn bad_tensor(path: &Path, tensor: &str, reason: String) -> Error {
+    Error::BadTorchTensor { path: path.to_path_buf(), tensor: tensor.to_string(), reason }
+}
+
+fn check_tensor(path: &Path, name: String, t: pickle::TensorRef, si: usize, storages: &[Storage]) -> Result<TorchTensor> {
+    let s = storages.get(si).ok_or_else(|| bad_tensor(path, &name, "storage vanished".into()))?;
+    let declared = t.storage.numel.checked_mul(t.storage.kind.elem_bytes());
+    if declared != Some(s.byte_len) {
+        return Err(bad_tensor(
+            path,
+            &name,
+            format!(
+                "storage `{}` declares {} elements of {} bytes but its record holds {} bytes",
+                s.key,
+                t.storage.numel,
+                t.storage.kind.elem_bytes(),
+                s.byte_len
+            ),
+        ));
+    }
+    if t.dtype.bits() % 8 != 0 {
+        return Err(bad_tensor(path, &name, format!("dtype `{}` is not supported", t.dtype)));
+    }
+    let elem = t.dtype.bits() / 8;
+    let needed = strided::extent(t.offset, &t.shape, &t.strides)
+        .and_then(|e| e.checked_mul(elem))
+        .filter(|_| strided::numel(&t.shape).and_then(|n| n.checked_mul(elem)).is_some());
+    match needed {
+        Some(n) if n <= s.byte_len => {}
+        _ => {
+            return Err(bad_tensor(
+                path,
+                &name,
+                format!(
+                    "offset {} with shape {:?} and strides {:?} reaches past its {}-byte storage `{}`",
+                    t.offset, t.shape, t.strides, s.byte_len, s.key
+                ),
+            ))
+        }
+    }
+    Ok(TorchTensor { name, dtype: t.dtype, shape: t.shape, strides: t.strides, offset: t.offset, storage: si })
+}
+
+fn read_legacy(file: &File, len: u64, path: &Path) -> Result<TorchFile> {
+    let legacy = |reason: String| bad_file(path, format!("legacy torch format: {reason}"));
+    let map = crate::sys::MappedFile::open(file).at(path)?;
+    let all = map.get(0, len).ok_or_else(|| legacy("cannot map the file".into()))?;
+    let mut pos = 0usize;
+    let mut next = |what: &str| -> Result<pickle::Pickle> {
+        let rest = all.get(pos..).unwrap_or_default();
+        let window = rest.get(..usize::try_from(MAX_PICKLE_LEN).unwrap_or(usize::MAX)).unwrap_or(rest);
+        let p = pickle::load(window, Limits::default()).map_err(|r| refusal(path, what, r))?;
+        pos += p.end;
+        Ok(p)
+    };
+    let magic = next("magic number")?;
+    if !matches!(magic.obj(magic.root), Some(Obj::BigInt(b)) if b[..] == LEGACY_MAGIC) {
+        return Err(legacy("bad magic number".into()));
+    }
+    let proto = next("protocol version")?;
+    if proto.root != pickle::V::Int(1001) {
+        return Err(legacy("unknown protocol version".into()));
+    }
+    let info = next("system info")?;
+    let little = match info.obj(info.root) {
+        Some(Obj::Dict(items)) => items
+            .iter()
+            .any(|&(k, v)| matches!(info.obj(k), Some(Obj::Str(s)) if s == "little_endian") && v == pickle::V::Bool(true)),
+        _ => false,
+    };
+    if !little {
+        return Err(legacy("only little-endian files are supported".into()));
+    }
+    let obj = next("data pickle")?;
+    let flat = flatten::flatten(&obj).map_err(|reason| bad_file(path, reason))?;
+    let mut kinds: HashMap<&str, StorageKind> = HashMap::new();
+    for o in &obj.objs {
+        if let Obj::Storage(s) = o {
+            kinds.insert(&s.key, s.kind);
+        }
+    }
+    let keys = next("storage keys")?;
+    let Some(Obj::List(key_list)) = keys.obj(keys.root) else {
+        return Err(legacy("storage key list is missing".into()));
+    };
+    let mut storages = Vec::with_capacity(key_list.len());
+    let mut by_key = HashMap::new();
+    let mut at = pos as u64;
+    for &k in key_list {
+        let Some(Obj::Str(key)) = keys.obj(k) else {
+            return Err(legacy("storage keys must be strings".into()));
+        };
+        let Some(kind) = kinds.get(key.as_str()) else {
+            return Err(legacy(format!("storage `{key}` is listed but never used")));
+        };
+        let count = map.get(at, 8).and_then(|b| <[u8; 8]>::try_from(b).ok()).map(u64::from_le_bytes);
+        let byte_len = count.and_then(|c| c.checked_mul(kind.elem_bytes()));
+        let end = byte_len.and_then(|b| b.checked_add(at + 8)).filter(|&e| e <= len);
+        let (Some(byte_len), Some(end)) = (byte_len, end) else {
+            return Err(Error::RecordBeyondFile {
+                path: path.to_path_buf(),
+                record: format!("storage {key}"),
+                offset: at,
+                len: byte_len.unwrap_or(u64::MAX),
+                file_len: len,
+            });
+        };
+        by_key.insert(key.clone(), storages.len());
+        storages.push(Storage { key: key.clone(), file_offset: at + 8, byte_len });
+        at = end;
+    }
+    let mut tensors = Vec::with_capacity(flat.tensors.len());
+    for (name, t) in flat.tensors {
+        let Some(&si) = by_key.get(&t.storage.key) else {
+            return Err(bad_tensor(path, &name, format!("its storage `{}` is not in the file", t.storage.key)));
+        };
+        tensors.push(check_tensor(path, name, t, si, &storages)?);
+    }
+    Ok(TorchFile { path: path.to_path_buf(), len, tensors, storages, leaves: flat.leaves })
+}
+
+/// A sharded torch checkpoint: its index and its files, in shard order.
+#[derive(Debug)]
+pub(crate) struct TorchSet {
+    pub index: Option<Index>,
+    pub files: Vec<TorchFile>,
+}
+
+/// Reads a torch file, or an index and its shards, checking that the index and the shards
+/// agree.
+pub(crate) fn read_set(path: &Path, format: Format) -> Result<TorchSet> {
+    if format == Format::Torch {
+        return Ok(TorchSet { index: None, files: vec![read(path)?] });
+    }
+    let index = Index::read(path)?;
+    let dir = index.dir().to_path_buf();
+    let mut names = index.shard_names();
+    names.sort_unstable();
+    let mut files = Vec::with_capacity(names.len());
+    let mut holder: HashMap<String, usize> = HashMap::new();
+    for name in &names {
+        let shard = dir.join(name);
+        if !shard.exists() {
+            let tensor = index.weight_map.iter().find(|(_, f)| f == name).map(|(t, _)| t.clone()).unwrap_or_default();
+            return Err(Error::MissingShard { index: path.to_path_buf(), tensor, file: name.to_string() });
+        }
+        let f = read(&shard)?;
+        for t in &f.tensors {
+            if let Some(&prev) = holder.get(&t.name) {
+                let first: &TorchFile = &files[prev];
+                return Err(Error::DuplicateAcrossShards { tensor: t.name.clone(), first: first.path.clone(), second: shard });
+            }
+            holder.insert(t.name.clone(), files.len());
+        }
+        files.push(f);
+    }
+    for (tensor, fname) in &index.weight_map {
+        let Some(fi) = names.iter().position(|n| n == fname) else { continue };
+        if holder.get(tensor) != Some(&fi) {
+            return Err(Error::TensorNotInShard { index: path.to_path_buf(), tensor: tensor.clone(), file: dir.join(fname) });
+        }
+    }
+    let listed: HashMap<&str, ()> = index.weight_map.iter().map(|(t, _)| (t.as_str(), ())).collect();
+    for f in &files {
+        if let Some(t) = f.tensors.iter().find(|t| !listed.contains_key(t.name.as_str())) {
+            return Err(Error::UnlistedTensor { index: path.to_path_buf(), file: f.path.clone(), tensor: t.name.clone() });
+        }
+    }
+    Ok(TorchSet { index: Some(index), files })
+}
+
+/// Decides whether `path` is a torch checkpoint: a torch file, a `*.bin.index.json`, or a
+/// folder holding `pytorch_model.bin.index.json` or `pytorch_model.bin`.
+pub(crate) fn detect(path: &Path) -> Option<(Format, PathBuf)> {
+    if path.is_file() {
+        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+        if name.ends_with(".bin.index.json") || name.ends_with(".pt.index.json") {
+            return Some((Format::TorchSharded, path.to_path_buf()));
+        }
+        return sniff(path).then(|| (Format::Torch, path.to_path_buf()));
+    }
+    let index = path.join(TORCH_INDEX_NAME);
+    if index.is_file() {
+        return Some((Format::TorchSharded, index));
+    }
+    let single = path.join(TORCH_SINGLE_NAME);
+    single.is_file().then_some((Format::Torch, single))
+}
+
+/// The catalog view of a torch checkpoint.
+pub(crate) fn checkpoint(root: PathBuf, format: Format) -> Result<Checkpoint> {
+    let set = read_set(&root, format)?;
+    let mut files = Vec::with_capacity(set.files.len());
+    let mut tensors = Vec::new();
+    for (fi, f) in set.files.iter().enumerate() {
+        for t in &f.tensors {
+            let runs = t.runs();
+            if runs.count() > MAX_CATALOG_RUNS {
+                return Err(bad_tensor(
+                    &f.path,
+                    &t.name,
+                    format!(
+                        "strides {:?} split it into {} pieces; hint: `ckpt convert` makes it contiguous",
+                        t.strides,
+                        runs.count()
+                    ),
+                ));
+            }
+            let base = f.storages.get(t.storage).map_or(0, |s| s.file_offset);
+            let mut chunks: Vec<Chunk> = Vec::new();
+            for (off, len) in runs {
+                match chunks.last_mut() {
+                    Some(c) if c.offset + c.len == base + off => c.len += len,
+                    _ => chunks.push(Chunk { file: fi, offset: base + off, len }),
+                }
+            }
+            tensors.push(TensorInfo { name: t.name.clone(), dtype: t.dtype, shape: t.shape.clone(), chunks });
+        }
+        let metadata = f.leaves.iter().map(|(k, v)| (k.clone(), v.to_json().to_string())).collect();
+        files.push(SourceFile { path: f.path.clone(), len: f.len, metadata });
+    }
+    Ok(Checkpoint { format, root, files, tensors, index: set.index })
+}

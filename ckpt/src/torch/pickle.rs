@@ -1,0 +1,900 @@
+//! A restricted unpickler: a symbolic pickle machine that never calls anything.
+//!
+//! A pickle is a program for a stack machine: opcodes push values (ints, strings, empty
+//! containers), build containers from the values above the last `MARK`, store and fetch values in
+//! a memo, name a global (`GLOBAL module name`) and apply it to an argument tuple (`REDUCE`).
+//! Python's unpickler imports and calls whatever the pickle names, which is how a checkpoint can
+//! run `os.system`. Here a global is resolved against a fixed table of the names torch's own
+//! weights-only loader allows (`torch/_weights_only_unpickler.py`), restricted further to those a
+//! state dict needs; anything else is refused at the `GLOBAL` opcode, before anything else
+//! happens. Applying an allowed global builds a typed value (a tensor description, an ordered
+//! dict, a dtype) without running code.
+//!
+//! Objects live in an arena and values refer to them by index, so the memo shares containers the
+//! way Python does (a dict memoized before it is filled is the same dict when fetched later) and
+//! a hostile cycle costs nothing. Limits: the pickle length, the memo size, the stack size, the
+//! nesting depth of containers, and every declared length checked against the bytes left.
+//!
+//! Opcodes of protocols 2 to 5 are understood (torch writes protocol 2; `pickle_protocol=4`
+//! adds `FRAME`, `SHORT_BINUNICODE`, `MEMOIZE`, `STACK_GLOBAL`).
+
+use std::collections::HashMap;
+
+use crate::dtype::Dtype;
+
+/// Bounds on what a pickle may make us hold.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Limits {
+    pub max_memo: usize,
+    pub max_stack: usize,
+    pub max_depth: u32,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits { max_memo: 1 << 24, max_stack: 1 << 24, max_depth: 256 }
+    }
+}
+
+/// A value on the stack: scalars inline, everything else an arena index.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum V {
+    None,
+    Bool(bool),
+    Int(i64),
+    Float(f64),
+    Obj(usize),
+}
+
+/// What a storage class global says about the storage's elements.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum StorageKind {
+    /// A legacy typed class (`torch.FloatStorage`): numel counts elements of this dtype.
+    Typed(Dtype),
+    /// `torch.storage.UntypedStorage`: numel counts bytes.
+    Untyped,
+}
+
+impl StorageKind {
+    pub fn elem_bytes(self) -> u64 {
+        match self {
+            StorageKind::Typed(d) => d.bits() / 8,
+            StorageKind::Untyped => 1,
+        }
+    }
+}
+
+/// The globals we accept, by meaning.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Global {
+    OrderedDict,
+    RebuildTensorV2,
+    RebuildTensorV3,
+    RebuildParameter,
+    RebuildParameterWithState,
+    RebuildFromTypeV2,
+    TensorClass,
+    ParameterClass,
+    Size,
+    Device,
+    CodecsEncode,
+    Storage(StorageKind),
+    Dtype(Dtype),
+}
+
+/// A persistent storage reference (`BINPERSID` of `("storage", cls, key, location, numel)`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct StorageRef {
+    pub key: String,
+    pub kind: StorageKind,
+    pub numel: u64,
+}
+
+/// A tensor as described by a rebuild call: which storage, which elements.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct TensorRef {
+    pub storage: StorageRef,
+    pub dtype: Dtype,
+    /// In elements of `dtype`.
+    pub offset: u64,
+    pub shape: Vec<u64>,
+    pub strides: Vec<u64>,
+}
+
+/// An arena object.
+#[derive(Clone, Debug)]
+pub(crate) enum Obj {
+    Str(String),
+    Bytes(Vec<u8>),
+    /// An integer wider than 64 bits, little-endian two's complement.
+    BigInt(Vec<u8>),
+    Tuple(Vec<V>),
+    List(Vec<V>),
+    Dict(Vec<(V, V)>),
+    Global(Global),
+    Storage(StorageRef),
+    Tensor(TensorRef),
+}
+
+/// A finished unpickling: the arena and the top value.
+#[derive(Debug)]
+pub(crate) struct Pickle {
+    pub objs: Vec<Obj>,
+    pub root: V,
+    /// Bytes consumed, up to and including `STOP`.
+    pub end: usize,
+}
+
+impl Pickle {
+    pub fn obj(&self, v: V) -> Option<&Obj> {
+        match v {
+            V::Obj(i) => self.objs.get(i),
+            _ => None,
+        }
+    }
+}
+
+/// Why a pickle was refused.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum Refusal {
+    /// A global outside the allow-list, as `module.name`.
+    Global(String),
+    /// Anything else, at a byte offset.
+    Bad { at: usize, reason: String },
+}
+
+/// Resolves `module.name` against the allow-list.
+pub(crate) fn resolve_global(module: &str, name: &str) -> Option<Global> {
+    use Global as G;
+    Some(match (module, name) {
+        ("collections", "OrderedDict") => G::OrderedDict,
+        ("torch._utils", "_rebuild_tensor_v2") => G::RebuildTensorV2,
+        ("torch._utils", "_rebuild_tensor_v3") => G::RebuildTensorV3,
+        ("torch._utils", "_rebuild_parameter") => G::RebuildParameter,
+        ("torch._utils", "_rebuild_parameter_with_state") => G::RebuildParameterWithState,
+        ("torch._tensor", "_rebuild_from_type_v2") => G::RebuildFromTypeV2,
+        ("torch", "Tensor") => G::TensorClass,
+        ("torch.nn.parameter", "Parameter") => G::ParameterClass,
+        ("torch", "Size") => G::Size,
+        ("torch", "device") => G::Device,
+        ("_codecs", "encode") => G::CodecsEncode,
+        ("torch.storage", "UntypedStorage") => G::Storage(StorageKind::Untyped),
+        ("torch" | "torch.cuda", storage) if storage.ends_with("Storage") => {
+            G::Storage(StorageKind::Typed(storage_class_dtype(storage)?))
+        }
+        ("torch", dtype) => G::Dtype(torch_dtype(dtype)?),
+        _ => return None,
+    })
+}
+
+/// The dtype of a legacy typed storage class (`torch/storage.py`, `_dtype_to_storage_type_map`).
+fn storage_class_dtype(class: &str) -> Option<Dtype> {
+    Some(match class {
+        "DoubleStorage" => Dtype::F64,
+        "FloatStorage" => Dtype::F32,
+        "HalfStorage" => Dtype::F16,
+        "BFloat16Storage" => Dtype::BF16,
+        "LongStorage" => Dtype::I64,
+        "IntStorage" => Dtype::I32,
+        "ShortStorage" => Dtype::I16,
+        "CharStorage" => Dtype::I8,
+        "ByteStorage" => Dtype::U8,
+        "BoolStorage" => Dtype::Bool,
+        "ComplexFloatStorage" => Dtype::C64,
+        "ComplexDoubleStorage" => Dtype::C128,
+        _ => return None,
+    })
+}
+
+/// A `torch.<name>` dtype object, by the name and aliases torch pickles it under.
+pub(crate) fn torch_dtype(name: &str) -> Option<Dtype> {
+    Some(match name {
+        "float64" | "double" => Dtype::F64,
+        "float32" | "float" => Dtype::F32,
+        "float16" | "half" => Dtype::F16,
+        "bfloat16" => Dtype::BF16,
+        "int64" | "long" => Dtype::I64,
+        "int32" | "int" => Dtype::I32,
+        "int16" | "short" => Dtype::I16,
+        "int8" => Dtype::I8,
+        "uint8" => Dtype::U8,
+        "uint16" => Dtype::U16,
+        "uint32" => Dtype::U32,
+        "uint64" => Dtype::U64,
+        "bool" => Dtype::Bool,
+        "complex64" | "cfloat" => Dtype::C64,
+        "complex128" | "cdouble" => Dtype::C128,
+        "float8_e5m2" => Dtype::F8E5M2,
+        "float8_e4m3fn" => Dtype::F8E4M3,
+        "float8_e5m2fnuz" => Dtype::F8E5M2Fnuz,
+        "float8_e4m3fnuz" => Dtype::F8E4M3Fnuz,
+        "float8_e8m0fnu" => Dtype::F8E8M0,
+        _ => return None,
+    })
+}
+
+/// The name torch gives a dtype (`torch.<name>`).
+pub(crate) fn torch_dtype_name(d: Dtype) -> Option<&'static str> {
+    Some(match d {
+        Dtype::F64 => "float64",
+        Dtype::F32 => "float32",
+        Dtype::F16 => "float16",
+        Dtype::BF16 => "bfloat16",
+        Dtype::I64 => "int64",
+        Dtype::I32 => "int32",
+        Dtype::I16 => "int16",
+        Dtype::I8 => "int8",
+        Dtype::U8 => "uint8",
+        Dtype::U16 => "uint16",
+        Dtype::U32 => "uint32",
+        Dtype::U64 => "uint64",
+        Dtype::Bool => "bool",
+        Dtype::C64 => "complex64",
+        Dtype::C128 => "complex128",
+        Dtype::F8E5M2 => "float8_e5m2",
+        Dtype::F8E4M3 => "float8_e4m3fn",
+        Dtype::F8E5M2Fnuz => "float8_e5m2fnuz",
+        Dtype::F8E4M3Fnuz => "float8_e4m3fnuz",
+        Dtype::F8E8M0 => "float8_e8m0fnu",
+        _ => return None,
+    })
+}
+
+/// The legacy typed storage class of a dtype, when it has one (such dtypes are written with
+/// `_rebuild_tensor_v2`; the others with `_rebuild_tensor_v3` over an untyped storage).
+pub(crate) fn storage_class(d: Dtype) -> Option<&'static str> {
+    Some(match d {
+        Dtype::F64 => "DoubleStorage",
+        Dtype::F32 => "FloatStorage",
+        Dtype::F16 => "HalfStorage",
+        Dtype::BF16 => "BFloat16Storage",
+        Dtype::I64 => "LongStorage",
+        Dtype::I32 => "IntStorage",
+        Dtype::I16 => "ShortStorage",
+        Dtype::I8 => "CharStorage",
+        Dtype::U8 => "ByteStorage",
+        Dtype::Bool => "BoolStorage",
+        Dtype::C64 => "ComplexFloatStorage",
+        Dtype::C128 => "ComplexDoubleStorage",
+        _ => return None,
+    })
+}
+
+struct Machine<'a> {
+    data: &'a [u8],
+    pos: usize,
+    /// Start of the opcode being run, for messages.
+    op_at: usize,
+    limits: Limits,
+    objs: Vec<Obj>,
+    depth: Vec<u32>,
+    stack: Vec<V>,
+    marks: Vec<usize>,
+    memo: HashMap<u32, V>,
+}
+
+type R<T> = std::result::Result<T, Refusal>;
+
+/// Runs the pickle at the start of `data` until `STOP`.
+pub(crate) fn load(data: &[u8], limits: Limits) -> R<Pickle> {
+    let mut m = Machine {
+        data,
+        pos: 0,
+        op_at: 0,
+        limits,
+        objs: Vec::new(),
+        depth: Vec::new(),
+        stack: Vec::new(),
+        marks: Vec::new(),
+        memo: HashMap::new(),
+    };
+    let root = m.run()?;
+    Ok(Pickle { objs: m.objs, root, end: m.pos })
+}
+
+impl Machine<'_> {
+    fn bad<T>(&self, reason: impl Into<String>) -> R<T> {
+        Err(Refusal::Bad { at: self.op_at, reason: reason.into() })
+    }
+
+    fn take(&mut self, n: usize) -> R<&[u8]> {
+        let end = self.pos.checked_add(n).filter(|&e| e <= self.data.len());
+        match end {
+            Some(end) => {
+                let s = self.data.get(self.pos..end).unwrap_or_default();
+                self.pos = end;
+                Ok(s)
+            }
+            None => Err(Refusal::Bad {
+                at: self.op_at,
+                reason: format!("declared length {n} runs past the end of the pickle"),
+            }),
+        }
+    }
+    fn u8(&mut self) -> R<u8> {
+        Ok(self.take(1)?.first().copied().unwrap_or(0))
+    }
+    fn arr<const N: usize>(&mut self) -> R<[u8; N]> {
+        let s = self.take(N)?;
+        Ok(<[u8; N]>::try_from(s).unwrap_or([0; N]))
+    }
+    fn len_u32(&mut self) -> R<usize> {
+        Ok(u32::from_le_bytes(self.arr()?) as usize)
+    }
+    fn len_u64(&mut self) -> R<usize> {
+        let n = u64::from_le_bytes(self.arr()?);
+        usize::try_from(n).or_else(|_| self.bad(format!("declared length {n} runs past the end of the pickle")))
+    }
+    fn line(&mut self) -> R<String> {
+        let rest = self.data.get(self.pos..).unwrap_or_default();
+        let Some(nl) = rest.iter().take(1024).position(|&b| b == b'\n') else {
+            return self.bad("unterminated line (more than 1024 bytes)");
+        };
+        let s = std::str::from_utf8(self.take(nl)?).map(str::to_string);
+        self.pos += 1;
+        s.or_else(|_| self.bad("line is not UTF-8"))
+    }
+    fn utf8(&mut self, n: usize) -> R<V> {
+        let s = std::str::from_utf8(self.take(n)?).map(str::to_string);
+        match s {
+            Ok(s) => self.alloc(Obj::Str(s)),
+            Err(_) => self.bad("string is not valid UTF-8"),
+        }
+    }
+
+    fn depth_of(&self, v: V) -> u32 {
+        match v {
+            V::Obj(i) => self.depth.get(i).copied().unwrap_or(0),
+            _ => 0,
+        }
+    }
+    fn alloc(&mut self, o: Obj) -> R<V> {
+        let d = match &o {
+            Obj::Tuple(items) | Obj::List(items) => items.iter().map(|&v| self.depth_of(v) + 1).max().unwrap_or(1),
+            Obj::Dict(items) => items.iter().map(|&(_, v)| self.depth_of(v) + 1).max().unwrap_or(1),
+            _ => 0,
+        };
+        if d > self.limits.max_depth {
+            return self.bad(format!("nesting deeper than {} levels", self.limits.max_depth));
+        }
+        self.objs.push(o);
+        self.depth.push(d);
+        Ok(V::Obj(self.objs.len() - 1))
+    }
+    fn push(&mut self, v: V) -> R<()> {
+        if self.stack.len() >= self.limits.max_stack {
+            return self.bad(format!("stack grows past {} values", self.limits.max_stack));
+        }
+        self.stack.push(v);
+        Ok(())
+    }
+    fn pop(&mut self) -> R<V> {
+        if self.marks.last().is_some_and(|&m| m >= self.stack.len()) {
+            return self.bad("pops past a mark");
+        }
+        match self.stack.pop() {
+            Some(v) => Ok(v),
+            None => self.bad("stack underflow"),
+        }
+    }
+    fn top(&self) -> R<V> {
+        match self.stack.last() {
+            Some(&v) if !self.marks.last().is_some_and(|&m| m >= self.stack.len()) => Ok(v),
+            _ => self.bad("stack underflow"),
+        }
+    }
+    fn pop_mark(&mut self) -> R<Vec<V>> {
+        let Some(m) = self.marks.pop() else {
+            return self.bad("no mark on the stack");
+        };
+        Ok(self.stack.split_off(m.min(self.stack.len())))
+    }
+    fn memo_put(&mut self, idx: u32) -> R<()> {
+        let v = self.top()?;
+        if self.memo.len() >= self.limits.max_memo && !self.memo.contains_key(&idx) {
+            return self.bad(format!("memo grows past {} entries", self.limits.max_memo));
+        }
+        self.memo.insert(idx, v);
+        Ok(())
+    }
+    fn memo_get(&mut self, idx: u32) -> R<()> {
+        match self.memo.get(&idx).copied() {
+            Some(v) => self.push(v),
+            None => self.bad(format!("memo slot {idx} is read before it is written")),
+        }
+    }
+    fn global(&mut self, module: &str, name: &str) -> R<()> {
+        match resolve_global(module, name) {
+            Some(g) => {
+                let v = self.alloc(Obj::Global(g))?;
+                self.push(v)
+            }
+            None => Err(Refusal::Global(format!("{module}.{name}"))),
+        }
+    }
+    fn str_of(&self, v: V) -> Option<&str> {
+        match v {
+            V::Obj(i) => match self.objs.get(i) {
+                Some(Obj::Str(s)) => Some(s),
+                _ => None,
+            },
+            _ => None,
+        }
+    }
+    fn items_of(&self, v: V) -> Option<&[V]> {
+        match v {
+            V::Obj(i) => match self.objs.get(i) {
+                Some(Obj::Tuple(t)) | Some(Obj::List(t)) => Some(t),
+                _ => None,
+            },
+            _ => None,
+        }
+    }
+    fn describe(&self, v: V) -> String {
+        match v {
+            V::None => "None".into(),
+            V::Bool(_) => "a bool".into(),
+            V::Int(_) => "an int".into(),
+            V::Float(_) => "a float".into(),
+            V::Obj(i) => match self.objs.get(i) {
+                Some(Obj::Str(_)) => "a string".into(),
+                Some(Obj::Bytes(_)) => "bytes".into(),
+                Some(Obj::BigInt(_)) => "an int".into(),
+                Some(Obj::Tuple(_)) => "a tuple".into(),
+                Some(Obj::List(_)) => "a list".into(),
+                Some(Obj::Dict(_)) => "a dict".into(),
+                Some(Obj::Global(g)) => format!("`{g:?}`"),
+                Some(Obj::Storage(_)) => "a storage".into(),
+                Some(Obj::Tensor(_)) => "a tensor".into(),
+                None => "nothing".into(),
+            },
+        }
+    }
+
+    fn run(&mut self) -> R<V> {
+        loop {
+            self.op_at = self.pos;
+            let op = self.u8()?;
+            match op {
+                0x80 => {
+                    let proto = self.u8()?;
+                    if proto > 5 {
+                        return self.bad(format!("unsupported pickle protocol {proto}"));
+                    }
+                }
+                0x95 => {
+                    self.take(8)?;
+                }
+                b'.' => {
+                    let v = self.pop()?;
+                    return Ok(v);
+                }
+                b'(' => {
+                    if self.marks.len() >= self.limits.max_depth as usize {
+                        return self.bad(format!("nesting deeper than {} levels", self.limits.max_depth));
+                    }
+                    self.marks.push(self.stack.len());
+                }
+                b'0' => {
+                    self.pop()?;
+                }
+                b'1' => {
+                    self.pop_mark()?;
+                }
+                b'2' => {
+                    let v = self.top()?;
+                    self.push(v)?;
+                }
+                b'N' => self.push(V::None)?,
+                0x88 => self.push(V::Bool(true))?,
+                0x89 => self.push(V::Bool(false))?,
+                b'J' => {
+                    let v = i32::from_le_bytes(self.arr()?);
+                    self.push(V::Int(v.into()))?
+                }
+                b'K' => {
+                    let v = self.u8()?;
+                    self.push(V::Int(v.into()))?
+                }
+                b'M' => {
+                    let v = u16::from_le_bytes(self.arr()?);
+                    self.push(V::Int(v.into()))?
+                }
+                0x8a => {
+                    let n = usize::from(self.u8()?);
+                    self.long(n)?
+                }
+                0x8b => {
+                    let n = self.len_u32()?;
+                    self.long(n)?
+                }
+                b'G' => {
+                    let v = f64::from_be_bytes(self.arr()?);
+                    self.push(V::Float(v))?
+                }
+                b'X' => {
+                    let n = self.len_u32()?;
+                    let v = self.utf8(n)?;
+                    self.push(v)?
+                }
+                0x8c => {
+                    let n = usize::from(self.u8()?);
+                    let v = self.utf8(n)?;
+                    self.push(v)?
+                }
+                0x8d => {
+                    let n = self.len_u64()?;
+                    let v = self.utf8(n)?;
+                    self.push(v)?
+                }
+                // py2 byte strings: torch reads them as latin-1 text.
+                b'U' | b'T' => {
+                    let n = if op == b'U' { usize::from(self.u8()?) } else { self.len_u32()? };
+                    let s: String = self.take(n)?.iter().map(|&b| char::from(b)).collect();
+                    let v = self.alloc(Obj::Str(s))?;
+                    self.push(v)?
+                }
+                b'C' | b'B' | 0x8e | 0x96 => {
+                    let n = match op {
+                        b'C' => usize::from(self.u8()?),
+                        b'B' => self.len_u32()?,
+                        _ => self.len_u64()?,
+                    };
+                    let b = self.take(n)?.to_vec();
+                    let v = self.alloc(Obj::Bytes(b))?;
+                    self.push(v)?
+                }
+                b')' => {
+                    let v = self.alloc(Obj::Tuple(Vec::new()))?;
+                    self.push(v)?
+                }
+                b't' => {
+                    let items = self.pop_mark()?;
+                    let v = self.alloc(Obj::Tuple(items))?;
+                    self.push(v)?
+                }
+                0x85..=0x87 => {
+                    let n = usize::from(op - 0x84);
+                    let mut items = Vec::with_capacity(n);
+                    for _ in 0..n {
+                        items.push(self.pop()?);
+                    }
+                    items.reverse();
+                    let v = self.alloc(Obj::Tuple(items))?;
+                    self.push(v)?
+                }
+                b']' => {
+                    let v = self.alloc(Obj::List(Vec::new()))?;
+                    self.push(v)?
+                }
+                b'l' => {
+                    let items = self.pop_mark()?;
+                    let v = self.alloc(Obj::List(items))?;
+                    self.push(v)?
+                }
+                // Sets become lists: order is all a reader can observe.
+                0x8f => {
+                    let v = self.alloc(Obj::List(Vec::new()))?;
+                    self.push(v)?
+                }
+                0x91 => {
+                    let items = self.pop_mark()?;
+                    let v = self.alloc(Obj::List(items))?;
+                    self.push(v)?
+                }
+                b'a' | b'e' | 0x90 => {
+                    let items = if op == b'a' { vec![self.pop()?] } else { self.pop_mark()? };
+                    let target = self.top()?;
+                    self.extend_list(target, items)?
+                }
+                b'}' => {
+                    let v = self.alloc(Obj::Dict(Vec::new()))?;
+                    self.push(v)?
+                }
+                b'd' => {
+                    let items = self.pop_mark()?;
+                    let pairs = pairs(items).map_or_else(|| self.bad("odd number of dict items"), Ok)?;
+                    let v = self.alloc(Obj::Dict(pairs))?;
+                    self.push(v)?
+                }
+                b's' | b'u' => {
+                    let items = if op == b's' {
+                        let value = self.pop()?;
+                        let key = self.pop()?;
+                        vec![key, value]
+                    } else {
+                        self.pop_mark()?
+                    };
+                    let pairs = pairs(items).map_or_else(|| self.bad("odd number of dict items"), Ok)?;
+                    let target = self.top()?;
+                    self.extend_dict(target, pairs)?
+                }
+                b'q' => {
+                    let i = self.u8()?;
+                    self.memo_put(i.into())?
+                }
+                b'r' => {
+                    let i = u32::from_le_bytes(self.arr()?);
+                    self.memo_put(i)?
+                }
+                0x94 => {
+                    let i = u32::try_from(self.memo.len()).unwrap_or(u32::MAX);
+                    self.memo_put(i)?
+                }
+                b'h' => {
+                    let i = self.u8()?;
+                    self.memo_get(i.into())?
+                }
+                b'j' => {
+                    let i = u32::from_le_bytes(self.arr()?);
+                    self.memo_get(i)?
+                }
+                b'c' => {
+                    let module = self.line()?;
+                    let name = self.line()?;
+                    self.global(&module, &name)?
+                }
+                0x93 => {
+                    let name = self.pop()?;
+                    let module = self.pop()?;
+                    let (Some(module), Some(name)) = (self.str_of(module), self.str_of(name)) else {
+                        return self.bad("STACK_GLOBAL needs two strings");
+                    };
+                    let (module, name) = (module.to_string(), name.to_string());
+                    self.global(&module, &name)?
+                }
+                b'Q' => {
+                    let pid = self.pop()?;
+                    let v = self.persistent(pid)?;
+                    self.push(v)?
+                }
+                b'R' => {
+                    let args = self.pop()?;
+                    let func = self.pop()?;
+                    let v = self.call(func, args)?;
+                    self.push(v)?
+                }
+                0x81 => {
+                    let args = self.pop()?;
+                    let cls = self.pop()?;
+                    match self.global_of(cls) {
+                        Some(Global::OrderedDict) if self.items_of(args).is_some_and(<[V]>::is_empty) => {
+                            let v = self.alloc(Obj::Dict(Vec::new()))?;
+                            self.push(v)?
+                        }
+                        _ => return self.bad(format!("NEWOBJ of {} is not allowed", self.describe(cls))),
+                    }
+                }
+                b'b' => {
+                    let _state = self.pop()?;
+                    let target = self.top()?;
+                    // torch sets attributes of state dicts (`_metadata`) and of tensors this
+                    // way; neither carries tensor data, so the state is dropped.
+                    match self.objs.get(match target {
+                        V::Obj(i) => i,
+                        _ => usize::MAX,
+                    }) {
+                        Some(Obj::Dict(_) | Obj::Tensor(_)) => {}
+                        _ => return self.bad(format!("BUILD on {} is not allowed", self.describe(target))),
+                    }
+                }
+                other => return self.bad(format!("unsupported opcode 0x{other:02x}")),
+            }
+        }
+    }
+
+    fn long(&mut self, n: usize) -> R<()> {
+        let bytes = self.take(n)?.to_vec();
+        if n <= 8 {
+            let fill = if bytes.last().is_some_and(|&b| b & 0x80 != 0) { 0xff } else { 0 };
+            let mut buf = [fill; 8];
+            buf.get_mut(..n).unwrap_or_default().copy_from_slice(&bytes);
+            self.push(V::Int(i64::from_le_bytes(buf)))
+        } else {
+            let v = self.alloc(Obj::BigInt(bytes))?;
+            self.push(v)
+        }
+    }
+
+    fn extend_list(&mut self, target: V, items: Vec<V>) -> R<()> {
+        let d = items.iter().map(|&v| self.depth_of(v) + 1).max().unwrap_or(0);
+        if d > self.limits.max_depth {
+            return self.bad(format!("nesting deeper than {} levels", self.limits.max_depth));
+        }
+        if let V::Obj(i) = target {
+            if let Some(Obj::List(list)) = self.objs.get_mut(i) {
+                list.extend(items);
+                if let Some(slot) = self.depth.get_mut(i) {
+                    *slot = (*slot).max(d);
+                }
+                return Ok(());
+            }
+        }
+        self.bad(format!("APPEND to {}", self.describe(target)))
+    }
+
+    fn extend_dict(&mut self, target: V, items: Vec<(V, V)>) -> R<()> {
+        let d = items.iter().map(|&(_, v)| self.depth_of(v) + 1).max().unwrap_or(0);
+        if d > self.limits.max_depth {
+            return self.bad(format!("nesting deeper than {} levels", self.limits.max_depth));
+        }
+        if let V::Obj(i) = target {
+            if let Some(Obj::Dict(dict)) = self.objs.get_mut(i) {
+                // Repeated keys are kept here and refused when names are flattened.
+                dict.extend(items);
+                if let Some(slot) = self.depth.get_mut(i) {
+                    *slot = (*slot).max(d);
+                }
+                return Ok(());
+            }
+        }
+        self.bad(format!("SETITEM on {}", self.describe(target)))
+    }
+
+    fn global_of(&self, v: V) -> Option<Global> {
+        match v {
+            V::Obj(i) => match self.objs.get(i) {
+                Some(Obj::Global(g)) => Some(*g),
+                _ => None,
+            },
+            _ => None,
+        }
+    }
+
+    fn int_of(&self, v: V, what: &str) -> R<u64> {
+        match v {
+            V::Int(i) if i >= 0 => Ok(i as u64),
+            _ => self.bad(format!("{what} must be a non-negative int, found {}", self.describe(v))),
+        }
+    }
+
+    fn ints_of(&self, v: V, what: &str) -> R<Vec<u64>> {
+        let Some(items) = self.items_of(v) else {
+            return self.bad(format!("{what} must be a tuple, found {}", self.describe(v)));
+        };
+        items.iter().map(|&i| self.int_of(i, what)).collect()
+    }
+
+    fn persistent(&mut self, pid: V) -> R<V> {
+        let items = self.items_of(pid).map(<[V]>::to_vec).unwrap_or_default();
+        let (tag, cls, key, numel) = match items.as_slice() {
+            // ("storage", cls, key, location, numel) and the legacy form with a trailing None.
+            [tag, cls, key, _location, numel] | [tag, cls, key, _location, numel, V::None] => (*tag, *cls, *key, *numel),
+            _ => return self.bad("persistent id is not a storage tuple"),
+        };
+        if self.str_of(tag) != Some("storage") {
+            return self.bad("persistent id is not a storage tuple");
+        }
+        let Some(Global::Storage(kind)) = self.global_of(cls) else {
+            return self.bad(format!("persistent id names {} instead of a storage class", self.describe(cls)));
+        };
+        let key = match key {
+            V::Int(i) => i.to_string(),
+            other => match self.str_of(other) {
+                Some(s) => s.to_string(),
+                None => return self.bad("storage key must be a string"),
+            },
+        };
+        let numel = self.int_of(numel, "storage size")?;
+        self.alloc(Obj::Storage(StorageRef { key, kind, numel }))
+    }
+
+    fn call(&mut self, func: V, args: V) -> R<V> {
+        let Some(g) = self.global_of(func) else {
+            return self.bad(format!("REDUCE calls {}, not an allowed global", self.describe(func)));
+        };
+        let Some(a) = self.items_of(args).map(<[V]>::to_vec) else {
+            return self.bad("REDUCE arguments must be a tuple");
+        };
+        match (g, a.as_slice()) {
+            (Global::OrderedDict, []) => self.alloc(Obj::Dict(Vec::new())),
+            (Global::OrderedDict, [items]) => {
+                let mut pairs = Vec::new();
+                for &p in self.items_of(*items).unwrap_or_default() {
+                    match self.items_of(p) {
+                        Some(&[k, v]) => pairs.push((k, v)),
+                        _ => return self.bad("OrderedDict items must be pairs"),
+                    }
+                }
+                self.alloc(Obj::Dict(pairs))
+            }
+            (Global::Size, [dims]) => {
+                let dims = self.ints_of(*dims, "a size")?;
+                self.alloc(Obj::Tuple(dims.into_iter().map(|d| V::Int(d as i64)).collect()))
+            }
+            (Global::Device, [kind, ..]) => match self.str_of(*kind) {
+                Some(s) => {
+                    let s = s.to_string();
+                    self.alloc(Obj::Str(s))
+                }
+                None => self.bad("device name must be a string"),
+            },
+            (Global::CodecsEncode, [text, enc]) => {
+                let (Some(text), Some("latin1" | "latin-1")) = (self.str_of(*text), self.str_of(*enc)) else {
+                    return self.bad("`_codecs.encode` is only allowed on latin-1 text");
+                };
+                let bytes: Option<Vec<u8>> = text.chars().map(|c| u8::try_from(u32::from(c)).ok()).collect();
+                match bytes {
+                    Some(b) => self.alloc(Obj::Bytes(b)),
+                    None => self.bad("`_codecs.encode` text is not latin-1"),
+                }
+            }
+            (Global::RebuildTensorV2, [storage, offset, size, stride, _rg, _hooks, rest @ ..]) if rest.len() <= 1 => {
+                self.no_metadata(rest)?;
+                self.tensor(*storage, *offset, *size, *stride, None)
+            }
+            (Global::RebuildTensorV3, [storage, offset, size, stride, _rg, _hooks, dtype, rest @ ..])
+                if rest.len() <= 1 =>
+            {
+                self.no_metadata(rest)?;
+                let Some(Global::Dtype(d)) = self.global_of(*dtype) else {
+                    return self.bad(format!("tensor dtype is {}", self.describe(*dtype)));
+                };
+                self.tensor(*storage, *offset, *size, *stride, Some(d))
+            }
+            (Global::RebuildParameter, [t, _rg, _hooks]) | (Global::RebuildParameterWithState, [t, _rg, _hooks, _]) => {
+                self.expect_tensor(*t)
+            }
+            (Global::RebuildFromTypeV2, [f, ty, inner, _state]) => {
+                if !matches!(self.global_of(*ty), Some(Global::TensorClass | Global::ParameterClass)) {
+                    return self.bad(format!("tensor subclass {} is not supported", self.describe(*ty)));
+                }
+                self.call(*f, *inner)
+            }
+            (g, _) => self.bad(format!("cannot call `{g:?}` with {} arguments", a.len())),
+        }
+    }
+
+    fn no_metadata(&self, rest: &[V]) -> R<()> {
+        match rest {
+            [] => Ok(()),
+            [m] if matches!(self.obj_at(*m), Some(Obj::Dict(d)) if d.is_empty()) => Ok(()),
+            _ => self.bad("tensors with conjugate or negative bits are not supported"),
+        }
+    }
+
+    fn obj_at(&self, v: V) -> Option<&Obj> {
+        match v {
+            V::Obj(i) => self.objs.get(i),
+            _ => None,
+        }
+    }
+
+    fn expect_tensor(&self, t: V) -> R<V> {
+        match self.obj_at(t) {
+            Some(Obj::Tensor(_)) => Ok(t),
+            _ => self.bad(format!("expected a tensor, found {}", self.describe(t))),
+        }
+    }
+
+    fn tensor(&mut self, storage: V, offset: V, size: V, stride: V, dtype: Option<Dtype>) -> R<V> {
+        let Some(Obj::Storage(s)) = self.obj_at(storage).cloned() else {
+            return self.bad(format!("tensor storage is {}", self.describe(storage)));
+        };
+        let offset = self.int_of(offset, "storage offset")?;
+        let shape = self.ints_of(size, "a size")?;
+        let strides = self.ints_of(stride, "a stride")?;
+        if shape.len() != strides.len() {
+            return self.bad(format!("size has {} dims but stride has {}", shape.len(), strides.len()));
+        }
+        let dtype = match (s.kind, dtype) {
+            (StorageKind::Typed(d), None) => d,
+            (StorageKind::Untyped, Some(d)) => d,
+            (StorageKind::Typed(d), Some(t)) if d == t => d,
+            _ => return self.bad("tensor dtype does not match its storage"),
+        };
+        self.alloc(Obj::Tensor(TensorRef { storage: s, dtype, offset, shape, strides }))
+    }
+}
+
+fn pairs(items: Vec<V>) -> Option<Vec<(V, V)>> {
+    if items.len() % 2 != 0 {
+        return None;
+    }
+    let mut out = Vec::with_capacity(items.len() / 2);
+    let mut it = items.into_iter();
+    while let (Some(k), Some(v)) = (it.next(), it.next()) {
+        out.push((k, v));
+    }
+    Some(out)
+}
