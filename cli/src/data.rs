@@ -206,7 +206,7 @@ fn state(args: &StateArgs) -> anyhow::Result<String> {
         dataset_len: st.dataset_len,
         world_size: st.world_size,
         global_batch_size: g,
-        steps_done: if g == 0 { 0 } else { st.cursor / g },
+        steps_done: st.cursor.checked_div(g).unwrap_or(0),
         steps_left,
         mode: st.mode,
         sampler: st.sampler.to_string(),

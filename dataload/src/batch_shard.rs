@@ -65,6 +65,17 @@ impl ShardParams {
 /// The batches rank `params.rank` gets from `inner`, exactly as accelerate yields them.
 pub fn shard_batches<T: Clone>(inner: &[Vec<T>], params: ShardParams) -> Result<Vec<Vec<T>>> {
     params.validate()?;
+    if let Some(bs) = params.batch_size {
+        // torch's BatchSampler never yields more than `batch_size`; the padding arithmetic
+        // relies on it.
+        if inner.iter().any(|b| b.len() > bs) {
+            return Err(DataloadError::InvalidValue {
+                field: "batch_size",
+                value: bs.to_string(),
+                reason: "an inner batch is larger than the batch size",
+            });
+        }
+    }
     Ok(if params.split_batches { with_split(inner, params) } else { without_split(inner, params) })
 }
 

@@ -48,7 +48,7 @@
 //! 1. The order of the interrupted epoch does not depend on the world size, so the samples
 //!    before the cursor `c` are exactly those consumed, whatever `N` was.
 //! 2. The rest of that epoch, `order[c..n]`, is cut into global batches of the new world's
-//!    size `G' ` starting at `c`; rank `p` of `M` takes the `p`-th slice of each. Every
+//!    size `G'` starting at `c`; rank `p` of `M` takes the `p`-th slice of each. Every
 //!    remaining sample is therefore handed out exactly once across the `M` ranks.
 //! 3. The end of the epoch follows the new world's rules: with `drop_last` an incomplete last
 //!    global batch is dropped (as it always is); with `even_batches` it is completed with

@@ -141,3 +141,50 @@ fn in_process_collective() {
         assert_eq!(g, vec![vec![], vec![1], vec![2, 2]]);
     }
 }
+
+#[test]
+fn oversized_inner_batches_are_refused() {
+    let params = dataload::ShardParams {
+        batch_size: Some(2),
+        drop_last: false,
+        world_size: 2,
+        rank: 0,
+        split_batches: false,
+        even_batches: true,
+    };
+    let err = dataload::shard_batches(&[vec![0u64, 1, 2]], params).unwrap_err();
+    assert_eq!(err.to_string(), "invalid `batch_size`: 2 (an inner batch is larger than the batch size)");
+}
+
+/// `skip_batches` (accelerate's iterable-dataset skip) produces and discards whole steps:
+/// the rest, padding included, is what the unskipped dispatcher yields after them.
+#[test]
+fn dispatcher_skip_discards_whole_steps() {
+    use dataload::{base_batches, Dispatcher, EpochOrder};
+    for (n, bs, world, split, skip) in [(23u64, 3u64, 2usize, false, 2u64), (9, 4, 2, true, 1), (7, 2, 3, false, 1)] {
+        let run = |skip: u64| -> Vec<Vec<Vec<u64>>> {
+            let comms = InProcessGroup::new(world);
+            std::thread::scope(|s| {
+                let hs: Vec<_> = comms
+                    .into_iter()
+                    .map(|c| {
+                        s.spawn(move || {
+                            let src = (c.rank() == 0).then(|| {
+                                Box::new(base_batches(EpochOrder::Sequential { len: n }, bs, false))
+                                    as Box<dyn Iterator<Item = Vec<u64>>>
+                            });
+                            let mut d = Dispatcher::new(&c, src, split, false, skip);
+                            d.collect_all().unwrap().into_iter().map(|b| b.rows).collect::<Vec<_>>()
+                        })
+                    })
+                    .collect();
+                hs.into_iter().map(|h| h.join().unwrap()).collect()
+            })
+        };
+        let full = run(0);
+        let skipped = run(skip);
+        for (f, s) in full.iter().zip(&skipped) {
+            assert_eq!(&f[skip as usize..], &s[..]);
+        }
+    }
+}
