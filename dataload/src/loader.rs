@@ -204,9 +204,7 @@ impl ShardedSampler {
             .world_size(world_size)
             .rank(rank)
             .config(state.config)
-            .torch_version(state.torch)
-            // The mode was resolved with the device placement in force when saving.
-            .put_on_device(state.mode == ShardMode::Dispatch || state.config.dispatch_batches != Some(true));
+            .torch_version(state.torch);
         if let Some(f) = &state.fingerprint {
             b = b.fingerprint(f.clone());
         }
