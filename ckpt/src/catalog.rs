@@ -21,6 +21,10 @@ pub enum Format {
     Safetensors,
     /// `model-*.safetensors` shards with a `model.safetensors.index.json`.
     HfSharded,
+    /// One `torch.save` file (`.bin`, `.pt`, `.pth`), zip or legacy.
+    Torch,
+    /// `pytorch_model-*.bin` shards with a `pytorch_model.bin.index.json`.
+    TorchSharded,
 }
 
 impl Format {
@@ -28,6 +32,8 @@ impl Format {
         match self {
             Format::Safetensors => "safetensors",
             Format::HfSharded => "hf-sharded-safetensors",
+            Format::Torch => "torch",
+            Format::TorchSharded => "hf-sharded-torch",
         }
     }
 }
@@ -180,6 +186,9 @@ pub(crate) fn scan(src: &str) -> Result<Scan> {
             Ok(Scan { checkpoint, problems: Vec::new() })
         }
         Format::HfSharded => scan_index(root),
+        Format::Torch | Format::TorchSharded => {
+            Ok(Scan { checkpoint: crate::torch::checkpoint(root, format)?, problems: Vec::new() })
+        }
     }
 }
 
@@ -187,6 +196,9 @@ pub(crate) fn scan(src: &str) -> Result<Scan> {
 pub(crate) fn detect(path: &Path) -> Result<(Format, PathBuf)> {
     let meta = std::fs::metadata(path).at(path)?;
     if meta.is_file() {
+        if let Some(torch) = crate::torch::detect(path) {
+            return Ok(torch);
+        }
         let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default();
         return if name.ends_with(".index.json") {
             Ok((Format::HfSharded, path.to_path_buf()))
@@ -217,7 +229,7 @@ pub(crate) fn detect(path: &Path) -> Result<(Format, PathBuf)> {
     match (indexes.as_slice(), singles.as_slice()) {
         ([one], _) => Ok((Format::HfSharded, one.clone())),
         ([], [one]) => Ok((Format::Safetensors, one.clone())),
-        _ => Err(Error::NotACheckpoint { path: path.to_path_buf() }),
+        _ => crate::torch::detect(path).ok_or_else(|| Error::NotACheckpoint { path: path.to_path_buf() }),
     }
 }
 

@@ -94,6 +94,38 @@ pub enum Error {
 
     #[error("{path}: bad checksum manifest line {line}: {reason}")]
     BadManifest { path: PathBuf, line: usize, reason: String },
+
+    #[error("{path}: not a valid zip archive: {reason}")]
+    BadZip { path: PathBuf, reason: String },
+
+    #[error(
+        "{path}: record `{record}` declares {len} bytes at byte {offset}, past the end of the {file_len}-byte file"
+    )]
+    RecordBeyondFile { path: PathBuf, record: String, offset: u64, len: u64, file_len: u64 },
+
+    #[error("{path}: record `{record}` is {size} bytes, over the {limit}-byte limit")]
+    RecordTooLarge { path: PathBuf, record: String, size: u64, limit: u64 },
+
+    #[error("{path}: record `{record}` inflates past its declared {declared} bytes (a zip bomb?)")]
+    InflateOverrun { path: PathBuf, record: String, declared: u64 },
+
+    #[error("{path}: refusing global `{global}`: only the tensor-rebuilding globals of torch's weights-only loader are allowed")]
+    RefusedGlobal { path: PathBuf, global: String },
+
+    #[error("{path}: `{record}` at byte {at}: {reason}")]
+    BadPickle { path: PathBuf, record: String, at: usize, reason: String },
+
+    #[error("{path}: {reason}")]
+    BadTorchFile { path: PathBuf, reason: String },
+
+    #[error("{path}: tensor `{tensor}`: {reason}")]
+    BadTorchTensor { path: PathBuf, tensor: String, reason: String },
+
+    #[error("tensor `{tensor}` has dtype `{dtype}`, which safetensors cannot store")]
+    NotInSafetensors { tensor: String, dtype: String },
+
+    #[error("cannot convert to {dst}: {reason}")]
+    BadConvert { dst: PathBuf, reason: String },
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

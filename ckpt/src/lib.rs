@@ -9,7 +9,9 @@
 //! Readers never execute anything from a checkpoint, and every error names its file and, where
 //! it applies, its tensor.
 
+mod cast;
 mod catalog;
+mod convert;
 mod dtype;
 mod error;
 mod formats;
@@ -18,10 +20,13 @@ mod manifest;
 mod ops;
 mod size;
 mod sys;
+mod torch;
 mod verify;
 mod write;
 
+pub use cast::{cast_into, is_castable};
 pub use catalog::{Checkpoint, Chunk, Format, SourceFile, TensorInfo};
+pub use convert::{convert, ConvertOptions, ConvertOutcome, TargetFormat};
 pub use dtype::Dtype;
 pub use error::{Error, Result};
 pub use formats::hf_index::{INDEX_NAME, SINGLE_NAME};
@@ -30,6 +35,7 @@ pub use hub::{cache_dir as hub_cache_dir, resolve as resolve_source, HubAddress}
 pub use manifest::MANIFEST_NAME;
 pub use ops::{assign_shards, merge, split, MergeOutcome, SplitOutcome};
 pub use size::{parse_size, DEFAULT_MAX_SHARD_SIZE};
+pub use torch::{MAX_PICKLE_LEN, TORCH_INDEX_NAME, TORCH_SINGLE_NAME};
 pub use verify::{verify, Report};
 pub use write::{CopyMethod, WriteOptions};
 
@@ -45,6 +51,8 @@ impl Error {
                 | Error::BadHubUrl { .. }
                 | Error::NotInHubCache { .. }
                 | Error::OutputIsSource { .. }
+                | Error::BadConvert { .. }
+                | Error::NotInSafetensors { .. }
         )
     }
 }

@@ -87,6 +87,15 @@ const WINDOW: u64 = 8 << 20;
 /// Runs `plan`, reading from `sources`. On error, no target or temporary is left behind and
 /// nothing that existed before is touched.
 pub fn execute(plan: &Plan, sources: &[SourceFile], opts: &WriteOptions<'_>) -> Result<()> {
+    execute_with(plan, sources, opts, &|_, _, _| Ok(()))
+}
+
+/// Bytes of a target that are not range copies, written by the caller into the open temporary
+/// (target index, file, temporary path) after the copies and before the fsync.
+pub type Finish<'a> = dyn Fn(usize, &File, &Path) -> Result<()> + Sync + 'a;
+
+/// [`execute`], with `finish` run on every target (in parallel) once its range copies are done.
+pub fn execute_with(plan: &Plan, sources: &[SourceFile], opts: &WriteOptions<'_>, finish: &Finish<'_>) -> Result<()> {
     let mut temps = TempSet::default();
     for t in &plan.targets {
         if let Some(dir) = t.path.parent().filter(|d| !d.as_os_str().is_empty()) {
@@ -139,6 +148,7 @@ pub fn execute(plan: &Plan, sources: &[SourceFile], opts: &WriteOptions<'_>) -> 
         Ok::<(), Error>(())
     })?;
 
+    temps.files.par_iter().enumerate().try_for_each(|(i, (p, f))| finish(i, f, p))?;
     temps.files.par_iter().try_for_each(|(p, f)| f.sync_all().at(p))?;
     let mut trailers = plan.trailers.clone();
     if opts.checksums {

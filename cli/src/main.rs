@@ -74,6 +74,29 @@ pub enum Command {
         #[arg(long)]
         checksums: bool,
     },
+    /// Convert between safetensors and torch files (`.bin`/`.pt`/`.pth`), one file or sharded.
+    ///
+    /// The format follows DST's extension (`.safetensors`; `.bin`, `.pt`, `.pth`), or `--to`;
+    /// any other DST is a folder of huggingface_hub-style shards. Torch files are read without
+    /// executing their pickle.
+    Convert {
+        /// A safetensors file or sharded folder, a torch file, or a `pytorch_model.bin.index.json` set.
+        src: String,
+        /// The output file, or a folder for sharded output.
+        dst: PathBuf,
+        /// Cast floating-point tensors (f64, f32, f16, bf16) to this dtype, with torch's rounding.
+        #[arg(long, value_enum)]
+        dtype: Option<DtypeArg>,
+        /// Shard into DST (a folder) with files of at most this size (`5GB` is 5·10⁹ bytes).
+        #[arg(long)]
+        max_shard_size: Option<String>,
+        /// The output format, when DST's extension does not say it.
+        #[arg(long, value_enum)]
+        to: Option<ToArg>,
+        /// Drop tensors that are exact aliases of another (tied weights) instead of copying them.
+        #[arg(long)]
+        dedupe: bool,
+    },
     /// Check headers, offsets, index completeness and checksums. Exit 0 valid, 1 problems, 2 error.
     Verify {
         path: String,
@@ -81,6 +104,19 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DtypeArg {
+    F32,
+    F16,
+    Bf16,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ToArg {
+    Safetensors,
+    Torch,
 }
 
 fn main() -> ExitCode {
@@ -162,6 +198,49 @@ fn run(cli: &Cli) -> anyhow::Result<ExitCode> {
             writeln!(out, "{}", done.path.display())?;
             if notes {
                 eprintln!("merged {} tensors ({} bytes) from {} file(s)", done.tensors, done.bytes, ck.files().len());
+            }
+        }
+        Command::Convert { src, dst, dtype, max_shard_size, to, dedupe } => {
+            let options = ckpt::ConvertOptions {
+                to: to.map(|t| match t {
+                    ToArg::Safetensors => ckpt::TargetFormat::Safetensors,
+                    ToArg::Torch => ckpt::TargetFormat::Torch,
+                }),
+                dtype: dtype.map(|d| match d {
+                    DtypeArg::F32 => ckpt::Dtype::F32,
+                    DtypeArg::F16 => ckpt::Dtype::F16,
+                    DtypeArg::Bf16 => ckpt::Dtype::BF16,
+                }),
+                max_shard_size: max_shard_size.as_deref().map(ckpt::parse_size).transpose()?,
+                dedupe: *dedupe,
+            };
+            let bar = progress::Bar::new(0, !cli.quiet);
+            let report = |n: u64| bar.inc(n);
+            let opts = ckpt::WriteOptions { copy, checksums: false, progress: Some(&report) };
+            let done = ckpt::convert(src, dst, &options, &opts).with_context(|| format!("converting {src}"))?;
+            bar.finish();
+            for path in &done.files {
+                writeln!(out, "{}", path.display())?;
+            }
+            if let Some(index) = &done.index {
+                writeln!(out, "{}", index.display())?;
+            }
+            if !cli.quiet {
+                for (alias, kept) in &done.aliases {
+                    let what = if done.format == ckpt::TargetFormat::Torch { "tied to" } else { "dropped, alias of" };
+                    eprintln!("note: `{alias}` {what} `{kept}`");
+                }
+                if !done.leaves.is_empty() {
+                    eprintln!("note: kept {} non-tensor value(s): {}", done.leaves.len(), done.leaves.join(", "));
+                }
+            }
+            if notes {
+                eprintln!(
+                    "converted {} tensors ({} bytes) into {} file(s)",
+                    done.tensors,
+                    done.bytes,
+                    done.files.len()
+                );
             }
         }
         Command::Verify { path, json } => {

@@ -74,9 +74,6 @@ impl TorchTensor {
     pub fn runs(&self) -> Runs {
         Runs::new(self.offset, &self.shape, &self.strides, self.dtype.bits() / 8)
     }
-    pub fn byte_len(&self) -> u64 {
-        strided::numel(&self.shape).unwrap_or(0) * (self.dtype.bits() / 8)
-    }
 }
 
 /// A storage record: where its bytes are in the file.
@@ -135,7 +132,10 @@ pub(crate) fn read(path: &Path) -> Result<TorchFile> {
     } else {
         let mut tar = [0u8; 5];
         if file.read_exact_at(&mut tar, 257).is_ok() && &tar == b"ustar" {
-            return Err(bad_file(path, "legacy torch format (pre-1.0 tar) is not supported; hint: load and re-save it with `torch.save`"));
+            return Err(bad_file(
+                path,
+                "legacy torch format (pre-1.0 tar) is not supported; hint: load and re-save it with `torch.save`",
+            ));
         }
         Err(bad_file(path, "not a torch file (no zip or pickle signature)"))
     }
@@ -205,7 +205,13 @@ fn bad_tensor(path: &Path, tensor: &str, reason: String) -> Error {
     Error::BadTorchTensor { path: path.to_path_buf(), tensor: tensor.to_string(), reason }
 }
 
-fn check_tensor(path: &Path, name: String, t: pickle::TensorRef, si: usize, storages: &[Storage]) -> Result<TorchTensor> {
+fn check_tensor(
+    path: &Path,
+    name: String,
+    t: pickle::TensorRef,
+    si: usize,
+    storages: &[Storage],
+) -> Result<TorchTensor> {
     let s = storages.get(si).ok_or_else(|| bad_tensor(path, &name, "storage vanished".into()))?;
     let declared = t.storage.numel.checked_mul(t.storage.kind.elem_bytes());
     if declared != Some(s.byte_len) {
@@ -266,9 +272,9 @@ fn read_legacy(file: &File, len: u64, path: &Path) -> Result<TorchFile> {
     }
     let info = next("system info")?;
     let little = match info.obj(info.root) {
-        Some(Obj::Dict(items)) => items
-            .iter()
-            .any(|&(k, v)| matches!(info.obj(k), Some(Obj::Str(s)) if s == "little_endian") && v == pickle::V::Bool(true)),
+        Some(Obj::Dict(items)) => items.iter().any(|&(k, v)| {
+            matches!(info.obj(k), Some(Obj::Str(s)) if s == "little_endian") && v == pickle::V::Bool(true)
+        }),
         _ => false,
     };
     if !little {
@@ -351,7 +357,11 @@ pub(crate) fn read_set(path: &Path, format: Format) -> Result<TorchSet> {
         for t in &f.tensors {
             if let Some(&prev) = holder.get(&t.name) {
                 let first: &TorchFile = &files[prev];
-                return Err(Error::DuplicateAcrossShards { tensor: t.name.clone(), first: first.path.clone(), second: shard });
+                return Err(Error::DuplicateAcrossShards {
+                    tensor: t.name.clone(),
+                    first: first.path.clone(),
+                    second: shard,
+                });
             }
             holder.insert(t.name.clone(), files.len());
         }
@@ -360,13 +370,21 @@ pub(crate) fn read_set(path: &Path, format: Format) -> Result<TorchSet> {
     for (tensor, fname) in &index.weight_map {
         let Some(fi) = names.iter().position(|n| n == fname) else { continue };
         if holder.get(tensor) != Some(&fi) {
-            return Err(Error::TensorNotInShard { index: path.to_path_buf(), tensor: tensor.clone(), file: dir.join(fname) });
+            return Err(Error::TensorNotInShard {
+                index: path.to_path_buf(),
+                tensor: tensor.clone(),
+                file: fname.clone(),
+            });
         }
     }
     let listed: HashMap<&str, ()> = index.weight_map.iter().map(|(t, _)| (t.as_str(), ())).collect();
     for f in &files {
         if let Some(t) = f.tensors.iter().find(|t| !listed.contains_key(t.name.as_str())) {
-            return Err(Error::UnlistedTensor { index: path.to_path_buf(), file: f.path.clone(), tensor: t.name.clone() });
+            return Err(Error::UnlistedTensor {
+                index: path.to_path_buf(),
+                file: f.path.clone(),
+                tensor: t.name.clone(),
+            });
         }
     }
     Ok(TorchSet { index: Some(index), files })
@@ -398,14 +416,14 @@ pub(crate) fn checkpoint(root: PathBuf, format: Format) -> Result<Checkpoint> {
     for (fi, f) in set.files.iter().enumerate() {
         for t in &f.tensors {
             let runs = t.runs();
-            if runs.count() > MAX_CATALOG_RUNS {
+            if runs.total() > MAX_CATALOG_RUNS {
                 return Err(bad_tensor(
                     &f.path,
                     &t.name,
                     format!(
                         "strides {:?} split it into {} pieces; hint: `ckpt convert` makes it contiguous",
                         t.strides,
-                        runs.count()
+                        runs.total()
                     ),
                 ));
             }

@@ -759,7 +759,9 @@ impl Machine<'_> {
         let items = self.items_of(pid).map(<[V]>::to_vec).unwrap_or_default();
         let (tag, cls, key, numel) = match items.as_slice() {
             // ("storage", cls, key, location, numel) and the legacy form with a trailing None.
-            [tag, cls, key, _location, numel] | [tag, cls, key, _location, numel, V::None] => (*tag, *cls, *key, *numel),
+            [tag, cls, key, _location, numel] | [tag, cls, key, _location, numel, V::None] => {
+                (*tag, *cls, *key, *numel)
+            }
             _ => return self.bad("persistent id is not a storage tuple"),
         };
         if self.str_of(tag) != Some("storage") {

@@ -71,13 +71,8 @@ impl Runs {
     }
 
     /// How many runs the walk yields.
-    pub fn count(&self) -> u64 {
+    pub fn total(&self) -> u64 {
         self.left
-    }
-
-    /// Bytes per run.
-    pub fn run_len(&self) -> u64 {
-        self.run
     }
 }
 
@@ -124,7 +119,7 @@ mod tests {
         assert_eq!(r, vec![(1, 2), (5, 2)]);
         let r: Vec<_> = Runs::new(0, &[3], &[0], 2).collect();
         assert_eq!(r, vec![(0, 2), (0, 2), (0, 2)]);
-        assert_eq!(Runs::new(0, &[0, 5], &[5, 1], 4).count(), 0);
+        assert_eq!(Runs::new(0, &[0, 5], &[5, 1], 4).total(), 0);
         assert_eq!(Runs::new(7, &[], &[], 8).collect::<Vec<_>>(), vec![(56, 8)]);
         assert_eq!(extent(2, &[4], &[2]), Some(9));
     }

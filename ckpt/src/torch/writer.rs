@@ -75,7 +75,12 @@ pub(crate) fn archive_name(path: &Path) -> String {
 }
 
 /// Lays out a torch file holding `entries` over `storages`.
-pub(crate) fn layout(prefix: &str, entries: &[(String, WValue)], storages: &[WStorage], out: &Path) -> Result<TorchLayout> {
+pub(crate) fn layout(
+    prefix: &str,
+    entries: &[(String, WValue)],
+    storages: &[WStorage],
+    out: &Path,
+) -> Result<TorchLayout> {
     for d in storages.iter().map(|s| s.dtype) {
         if torch_dtype_name(d).is_none() {
             return Err(Error::BadTorchFile { path: out.to_path_buf(), reason: format!("cannot write dtype `{d}`") });

@@ -64,7 +64,6 @@ pub(crate) struct Entry {
 #[derive(Debug)]
 pub(crate) struct Archive {
     pub path: PathBuf,
-    pub len: u64,
     pub entries: Vec<Entry>,
 }
 
@@ -144,7 +143,10 @@ impl Archive {
                 m => return Err(bad(format!("`{}`: unsupported compression method {m}", c.name))),
             };
             if method == Method::Stored && c.compressed != c.size {
-                return Err(bad(format!("`{}`: stored entry with {} compressed and {} plain bytes", c.name, c.compressed, c.size)));
+                return Err(bad(format!(
+                    "`{}`: stored entry with {} compressed and {} plain bytes",
+                    c.name, c.compressed, c.size
+                )));
             }
             if data_offset.checked_add(c.compressed).is_none_or(|end| end > len) {
                 return Err(Error::RecordBeyondFile {
@@ -157,8 +159,11 @@ impl Archive {
             }
             located.push(Entry { name: c.name, method, compressed: c.compressed, size: c.size, data_offset });
         }
-        let mut spans: Vec<(u64, u64, &str)> =
-            located.iter().filter(|e| e.compressed > 0).map(|e| (e.data_offset, e.compressed, e.name.as_str())).collect();
+        let mut spans: Vec<(u64, u64, &str)> = located
+            .iter()
+            .filter(|e| e.compressed > 0)
+            .map(|e| (e.data_offset, e.compressed, e.name.as_str()))
+            .collect();
         spans.sort_unstable();
         for w in spans.windows(2) {
             if let [(a_off, a_len, a), (b_off, _, b)] = w {
@@ -167,7 +172,7 @@ impl Archive {
                 }
             }
         }
-        Ok(Archive { path: path.to_path_buf(), len, entries: located })
+        Ok(Archive { path: path.to_path_buf(), entries: located })
     }
 
     pub fn find(&self, name: &str) -> Option<&Entry> {
@@ -177,12 +182,8 @@ impl Archive {
     /// Reads a whole entry into memory, inflating it if needed, refusing anything whose declared
     /// or actual plain size exceeds `limit`.
     pub fn read_entry(&self, file: &File, entry: &Entry, limit: u64) -> Result<Vec<u8>> {
-        let too_big = |size: u64| Error::RecordTooLarge {
-            path: self.path.clone(),
-            record: entry.name.clone(),
-            size,
-            limit,
-        };
+        let too_big =
+            |size: u64| Error::RecordTooLarge { path: self.path.clone(), record: entry.name.clone(), size, limit };
         if entry.size > limit {
             return Err(too_big(entry.size));
         }
@@ -196,7 +197,11 @@ impl Archive {
                 let cap = usize::try_from(entry.size.saturating_add(1)).unwrap_or(usize::MAX);
                 let out = miniz_oxide::inflate::decompress_to_vec_with_limit(&raw, cap).map_err(|e| {
                     if e.status == miniz_oxide::inflate::TINFLStatus::HasMoreOutput {
-                        Error::InflateOverrun { path: self.path.clone(), record: entry.name.clone(), declared: entry.size }
+                        Error::InflateOverrun {
+                            path: self.path.clone(),
+                            record: entry.name.clone(),
+                            declared: entry.size,
+                        }
                     } else {
                         Error::BadZip {
                             path: self.path.clone(),
