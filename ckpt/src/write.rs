@@ -280,7 +280,8 @@ impl TempSet {
     fn create(&mut self, target: &Path) -> Result<()> {
         let name = file_name(target);
         let tmp = target.with_file_name(format!(".{name}.tmp.{}", std::process::id()));
-        let f = OpenOptions::new().write(true).create(true).truncate(true).open(&tmp).at(&tmp)?;
+        // Readable too: finishing a target may read back what was copied (torch CRCs).
+        let f = OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&tmp).at(&tmp)?;
         self.files.push((tmp, f));
         Ok(())
     }

@@ -383,7 +383,7 @@ pub(crate) fn central_directory(records: &[(PlacedRecord, u32)], at: u64) -> Vec
         cd.extend_from_slice(&(r.name.len() as u16).to_le_bytes());
         let extra_len = if zip64.is_empty() { 0 } else { zip64.len() + 4 };
         cd.extend_from_slice(&(extra_len as u16).to_le_bytes());
-        cd.extend_from_slice(&[0u8; 8]); // comment length, disk, attributes
+        cd.extend_from_slice(&[0u8; 6]); // comment length, disk, internal attributes
         cd.extend_from_slice(&[0u8; 4]); // external attributes
         cd.extend_from_slice(&off32.to_le_bytes());
         cd.extend_from_slice(r.name.as_bytes());
