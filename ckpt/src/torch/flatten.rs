@@ -12,7 +12,7 @@ use std::collections::HashSet;
 use super::pickle::{Obj, Pickle, TensorRef, V};
 
 /// Nodes the walk may visit in total.
-pub(crate) const MAX_VISITS: u64 = 1 << 25;
+pub(crate) const MAX_VISITS: u64 = 1 << 23;
 /// Dict nesting the walk follows.
 pub(crate) const MAX_NESTING: usize = 64;
 

@@ -900,3 +900,62 @@ fn pairs(items: Vec<V>) -> Option<Vec<(V, V)>> {
     }
     Some(out)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bad(data: &[u8], limits: Limits) -> String {
+        match load(data, limits) {
+            Err(Refusal::Bad { reason, .. }) => reason,
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn memo_is_bounded() {
+        let small = Limits { max_memo: 2, ..Limits::default() };
+        assert_eq!(bad(b"\x80\x02Nq\x00q\x01q\x02.", small), "memo grows past 2 entries");
+        // Overwriting a slot does not grow the memo.
+        assert!(load(b"\x80\x02Nq\x00q\x00q\x00.", small).is_ok());
+        assert_eq!(bad(b"\x80\x02h\x05.", Limits::default()), "memo slot 5 is read before it is written");
+    }
+
+    #[test]
+    fn declared_lengths_are_checked_before_allocating() {
+        assert_eq!(
+            bad(b"\x80\x02X\xff\xff\xff\x7fabc", Limits::default()),
+            "declared length 2147483647 runs past the end of the pickle"
+        );
+        assert_eq!(
+            bad(b"\x80\x02\x8e\xff\xff\xff\xff\xff\xff\xff\x7f", Limits::default()),
+            "declared length 9223372036854775807 runs past the end of the pickle"
+        );
+    }
+
+    #[test]
+    fn stack_and_marks_are_bounded() {
+        let small = Limits { max_stack: 3, max_depth: 2, ..Limits::default() };
+        assert_eq!(bad(b"\x80\x02NNNN.", small), "stack grows past 3 values");
+        assert_eq!(bad(b"\x80\x02(((", small), "nesting deeper than 2 levels");
+        assert_eq!(
+            bad(b"\x80\x02]]]]aaa.", Limits { max_depth: 2, ..Limits::default() }),
+            "nesting deeper than 2 levels"
+        );
+    }
+
+    #[test]
+    fn unknown_opcodes_and_calls_are_refused() {
+        assert_eq!(bad(b"\x80\x02I1\n.", Limits::default()), "unsupported opcode 0x49");
+        assert_eq!(bad(b"\x80\x02.", Limits::default()), "stack underflow");
+        assert_eq!(bad(b"\x80\x02N)R.", Limits::default()), "REDUCE calls None, not an allowed global");
+        let g = load(b"\x80\x02\x8c\x05torch\x8c\x0cFloatStorage\x93.", Limits::default());
+        assert!(
+            matches!(g, Ok(p) if matches!(p.obj(p.root), Some(Obj::Global(Global::Storage(StorageKind::Typed(Dtype::F32))))))
+        );
+        assert_eq!(
+            load(b"\x80\x04\x8c\x02os\x8c\x06system\x93.", Limits::default()).unwrap_err(),
+            Refusal::Global("os.system".into())
+        );
+    }
+}
