@@ -83,6 +83,9 @@ enum Data {
     Strided { file: usize, base: u64, len: u64, offset: u64, strides: Vec<u64> },
 }
 
+/// File, storage base, offset, strides, shape, dtype: equal keys read the same bytes.
+type AliasKey = (usize, u64, u64, Vec<u64>, Vec<u64>, Dtype);
+
 #[derive(Clone, Debug)]
 struct SrcTensor {
     name: String,
@@ -96,7 +99,7 @@ impl SrcTensor {
         torch::strided::numel(&self.shape).unwrap_or(0) * (self.dtype.bits() / 8)
     }
     /// Identity of the bytes it reads: equal keys mean exact aliases.
-    fn alias_key(&self) -> Option<(usize, u64, u64, Vec<u64>, Vec<u64>, Dtype)> {
+    fn alias_key(&self) -> Option<AliasKey> {
         match &self.data {
             Data::Strided { file, base, offset, strides, .. } => {
                 Some((*file, *base, *offset, strides.clone(), self.shape.clone(), self.dtype))

@@ -227,7 +227,7 @@ fn check_tensor(
             ),
         ));
     }
-    if t.dtype.bits() % 8 != 0 {
+    if !t.dtype.bits().is_multiple_of(8) {
         return Err(bad_tensor(path, &name, format!("dtype `{}` is not supported", t.dtype)));
     }
     let elem = t.dtype.bits() / 8;
