@@ -118,6 +118,137 @@ pub enum DataloadError {
         /// What went wrong.
         reason: String,
     },
+    /// A file could not be opened, read, mapped or written.
+    #[error("`{path}`: {reason}")]
+    Io {
+        /// The file.
+        path: String,
+        /// What the operating system said.
+        reason: String,
+    },
+    /// A path, directory or glob names no data file.
+    #[error("`{pattern}` matches no data files (looked for {wanted})")]
+    NoFiles {
+        /// The path, directory or glob given.
+        pattern: String,
+        /// The file name endings looked for.
+        wanted: String,
+    },
+    /// A file is shorter than its header or its element size says.
+    #[error("`{path}` is truncated: {expected} bytes expected, {found} found")]
+    Truncated {
+        /// The file.
+        path: String,
+        /// Bytes the header (or the element size) calls for.
+        expected: u64,
+        /// Bytes there are.
+        found: u64,
+    },
+    /// A token file holds elements that are not integer tokens.
+    #[error("`{path}` holds `{found}`, but token files must hold one of {expected}")]
+    WrongDtype {
+        /// The file.
+        path: String,
+        /// The element type found.
+        found: String,
+        /// The element types accepted.
+        expected: &'static str,
+    },
+    /// A file's header or framing is malformed.
+    #[error("`{path}`: malformed {format}: {reason}")]
+    BadFormat {
+        /// The file.
+        path: String,
+        /// Which format was expected (`npy`, `arrow ipc`, `parquet`, `line index`).
+        format: &'static str,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A selected column does not exist.
+    #[error("`{path}` has no column `{column}` (it has: {available})")]
+    MissingColumn {
+        /// The file.
+        path: String,
+        /// The column asked for.
+        column: String,
+        /// The columns there are, comma-separated.
+        available: String,
+    },
+    /// Shards of one dataset disagree on their schema.
+    #[error("`{path}` does not match the first shard `{first}`: {reason}")]
+    SchemaMismatch {
+        /// The shard that differs.
+        path: String,
+        /// The first shard.
+        first: String,
+        /// How it differs.
+        reason: String,
+    },
+    /// Decoding records failed.
+    #[error("`{path}`, row {row}, column `{column}`: {reason}")]
+    BadRecord {
+        /// The file.
+        path: String,
+        /// The first row (in the file) of the unit that failed to decode.
+        row: u64,
+        /// The column (`*` when the failure is not in one column).
+        column: String,
+        /// What the decoder said.
+        reason: String,
+    },
+    /// A zstd frame does not decompress.
+    #[error("`{path}`: corrupt zstd frame at byte {offset}: {reason}")]
+    CorruptFrame {
+        /// The file.
+        path: String,
+        /// Offset of the frame in the compressed file.
+        offset: u64,
+        /// What zstd said.
+        reason: String,
+    },
+    /// A line of a JSON-lines file is not JSON.
+    #[error("`{path}`, line {line}, column {column}: not JSON: {reason}")]
+    NotJson {
+        /// The file.
+        path: String,
+        /// Line number in the (decompressed) file, from 1.
+        line: u64,
+        /// Column in that line, from 1.
+        column: u64,
+        /// What the parser said.
+        reason: String,
+    },
+    /// A sample index past the end of the dataset.
+    #[error("sample {index} is out of range for a dataset of {len} samples")]
+    IndexOutOfRange {
+        /// The index asked for.
+        index: u64,
+        /// Dataset length.
+        len: u64,
+    },
+    /// A state saved on other data.
+    #[error(
+        "the data changed since this loader state was saved: its fingerprint was `{saved}`, it is `{current}` now\nhint: resume on the files the state was saved with, or start the loader without the state"
+    )]
+    DataChanged {
+        /// The fingerprint in the state (or `none`).
+        saved: String,
+        /// The fingerprint of the data now.
+        current: String,
+    },
+    /// A prefetch worker died.
+    #[error("prefetch worker failed: {reason}")]
+    Worker {
+        /// What happened.
+        reason: String,
+    },
+}
+
+impl DataloadError {
+    /// An I/O error on `path`.
+    pub(crate) fn io(path: &std::path::Path, e: &std::io::Error) -> Self {
+        Self::Io { path: path.display().to_string(), reason: e.to_string() }
+    }
 }
 
 /// Shorthand used throughout the crate.

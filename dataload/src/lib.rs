@@ -60,29 +60,60 @@
 //! the remainder of the uninterrupted one, bit for bit.
 //!
 //! `split_batches` needs the batch size to divide by `M`, as it does in accelerate.
+//!
+//! # Reading the samples
+//!
+//! A [`Source`] reads and collates a batch of samples by index: [`TokenWindows`]
+//! (nanoGPT `.bin` and `.npy` token files cut in fixed windows), [`ArrowDataset`] (Arrow IPC
+//! files and streams), [`ParquetDataset`] (by row, through a row-group index and a bounded
+//! cache) and [`JsonlDataset`] (`.jsonl` and `.jsonl.zst` through a persisted line index).
+//! Each opens a file, a directory or a glob of shards as one dataset and has a
+//! [`Fingerprint`] of its files. Files are memory-mapped.
+//!
+//! [`DataLoader`] puts a [`ShardedSampler`] in front of a source and reads ahead with
+//! background workers; its order and its [`LoaderState`] (which records the source's
+//! fingerprint, so that resuming on other data is refused) do not depend on the number of
+//! workers, and a state saved while batches are read ahead resumes at the first batch not
+//! handed out.
 
+mod arrow_file;
 mod batch_shard;
 mod collective;
 mod config;
 mod dispatch;
 mod error;
 mod iterable_shard;
+mod jsonl;
+mod line_index;
 mod loader;
+mod mmap;
+mod npy;
+mod parquet_rows;
 mod plan;
+mod prefetch;
 mod randperm;
 mod sampler;
+mod source;
 mod state;
+mod table;
+mod tokens;
 mod torch_rng;
 
+pub use arrow_file::ArrowDataset;
 pub use batch_shard::{accelerate_shard_len, shard_batches, ShardParams};
 pub use collective::{Collective, InProcessCollective, InProcessGroup};
 pub use config::{DataLoaderConfiguration, DatasetKind, LoaderShape, ShardMode};
 pub use dispatch::{base_batches, gather_for_metrics, DispatchedBatch, Dispatcher};
 pub use error::{DataloadError, Result};
 pub use iterable_shard::IterableDatasetShard;
+pub use jsonl::{IndexPlacement, JsonlDataset, TextBatch, DEFAULT_FRAME_CACHE};
 pub use loader::{ShardedSampler, ShardedSamplerBuilder};
+pub use parquet_rows::{ParquetDataset, DEFAULT_ROW_GROUP_CACHE};
 pub use plan::{BatchGeometry, EpochPlan};
+pub use prefetch::{DataLoader, DataLoaderBuilder};
 pub use randperm::{randperm, randperm_with, Permutation, RandpermAlgorithm, TorchVersion, INSIDE_OUT_THRESHOLD};
 pub use sampler::{EpochOrder, IndexSampler, SeedableRandomSampler, SequentialSampler, MAX_SEED, MIN_SEED};
+pub use source::{FileFingerprint, Fingerprint, Source};
 pub use state::{LoaderState, SamplerSpec, STATE_FORMAT, STATE_VERSION};
+pub use tokens::{TokenBatch, TokenDtype, TokenFile, TokenWindows};
 pub use torch_rng::TorchGenerator;

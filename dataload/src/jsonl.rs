@@ -1,0 +1,252 @@
+//! JSON-lines files, plain (`.jsonl`) or zstd-compressed (`.jsonl.zst`), read by record.
+//!
+//! # On disk
+//!
+//! One JSON value per line, lines ending in `\n` (a `\r` before it is dropped), blank lines
+//! ignored. A `.jsonl.zst` file is one or more zstd frames back to back; the text is their
+//! outputs concatenated, and a line may straddle frames.
+//!
+//! # Random access
+//!
+//! A [line index](crate::line_index) gives each record's byte range in the text. It is built
+//! on the first open, stored beside the file (or in a chosen directory, or only in memory:
+//! [`IndexPlacement`]), and reused while the file keeps the size and modification time it was
+//! built from; a stale or damaged index is rebuilt. A plain file is memory-mapped and a
+//! record is a slice of it. In a compressed file a record is read by decompressing the frames
+//! it lies in, kept in a small bounded cache of decompressed frames: zstd cannot start in the
+//! middle of a frame, so the frame is the unit of access. A file written as one frame (what
+//! the `zstd` tool and `zstandard.compress` do) is therefore decompressed whole on the first
+//! access; write large files as frames of a few MiB to keep that bounded.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+use crate::error::{DataloadError, Result};
+use crate::line_index::{stamp, LineIndex};
+use crate::mmap::map_file;
+use crate::source::{resolve_files, DataFile, FileFingerprint, Fingerprint, ShardIndex, Source, UnitCache};
+
+/// Decompressed frames kept by default.
+pub const DEFAULT_FRAME_CACHE: usize = 8;
+
+/// Where line indexes are kept.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum IndexPlacement {
+    /// `<file>.lines.idx` beside each data file (the default); in memory when that directory
+    /// is not writable.
+    #[default]
+    Beside,
+    /// In this directory, named after the file's path in the dataset.
+    Dir(PathBuf),
+    /// Only in memory: rebuilt at every open.
+    Memory,
+}
+
+#[derive(Debug)]
+struct JsonlFile {
+    file: DataFile,
+    bytes: Bytes,
+    index: LineIndex,
+    /// Dataset-wide number of this file's first frame (the frame cache's key).
+    frame_base: usize,
+}
+
+/// A batch of records: the raw JSON texts back to back, and their boundaries.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TextBatch {
+    /// The records' bytes, concatenated.
+    pub data: Vec<u8>,
+    /// Record `r` is `data[offsets[r]..offsets[r + 1]]`.
+    pub offsets: Vec<usize>,
+}
+
+impl TextBatch {
+    /// Number of records.
+    pub fn len(&self) -> usize {
+        self.offsets.len().saturating_sub(1)
+    }
+
+    /// Whether the batch is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Record `r` as text (records were checked to be JSON, hence UTF-8, when indexed).
+    pub fn get(&self, r: usize) -> Option<&str> {
+        let (a, b) = (*self.offsets.get(r)?, *self.offsets.get(r + 1)?);
+        std::str::from_utf8(self.data.get(a..b)?).ok()
+    }
+}
+
+/// Records of one or more JSON-lines files (see the module docs).
+#[derive(Debug)]
+pub struct JsonlDataset {
+    files: Vec<JsonlFile>,
+    index: ShardIndex,
+    cache: UnitCache<Arc<Vec<u8>>>,
+    fingerprint: Fingerprint,
+    persisted: Vec<bool>,
+}
+
+impl JsonlDataset {
+    /// Opens a file, a directory of `.jsonl`/`.jsonl.zst` files, or a glob.
+    pub fn open(spec: impl AsRef<Path>, placement: IndexPlacement, cache_frames: usize) -> Result<Self> {
+        let mut files = Vec::new();
+        let mut persisted = Vec::new();
+        let mut frame_base = 0usize;
+        for file in resolve_files(spec.as_ref(), &[".jsonl", ".jsonl.zst", ".ndjson"])? {
+            let (index, saved) = load_or_build(&file, &placement)?;
+            let bytes = map_file(&file.path)?;
+            if bytes.len() as u64 != index.source_size {
+                return Err(DataloadError::Io { path: file.display(), reason: "the file changed while opened".into() });
+            }
+            let n_frames = index.frames.len();
+            files.push(JsonlFile { file, bytes, index, frame_base });
+            persisted.push(saved);
+            frame_base += n_frames;
+        }
+        let fingerprint = Fingerprint {
+            format: "jsonl",
+            options: String::new(),
+            files: files
+                .iter()
+                .map(|f| FileFingerprint {
+                    name: f.file.name.clone(),
+                    size: f.index.source_size,
+                    rows: f.index.lines.len() as u64,
+                })
+                .collect(),
+        };
+        Ok(Self {
+            index: ShardIndex::new(files.iter().map(|f| f.index.lines.len() as u64)),
+            files,
+            cache: UnitCache::new(cache_frames),
+            fingerprint,
+            persisted,
+        })
+    }
+
+    /// For each file, whether its index is stored on disk (false: kept in memory only).
+    pub fn index_persisted(&self) -> &[bool] {
+        &self.persisted
+    }
+
+    /// Appends record `line` of file `k` to `out`.
+    fn read_record(&self, k: usize, line: usize, out: &mut Vec<u8>) -> Result<()> {
+        let f = &self.files[k];
+        let (start, end) = f.index.lines[line];
+        if !f.index.zstd {
+            let range = usize::try_from(start).ok().zip(usize::try_from(end).ok());
+            let bytes = range.and_then(|(a, b)| f.bytes.get(a..b)).ok_or_else(|| DataloadError::Io {
+                path: f.file.display(),
+                reason: "the file is shorter than its index".into(),
+            })?;
+            out.extend_from_slice(bytes);
+            return Ok(());
+        }
+        let mut p = start;
+        while p < end {
+            let k = f.index.frames.partition_point(|fr| fr.text_start <= p).saturating_sub(1);
+            let frame = f.index.frames[k];
+            let text = self.cache.get_or_load(f.frame_base + k, || decompress_frame(f, k).map(Arc::new))?;
+            let take = end.min(frame.text_start + text.len() as u64);
+            if take <= p {
+                return Err(DataloadError::CorruptFrame {
+                    path: f.file.display(),
+                    offset: frame.offset,
+                    reason: "frame is shorter than its index says".into(),
+                });
+            }
+            out.extend_from_slice(&text[(p - frame.text_start) as usize..(take - frame.text_start) as usize]);
+            p = take;
+        }
+        Ok(())
+    }
+}
+
+fn decompress_frame(f: &JsonlFile, k: usize) -> Result<Vec<u8>> {
+    use std::io::Read;
+    let frame = f.index.frames[k];
+    let corrupt = |reason: String| DataloadError::CorruptFrame { path: f.file.display(), offset: frame.offset, reason };
+    let range = usize::try_from(frame.offset).ok().zip(usize::try_from(frame.offset + frame.len).ok());
+    let compressed = range.and_then(|(a, b)| f.bytes.get(a..b)).ok_or_else(|| corrupt("outside the file".into()))?;
+    let expected = f.index.frame_text_len(k);
+    let mut out = Vec::with_capacity(usize::try_from(expected).unwrap_or(0));
+    zstd::stream::read::Decoder::with_buffer(compressed)
+        .map_err(|e| corrupt(e.to_string()))?
+        .single_frame()
+        .read_to_end(&mut out)
+        .map_err(|e| corrupt(e.to_string()))?;
+    if out.len() as u64 != expected {
+        return Err(corrupt(format!("{} bytes decompressed where the index says {expected}", out.len())));
+    }
+    Ok(out)
+}
+
+/// Where the index of `file` lives under `placement`.
+fn index_path(file: &DataFile, placement: &IndexPlacement) -> Option<PathBuf> {
+    match placement {
+        IndexPlacement::Beside => {
+            let mut name = file.path.file_name()?.to_os_string();
+            name.push(".lines.idx");
+            Some(file.path.with_file_name(name))
+        }
+        IndexPlacement::Dir(dir) => Some(dir.join(format!("{}.lines.idx", file.name.replace('/', "__")))),
+        IndexPlacement::Memory => None,
+    }
+}
+
+/// The file's index from disk when it is valid and current, otherwise built (and stored when
+/// the placement allows); and whether it is stored.
+fn load_or_build(file: &DataFile, placement: &IndexPlacement) -> Result<(LineIndex, bool)> {
+    let now = stamp(&file.path)?;
+    let idx_path = index_path(file, placement);
+    if let Some(p) = &idx_path {
+        if let Ok(bytes) = std::fs::read(p) {
+            if let Ok(index) = LineIndex::from_bytes(&bytes) {
+                let zstd = file.name.ends_with(".zst");
+                if (index.source_size, index.mtime) == now && index.zstd == zstd {
+                    return Ok((index, true));
+                }
+            }
+        }
+    }
+    let data = map_file(&file.path)?;
+    let index = LineIndex::build(&data, file.name.ends_with(".zst"), now, &file.display())?;
+    let saved = idx_path.is_some_and(|p| index.save(&p).is_ok());
+    Ok((index, saved))
+}
+
+impl Source for JsonlDataset {
+    type Batch = TextBatch;
+
+    fn len(&self) -> u64 {
+        self.index.total()
+    }
+
+    fn fingerprint(&self) -> &Fingerprint {
+        &self.fingerprint
+    }
+
+    fn read_batch(&self, indices: &[u64]) -> Result<TextBatch> {
+        let located = indices.iter().map(|&i| self.index.locate(i)).collect::<Result<Vec<_>>>()?;
+        let total: u64 = located
+            .iter()
+            .map(|&(k, l)| {
+                let (a, b) = self.files[k].index.lines[l as usize];
+                b - a
+            })
+            .sum();
+        let mut data = Vec::with_capacity(usize::try_from(total).unwrap_or(0));
+        let mut offsets = Vec::with_capacity(indices.len() + 1);
+        offsets.push(0);
+        for (k, l) in located {
+            self.read_record(k, l as usize, &mut data)?;
+            offsets.push(data.len());
+        }
+        Ok(TextBatch { data, offsets })
+    }
+}

@@ -1,0 +1,310 @@
+//! The line-offset index of a JSON-lines file, built once and kept beside it.
+//!
+//! # On disk (`<file>.lines.idx`, all integers little-endian)
+//!
+//! ```text
+//! magic            8 bytes  "SKLINES\0"
+//! version          u32      1
+//! kind             u32      0 = plain text, 1 = zstd
+//! source_size      u64      size of the data file when indexed
+//! mtime_secs       u64      its modification time, seconds since the Unix epoch
+//! mtime_nanos      u32      and nanoseconds
+//! reserved         u32      0
+//! text_len         u64      length of the (decompressed) text
+//! n_frames         u64      zstd frames (0 for plain text)
+//! n_lines          u64      records
+//! frames           n_frames × (offset u64, length u64, text_start u64)
+//! lines            n_lines × (start u64, end u64)
+//! ```
+//!
+//! A frame is a zstd frame of the file: where it is in the compressed file and where its
+//! output starts in the text. A line is a record: its byte range in the text, without the
+//! newline (and without a `\r` before it). Blank lines are not records. Frames are contiguous
+//! and cover the file exactly; lines are in order and inside the text; the file's length is
+//! exactly what the counts call for. An index that fails any of these checks, or whose size
+//! or modification time is not the data file's, is rebuilt: it is a cache, never trusted over
+//! the data.
+//!
+//! Building reads the whole file once (decompressing frame by frame, in bounded memory) and
+//! checks that every record is JSON, so a bad line is reported with its line and column when
+//! the dataset is opened, not in the middle of an epoch.
+
+use std::io::{Read, Write};
+use std::path::Path;
+
+use crate::error::{DataloadError, Result};
+
+const MAGIC: &[u8; 8] = b"SKLINES\0";
+const VERSION: u32 = 1;
+const HEADER: usize = 64;
+const FRAME: usize = 24;
+const LINE: usize = 16;
+
+/// A zstd frame: its place in the file and where its output starts in the text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Frame {
+    pub offset: u64,
+    pub len: u64,
+    pub text_start: u64,
+}
+
+/// The index of one file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct LineIndex {
+    pub zstd: bool,
+    pub source_size: u64,
+    pub mtime: (u64, u32),
+    pub text_len: u64,
+    pub frames: Vec<Frame>,
+    pub lines: Vec<(u64, u64)>,
+}
+
+/// Size and modification time of `path`, what an index is checked against.
+pub(crate) fn stamp(path: &Path) -> Result<(u64, (u64, u32))> {
+    let meta = std::fs::metadata(path).map_err(|e| DataloadError::io(path, &e))?;
+    let mtime = meta
+        .modified()
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map(|d| (d.as_secs(), d.subsec_nanos()))
+        .unwrap_or((0, 0));
+    Ok((meta.len(), mtime))
+}
+
+impl LineIndex {
+    /// Text length of frame `k`.
+    pub fn frame_text_len(&self, k: usize) -> u64 {
+        let next = self.frames.get(k + 1).map_or(self.text_len, |f| f.text_start);
+        next - self.frames[k].text_start
+    }
+
+    /// Builds the index of `data` (the whole file), checking every record is JSON.
+    pub fn build(data: &[u8], zstd: bool, stamp: (u64, (u64, u32)), path: &str) -> Result<Self> {
+        let mut scan = Scanner { path, pos: 0, line_start: 0, line_no: 1, carry: Vec::new(), lines: Vec::new() };
+        let mut frames = Vec::new();
+        if zstd {
+            let mut offset = 0usize;
+            let mut chunk = vec![0u8; 1 << 18];
+            while offset < data.len() {
+                let corrupt = |reason: String| DataloadError::CorruptFrame {
+                    path: path.to_owned(),
+                    offset: offset as u64,
+                    reason,
+                };
+                let rest = &data[offset..];
+                let len = zstd::zstd_safe::find_frame_compressed_size(rest)
+                    .map_err(|code| corrupt(zstd::zstd_safe::get_error_name(code).to_owned()))?;
+                frames.push(Frame { offset: offset as u64, len: len as u64, text_start: scan.pos });
+                let mut decoder = zstd::stream::read::Decoder::with_buffer(&rest[..len])
+                    .map_err(|e| corrupt(e.to_string()))?
+                    .single_frame();
+                loop {
+                    let n = decoder.read(&mut chunk).map_err(|e| corrupt(e.to_string()))?;
+                    if n == 0 {
+                        break;
+                    }
+                    scan.feed(&chunk[..n])?;
+                }
+                offset += len;
+            }
+        } else {
+            scan.feed(data)?;
+        }
+        let text_len = scan.pos;
+        let lines = scan.finish()?;
+        Ok(Self { zstd, source_size: stamp.0, mtime: stamp.1, text_len, frames, lines })
+    }
+
+    /// The serialized index.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(HEADER + self.frames.len() * FRAME + self.lines.len() * LINE);
+        out.extend_from_slice(MAGIC);
+        out.extend_from_slice(&VERSION.to_le_bytes());
+        out.extend_from_slice(&u32::from(self.zstd).to_le_bytes());
+        for v in [self.source_size, self.mtime.0] {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+        out.extend_from_slice(&self.mtime.1.to_le_bytes());
+        out.extend_from_slice(&0u32.to_le_bytes());
+        for v in [self.text_len, self.frames.len() as u64, self.lines.len() as u64] {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+        for f in &self.frames {
+            for v in [f.offset, f.len, f.text_start] {
+                out.extend_from_slice(&v.to_le_bytes());
+            }
+        }
+        for &(a, b) in &self.lines {
+            out.extend_from_slice(&a.to_le_bytes());
+            out.extend_from_slice(&b.to_le_bytes());
+        }
+        out
+    }
+
+    /// Parses and validates a serialized index (see the module docs for what is checked).
+    pub fn from_bytes(b: &[u8]) -> std::result::Result<Self, String> {
+        let u64_at = |at: usize| b.get(at..at + 8).map(|s| u64::from_le_bytes(s.try_into().unwrap_or([0; 8])));
+        let u32_at = |at: usize| b.get(at..at + 4).map(|s| u32::from_le_bytes(s.try_into().unwrap_or([0; 4])));
+        if b.len() < HEADER || &b[..8] != MAGIC {
+            return Err("not a line index".into());
+        }
+        if u32_at(8) != Some(VERSION) {
+            return Err("unknown version".into());
+        }
+        let kind = u32_at(12).unwrap_or(u32::MAX);
+        let zstd = match kind {
+            0 => false,
+            1 => true,
+            k => return Err(format!("unknown kind {k}")),
+        };
+        let field = |at: usize| u64_at(at).ok_or_else(|| "header cut off".to_string());
+        let (source_size, secs, text_len, n_frames, n_lines) =
+            (field(16)?, field(24)?, field(40)?, field(48)?, field(56)?);
+        let nanos = u32_at(32).unwrap_or(0);
+        let expected = usize::try_from(n_frames)
+            .ok()
+            .and_then(|f| f.checked_mul(FRAME))
+            .zip(usize::try_from(n_lines).ok().and_then(|l| l.checked_mul(LINE)))
+            .and_then(|(f, l)| f.checked_add(l)?.checked_add(HEADER));
+        if expected != Some(b.len()) {
+            return Err(format!("{} bytes where the counts call for {expected:?}", b.len()));
+        }
+        let mut frames = Vec::with_capacity(n_frames as usize);
+        let (mut next_offset, mut last_start) = (0u64, 0u64);
+        for k in 0..n_frames as usize {
+            let at = HEADER + k * FRAME;
+            let f = Frame { offset: field(at)?, len: field(at + 8)?, text_start: field(at + 16)? };
+            if f.offset != next_offset || f.text_start < last_start || f.text_start > text_len || f.len == 0 {
+                return Err(format!("frame {k} is out of order"));
+            }
+            next_offset = f.offset.checked_add(f.len).ok_or("frame length overflows")?;
+            last_start = f.text_start;
+            frames.push(f);
+        }
+        if zstd && next_offset != source_size {
+            return Err("frames do not cover the file".into());
+        }
+        if !zstd && (n_frames != 0 || text_len != source_size) {
+            return Err("a plain-text index has frames or another length".into());
+        }
+        let mut lines = Vec::with_capacity(n_lines as usize);
+        let mut prev_end = 0u64;
+        let base = HEADER + n_frames as usize * FRAME;
+        for k in 0..n_lines as usize {
+            let (a, e) = (field(base + k * LINE)?, field(base + k * LINE + 8)?);
+            if a < prev_end || e < a || e > text_len {
+                return Err(format!("line {k} is out of order"));
+            }
+            prev_end = e;
+            lines.push((a, e));
+        }
+        Ok(Self { zstd, source_size, mtime: (secs, nanos), text_len, frames, lines })
+    }
+
+    /// Writes the index to `path` atomically: a temporary file beside it, fsynced, renamed.
+    pub fn save(&self, path: &Path) -> std::io::Result<()> {
+        let tmp = path.with_extension(format!("idx.tmp{}", std::process::id()));
+        let write = || -> std::io::Result<()> {
+            let mut f = std::fs::File::create(&tmp)?;
+            f.write_all(&self.to_bytes())?;
+            f.sync_all()?;
+            std::fs::rename(&tmp, path)
+        };
+        let result = write();
+        if result.is_err() {
+            let _ = std::fs::remove_file(&tmp);
+        }
+        result
+    }
+}
+
+/// Splits text fed in chunks into records, checking each is JSON.
+struct Scanner<'p> {
+    path: &'p str,
+    /// Text offset of the next byte fed.
+    pos: u64,
+    /// Text offset where the current line starts.
+    line_start: u64,
+    /// Number of the current line, from 1.
+    line_no: u64,
+    /// The current line's bytes fed so far, when it spans chunks.
+    carry: Vec<u8>,
+    lines: Vec<(u64, u64)>,
+}
+
+impl Scanner<'_> {
+    fn feed(&mut self, mut chunk: &[u8]) -> Result<()> {
+        while let Some(nl) = chunk.iter().position(|&b| b == b'\n') {
+            let end = self.pos + nl as u64;
+            if self.carry.is_empty() {
+                self.record(&chunk[..nl], end)?;
+            } else {
+                let mut line = std::mem::take(&mut self.carry);
+                line.extend_from_slice(&chunk[..nl]);
+                self.record(&line, end)?;
+                line.clear();
+                self.carry = line;
+            }
+            self.pos = end + 1;
+            self.line_start = self.pos;
+            self.line_no += 1;
+            chunk = &chunk[nl + 1..];
+        }
+        self.carry.extend_from_slice(chunk);
+        self.pos += chunk.len() as u64;
+        Ok(())
+    }
+
+    fn finish(mut self) -> Result<Vec<(u64, u64)>> {
+        if !self.carry.is_empty() {
+            let line = std::mem::take(&mut self.carry);
+            self.record(&line, self.pos)?;
+        }
+        Ok(self.lines)
+    }
+
+    /// One line (without its newline) ending at text offset `end`.
+    fn record(&mut self, line: &[u8], end: u64) -> Result<()> {
+        let (line, end) = match line.strip_suffix(b"\r") {
+            Some(l) => (l, end - 1),
+            None => (line, end),
+        };
+        if line.iter().all(u8::is_ascii_whitespace) {
+            return Ok(());
+        }
+        if let Err(e) = serde_json::from_slice::<serde::de::IgnoredAny>(line) {
+            let text = e.to_string();
+            let reason = text.rsplit_once(" at line ").map_or(text.as_str(), |(r, _)| r).to_owned();
+            return Err(DataloadError::NotJson {
+                path: self.path.to_owned(),
+                line: self.line_no,
+                column: e.column() as u64,
+                reason,
+            });
+        }
+        self.lines.push((self.line_start, end));
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn round_trips_and_refuses_damage() {
+        let text = b"{\"a\":1}\n\n{\"b\":2}\r\n[3]";
+        let idx = LineIndex::build(text, false, (text.len() as u64, (5, 6)), "t").unwrap();
+        assert_eq!(idx.lines, vec![(0, 7), (9, 16), (18, 21)]);
+        let bytes = idx.to_bytes();
+        assert_eq!(LineIndex::from_bytes(&bytes).unwrap(), idx);
+        let mut cut = bytes.clone();
+        cut.pop();
+        assert!(LineIndex::from_bytes(&cut).unwrap_err().contains("the counts call for"));
+        let mut swapped = bytes;
+        let at = HEADER;
+        swapped[at] = 50; // the first line now starts after its end
+        assert_eq!(LineIndex::from_bytes(&swapped).unwrap_err(), "line 0 is out of order");
+    }
+}

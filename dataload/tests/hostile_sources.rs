@@ -1,0 +1,98 @@
+//! fixtures/hostile/dataload: one malformed file per failure, each error pinned (file, row or
+//! line, column, what is wrong); never a panic.
+#![allow(clippy::unwrap_used)]
+
+use std::path::PathBuf;
+
+use dataload::{DataloadError, IndexPlacement, JsonlDataset, ParquetDataset, TokenDtype, TokenWindows};
+
+fn hostile(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../fixtures/hostile/dataload").join(name)
+}
+
+fn shown(name: &str) -> String {
+    hostile(name).display().to_string()
+}
+
+#[test]
+fn truncated_npy() {
+    let err = TokenWindows::open(hostile("truncated.npy"), 16, TokenDtype::U16).unwrap_err();
+    // numpy's header is 128 bytes; 1000 uint16 tokens need 2000 more; 600 are there.
+    assert_eq!(err, DataloadError::Truncated { path: shown("truncated.npy"), expected: 2128, found: 728 });
+    assert_eq!(err.to_string(), format!("`{}` is truncated: 2128 bytes expected, 728 found", shown("truncated.npy")));
+}
+
+#[test]
+fn truncated_bin() {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("odd.bin");
+    std::fs::write(&path, [1u8, 0, 2, 0, 3, 0, 4]).unwrap();
+    let err = TokenWindows::open(&path, 2, TokenDtype::U16).unwrap_err();
+    assert_eq!(err.to_string(), format!("`{}` is truncated: 8 bytes expected, 7 found", path.display()));
+}
+
+#[test]
+fn wrong_dtype_npy() {
+    let err = TokenWindows::open(hostile("wrong_dtype.npy"), 16, TokenDtype::U16).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "`{}` holds `<f4`, but token files must hold one of `<u2`, `<u4`, `<i4`, `<i8`, `|u1`",
+            shown("wrong_dtype.npy")
+        )
+    );
+}
+
+#[test]
+fn missing_parquet_column() {
+    let cols = ["id".to_string(), "text".to_string()];
+    let err = ParquetDataset::open(hostile("no_text_column.parquet"), Some(&cols), 2).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        format!("`{}` has no column `text` (it has: id, body)", shown("no_text_column.parquet"))
+    );
+}
+
+#[test]
+fn truncated_parquet() {
+    let err = ParquetDataset::open(hostile("truncated.parquet"), None, 2).unwrap_err();
+    let DataloadError::BadFormat { path, format, reason } = &err else { panic!("{err}") };
+    assert_eq!((path.as_str(), *format), (shown("truncated.parquet").as_str(), "parquet"));
+    assert_eq!(reason, "Parquet error: Invalid Parquet file. Corrupt footer");
+}
+
+#[test]
+fn corrupt_zstd_frame() {
+    let tmp = tempfile::tempdir().unwrap();
+    let err =
+        JsonlDataset::open(hostile("corrupt_frame.jsonl.zst"), IndexPlacement::Dir(tmp.path().into()), 2).unwrap_err();
+    // The second frame starts after the first (86 bytes, from the generator's expected.json).
+    let DataloadError::CorruptFrame { path, offset, reason } = &err else { panic!("{err}") };
+    assert_eq!((path.as_str(), *offset), (shown("corrupt_frame.jsonl.zst").as_str(), 86));
+    assert!(err
+        .to_string()
+        .starts_with(&format!("`{}`: corrupt zstd frame at byte 86: ", shown("corrupt_frame.jsonl.zst"))));
+    assert!(!reason.is_empty());
+    assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0, "no index is written for a bad file");
+}
+
+#[test]
+fn line_that_is_not_json() {
+    let err = JsonlDataset::open(hostile("not_json.jsonl"), IndexPlacement::Memory, 2).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        format!("`{}`, line 4, column 10: not JSON: key must be a string", shown("not_json.jsonl"))
+    );
+}
+
+#[test]
+fn nothing_to_read() {
+    let tmp = tempfile::tempdir().unwrap();
+    let err = TokenWindows::open(tmp.path().join("*.bin"), 4, TokenDtype::U16).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        format!("`{}` matches no data files (looked for `*.bin`, `*.npy`)", tmp.path().join("*.bin").display())
+    );
+    let err = TokenWindows::open(tmp.path().join("absent.bin"), 4, TokenDtype::U16).unwrap_err();
+    assert!(matches!(err, DataloadError::Io { .. }), "{err}");
+}
