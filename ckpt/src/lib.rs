@@ -35,6 +35,8 @@ pub use hub::{cache_dir as hub_cache_dir, resolve as resolve_source, HubAddress}
 pub use manifest::MANIFEST_NAME;
 pub use ops::{assign_shards, merge, split, MergeOutcome, SplitOutcome};
 pub use size::{parse_size, DEFAULT_MAX_SHARD_SIZE};
+#[doc(hidden)]
+pub use torch::fuzz;
 pub use torch::{MAX_PICKLE_LEN, TORCH_INDEX_NAME, TORCH_SINGLE_NAME};
 pub use verify::{verify, Report};
 pub use write::{CopyMethod, WriteOptions};

@@ -328,6 +328,33 @@ fn read_legacy(file: &File, len: u64, path: &Path) -> Result<TorchFile> {
     Ok(TorchFile { path: path.to_path_buf(), len, tensors, storages, leaves: flat.leaves })
 }
 
+/// Entry points for the fuzz targets (`ckpt/fuzz`): run a parser on arbitrary bytes. Never panic,
+/// whatever the input; errors are the expected outcome.
+#[doc(hidden)]
+pub mod fuzz {
+    use super::*;
+
+    /// The restricted unpickler, then the state-dict walk.
+    pub fn unpickle(data: &[u8]) {
+        if let Ok(p) = pickle::load(data, Limits::default()) {
+            let _ = flatten::flatten(&p);
+        }
+    }
+
+    /// The zip reader on an in-memory archive, then every record it would read.
+    pub fn torch_zip(data: &[u8]) {
+        let path = Path::new("fuzz.pt");
+        let Ok(archive) = zip::Archive::open(data, data.len() as u64, path) else { return };
+        for e in &archive.entries {
+            if let Ok(bytes) = archive.read_entry(data, e, 1 << 20) {
+                if e.name.ends_with("data.pkl") {
+                    unpickle(&bytes);
+                }
+            }
+        }
+    }
+}
+
 /// A sharded torch checkpoint: its index and its files, in shard order.
 #[derive(Debug)]
 pub(crate) struct TorchSet {

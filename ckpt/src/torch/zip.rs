@@ -67,6 +67,29 @@ pub(crate) struct Archive {
     pub entries: Vec<Entry>,
 }
 
+/// Positional reads: a file, or bytes in memory (for tests and fuzzing).
+pub(crate) trait ReadAt {
+    fn read_exact_at(&self, buf: &mut [u8], off: u64) -> std::io::Result<()>;
+}
+
+impl ReadAt for File {
+    fn read_exact_at(&self, buf: &mut [u8], off: u64) -> std::io::Result<()> {
+        FileExt::read_exact_at(self, buf, off)
+    }
+}
+
+impl ReadAt for [u8] {
+    fn read_exact_at(&self, buf: &mut [u8], off: u64) -> std::io::Result<()> {
+        let start = usize::try_from(off).map_err(|_| std::io::Error::from(std::io::ErrorKind::UnexpectedEof))?;
+        let src = start
+            .checked_add(buf.len())
+            .and_then(|end| self.get(start..end))
+            .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::UnexpectedEof))?;
+        buf.copy_from_slice(src);
+        Ok(())
+    }
+}
+
 fn u16_at(b: &[u8], at: usize) -> Option<u16> {
     Some(u16::from_le_bytes(b.get(at..at + 2)?.try_into().ok()?))
 }
@@ -79,7 +102,7 @@ fn u64_at(b: &[u8], at: usize) -> Option<u64> {
 
 impl Archive {
     /// Reads the central directory of `file` (of length `len`) and locates every payload.
-    pub fn open(file: &File, len: u64, path: &Path) -> Result<Archive> {
+    pub fn open(file: &(impl ReadAt + ?Sized), len: u64, path: &Path) -> Result<Archive> {
         let bad = |reason: String| Error::BadZip { path: path.to_path_buf(), reason };
         let read = |off: u64, n: u64| -> Result<Vec<u8>> {
             let end = off.checked_add(n).filter(|&e| e <= len).ok_or_else(|| {
@@ -181,7 +204,7 @@ impl Archive {
 
     /// Reads a whole entry into memory, inflating it if needed, refusing anything whose declared
     /// or actual plain size exceeds `limit`.
-    pub fn read_entry(&self, file: &File, entry: &Entry, limit: u64) -> Result<Vec<u8>> {
+    pub fn read_entry(&self, file: &(impl ReadAt + ?Sized), entry: &Entry, limit: u64) -> Result<Vec<u8>> {
         let too_big =
             |size: u64| Error::RecordTooLarge { path: self.path.clone(), record: entry.name.clone(), size, limit };
         if entry.size > limit {

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Builds and runs each fuzz target for SECONDS (default 20), seeded with the torch fixtures.
+# Needs cargo-fuzz (`cargo install cargo-fuzz --locked`) and runs on the stable toolchain with
+# RUSTC_BOOTSTRAP=1 (libFuzzer's sanitizer flags are nightly-only otherwise).
+# Exits non-zero when a target finds a crash; the reproducer is in ckpt/fuzz/artifacts/.
+set -euo pipefail
+seconds="${1:-20}"
+here="$(cd "$(dirname "$0")" && pwd)"
+fixtures="$here/../../fixtures"
+cd "$here"
+export RUSTC_BOOTSTRAP=1
+export CARGO_TARGET_DIR="${FUZZ_TARGET_DIR:-$here/target}"
+
+seed() { # seed TARGET: copy a starting corpus from the fixtures
+    local corpus="$here/corpus/$1"
+    mkdir -p "$corpus"
+    case "$1" in
+        torch_zip)
+            find "$fixtures/torch" "$fixtures/hostile/torch" -name '*.pt' -size -80k -exec cp {} "$corpus/" \; ;;
+        unpickle)
+                for f in "$fixtures"/torch/*.pt; do
+                python3 - "$f" "$corpus" <<'PY' || true
+import sys, zipfile, pathlib
+src, out = sys.argv[1], pathlib.Path(sys.argv[2])
+try:
+    z = zipfile.ZipFile(src)
+except zipfile.BadZipFile:
+    sys.exit(0)
+for n in z.namelist():
+    if n.endswith("data.pkl"):
+        (out / (pathlib.Path(src).stem + ".pkl")).write_bytes(z.read(n))
+PY
+            done ;;
+    esac
+}
+
+for target in unpickle torch_zip; do
+    seed "$target"
+    cargo fuzz build --release "$target"
+    cargo fuzz run --release "$target" "corpus/$target" -- \
+        -max_total_time="$seconds" -max_len=65536 -rss_limit_mb=2048 -timeout=10 -print_final_stats=1
+done
