@@ -16,7 +16,7 @@ seed() { # seed TARGET: copy a starting corpus from the fixtures
     mkdir -p "$corpus"
     case "$1" in
         torch_zip)
-            find "$fixtures/torch" "$fixtures/hostile/torch" -name '*.pt' -size -80k -exec cp {} "$corpus/" \; ;;
+            find "$fixtures/torch" "$fixtures/hostile/torch" -name '*.pt' -size -80k ! -name memo_abuse.pt -exec cp {} "$corpus/" \; ;;
         unpickle)
                 for f in "$fixtures"/torch/*.pt; do
                 python3 - "$f" "$corpus" <<'PY' || true
