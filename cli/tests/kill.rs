@@ -49,7 +49,9 @@ fn killed_split_leaves_old_or_new_never_a_mix() {
     let mut interrupted = 0;
     for (round, ms) in [0u64, 1, 3, 6, 10, 15, 25, 40, 60, 90, 140, 200].into_iter().enumerate() {
         let _ = std::fs::remove_dir_all(&out);
-        assert!(run(&["split", old_src.to_str().unwrap(), out.to_str().unwrap(), "--max-shard-size", "5KB"]).status.success());
+        assert!(run(&["split", old_src.to_str().unwrap(), out.to_str().unwrap(), "--max-shard-size", "5KB"])
+            .status
+            .success());
         let args = ["--quiet", "split", new_src.to_str().unwrap(), out.to_str().unwrap(), "--max-shard-size", "4MB"];
         if kill_after(&args, Duration::from_millis(ms)) {
             interrupted += 1;
@@ -74,7 +76,9 @@ fn killed_merge_leaves_no_accepted_partial_file() {
     let src = dir.path().join("src.safetensors");
     let bytes = write_checkpoint(&src, 24, 400_000, 5);
     let shards = dir.path().join("shards");
-    assert!(run(&["split", src.to_str().unwrap(), shards.to_str().unwrap(), "--max-shard-size", "4MB"]).status.success());
+    assert!(run(&["split", src.to_str().unwrap(), shards.to_str().unwrap(), "--max-shard-size", "4MB"])
+        .status
+        .success());
     let out = dir.path().join("merged.safetensors");
     for ms in [0u64, 2, 5, 10, 20, 40, 80, 150] {
         let _ = std::fs::remove_file(&out);
