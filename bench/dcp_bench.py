@@ -54,6 +54,7 @@ def dir_bytes(d):
 
 def timed(cmd, out_dir):
     shutil.rmtree(out_dir, ignore_errors=True)
+    os.makedirs(out_dir)  # an empty output directory for every run
     subprocess.run(["sync"])
     tfile = os.path.join(WORK, "time-dcp.txt")
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
@@ -120,7 +121,6 @@ def main():
     if args.rust:
         rust_out = os.path.join(WORK, "dcp-out-rust")
         cmd = shlex.split(args.rust.format(src=src, out=rust_out))
-        os.makedirs(rust_out, exist_ok=True)
         r = measure("rust", cmd, rust_out, args.repeats)
         results["rust: " + args.rust] = r
         produced = [os.path.join(rust_out, f) for f in os.listdir(rust_out) if f.endswith(".safetensors")] \
@@ -163,6 +163,11 @@ def main():
     base = results["accelerate merge-weights"]["wall_s"]
     for name, r in results.items():
         lines.append(f"| `{name}` | {r['wall_s']:.2f} | {r['peak_rss_mib']:.1f} | {r['wall_s'] / base:.2f} |")
+    for name, r in results.items():
+        notes.append(f"`{name}` runs (s): {', '.join(f'{w:.2f}' for w in r['walls'])}")
+    notes.append("Rerun with a Rust merge: `bench/dcp_bench.py --repeats 3 --write-results "
+                 "--rust \"target/release/ckpt merge {src} {out}/model.safetensors\"` (the command template "
+                 "gets the DCP dir and an empty output dir; the tensors are compared with accelerate's).")
     lines += [""] + [f"- {n}" for n in notes] + [""]
     text = "\n".join(lines)
     print(text)
