@@ -3,6 +3,7 @@ bit for bit; what torch wrote, we convert bit for bit; and a `--dtype` cast give
 torch's own `.to(dtype)`."""
 
 import json
+import os
 import struct
 import zipfile
 from pathlib import Path
@@ -226,3 +227,23 @@ def test_inspect_torch_json():
     assert [t["name"] for t in doc["tensors"]] == [k for k, v in want.items() if isinstance(v, torch.Tensor)]
     meta = doc["files"][0]["metadata"]
     assert json.loads(meta["step"]) == want["step"] and json.loads(meta["name"]) == want["name"]
+
+
+@pytest.mark.skipif(not os.environ.get("STATEKIT_SLOW_TESTS"), reason="writes 8.6 GB; set STATEKIT_SLOW_TESTS=1")
+def test_zip64_over_4gib(tmp_path):
+    """A record of 4 GiB + 123 bytes, and one whose local header starts past 4 GiB: torch writes
+    zip64 extras and 24-byte descriptors; we read them, and write them so torch reads ours."""
+    a = torch.zeros((4 << 30) + 123, dtype=torch.uint8)
+    a[:: 1 << 20] = 7
+    b = torch.arange(10, dtype=torch.float32)
+    torch.save({"a": a, "b": b}, tmp_path / "big.pt")
+    del a
+    run_ckpt("convert", "-q", tmp_path / "big.pt", tmp_path / "out.pt")
+    (tmp_path / "big.pt").unlink()
+    with zipfile.ZipFile(tmp_path / "out.pt") as z:
+        offsets = {i.filename: i.header_offset for i in z.infolist()}
+    assert offsets["out/data/1"] > 1 << 32
+    out = torch.load(tmp_path / "out.pt", weights_only=True, mmap=True)
+    assert torch.equal(out["b"], b)
+    assert out["a"].shape == ((4 << 30) + 123,)
+    assert bool((out["a"][:: 1 << 20] == 7).all()) and int(out["a"][1 : 1 << 20].max()) == 0

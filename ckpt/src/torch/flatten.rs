@@ -194,6 +194,10 @@ impl Walk<'_> {
                     Leaf::Dict(out)
                 }
                 Some(Obj::BigInt(_)) => return Err("integers wider than 64 bits are not supported".into()),
+                // A dtype stored as a value (a config's `torch_dtype`): kept as its name.
+                Some(Obj::Global(super::pickle::Global::Dtype(d))) => {
+                    Leaf::Str(format!("torch.{}", super::pickle::torch_dtype_name(*d).unwrap_or("unknown")))
+                }
                 Some(Obj::Global(g)) => return Err(format!("a bare `{g:?}` is not a value")),
                 Some(Obj::Storage(_)) => return Err("a bare storage is not supported".into()),
                 Some(Obj::Tensor(_)) | None => return Err("unexpected tensor".into()),
