@@ -200,6 +200,20 @@ impl Walk<'_> {
                 }
                 Some(Obj::Global(g)) => return Err(format!("a bare `{g:?}` is not a value")),
                 Some(Obj::Storage(_)) => return Err("a bare storage is not supported".into()),
+                // An allow-listed object of a format's own class (a DeepSpeed enum, a DCP
+                // dataclass) is kept as data: its class, constructor arguments and state.
+                Some(Obj::Instance { class, args, state }) => {
+                    let mut fields = vec![("__class__".to_string(), Leaf::Str((*class).to_string()))];
+                    let mut list = Vec::with_capacity(args.len());
+                    for &a in args {
+                        list.push(self.leaf(a, depth + 1)?);
+                    }
+                    fields.push(("args".to_string(), Leaf::List(list)));
+                    if let Some(st) = state {
+                        fields.push(("state".to_string(), self.leaf(*st, depth + 1)?));
+                    }
+                    Leaf::Dict(fields)
+                }
                 Some(Obj::Tensor(_)) | None => return Err("unexpected tensor".into()),
             },
         })

@@ -80,6 +80,9 @@ pub(crate) enum Global {
     CodecsEncode,
     Storage(StorageKind),
     Dtype(Dtype),
+    /// A class (or constructor function) from the caller's format-specific allow-list, by its
+    /// `module.name`. Applying it builds an [`Obj::Instance`] and runs nothing.
+    Class(&'static str),
 }
 
 /// A persistent storage reference (`BINPERSID` of `("storage", cls, key, location, numel)`).
@@ -114,6 +117,13 @@ pub(crate) enum Obj {
     Global(Global),
     Storage(StorageRef),
     Tensor(TensorRef),
+    /// An object of an allow-listed [`Global::Class`]: the constructor arguments (`REDUCE`,
+    /// `NEWOBJ`) and the state given to `BUILD`, kept as data.
+    Instance {
+        class: &'static str,
+        args: Vec<V>,
+        state: Option<V>,
+    },
 }
 
 /// A finished unpickling: the arena and the top value.
@@ -266,6 +276,7 @@ struct Machine<'a> {
     /// Start of the opcode being run, for messages.
     op_at: usize,
     limits: Limits,
+    classes: &'static [&'static str],
     objs: Vec<Obj>,
     depth: Vec<u32>,
     stack: Vec<V>,
@@ -277,11 +288,19 @@ type R<T> = std::result::Result<T, Refusal>;
 
 /// Runs the pickle at the start of `data` until `STOP`.
 pub(crate) fn load(data: &[u8], limits: Limits) -> R<Pickle> {
+    load_with_classes(data, limits, &[])
+}
+
+/// Like [`load`], with extra classes allowed as opaque data: `classes` lists `module.name`
+/// entries of a format that pickles its own types (DCP's metadata dataclasses, DeepSpeed's
+/// enums). Each is understood by the caller; none is ever imported or called.
+pub(crate) fn load_with_classes(data: &[u8], limits: Limits, classes: &'static [&'static str]) -> R<Pickle> {
     let mut m = Machine {
         data,
         pos: 0,
         op_at: 0,
         limits,
+        classes,
         objs: Vec::new(),
         depth: Vec::new(),
         stack: Vec::new(),
@@ -404,7 +423,9 @@ impl Machine<'_> {
         }
     }
     fn global(&mut self, module: &str, name: &str) -> R<()> {
-        match resolve_global(module, name) {
+        let extra =
+            self.classes.iter().find(|c| c.strip_prefix(module).and_then(|r| r.strip_prefix('.')) == Some(name));
+        match resolve_global(module, name).or(extra.map(|c| Global::Class(c))) {
             Some(g) => {
                 let v = self.alloc(Obj::Global(g))?;
                 self.push(v)
@@ -446,6 +467,7 @@ impl Machine<'_> {
                 Some(Obj::Global(g)) => format!("`{g:?}`"),
                 Some(Obj::Storage(_)) => "a storage".into(),
                 Some(Obj::Tensor(_)) => "a tensor".into(),
+                Some(Obj::Instance { class, .. }) => format!("a `{class}`"),
                 None => "nothing".into(),
             },
         }
@@ -662,19 +684,28 @@ impl Machine<'_> {
                             let v = self.alloc(Obj::Dict(Vec::new()))?;
                             self.push(v)?
                         }
+                        Some(Global::Class(class)) => {
+                            let Some(args) = self.items_of(args).map(<[V]>::to_vec) else {
+                                return self.bad("NEWOBJ arguments must be a tuple");
+                            };
+                            let v = self.alloc(Obj::Instance { class, args, state: None })?;
+                            self.push(v)?
+                        }
                         _ => return self.bad(format!("NEWOBJ of {} is not allowed", self.describe(cls))),
                     }
                 }
                 b'b' => {
-                    let _state = self.pop()?;
+                    let state = self.pop()?;
                     let target = self.top()?;
                     // torch sets attributes of state dicts (`_metadata`) and of tensors this
-                    // way; neither carries tensor data, so the state is dropped.
-                    match self.objs.get(match target {
+                    // way; neither carries tensor data, so the state is dropped. An allow-listed
+                    // instance keeps its state: that is where dataclasses keep their fields.
+                    match self.objs.get_mut(match target {
                         V::Obj(i) => i,
                         _ => usize::MAX,
                     }) {
                         Some(Obj::Dict(_) | Obj::Tensor(_)) => {}
+                        Some(Obj::Instance { state: slot @ None, .. }) => *slot = Some(state),
                         _ => return self.bad(format!("BUILD on {} is not allowed", self.describe(target))),
                     }
                 }
@@ -789,6 +820,7 @@ impl Machine<'_> {
             return self.bad("REDUCE arguments must be a tuple");
         };
         match (g, a.as_slice()) {
+            (Global::Class(class), _) => self.alloc(Obj::Instance { class, args: a, state: None }),
             (Global::OrderedDict, []) => self.alloc(Obj::Dict(Vec::new())),
             (Global::OrderedDict, [items]) => {
                 let mut pairs = Vec::new();
@@ -957,5 +989,21 @@ mod tests {
             load(b"\x80\x04\x8c\x02os\x8c\x06system\x93.", Limits::default()).err(),
             Some(Refusal::Global("os.system".into()))
         );
+    }
+
+    #[test]
+    fn format_classes_become_inert_instances_only_where_allowed() {
+        // `pkg.Thing()` via NEWOBJ, then BUILD with `{"a": 5}`: how dataclasses are pickled.
+        let data = b"\x80\x02cpkg\nThing\n)\x81}X\x01\x00\x00\x00aK\x05sb.";
+        assert_eq!(load(data, Limits::default()).err(), Some(Refusal::Global("pkg.Thing".into())));
+        let p = load_with_classes(data, Limits::default(), &["pkg.Thing"]).unwrap_or_else(|e| panic!("{e:?}"));
+        let Some(Obj::Instance { class, args, state: Some(state) }) = p.obj(p.root) else { panic!("not an instance") };
+        assert_eq!((*class, args.len()), ("pkg.Thing", 0));
+        let Some(Obj::Dict(fields)) = p.obj(*state) else { panic!("state is not a dict") };
+        assert_eq!(fields.len(), 1);
+        assert_eq!(fields[0].1, V::Int(5));
+        // A second BUILD on the same instance is refused: state is set once.
+        let twice = b"\x80\x02cpkg\nThing\n)\x81}b}b.";
+        assert!(load_with_classes(twice, Limits::default(), &["pkg.Thing"]).is_err());
     }
 }
