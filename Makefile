@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 CARGO ?= cargo
 export STATEKIT_VENV := $(VENV)
 
-.PHONY: setup build demo test test-rust test-python lint bench fixtures
+.PHONY: setup build demo test test-rust test-python fuzz bench fixtures
 
 setup:
 	@bash .ci/setup
@@ -14,11 +14,12 @@ setup:
 build: setup
 	$(CARGO) build --workspace --all-targets --locked
 
-# fmt, clippy, then every test: Rust (unit, integration, CLI, kill) and Python interop.
+# fmt, clippy, every test (Rust unit, integration, CLI, kill; Python interop), then a bounded
+# fuzzing run of every parser target.
 test: setup
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
-	$(MAKE) --no-print-directory test-rust test-python
+	$(MAKE) --no-print-directory test-rust test-python fuzz
 
 test-rust:
 	$(CARGO) test --workspace --locked
@@ -26,6 +27,10 @@ test-rust:
 test-python:
 	$(CARGO) build --locked -p statekit-cli
 	CKPT_BIN=$(CURDIR)/target/debug/ckpt $(PY) -m pytest -q -p no:cacheprovider tests/python
+
+FUZZ_SECONDS ?= 20
+fuzz:
+	bash ckpt/fuzz/run.sh $(FUZZ_SECONDS)
 
 demo: setup
 	$(CARGO) build --release --locked -p statekit-cli
@@ -35,6 +40,14 @@ bench: setup
 	$(CARGO) build --release --locked -p statekit-cli
 	@bash bench/run.sh
 
+# Regenerates every fixture with the real tools (several minutes: DCP and DeepSpeed cases run
+# multi-rank jobs under torchrun).
 fixtures: setup
 	$(PY) fixtures/gen/safetensors_fixtures.py
 	python3 fixtures/gen/hostile_safetensors.py
+	$(PY) fixtures/gen/torch_fixtures.py
+	$(PY) fixtures/gen/hostile_torch.py
+	$(PY) fixtures/gen/dataload_vectors.py
+	$(PY) fixtures/gen/dataload_sources.py
+	PATH=$(VENV)/bin:$$PATH $(PY) fixtures/gen/dcp_fixtures.py
+	PATH=$(VENV)/bin:$$PATH $(PY) fixtures/gen/deepspeed_fixtures.py
