@@ -25,6 +25,8 @@ pub enum Format {
     Torch,
     /// `pytorch_model-*.bin` shards with a `pytorch_model.bin.index.json`.
     TorchSharded,
+    /// A `torch.distributed.checkpoint` folder: `.metadata` and `__R_0.distcp` rank files.
+    Dcp,
 }
 
 impl Format {
@@ -34,6 +36,7 @@ impl Format {
             Format::HfSharded => "hf-sharded-safetensors",
             Format::Torch => "torch",
             Format::TorchSharded => "hf-sharded-torch",
+            Format::Dcp => "dcp",
         }
     }
 }
@@ -189,12 +192,16 @@ pub(crate) fn scan(src: &str) -> Result<Scan> {
         Format::Torch | Format::TorchSharded => {
             Ok(Scan { checkpoint: crate::torch::checkpoint(root, format)?, problems: Vec::new() })
         }
+        Format::Dcp => Ok(Scan { checkpoint: crate::dcp::checkpoint(&root)?, problems: Vec::new() }),
     }
 }
 
 /// Decides what `path` is: a safetensors file, an index, or a folder holding one of them.
 pub(crate) fn detect(path: &Path) -> Result<(Format, PathBuf)> {
     let meta = std::fs::metadata(path).at(path)?;
+    if let Some(dir) = crate::dcp::detect(path) {
+        return Ok((Format::Dcp, dir));
+    }
     if meta.is_file() {
         if let Some(torch) = crate::torch::detect(path) {
             return Ok(torch);

@@ -126,9 +126,20 @@ pub enum Error {
 
     #[error("cannot convert to {dst}: {reason}")]
     BadConvert { dst: PathBuf, reason: String },
+
+    #[error("{path}: DCP metadata: {reason}")]
+    BadDcpMetadata { path: PathBuf, reason: String },
+
+    #[error("{path}{}: tensor `{tensor}`: {reason}", rank_note(*.rank))]
+    BadDcpChunk { path: PathBuf, tensor: String, rank: Option<u64>, reason: String },
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// ` (rank R)` for DCP errors whose data file is a rank's (`__R_0.distcp`).
+fn rank_note(rank: Option<u64>) -> String {
+    rank.map(|r| format!(" (rank {r})")).unwrap_or_default()
+}
 
 /// Attaches a path to an `io::Error`; every I/O error of this crate names its file.
 pub(crate) trait IoContext<T> {

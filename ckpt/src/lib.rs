@@ -12,6 +12,7 @@
 mod cast;
 mod catalog;
 mod convert;
+mod dcp;
 mod dtype;
 mod error;
 mod formats;
@@ -27,6 +28,7 @@ mod write;
 pub use cast::{cast_into, is_castable};
 pub use catalog::{Checkpoint, Chunk, Format, SourceFile, TensorInfo};
 pub use convert::{convert, ConvertOptions, ConvertOutcome, TargetFormat};
+pub use dcp::{reshard, to_dcp, DcpOutcome};
 pub use dtype::Dtype;
 pub use error::{Error, Result};
 pub use formats::hf_index::{INDEX_NAME, SINGLE_NAME};

@@ -66,7 +66,7 @@ pub enum Command {
     },
     /// Merge a sharded checkpoint into one `.safetensors` file, bit-exact.
     Merge {
-        /// A sharded folder, its index file, or an `hf://` address.
+        /// A sharded folder, its index file, a DCP folder (holding `.metadata`), or an `hf://` address.
         src: String,
         /// The output `.safetensors` file.
         out: PathBuf,
@@ -96,6 +96,23 @@ pub enum Command {
         /// Drop tensors that are exact aliases of another (tied weights) instead of copying them.
         #[arg(long)]
         dedupe: bool,
+        /// With `--to dcp`: the number of ranks to lay the checkpoint out for (FSDP2's layout).
+        #[arg(long)]
+        world_size: Option<u64>,
+    },
+    /// Rewrite a torch.distributed.checkpoint (DCP) folder for another number of ranks.
+    ///
+    /// Tensors are laid out as FSDP2 saves them (dim 0 cut by `torch.chunk` rules, one
+    /// `__R_0.distcp` per rank); optimizer state and non-tensor values are kept. `.metadata`
+    /// is written last.
+    Reshard {
+        /// A DCP folder (holding `.metadata`).
+        src: String,
+        /// The output folder (created if missing). A previous DCP checkpoint there is replaced.
+        out: PathBuf,
+        /// The number of ranks to lay the checkpoint out for.
+        #[arg(long)]
+        world_size: u64,
     },
     /// Check headers, offsets, index completeness and checksums. Exit 0 valid, 1 problems, 2 error.
     Verify {
@@ -117,6 +134,8 @@ pub enum DtypeArg {
 pub enum ToArg {
     Safetensors,
     Torch,
+    /// A torch.distributed.checkpoint folder (needs `--world-size`).
+    Dcp,
 }
 
 fn main() -> ExitCode {
@@ -200,11 +219,40 @@ fn run(cli: &Cli) -> anyhow::Result<ExitCode> {
                 eprintln!("merged {} tensors ({} bytes) from {} file(s)", done.tensors, done.bytes, ck.files().len());
             }
         }
-        Command::Convert { src, dst, dtype, max_shard_size, to, dedupe } => {
+        Command::Convert { src, dst, to: Some(ToArg::Dcp), world_size, dtype, max_shard_size, dedupe } => {
+            if dtype.is_some() || max_shard_size.is_some() || *dedupe {
+                anyhow::bail!("`--to dcp` takes only `--world-size`");
+            }
+            let Some(world) = world_size else {
+                anyhow::bail!("`--to dcp` needs `--world-size M`");
+            };
+            write_dcp(&mut out, notes, || {
+                let bar = progress::Bar::new(0, !cli.quiet);
+                let report = |n: u64| bar.inc(n);
+                let opts = ckpt::WriteOptions { copy, checksums: false, progress: Some(&report) };
+                let done = ckpt::to_dcp(src, dst, *world, &opts).with_context(|| format!("converting {src}"));
+                bar.finish();
+                done
+            })?;
+        }
+        Command::Reshard { src, out: dst, world_size } => {
+            write_dcp(&mut out, notes, || {
+                let bar = progress::Bar::new(0, !cli.quiet);
+                let report = |n: u64| bar.inc(n);
+                let opts = ckpt::WriteOptions { copy, checksums: false, progress: Some(&report) };
+                let done = ckpt::reshard(src, dst, *world_size, &opts).with_context(|| format!("resharding {src}"));
+                bar.finish();
+                done
+            })?;
+        }
+        Command::Convert { src, dst, dtype, max_shard_size, to, dedupe, world_size } => {
+            if world_size.is_some() {
+                anyhow::bail!("`--world-size` only applies to `--to dcp`");
+            }
             let options = ckpt::ConvertOptions {
                 to: to.map(|t| match t {
                     ToArg::Safetensors => ckpt::TargetFormat::Safetensors,
-                    ToArg::Torch => ckpt::TargetFormat::Torch,
+                    ToArg::Torch | ToArg::Dcp => ckpt::TargetFormat::Torch,
                 }),
                 dtype: dtype.map(|d| match d {
                     DtypeArg::F32 => ckpt::Dtype::F32,
@@ -257,4 +305,28 @@ fn run(cli: &Cli) -> anyhow::Result<ExitCode> {
     }
     out.flush()?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// Runs a DCP write and prints the files it made (data files, then `.metadata`).
+fn write_dcp(
+    out: &mut impl Write,
+    notes: bool,
+    run: impl FnOnce() -> anyhow::Result<ckpt::DcpOutcome>,
+) -> anyhow::Result<()> {
+    let done = run()?;
+    for path in &done.files {
+        writeln!(out, "{}", path.display())?;
+    }
+    writeln!(out, "{}", done.metadata.display())?;
+    if notes {
+        eprintln!(
+            "wrote {} tensors ({} bytes) and {} non-tensor value(s) for {} ranks into {} file(s)",
+            done.tensors,
+            done.bytes,
+            done.values,
+            done.world_size,
+            done.files.len()
+        );
+    }
+    Ok(())
 }

@@ -53,6 +53,13 @@ pub(crate) struct Flat {
     pub leaves: Vec<(String, Leaf)>,
 }
 
+/// The pickle's root as one value (what `torch.save` of a non-tensor object holds, such as a
+/// DCP bytes item), with the same budget as [`flatten`].
+pub(crate) fn leaf_of(p: &Pickle) -> Result<Leaf, String> {
+    let mut w = Walk { p, visits: 0, names: HashSet::new(), out: Flat::default() };
+    w.leaf(p.root, 0)
+}
+
 struct Walk<'a> {
     p: &'a Pickle,
     visits: u64,

@@ -81,12 +81,25 @@ pub(crate) fn layout(
     storages: &[WStorage],
     out: &Path,
 ) -> Result<TorchLayout> {
+    layout_pickle(prefix, encode(entries, storages), storages, out)
+}
+
+/// Lays out a torch file whose object is the single tensor `t` (not a dict): what
+/// `torch.save(tensor)` writes, and what a DCP tensor item is.
+pub(crate) fn layout_tensor(prefix: &str, t: &WTensor, storage: WStorage, out: &Path) -> Result<TorchLayout> {
+    let storages = [storage];
+    let mut pkl = vec![0x80, 2];
+    tensor(&mut pkl, t, &storages);
+    pkl.push(b'.');
+    layout_pickle(prefix, pkl, &storages, out)
+}
+
+fn layout_pickle(prefix: &str, pkl: Vec<u8>, storages: &[WStorage], out: &Path) -> Result<TorchLayout> {
     for d in storages.iter().map(|s| s.dtype) {
         if torch_dtype_name(d).is_none() {
             return Err(Error::BadTorchFile { path: out.to_path_buf(), reason: format!("cannot write dtype `{d}`") });
         }
     }
-    let pkl = encode(entries, storages);
     let mut recs: Vec<(String, u64)> = vec![
         (format!("{prefix}/data.pkl"), pkl.len() as u64),
         (format!("{prefix}/.format_version"), 1),
@@ -133,8 +146,14 @@ pub(crate) fn layout(
 impl TorchLayout {
     /// Writes the plan-time bytes into `file`.
     pub fn write_fixed(&self, file: &File, path: &Path) -> Result<()> {
+        self.write_fixed_at(file, path, 0)
+    }
+
+    /// [`Self::write_fixed`] for an archive that starts at byte `base` of `file` (a DCP item:
+    /// zip offsets stay relative to the archive's start).
+    pub fn write_fixed_at(&self, file: &File, path: &Path, base: u64) -> Result<()> {
         for (at, bytes) in &self.fixed {
-            file.write_all_at(bytes, *at).at(path)?;
+            file.write_all_at(bytes, base + at).at(path)?;
         }
         Ok(())
     }
@@ -142,6 +161,11 @@ impl TorchLayout {
     /// Once storages are written: computes their CRC32 from the file, writes their descriptors
     /// and the central directory.
     pub fn finish(&self, file: &File, path: &Path) -> Result<()> {
+        self.finish_at(file, path, 0)
+    }
+
+    /// [`Self::finish`] for an archive that starts at byte `base` of `file`.
+    pub fn finish_at(&self, file: &File, path: &Path, base: u64) -> Result<()> {
         let mut done = Vec::with_capacity(self.records.len());
         let mut buf = vec![0u8; 8 << 20];
         for (r, crc) in self.records.iter().zip(&self.crcs) {
@@ -153,19 +177,19 @@ impl TorchLayout {
                     while at < r.size {
                         let n = usize::try_from((r.size - at).min(buf.len() as u64)).unwrap_or(buf.len());
                         let window = buf.get_mut(..n).unwrap_or_default();
-                        file.read_exact_at(window, r.data_offset + at).at(path)?;
+                        file.read_exact_at(window, base + r.data_offset + at).at(path)?;
                         h.update(window);
                         at += n as u64;
                     }
                     let c = h.finalize();
-                    file.write_all_at(&zip::descriptor(r, c), r.descriptor_offset).at(path)?;
+                    file.write_all_at(&zip::descriptor(r, c), base + r.descriptor_offset).at(path)?;
                     c
                 }
             };
             done.push((r.clone(), crc));
         }
         let at = self.records.last().map_or(0, |r| r.descriptor_offset + if r.zip64_descriptor { 24 } else { 16 });
-        file.write_all_at(&zip::central_directory(&done, at), at).at(path)?;
+        file.write_all_at(&zip::central_directory(&done, at), base + at).at(path)?;
         Ok(())
     }
 }

@@ -1,0 +1,174 @@
+//! `torch.distributed.checkpoint` (DCP) folders: read without torch, merged, written for any
+//! world size.
+//!
+//! # On disk
+//!
+//! A DCP folder is a `.metadata` file plus data files, by default one per rank named
+//! `__{rank}_0.distcp`. The data files have no header, padding or checksum: they are *items*
+//! back to back, and only the metadata says where each item starts and how long it is.
+//!
+//! `.metadata` is a Python pickle of torch's `Metadata` dataclass (see [`metadata`]). For each
+//! entry of the flattened state dict (`model.embed.weight`, `optim.state.<fqn>.exp_avg`,
+//! `optim.param_groups.0.lr`) it records either a tensor (dtype, global size, and a list of
+//! chunks, each an `offsets`/`sizes` box in the global tensor) or a non-tensor value. A separate
+//! dict maps each (key, chunk offsets) to the item's file, byte offset and length, and
+//! `planner_data` keeps the original nesting of every key (FQNs contain dots, so keys are never
+//! split on `.`).
+//!
+//! Every item, tensor or not, is a complete `torch.save` zip archive (records under `archive/`),
+//! with its zip offsets and its 64-byte payload alignment counted from the item's own start. A
+//! tensor item holds the chunk as a compact tensor; a non-tensor item holds the pickled value.
+//!
+//! FSDP2 saves each parameter (and each Adam `exp_avg`/`exp_avg_sq`) sharded on dim 0 with
+//! `torch.chunk` rules, one chunk per rank; ranks with an empty slice write an empty chunk, and
+//! DCP's dedup collapses several identical empty chunks into one. Replicated tensors (buffers,
+//! Adam's 0-d `step`) and non-tensor values are saved once, by whichever rank the dedup picks.
+//!
+//! # Here
+//!
+//! Since every chunk is a dim-0 slice, it is a contiguous byte range of the row-major global
+//! tensor, and its payload is a contiguous byte range of its data file. Reading a DCP folder is
+//! therefore just locating payloads ([`read`]): the catalog gets one [`Chunk`] per non-empty
+//! chunk, in row order, after checking that they tile the tensor exactly. `merge` then copies
+//! them straight into place with the common plan executor, never holding a tensor. Chunks of any
+//! other shape (tensor-parallel 2-D sharding) are refused by name.
+//!
+//! Names follow `accelerate merge-weights`: when the state dict has a single top-level key
+//! (`model` in accelerate's `pytorch_model_fsdp_0/`, `optimizer` in `optimizer_0/`) that level is
+//! dropped. Non-tensor values become the catalog's metadata (dotted name → JSON), so a merged
+//! optimizer keeps its `param_groups` in the output's `__metadata__`.
+//!
+//! Writing ([`plan`]) lays out FSDP2's layout for M ranks and writes the `.metadata` pickle last
+//! ([`encode`]).
+
+mod encode;
+pub(crate) mod metadata;
+mod plan;
+mod read;
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+
+use crate::catalog::{Checkpoint, Chunk, Format, SourceFile, TensorInfo};
+use crate::error::{Error, Result};
+use crate::write::WriteOptions;
+use metadata::PathElem;
+pub use plan::DcpOutcome;
+use plan::{SrcBytes, SrcTensor};
+
+/// The metadata file of a DCP folder.
+pub(crate) const METADATA_NAME: &str = ".metadata";
+
+/// The DCP folder `path` names: a folder holding `.metadata`, or that file itself.
+pub(crate) fn detect(path: &Path) -> Option<PathBuf> {
+    if path.is_dir() && path.join(METADATA_NAME).is_file() {
+        return Some(path.to_path_buf());
+    }
+    if path.is_file() && path.file_name().is_some_and(|n| n == METADATA_NAME) {
+        let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        return Some(dir.to_path_buf());
+    }
+    None
+}
+
+/// The catalog view of the DCP folder `dir`.
+pub(crate) fn checkpoint(dir: &Path) -> Result<Checkpoint> {
+    let dcp = read::read(dir)?;
+    let strip = single_top_level(&dcp);
+    let name = |path: &[PathElem]| -> String {
+        let rest = if strip { path.get(1..).unwrap_or_default() } else { path };
+        rest.iter().map(PathElem::text).collect::<Vec<_>>().join(".")
+    };
+    let tensors = dcp
+        .tensors
+        .iter()
+        .map(|t| TensorInfo { name: name(&t.path), dtype: t.dtype, shape: t.shape.clone(), chunks: t.chunks.clone() })
+        .collect();
+    let mut files = dcp.files;
+    // What `safetensors.torch.save_file` writes (and so `accelerate merge-weights`), then every
+    // non-tensor value by its name.
+    let mut meta = vec![("format".to_string(), "pt".to_string())];
+    meta.extend(dcp.bytes.iter().map(|b| (name(&b.path), b.value.to_json().to_string())));
+    match files.first_mut() {
+        Some(f) => f.metadata = meta,
+        None => files.push(SourceFile { path: dir.join(METADATA_NAME), len: 0, metadata: meta }),
+    }
+    Ok(Checkpoint { format: Format::Dcp, root: dir.to_path_buf(), files, tensors, index: None })
+}
+
+/// True when every key sits under one and the same top-level key of a dict (accelerate's
+/// `{"model": …}` / `{"optimizer": …}`), which merging drops as accelerate does.
+fn single_top_level(dcp: &read::Dcp) -> bool {
+    let paths = dcp.tensors.iter().map(|t| &t.path).chain(dcp.bytes.iter().map(|b| &b.path));
+    let mut tops = HashSet::new();
+    for p in paths {
+        match p.as_slice() {
+            [PathElem::Key(top), _, ..] => {
+                tops.insert(top.as_str());
+            }
+            _ => return false,
+        }
+    }
+    tops.len() == 1
+}
+
+/// Writes the DCP folder `src` again for `world_size` ranks into `out`, in FSDP2's layout:
+/// every tensor the source held sharded is cut on dim 0 by `torch.chunk` rules, tensors saved
+/// whole stay whole, non-tensor values (optimizer `param_groups`) are carried byte for byte.
+pub fn reshard(src: &str, out: &Path, world_size: u64, opts: &WriteOptions<'_>) -> Result<DcpOutcome> {
+    let path = crate::hub::resolve(src)?;
+    let Some(dir) = detect(&path) else {
+        return Err(Error::BadConvert {
+            dst: out.to_path_buf(),
+            reason: format!(
+                "{} is not a DCP folder (no `.metadata`); hint: `ckpt convert SRC OUT --to dcp --world-size M`",
+                path.display()
+            ),
+        });
+    };
+    let dcp = read::read(&dir)?;
+    // A tensor saved as several chunks was a DTensor. With one data file, everything is one
+    // chunk and nothing tells a parameter from a buffer, so tensors are sharded as a plain
+    // checkpoint's are.
+    let one_rank = dcp.files.len() <= 1;
+    let tensors: Vec<SrcTensor> = dcp
+        .tensors
+        .iter()
+        .map(|t| SrcTensor {
+            key: t.key.clone(),
+            path: t.path.clone(),
+            dtype: t.dtype,
+            shape: t.shape.clone(),
+            chunks: t.chunks.clone(),
+            sharded: !t.shape.is_empty() && (t.saved_chunks > 1 || one_rank),
+        })
+        .collect();
+    let values: Vec<SrcBytes> =
+        dcp.bytes.iter().map(|b| SrcBytes { key: b.key.clone(), path: b.path.clone(), chunk: b.chunk }).collect();
+    plan::write_dcp(&dcp.files, &tensors, &values, out, world_size, opts)
+}
+
+/// Writes any checkpoint `src` as a DCP folder for `world_size` ranks into `out`. A DCP source
+/// is resharded ([`reshard`]); any other is saved as FSDP2 saves a model state dict: keys are
+/// the tensor names, tensors of one or more dimensions are sharded on dim 0, 0-d tensors are
+/// saved whole. Non-tensor values of a torch file are not carried (the outcome counts none).
+pub fn to_dcp(src: &str, out: &Path, world_size: u64, opts: &WriteOptions<'_>) -> Result<DcpOutcome> {
+    let path = crate::hub::resolve(src)?;
+    if detect(&path).is_some() {
+        return reshard(src, out, world_size, opts);
+    }
+    let ck = Checkpoint::open(src)?;
+    let tensors: Vec<SrcTensor> = ck
+        .tensors()
+        .iter()
+        .map(|t| SrcTensor {
+            key: t.name.clone(),
+            path: vec![PathElem::Key(t.name.clone())],
+            dtype: t.dtype,
+            shape: t.shape.clone(),
+            chunks: t.chunks.iter().filter(|c| c.len > 0).copied().collect::<Vec<Chunk>>(),
+            sharded: !t.shape.is_empty(),
+        })
+        .collect();
+    plan::write_dcp(ck.files(), &tensors, &[], out, world_size, opts)
+}

@@ -1,0 +1,285 @@
+//! Writing a DCP folder for M ranks, the way FSDP2 saves one.
+//!
+//! Each tensor FSDP2 would shard (every tensor of at least one dimension that the source held
+//! sharded, or every such tensor when the source is a plain checkpoint) is cut along dim 0 with
+//! `torch.chunk` rules ([`fsdp_state::chunk_rows`]); rank r's rows become one item of its file
+//! `__r_0.distcp`. Ranks whose slice is empty get no item: torch collapses such chunks into one
+//! anyway, and its loader needs only the chunks that hold data. Tensors saved whole (buffers,
+//! Adam's `step`, 0-d values) and non-tensor items go to one rank each, the least loaded so far,
+//! as DCP's save-plan dedup does.
+//!
+//! A tensor item is a `torch.save` zip of the chunk, written by our torch writer with its offsets
+//! relative to the item's start; its storage bytes are range copies from the source, so nothing
+//! is held in memory but headers. Non-tensor items are copied byte for byte: they are complete
+//! archives already. The `.metadata` pickle is the trailer, written after every data file is
+//! fsynced and renamed into place, so it is the commit marker, as in torch.
+
+use std::path::{Path, PathBuf};
+
+use super::encode::{self, OutChunk, OutItem, OutKind};
+use super::metadata::PathElem;
+use crate::catalog::{Chunk, SourceFile};
+use crate::dtype::Dtype;
+use crate::error::{Error, IoContext, Result};
+use crate::torch::writer::{self, TorchLayout, WStorage, WTensor};
+use crate::write::{self, Plan, RangeCopy, TargetFile, WriteOptions};
+
+/// A tensor to write.
+#[derive(Clone, Debug)]
+pub(crate) struct SrcTensor {
+    pub key: String,
+    pub path: Vec<PathElem>,
+    pub dtype: Dtype,
+    pub shape: Vec<u64>,
+    /// Row-major bytes, as catalog chunks.
+    pub chunks: Vec<Chunk>,
+    /// Shard along dim 0 (a parameter or optimizer state) rather than save whole.
+    pub sharded: bool,
+}
+
+/// A non-tensor item to carry over verbatim.
+#[derive(Clone, Debug)]
+pub(crate) struct SrcBytes {
+    pub key: String,
+    pub path: Vec<PathElem>,
+    pub chunk: Chunk,
+}
+
+/// What [`write_dcp`] wrote.
+#[derive(Clone, Debug)]
+pub struct DcpOutcome {
+    /// The data files, in rank order (ranks that hold nothing have none).
+    pub files: Vec<PathBuf>,
+    /// The `.metadata` file, written last.
+    pub metadata: PathBuf,
+    pub world_size: u64,
+    pub tensors: usize,
+    /// Non-tensor items carried over.
+    pub values: usize,
+    /// Tensor bytes written.
+    pub bytes: u64,
+}
+
+enum Placement {
+    Rows { t: usize, start: u64, rows: u64 },
+    Bytes { b: usize },
+}
+
+/// Writes `tensors` and `values` (reading from `files`) as a DCP folder `out` for `world` ranks.
+pub(crate) fn write_dcp(
+    files: &[SourceFile],
+    tensors: &[SrcTensor],
+    values: &[SrcBytes],
+    out: &Path,
+    world: u64,
+    opts: &WriteOptions<'_>,
+) -> Result<DcpOutcome> {
+    let bad = |reason: String| Error::BadConvert { dst: out.to_path_buf(), reason };
+    if world == 0 {
+        return Err(bad("the world size must be at least 1".into()));
+    }
+    let world_len = usize::try_from(world).map_err(|_| bad(format!("world size {world} is too large")))?;
+    for t in tensors {
+        if !t.dtype.bits().is_multiple_of(8) {
+            return Err(bad(format!("tensor `{}` has dtype `{}`, which torch cannot store", t.key, t.dtype)));
+        }
+    }
+
+    // Who holds what: sharded rows first, then each whole tensor and value on the rank with the
+    // fewest bytes planned so far (lowest rank on ties).
+    let mut per_rank: Vec<Vec<Placement>> = (0..world_len).map(|_| Vec::new()).collect();
+    let mut load = vec![0u64; world_len];
+    let mut whole = Vec::new();
+    for (i, t) in tensors.iter().enumerate() {
+        let n = t.shape.first().copied().unwrap_or(0);
+        let row = row_bytes(t);
+        if !t.sharded || t.shape.is_empty() || n == 0 {
+            whole.push(i);
+            continue;
+        }
+        for (r, slot) in per_rank.iter_mut().enumerate() {
+            let rows = fsdp_state::chunk_rows(n, world, r as u64).unwrap_or(0..0);
+            if !rows.is_empty() {
+                load[r] += (rows.end - rows.start) * row;
+                slot.push(Placement::Rows { t: i, start: rows.start, rows: rows.end - rows.start });
+            }
+        }
+    }
+    let least = |load: &[u64]| load.iter().enumerate().min_by_key(|&(r, l)| (*l, r)).map_or(0, |(r, _)| r);
+    for i in whole {
+        let r = least(&load);
+        let t = &tensors[i];
+        load[r] += t.chunks.iter().map(|c| c.len).sum::<u64>();
+        let rows = if t.shape.is_empty() { 1 } else { t.shape.first().copied().unwrap_or(0) };
+        per_rank[r].push(Placement::Rows { t: i, start: 0, rows });
+    }
+    for (b, v) in values.iter().enumerate() {
+        let r = least(&load);
+        load[r] += v.chunk.len;
+        per_rank[r].push(Placement::Bytes { b });
+    }
+
+    let mut chunks_of: Vec<Vec<OutChunk>> = vec![Vec::new(); tensors.len()];
+    let mut value_at: Vec<Option<(String, u64, u64)>> = vec![None; values.len()];
+    let mut plan = Plan::default();
+    let mut layouts: Vec<Vec<(u64, TorchLayout)>> = Vec::new();
+    let mut bytes = 0u64;
+    for (r, items) in per_rank.iter().enumerate() {
+        if items.is_empty() {
+            continue;
+        }
+        let name = format!("__{r}_0.distcp");
+        let path = out.join(&name);
+        let mut pos = 0u64;
+        let mut copies = Vec::new();
+        let mut lay = Vec::new();
+        for p in items {
+            match *p {
+                Placement::Rows { t, start, rows } => {
+                    let src = &tensors[t];
+                    let row = row_bytes(src);
+                    let mut shape = src.shape.clone();
+                    let mut offsets = vec![0u64; shape.len()];
+                    if let (Some(s0), Some(o0)) = (shape.first_mut(), offsets.first_mut()) {
+                        *s0 = rows;
+                        *o0 = start;
+                    }
+                    let len = rows * row;
+                    let wt = WTensor { dtype: src.dtype, shape: shape.clone(), storage: 0, offset: 0 };
+                    let layout =
+                        writer::layout_tensor("archive", &wt, WStorage { dtype: src.dtype, byte_len: len }, &path)?;
+                    let data_at = pos + layout.storage_offsets.first().copied().unwrap_or(0);
+                    slice_copies(&src.chunks, start * row, len, data_at, &mut copies);
+                    bytes += len;
+                    chunks_of[t].push(OutChunk {
+                        offsets,
+                        sizes: shape,
+                        file: name.clone(),
+                        offset: pos,
+                        length: layout.file_len,
+                    });
+                    let item_len = layout.file_len;
+                    lay.push((pos, layout));
+                    pos += item_len;
+                }
+                Placement::Bytes { b } => {
+                    let c = values[b].chunk;
+                    if c.len > 0 {
+                        copies.push(RangeCopy { src: c.file, src_off: c.offset, dst_off: pos, len: c.len });
+                    }
+                    value_at[b] = Some((name.clone(), pos, c.len));
+                    pos += c.len;
+                }
+            }
+        }
+        plan.targets.push(TargetFile { path, head: Vec::new(), len: pos, copies });
+        layouts.push(lay);
+    }
+
+    let mut items = Vec::with_capacity(tensors.len() + values.len());
+    for (t, chunks) in tensors.iter().zip(chunks_of) {
+        let kind = OutKind::Tensor { dtype: t.dtype, size: t.shape.clone(), chunks };
+        items.push(OutItem { key: t.key.clone(), path: t.path.clone(), kind });
+    }
+    for (v, at) in values.iter().zip(value_at) {
+        let (file, offset, length) = at.unwrap_or_default();
+        items.push(OutItem { key: v.key.clone(), path: v.path.clone(), kind: OutKind::Bytes { file, offset, length } });
+    }
+
+    std::fs::create_dir_all(out).at(out)?;
+    let abs = std::fs::canonicalize(out).at(out)?;
+    let meta_path = out.join(super::METADATA_NAME);
+    plan.stale = stale_files(out)?;
+    // Rewriting the source folder in place would delete or overwrite what is being read.
+    let sources: Vec<PathBuf> = files.iter().filter_map(|f| std::fs::canonicalize(&f.path).ok()).collect();
+    let outputs = plan.targets.iter().map(|t| &t.path).chain(&plan.stale);
+    for o in outputs {
+        if std::fs::canonicalize(o).is_ok_and(|c| sources.contains(&c)) {
+            return Err(Error::OutputIsSource { path: o.clone() });
+        }
+    }
+    plan.trailers.push((meta_path.clone(), encode::encode(&items, &abs, &encode::uuid4())));
+
+    let finish = |ti: usize, file: &std::fs::File, tmp: &Path| -> Result<()> {
+        for (base, layout) in layouts.get(ti).map(Vec::as_slice).unwrap_or_default() {
+            layout.write_fixed_at(file, tmp, *base)?;
+            layout.finish_at(file, tmp, *base)?;
+        }
+        Ok(())
+    };
+    write::execute_with(&plan, files, opts, &finish)?;
+    Ok(DcpOutcome {
+        files: plan.targets.iter().map(|t| t.path.clone()).collect(),
+        metadata: meta_path,
+        world_size: world,
+        tensors: tensors.len(),
+        values: values.len(),
+        bytes,
+    })
+}
+
+/// Bytes in one dim-0 row (the whole value for a 0-d tensor).
+fn row_bytes(t: &SrcTensor) -> u64 {
+    t.shape.iter().skip(1).product::<u64>() * (t.dtype.bits() / 8)
+}
+
+/// Copies of bytes `[from, from + len)` of a tensor made of `chunks` to `dst_off` onwards.
+fn slice_copies(chunks: &[Chunk], from: u64, len: u64, dst_off: u64, out: &mut Vec<RangeCopy>) {
+    let end = from + len;
+    let mut at = 0u64;
+    for c in chunks {
+        let (lo, hi) = (at.max(from), (at + c.len).min(end));
+        if lo < hi {
+            out.push(RangeCopy {
+                src: c.file,
+                src_off: c.offset + (lo - at),
+                dst_off: dst_off + (lo - from),
+                len: hi - lo,
+            });
+        }
+        at += c.len;
+        if at >= end {
+            break;
+        }
+    }
+}
+
+/// A previous DCP checkpoint's files in `dir`: `.metadata` first, so an interrupted run never
+/// leaves metadata that names a mix of old and new data files.
+fn stale_files(dir: &Path) -> Result<Vec<PathBuf>> {
+    let mut stale = Vec::new();
+    let meta = dir.join(super::METADATA_NAME);
+    if meta.exists() {
+        stale.push(meta);
+    }
+    let mut data = Vec::new();
+    for entry in std::fs::read_dir(dir).at(dir)? {
+        let entry = entry.at(dir)?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.starts_with("__") && name.ends_with(".distcp") {
+            data.push(entry.path());
+        }
+    }
+    data.sort();
+    stale.extend(data);
+    Ok(stale)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slices_cross_source_chunks() {
+        let chunks = [Chunk { file: 0, offset: 100, len: 8 }, Chunk { file: 1, offset: 50, len: 8 }];
+        let mut out = Vec::new();
+        slice_copies(&chunks, 4, 8, 1000, &mut out);
+        assert_eq!(
+            out,
+            vec![
+                RangeCopy { src: 0, src_off: 104, dst_off: 1000, len: 4 },
+                RangeCopy { src: 1, src_off: 50, dst_off: 1004, len: 4 },
+            ]
+        );
+    }
+}
