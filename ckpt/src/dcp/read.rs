@@ -109,10 +109,11 @@ impl Files<'_> {
                 // torch joins `relative_path` to the folder; anything but a plain file name
                 // there could reach outside it.
                 if name.is_empty() || name.contains(['/', '\\', '\0']) || name == "." || name == ".." {
-                    return Err(Error::UnsafeShardPath {
-                        index: self.meta_path.to_path_buf(),
-                        tensor: key.to_string(),
-                        file: name.clone(),
+                    return Err(Error::BadDcpMetadata {
+                        path: self.meta_path.to_path_buf(),
+                        reason: format!(
+                            "`{key}` is stored in `{name}`, which is not a plain file name in the checkpoint's folder"
+                        ),
                     });
                 }
                 let path = self.dir.join(name);

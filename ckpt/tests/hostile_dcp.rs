@@ -1,0 +1,98 @@
+//! Hostile DCP folders (`fixtures/hostile/dcp/`, written by `fixtures/gen/hostile_dcp.py` from a
+//! real torch 2.13 checkpoint): one per attack or defect. Every test pins our exact refusal
+//! through the catalog reader, `verify` (reported as a problem, not an error) and `reshard` (no
+//! output left behind), and checks that the payload of `forbidden_global` never ran.
+#![allow(clippy::unwrap_used)]
+
+use std::path::{Path, PathBuf};
+
+const MARKER: &str = "statekit-pwned";
+
+fn hostile(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../fixtures/hostile/dcp").join(name)
+}
+
+/// `file` is relative to the case's folder; `message` follows `{path}: `.
+fn refused(name: &str, file: &str, message: &str) {
+    let dir = hostile(name);
+    let src = dir.to_str().unwrap();
+    let expected = format!("{}{message}", dir.join(file).display());
+    let err = ckpt::Checkpoint::open(src).unwrap_err();
+    assert_eq!(err.to_string(), expected);
+    assert!(err.is_invalid_data(), "{name}: verify should report it as a problem");
+
+    let report = ckpt::verify(src).unwrap();
+    assert_eq!(report.format.map(|f| f.name()), Some("dcp"));
+    assert_eq!(report.problems.iter().map(ToString::to_string).collect::<Vec<_>>(), vec![expected.clone()]);
+
+    let out = tempfile::tempdir().unwrap();
+    let target = out.path().join("resharded");
+    let err = ckpt::reshard(src, &target, 2, &ckpt::WriteOptions::default()).unwrap_err();
+    assert_eq!(err.to_string(), expected);
+    assert!(!target.exists(), "{name}: no output left behind");
+
+    for d in [Path::new("."), dir.as_path(), out.path()] {
+        assert!(!d.join(MARKER).exists(), "{name}: the payload ran");
+    }
+}
+
+#[test]
+fn forbidden_global() {
+    refused(
+        "forbidden_global",
+        ".metadata",
+        ": refusing global `posix.system`: only the tensor-rebuilding globals of torch's weights-only loader are allowed",
+    );
+}
+
+#[test]
+fn chunk_beyond_file() {
+    refused(
+        "chunk_beyond_file",
+        "__1_0.distcp",
+        " (rank 1): tensor `model.embed.weight`: item at byte 0 of 20209 bytes runs past the end of the 16113-byte file",
+    );
+}
+
+#[test]
+fn overlapping_chunks() {
+    // torch itself loads this one silently, rows 18 of the first chunk overwritten.
+    refused(
+        "overlapping_chunks",
+        "__1_0.distcp",
+        " (rank 1): tensor `model.embed.weight`: chunk at row 18 (18 rows) overlaps the previous chunk (rows covered so far: 19)",
+    );
+}
+
+#[test]
+fn gap_in_chunks() {
+    // torch itself loads this one silently, rows 19..37 left uninitialized.
+    refused("gap_in_chunks", ".metadata", ": tensor `model.embed.weight`: chunks cover rows [0, 19) of 37");
+}
+
+#[test]
+fn missing_distcp() {
+    refused(
+        "missing_distcp",
+        ".metadata",
+        ": tensor `model.embed.weight` is mapped to `__1_0.distcp`, which does not exist",
+    );
+}
+
+#[test]
+fn path_traversal() {
+    refused(
+        "path_traversal",
+        ".metadata",
+        ": DCP metadata: `model.embed.weight` is stored in `../../../../../../etc/passwd`, which is not a plain file name in the checkpoint's folder",
+    );
+}
+
+#[test]
+fn not_dim0() {
+    refused(
+        "not_dim0",
+        "__0_0.distcp",
+        " (rank 0): tensor `model.layers.0.weight`: chunk at offsets [0, 0] with sizes [24, 8] is not a dim-0 slice of size [24, 16] (2-D or other sharding is not supported)",
+    );
+}
