@@ -127,6 +127,12 @@ pub enum Error {
     #[error("cannot convert to {dst}: {reason}")]
     BadConvert { dst: PathBuf, reason: String },
 
+    #[error("{path}: rank {rank}, `{tensor}`: {reason}")]
+    BadZeroCheckpoint { path: PathBuf, rank: u64, tensor: String, reason: String },
+
+    #[error("{path}: missing: the ZeRO checkpoint has {world} ranks but rank {rank} wrote no such file")]
+    MissingRankFile { path: PathBuf, rank: u64, world: u64 },
+
     #[error("{path}: DCP metadata: {reason}")]
     BadDcpMetadata { path: PathBuf, reason: String },
 

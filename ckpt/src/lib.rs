@@ -13,6 +13,7 @@ mod cast;
 mod catalog;
 mod convert;
 mod dcp;
+mod deepspeed;
 mod dtype;
 mod error;
 mod formats;
@@ -29,6 +30,10 @@ pub use cast::{cast_into, is_castable};
 pub use catalog::{Checkpoint, Chunk, Format, SourceFile, TensorInfo};
 pub use convert::{convert, ConvertOptions, ConvertOutcome, TargetFormat};
 pub use dcp::{reshard, to_dcp, DcpOutcome};
+pub use deepspeed::{
+    is_zero_checkpoint, merge_zero, ZeroCheckpoint, ZeroMergeOptions, ZeroMergeOutcome, ZeroParam, ZeroTensor,
+    OPTIMIZER_NAME as ZERO_OPTIMIZER_NAME,
+};
 pub use dtype::Dtype;
 pub use error::{Error, Result};
 pub use formats::hf_index::{INDEX_NAME, SINGLE_NAME};

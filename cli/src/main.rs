@@ -64,15 +64,29 @@ pub enum Command {
         #[arg(long)]
         checksums: bool,
     },
-    /// Merge a sharded checkpoint into one `.safetensors` file, bit-exact.
+    /// Merge a sharded or DeepSpeed ZeRO checkpoint into one `.safetensors` file, bit-exact.
+    ///
+    /// A DeepSpeed checkpoint folder (with `latest`, or a tag folder) is merged the way
+    /// `zero_to_fp32.py --safe_serialization` merges it: fp32 master weights, buffers, frozen
+    /// and tied parameters (a tied alias is written as its own copy).
     Merge {
-        /// A sharded folder, its index file, a DCP folder (holding `.metadata`), or an `hf://` address.
+        /// A sharded folder, its index file, a DCP folder (holding `.metadata`), a DeepSpeed
+        /// checkpoint folder, or an `hf://` address.
         src: String,
-        /// The output `.safetensors` file.
+        /// The output `.safetensors` file (a folder with `--max-shard-size`).
         out: PathBuf,
         /// Also write a `SHA256SUMS` manifest beside the output.
         #[arg(long)]
         checksums: bool,
+        /// DeepSpeed: the tag folder to merge (default: the one named in `latest`).
+        #[arg(long)]
+        tag: Option<String>,
+        /// DeepSpeed: also write the merged Adam moments to `optimizer.safetensors` beside OUT.
+        #[arg(long)]
+        optimizer: bool,
+        /// DeepSpeed: shard into OUT (a folder) like huggingface_hub, files of at most this size.
+        #[arg(long)]
+        max_shard_size: Option<String>,
     },
     /// Convert between safetensors and torch files (`.bin`/`.pt`/`.pth`), one file or sharded.
     ///
@@ -207,7 +221,39 @@ fn run(cli: &Cli) -> anyhow::Result<ExitCode> {
                 );
             }
         }
-        Command::Merge { src, out: dst, checksums } => {
+        Command::Merge { src, out: dst, checksums, tag, optimizer, max_shard_size } => {
+            if ckpt::is_zero_checkpoint(std::path::Path::new(src)) {
+                let ck = ckpt::ZeroCheckpoint::open(std::path::Path::new(src), tag.as_deref())?;
+                let options = ckpt::ZeroMergeOptions {
+                    max_shard_size: max_shard_size.as_deref().map(ckpt::parse_size).transpose()?,
+                    optimizer: *optimizer,
+                };
+                let bar = progress::Bar::new(0, !cli.quiet);
+                let report = |n: u64| bar.inc(n);
+                let opts = ckpt::WriteOptions { copy, checksums: *checksums, progress: Some(&report) };
+                let done = ckpt::merge_zero(&ck, dst, &options, &opts).with_context(|| format!("merging {src}"))?;
+                bar.finish();
+                for path in &done.files {
+                    writeln!(out, "{}", path.display())?;
+                }
+                if notes {
+                    eprintln!(
+                        "merged {} tensors ({} bytes) from a ZeRO-{} checkpoint of {} ranks",
+                        done.tensors,
+                        done.bytes,
+                        ck.stage(),
+                        ck.world_size()
+                    );
+                }
+                out.flush()?;
+                return Ok(ExitCode::SUCCESS);
+            }
+            if tag.is_some() || *optimizer || max_shard_size.is_some() {
+                anyhow::bail!(
+                    "`--tag`, `--optimizer` and `--max-shard-size` apply to DeepSpeed checkpoints only; {src} is not one \
+                     (hint: `ckpt split` shards a checkpoint)"
+                );
+            }
             let ck = ckpt::Checkpoint::open(src)?;
             let bar = progress::Bar::new(ck.total_bytes(), !cli.quiet);
             let report = |n: u64| bar.inc(n);

@@ -124,7 +124,7 @@ pub(crate) fn read(path: &Path) -> Result<TorchFile> {
     let n = usize::try_from(len.min(8)).unwrap_or(0);
     file.read_exact_at(head.get_mut(..n).unwrap_or_default(), 0).at(path)?;
     if head.starts_with(b"PK\x03\x04") {
-        read_zip(&file, len, path)
+        read_zip(&file, len, path, &[])
     } else if head.starts_with(&[0x80, 0x02, 0x8a]) {
         read_legacy(&file, len, path)
     } else if head.starts_with(b"PYTORCH1") {
@@ -141,7 +141,22 @@ pub(crate) fn read(path: &Path) -> Result<TorchFile> {
     }
 }
 
-fn read_zip(file: &File, len: u64, path: &Path) -> Result<TorchFile> {
+/// Reads a zip-format torch file whose pickle may also name the classes in `classes` (a
+/// format's own allow-list, e.g. DeepSpeed's enums); they come out as inert instances among the
+/// leaves. Legacy (non-zip) files are refused: the formats that need this never wrote them.
+pub(crate) fn read_with_classes(path: &Path, classes: &'static [&'static str]) -> Result<TorchFile> {
+    let file = File::open(path).at(path)?;
+    let len = file.metadata().at(path)?.len();
+    let mut head = [0u8; 4];
+    let n = usize::try_from(len.min(4)).unwrap_or(0);
+    file.read_exact_at(head.get_mut(..n).unwrap_or_default(), 0).at(path)?;
+    if head != *b"PK\x03\x04" {
+        return Err(bad_file(path, "not a zip-format torch file"));
+    }
+    read_zip(&file, len, path, classes)
+}
+
+fn read_zip(file: &File, len: u64, path: &Path, classes: &'static [&'static str]) -> Result<TorchFile> {
     let archive = zip::Archive::open(file, len, path)?;
     let Some(first) = archive.entries.first() else {
         return Err(bad_file(path, "empty archive"));
@@ -171,7 +186,7 @@ fn read_zip(file: &File, len: u64, path: &Path) -> Result<TorchFile> {
         return Err(bad_file(path, format!("no `{pkl_name}` record")));
     };
     let data = archive.read_entry(file, pkl, MAX_PICKLE_LEN)?;
-    let p = pickle::load(&data, Limits::default()).map_err(|r| refusal(path, &pkl_name, r))?;
+    let p = pickle::load_with_classes(&data, Limits::default(), classes).map_err(|r| refusal(path, &pkl_name, r))?;
     let flat = flatten::flatten(&p).map_err(|reason| bad_file(path, reason))?;
     let mut storages: Vec<Storage> = Vec::new();
     let mut by_key: HashMap<String, usize> = HashMap::new();

@@ -1,0 +1,53 @@
+//! DeepSpeed ZeRO checkpoints (stages 1, 2 and 3, as DeepSpeed 0.19.8 writes them), read without
+//! running DeepSpeed or any pickle.
+//!
+//! # On disk
+//!
+//! A checkpoint folder holds a `latest` file naming a tag (`global_step2`, no newline) and one
+//! folder per tag. In the tag folder every data-parallel rank `r` wrote
+//! `[bf16_]zero_pp_rank_{r}_mp_rank_00_optim_states.pt` (the `bf16_` prefix on every bf16 run).
+//! The model state is `mp_rank_00_model_states.pt` (stage 1/2, written by rank 0 alone) or one
+//! `zero_pp_rank_{r}_mp_rank_00_model_states.pt` per rank (stage 3). All are `torch.save` zips.
+//!
+//! The model-states file carries `module` (the `state_dict`, with full buffers; at stage 1/2 full
+//! params in the training dtype, at stage 3 every param a 0-element placeholder), `buffer_names`
+//! (persistent buffers), `param_shapes` (one ordered `{name: Size}` per optimizer param group,
+//! trainable params only), `frozen_param_shapes` / `frozen_param_fragments` (stage ≥ 2; at stage 3
+//! each rank holds a `ceil(n / world)` piece of each frozen param, the last zero-padded) and
+//! `shared_params` (`{alias: stored name}`, on rank 0's file only at stage 3).
+//!
+//! The optim-states file carries the fp32 master weights and the Adam moments of the rank:
+//!
+//! - **stage 1/2**: each param group is flattened in `param_shapes` order (plus optional per-param
+//!   alignment zeros, `param_alignment_paddings`), padded to a multiple of `2 × world` and cut
+//!   into `world` equal partitions. `single_partition_of_fp32_groups[g]` is this rank's partition
+//!   with the trailing padding cut off (`group_paddings[g]` elements, only ever on the last rank),
+//!   saved as a view, so its storage record still holds the padded partition. The moments
+//!   (`base_optimizer_state.state[g].exp_avg`, `.exp_avg_sq`) keep the padded length.
+//! - **stage 3**: each param is cut alone into `ceil(n / world)` pieces, the last zero-padded;
+//!   rank `r` holds piece `r` of every param in `param_shapes` order (all groups in turn), spread
+//!   over the sub-group tensors `fp32_flat_groups[i]` (sub-groups hold whole params). The moments
+//!   (`optimizer_state_dict.state[i]`) are keyed by sub-group and sized like `fp32_flat_groups[i]`.
+//!
+//! `zero_stage` is a `ZeroStageEnum`, `partition_count` the world size (a list per group at stage
+//! 1/2). Mapping partitions back to params is [`fsdp_state::Zero12`] / [`fsdp_state::Zero3`].
+//!
+//! # Reading
+//!
+//! Only the pickles are read; every tensor becomes byte ranges of the rank files' storage records
+//! (a param spanning partitions is several ranges, in rank order), so merging is a plan of range
+//! copies, run in parallel over the rank files, with memory bounded by the copy window. The few
+//! tensors that need a cast (bf16 frozen params and floating buffers, which `zero_to_fp32` turns
+//! into fp32) are read and cast one at a time.
+//!
+//! The unpickler allows, beyond torch's tensor globals, exactly the three DeepSpeed classes these
+//! files contain, each kept as inert data: `ZeroStageEnum` (an `int` enum, `REDUCE(cls, (n,))`),
+//! `LossScaler` (the static scaler: `NEWOBJ` + `BUILD {cur_scale, dynamic}`) and
+//! `fragment_address` (a dataclass `{numel, start}`: where a param's piece sits in a partition).
+//! Anything else, `DynamicLossScaler` of fp16 runs included, is refused by name.
+
+mod merge;
+mod read;
+
+pub use merge::{merge_zero, ZeroMergeOptions, ZeroMergeOutcome, OPTIMIZER_NAME};
+pub use read::{is_zero_checkpoint, ZeroCheckpoint, ZeroParam, ZeroTensor};
