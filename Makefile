@@ -50,4 +50,5 @@ fixtures: setup
 	$(PY) fixtures/gen/dataload_vectors.py
 	$(PY) fixtures/gen/dataload_sources.py
 	PATH=$(VENV)/bin:$$PATH $(PY) fixtures/gen/dcp_fixtures.py
+	$(PY) fixtures/gen/hostile_dcp.py
 	PATH=$(VENV)/bin:$$PATH $(PY) fixtures/gen/deepspeed_fixtures.py
