@@ -27,6 +27,9 @@ pub enum Format {
     TorchSharded,
     /// A `torch.distributed.checkpoint` folder: `.metadata` and `__R_0.distcp` rank files.
     Dcp,
+    /// A DeepSpeed ZeRO checkpoint folder (`latest` and a tag folder of rank files), seen as
+    /// its merged tensors: buffers, frozen params, fp32 master weights, aliases.
+    DeepSpeed,
 }
 
 impl Format {
@@ -37,6 +40,7 @@ impl Format {
             Format::Torch => "torch",
             Format::TorchSharded => "hf-sharded-torch",
             Format::Dcp => "dcp",
+            Format::DeepSpeed => "deepspeed-zero",
         }
     }
 }
@@ -193,6 +197,7 @@ pub(crate) fn scan(src: &str) -> Result<Scan> {
             Ok(Scan { checkpoint: crate::torch::checkpoint(root, format)?, problems: Vec::new() })
         }
         Format::Dcp => Ok(Scan { checkpoint: crate::dcp::checkpoint(&root)?, problems: Vec::new() }),
+        Format::DeepSpeed => Ok(Scan { checkpoint: crate::deepspeed::checkpoint(&root)?, problems: Vec::new() }),
     }
 }
 
@@ -201,6 +206,9 @@ pub(crate) fn detect(path: &Path) -> Result<(Format, PathBuf)> {
     let meta = std::fs::metadata(path).at(path)?;
     if let Some(dir) = crate::dcp::detect(path) {
         return Ok((Format::Dcp, dir));
+    }
+    if crate::deepspeed::is_zero_checkpoint(path) {
+        return Ok((Format::DeepSpeed, path.to_path_buf()));
     }
     if meta.is_file() {
         if let Some(torch) = crate::torch::detect(path) {

@@ -31,8 +31,8 @@ pub use catalog::{Checkpoint, Chunk, Format, SourceFile, TensorInfo};
 pub use convert::{convert, ConvertOptions, ConvertOutcome, TargetFormat};
 pub use dcp::{reshard, to_dcp, DcpOutcome};
 pub use deepspeed::{
-    is_zero_checkpoint, merge_zero, ZeroCheckpoint, ZeroMergeOptions, ZeroMergeOutcome, ZeroParam, ZeroTensor,
-    OPTIMIZER_NAME as ZERO_OPTIMIZER_NAME,
+    is_zero_checkpoint, merge_zero, reshard_zero, ZeroCheckpoint, ZeroMergeOptions, ZeroMergeOutcome, ZeroParam,
+    ZeroReshardOutcome, ZeroTensor, OPTIMIZER_NAME as ZERO_OPTIMIZER_NAME,
 };
 pub use dtype::Dtype;
 pub use error::{Error, Result};

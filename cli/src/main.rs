@@ -119,8 +119,12 @@ pub enum Command {
     /// Tensors are laid out as FSDP2 saves them (dim 0 cut by `torch.chunk` rules, one
     /// `__R_0.distcp` per rank); optimizer state and non-tensor values are kept. `.metadata`
     /// is written last.
+    ///
+    /// A DeepSpeed ZeRO folder (with `latest`) becomes the universal checkpoint DeepSpeed loads
+    /// with `load_universal` on any number of ranks: `OUT/<tag>_universal/` and
+    /// `OUT/latest_universal`, written last.
     Reshard {
-        /// A DCP folder (holding `.metadata`).
+        /// A DCP folder (holding `.metadata`) or a DeepSpeed ZeRO checkpoint folder.
         src: String,
         /// The output folder (created if missing). A previous DCP checkpoint there is replaced.
         out: PathBuf,
@@ -280,6 +284,28 @@ fn run(cli: &Cli) -> anyhow::Result<ExitCode> {
                 bar.finish();
                 done
             })?;
+        }
+        Command::Reshard { src, out: dst, world_size } if ckpt::is_zero_checkpoint(std::path::Path::new(src)) => {
+            let ck = ckpt::ZeroCheckpoint::open(std::path::Path::new(src), None)?;
+            let bar = progress::Bar::new(0, !cli.quiet);
+            let report = |n: u64| bar.inc(n);
+            let opts = ckpt::WriteOptions { copy, checksums: false, progress: Some(&report) };
+            let done = ckpt::reshard_zero(&ck, dst, *world_size, &opts).with_context(|| format!("resharding {src}"))?;
+            bar.finish();
+            for path in &done.files {
+                writeln!(out, "{}", path.display())?;
+            }
+            if notes {
+                eprintln!(
+                    "wrote a universal checkpoint of {} params ({} bytes) from a ZeRO-{} checkpoint of {} ranks; \
+                     DeepSpeed loads it on {} ranks with \"checkpoint\": {{\"load_universal\": true}}",
+                    done.params,
+                    done.bytes,
+                    ck.stage(),
+                    ck.world_size(),
+                    world_size
+                );
+            }
         }
         Command::Reshard { src, out: dst, world_size } => {
             write_dcp(&mut out, notes, || {

@@ -74,3 +74,30 @@ def test_merge_refuses_a_foreign_global(tmp_path):
     assert proc.returncode == 2
     assert "zero_pp_rank_1_mp_rank_00_optim_states.pt: refusing global `posix.system`" in proc.stderr
     assert not (tmp_path / "m.safetensors").exists()
+
+
+@needs_ds
+@pytest.mark.parametrize(
+    "case,stage,dtype,worlds,extra",
+    [
+        ("z2_bf16_ws3", 2, "bf16", [2, 4], []),
+        ("z3_fp32_ws4_sg50", 3, "fp32", [3], ["--sub-group-size", "50"]),
+        ("z1_fp32_ws4", 1, "fp32", [3], []),
+    ],
+)
+def test_deepspeed_resumes_reshard_on_other_world_sizes(tmp_path, case, stage, dtype, worlds, extra):
+    """`ckpt reshard` writes a universal checkpoint; real DeepSpeed resumes it on M ranks
+    (`load_universal`) holding exactly the weights and Adam moments of `ckpt merge --optimizer`."""
+    ref = tmp_path / "model.safetensors"
+    run_ckpt("merge", DS / case, ref, "--optimizer")
+    for world in worlds:
+        uni = tmp_path / f"uni{world}"
+        run_ckpt("reshard", DS / case, uni, "--world-size", str(world))
+        assert (uni / "latest_universal").read_text() == "global_step2_universal"
+        proc = subprocess.run(
+            [VENV_PY, str(ROOT / "tests/python/ds_check.py"), "resume", str(uni), "--world-size", str(world),
+             "--stage", str(stage), "--dtype", dtype, "--reference", str(ref),
+             "--optim-reference", str(tmp_path / "optimizer.safetensors"), "--universal", *extra],
+            capture_output=True, text=True,
+        )
+        assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -45,9 +45,55 @@
 //! `LossScaler` (the static scaler: `NEWOBJ` + `BUILD {cur_scale, dynamic}`) and
 //! `fragment_address` (a dataclass `{numel, start}`: where a param's piece sits in a partition).
 //! Anything else, `DynamicLossScaler` of fp16 runs included, is refused by name.
+//!
+//! # Resharding
+//!
+//! [`reshard_zero`] writes the checkpoint as DeepSpeed's *universal* checkpoint (the layout of
+//! `ds_to_universal.py`), which DeepSpeed loads with `load_universal` on any world size; see
+//! `universal.rs`. The catalog sees a ZeRO folder through [`checkpoint`] (for `inspect` and
+//! `verify`).
 
 mod merge;
 mod read;
+mod universal;
 
 pub use merge::{merge_zero, ZeroMergeOptions, ZeroMergeOutcome, OPTIMIZER_NAME};
 pub use read::{is_zero_checkpoint, ZeroCheckpoint, ZeroParam, ZeroTensor};
+pub use universal::{reshard_zero, ZeroReshardOutcome};
+
+/// The checkpoint (its `latest` tag) as a catalog of merged tensors, in zero_to_fp32's order:
+/// persistent buffers and frozen params in their saved dtype, trainable params as their fp32
+/// master weights (ranges across the rank files), then the aliases of `shared_params`.
+pub(crate) fn checkpoint(dir: &std::path::Path) -> crate::Result<crate::Checkpoint> {
+    use crate::catalog::TensorInfo;
+    let ck = ZeroCheckpoint::open(dir, None)?;
+    let mut tensors: Vec<TensorInfo> = Vec::new();
+    for t in ck.buffers.iter().chain(&ck.frozen) {
+        tensors.push(TensorInfo {
+            name: t.name.clone(),
+            dtype: t.dtype,
+            shape: t.shape.clone(),
+            chunks: t.chunks.clone(),
+        });
+    }
+    for p in &ck.params {
+        tensors.push(TensorInfo {
+            name: p.name.clone(),
+            dtype: crate::Dtype::F32,
+            shape: p.shape.clone(),
+            chunks: p.fp32.clone(),
+        });
+    }
+    for (alias, to) in &ck.aliases {
+        if let Some(t) = tensors.iter().find(|t| &t.name == to).cloned() {
+            tensors.push(TensorInfo { name: alias.clone(), ..t });
+        }
+    }
+    Ok(crate::Checkpoint {
+        format: crate::Format::DeepSpeed,
+        root: dir.to_path_buf(),
+        files: ck.files,
+        tensors,
+        index: None,
+    })
+}

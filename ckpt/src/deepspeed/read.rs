@@ -12,7 +12,7 @@ use crate::torch::flatten::Leaf;
 use crate::torch::{self, TorchFile, TorchTensor};
 
 /// The DeepSpeed classes an optim-states file may name (see the module docs for what each is).
-const OPTIM_CLASSES: &[&str] = &[
+pub(super) const OPTIM_CLASSES: &[&str] = &[
     "deepspeed.runtime.zero.config.ZeroStageEnum",
     "deepspeed.runtime.fp16.loss_scaler.LossScaler",
     "deepspeed.utils.tensor_fragment.fragment_address",

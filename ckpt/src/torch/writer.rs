@@ -41,6 +41,29 @@ pub(crate) struct WTensor {
 pub(crate) enum WValue {
     Tensor(WTensor),
     Leaf(Leaf),
+    Node(WNode),
+}
+
+/// A nested value for files that are not flat state dicts (a DeepSpeed universal
+/// `optimizer_state.pt`): tensors anywhere, tuples, non-string keys, and instances of a named
+/// class. Only for files read with `weights_only=False`: an instance's class is not allow-listed
+/// by torch's safe loader.
+#[derive(Clone, Debug)]
+pub(crate) enum WNode {
+    Leaf(Leaf),
+    Tensor(WTensor),
+    Tuple(Vec<WNode>),
+    List(Vec<WNode>),
+    /// A plain `dict` with keys of any kind, in order.
+    Dict(Vec<(WNode, WNode)>),
+    /// `module.name`: with a state, `NEWOBJ(cls, args)` then `BUILD(state)` (how a plain object
+    /// pickles); without, `REDUCE(cls, args)` (an `int` enum member).
+    Instance {
+        module: String,
+        name: String,
+        args: Vec<WNode>,
+        state: Option<Box<WNode>>,
+    },
 }
 
 /// A storage to write: its element dtype and byte length.
@@ -207,6 +230,7 @@ pub(crate) fn encode(entries: &[(String, WValue)], storages: &[WStorage]) -> Vec
             match v {
                 WValue::Tensor(t) => tensor(&mut p, t, storages),
                 WValue::Leaf(l) => leaf(&mut p, l),
+                WValue::Node(n) => node(&mut p, n, storages),
             }
         }
         p.push(b'u');
@@ -367,6 +391,53 @@ fn leaf(p: &mut Vec<u8>, l: &Leaf) {
                     leaf(p, v);
                 }
                 p.push(b'u');
+            }
+        }
+    }
+}
+
+fn node(p: &mut Vec<u8>, n: &WNode, storages: &[WStorage]) {
+    match n {
+        WNode::Leaf(l) => leaf(p, l),
+        WNode::Tensor(t) => tensor(p, t, storages),
+        WNode::Tuple(items) => {
+            p.push(b'(');
+            for i in items {
+                node(p, i, storages);
+            }
+            p.push(b't');
+        }
+        WNode::List(items) => {
+            p.push(b']');
+            if !items.is_empty() {
+                p.push(b'(');
+                for i in items {
+                    node(p, i, storages);
+                }
+                p.push(b'e');
+            }
+        }
+        WNode::Dict(items) => {
+            p.push(b'}');
+            if !items.is_empty() {
+                p.push(b'(');
+                for (k, v) in items {
+                    node(p, k, storages);
+                    node(p, v, storages);
+                }
+                p.push(b'u');
+            }
+        }
+        WNode::Instance { module, name, args, state } => {
+            global(p, module, name);
+            node(p, &WNode::Tuple(args.clone()), storages);
+            match state {
+                Some(st) => {
+                    p.push(0x81);
+                    node(p, st, storages);
+                    p.push(b'b');
+                }
+                None => p.push(b'R'),
             }
         }
     }
