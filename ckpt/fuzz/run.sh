@@ -31,10 +31,15 @@ for n in z.namelist():
         (out / (pathlib.Path(src).stem + ".pkl")).write_bytes(z.read(n))
 PY
             done ;;
+        dcp_metadata)
+            for f in "$fixtures"/dcp/*/checkpoint/.metadata "$fixtures"/dcp/*/checkpoint/*/.metadata \
+                     "$fixtures"/hostile/dcp/*/.metadata; do
+                cp "$f" "$corpus/$(echo "$f" | sha1sum | cut -c1-16)"
+            done ;;
     esac
 }
 
-for target in unpickle torch_zip; do
+for target in unpickle torch_zip dcp_metadata; do
     seed "$target"
     cargo fuzz build --release "$target"
     cargo fuzz run --release "$target" "corpus/$target" -- \
