@@ -429,12 +429,14 @@ pub fn convert(src: &str, dst: &Path, opts: &ConvertOptions, wopts: &WriteOption
         index = Some(index_path);
     }
     if !single {
-        plan.stale = stale_files(dst, format)?;
+        let (stem, ext) = match format {
+            TargetFormat::Safetensors => ("model", ".safetensors"),
+            TargetFormat::Torch => ("pytorch_model", ".bin"),
+        };
+        plan.stale =
+            write::stale_files(dst, |n| hf_index::is_managed_name(n, stem, ext), |n| n.ends_with(".index.json"))?;
     }
-    refuse_overwriting_sources(
-        &source,
-        plan.targets.iter().map(|t| t.path.as_path()).chain(plan.stale.iter().map(PathBuf::as_path)),
-    )?;
+    plan.protected.push(source.root.clone());
 
     let maps: Vec<OnceLock<std::result::Result<MappedFile, String>>> =
         source.files.iter().map(|_| OnceLock::new()).collect();
@@ -574,71 +576,4 @@ fn map_of<'m>(
     };
     let m = slot.get_or_init(|| File::open(&sf.path).and_then(|f| MappedFile::open(&f)).map_err(|e| e.to_string()));
     m.as_ref().map_err(|e| Error::Io { path: sf.path.clone(), source: std::io::Error::other(e.clone()) })
-}
-
-/// A previous checkpoint's files in `dir` that huggingface_hub would delete before writing one
-/// of this format, the index first.
-fn stale_files(dir: &Path, format: TargetFormat) -> Result<Vec<PathBuf>> {
-    let mut stale = Vec::new();
-    let entries = match std::fs::read_dir(dir) {
-        Ok(e) => e,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(stale),
-        Err(e) => return Err(Error::Io { path: dir.to_path_buf(), source: e }),
-    };
-    for entry in entries {
-        let entry = entry.at(dir)?;
-        let name = entry.file_name().to_string_lossy().into_owned();
-        let managed = match format {
-            TargetFormat::Safetensors => hf_index::is_managed_name(&name),
-            TargetFormat::Torch => is_torch_managed_name(&name),
-        };
-        if managed {
-            stale.push(entry.path());
-        }
-    }
-    stale.sort_by_key(|p| (!p.to_string_lossy().ends_with(".index.json"), p.clone()));
-    Ok(stale)
-}
-
-/// `pytorch_model.bin`, `pytorch_model-XXXXX-of-XXXXX.bin` and the index.
-fn is_torch_managed_name(name: &str) -> bool {
-    let Some(rest) = name.strip_prefix("pytorch_model") else { return false };
-    let rest = rest.strip_suffix(".index.json").unwrap_or(rest);
-    let Some(mid) = rest.strip_suffix(".bin") else { return false };
-    let b = mid.as_bytes();
-    mid.is_empty()
-        || (b.len() == 15
-            && b.first() == Some(&b'-')
-            && b.get(1..6).is_some_and(|d| d.iter().all(u8::is_ascii_digit))
-            && mid.get(6..10) == Some("-of-")
-            && b.get(10..15).is_some_and(|d| d.iter().all(u8::is_ascii_digit)))
-}
-
-fn refuse_overwriting_sources<'a>(s: &Source, outputs: impl Iterator<Item = &'a Path>) -> Result<()> {
-    let canon = |p: &Path| std::fs::canonicalize(p).ok();
-    let mut sources: Vec<PathBuf> = s.files.iter().filter_map(|f| canon(&f.path)).collect();
-    sources.extend(canon(&s.root));
-    for out in outputs {
-        if let Some(c) = canon(out) {
-            if sources.contains(&c) {
-                return Err(Error::OutputIsSource { path: out.to_path_buf() });
-            }
-        }
-    }
-    Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::is_torch_managed_name;
-
-    #[test]
-    fn torch_managed_names() {
-        for ok in ["pytorch_model.bin", "pytorch_model-00001-of-00002.bin", "pytorch_model.bin.index.json"] {
-            assert!(is_torch_managed_name(ok), "{ok}");
-        }
-        for no in ["pytorch_model-1-of-2.bin", "model.bin", "pytorch_model.safetensors"] {
-            assert!(!is_torch_managed_name(no), "{no}");
-        }
-    }
 }

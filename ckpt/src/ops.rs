@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use crate::catalog::{Checkpoint, TensorInfo};
-use crate::error::{Error, IoContext, Result};
+use crate::error::Result;
 use crate::formats::hf_index::{self, shard_name};
 use crate::formats::safetensors::{self as st, OutTensor};
 use crate::write::{self, Plan, RangeCopy, TargetFile, WriteOptions};
@@ -145,11 +145,12 @@ pub fn plan_split(ck: &Checkpoint, out_dir: &Path, max_shard_size: u64) -> Resul
         plan.trailers.push((index_path.clone(), hf_index::render(&meta, &weight_map)));
         outcome.index = Some(index_path);
     }
-    plan.stale = stale_files(out_dir)?;
-    refuse_overwriting_sources(
-        ck,
-        plan.targets.iter().map(|t| t.path.as_path()).chain(plan.stale.iter().map(PathBuf::as_path)),
+    plan.stale = write::stale_files(
+        out_dir,
+        |n| hf_index::is_managed_name(n, "model", ".safetensors"),
+        |n| n.ends_with(".index.json"),
     )?;
+    plan.protected.push(ck.root.clone());
     Ok((plan, outcome))
 }
 
@@ -163,9 +164,8 @@ pub fn plan_merge(ck: &Checkpoint, out: &Path) -> Result<(Plan, MergeOutcome)> {
     }
     let tensors: Vec<&TensorInfo> = ck.tensors.iter().collect();
     let target = target_file(out, &tensors, &meta)?;
-    refuse_overwriting_sources(ck, std::iter::once(out))?;
     let outcome = MergeOutcome { path: out.to_path_buf(), tensors: tensors.len(), bytes: ck.total_bytes() };
-    Ok((Plan { targets: vec![target], ..Plan::default() }, outcome))
+    Ok((Plan { targets: vec![target], protected: vec![ck.root.clone()], ..Plan::default() }, outcome))
 }
 
 fn target_file(path: &Path, tensors: &[&TensorInfo], metadata: &[(String, String)]) -> Result<TargetFile> {
@@ -200,41 +200,6 @@ fn json_to_string(v: &serde_json::Value) -> String {
         serde_json::Value::String(s) => s.clone(),
         other => other.to_string(),
     }
-}
-
-/// A previous checkpoint's files in `dir`, index first, that huggingface_hub would delete
-/// before writing. Removing the index first means an interrupted run never leaves an index
-/// describing a mix of old and new shards.
-fn stale_files(dir: &Path) -> Result<Vec<PathBuf>> {
-    let mut stale = Vec::new();
-    let entries = match std::fs::read_dir(dir) {
-        Ok(e) => e,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(stale),
-        Err(e) => return Err(Error::Io { path: dir.to_path_buf(), source: e }),
-    };
-    for entry in entries {
-        let entry = entry.at(dir)?;
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if hf_index::is_managed_name(&name) {
-            stale.push(entry.path());
-        }
-    }
-    stale.sort_by_key(|p| (!p.to_string_lossy().ends_with(".index.json"), p.clone()));
-    Ok(stale)
-}
-
-fn refuse_overwriting_sources<'a>(ck: &Checkpoint, outputs: impl Iterator<Item = &'a Path>) -> Result<()> {
-    let canon = |p: &Path| std::fs::canonicalize(p).ok();
-    let mut sources: Vec<PathBuf> = ck.files.iter().filter_map(|f| canon(&f.path)).collect();
-    sources.extend(canon(&ck.root));
-    for out in outputs {
-        if let Some(c) = canon(out) {
-            if sources.contains(&c) {
-                return Err(Error::OutputIsSource { path: out.to_path_buf() });
-            }
-        }
-    }
-    Ok(())
 }
 
 #[cfg(test)]

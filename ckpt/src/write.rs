@@ -50,6 +50,9 @@ pub struct Plan {
     /// Files to delete before the new ones take their place (a previous checkpoint's index and
     /// shards). Deleted in order, so put the index first.
     pub stale: Vec<PathBuf>,
+    /// Paths besides the source files that the plan must neither write nor delete (the index or
+    /// metadata a source was opened from).
+    pub protected: Vec<PathBuf>,
 }
 
 /// How tensor bytes are moved.
@@ -96,6 +99,7 @@ pub type Finish<'a> = dyn Fn(usize, &File, &Path) -> Result<()> + Sync + 'a;
 
 /// [`execute`], with `finish` run on every target (in parallel) once its range copies are done.
 pub fn execute_with(plan: &Plan, sources: &[SourceFile], opts: &WriteOptions<'_>, finish: &Finish<'_>) -> Result<()> {
+    refuse_overwriting_sources(plan, sources)?;
     let mut temps = TempSet::default();
     for t in &plan.targets {
         if let Some(dir) = t.path.parent().filter(|d| !d.as_os_str().is_empty()) {
@@ -241,6 +245,49 @@ fn short_source(path: &Path, at: u64) -> Error {
             format!("file ended at byte {at} while copying (was it changed during the copy?)"),
         ),
     }
+}
+
+/// Refuses a plan that would replace or delete what it reads: writing a checkpoint over its own
+/// source files would destroy them mid-read. Paths are compared after resolving links.
+fn refuse_overwriting_sources(plan: &Plan, sources: &[SourceFile]) -> Result<()> {
+    let canon = |p: &Path| std::fs::canonicalize(p).ok();
+    let read: Vec<PathBuf> = sources
+        .iter()
+        .map(|s| s.path.as_path())
+        .chain(plan.protected.iter().map(PathBuf::as_path))
+        .filter_map(canon)
+        .collect();
+    let written = plan.targets.iter().map(|t| &t.path).chain(&plan.stale).chain(plan.trailers.iter().map(|(p, _)| p));
+    for out in written {
+        if canon(out).is_some_and(|c| read.contains(&c)) {
+            return Err(Error::OutputIsSource { path: out.clone() });
+        }
+    }
+    Ok(())
+}
+
+/// A previous checkpoint's files in `dir`: the names `managed` accepts, commit markers (`marker`:
+/// the index or metadata) first, so that an interrupted replacement never leaves a marker that
+/// describes a mix of old and new files. A missing `dir` has none.
+pub(crate) fn stale_files(
+    dir: &Path,
+    managed: impl Fn(&str) -> bool,
+    marker: impl Fn(&str) -> bool,
+) -> Result<Vec<PathBuf>> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(Error::Io { path: dir.to_path_buf(), source: e }),
+    };
+    let mut stale = Vec::new();
+    for entry in entries {
+        let name = entry.at(dir)?.file_name().to_string_lossy().into_owned();
+        if managed(&name) {
+            stale.push((!marker(&name), dir.join(name)));
+        }
+    }
+    stale.sort();
+    Ok(stale.into_iter().map(|(_, p)| p).collect())
 }
 
 /// Writes `bytes` to `path` atomically: temp beside it, fsync, rename, fsync the folder.

@@ -189,15 +189,13 @@ pub(crate) fn write_dcp(
     std::fs::create_dir_all(out).at(out)?;
     let abs = std::fs::canonicalize(out).at(out)?;
     let meta_path = out.join(super::METADATA_NAME);
-    plan.stale = stale_files(out)?;
-    // Rewriting the source folder in place would delete or overwrite what is being read.
-    let sources: Vec<PathBuf> = files.iter().filter_map(|f| std::fs::canonicalize(&f.path).ok()).collect();
-    let outputs = plan.targets.iter().map(|t| &t.path).chain(&plan.stale);
-    for o in outputs {
-        if std::fs::canonicalize(o).is_ok_and(|c| sources.contains(&c)) {
-            return Err(Error::OutputIsSource { path: o.clone() });
-        }
-    }
+    // A previous DCP checkpoint in `out`: `.metadata` first. Writing over the source folder is
+    // refused by the executor.
+    plan.stale = write::stale_files(
+        out,
+        |n| n == super::METADATA_NAME || (n.starts_with("__") && n.ends_with(".distcp")),
+        |n| n == super::METADATA_NAME,
+    )?;
     plan.trailers.push((meta_path.clone(), encode::encode(&items, &abs, &encode::uuid4())));
 
     let finish = |ti: usize, file: &std::fs::File, tmp: &Path| -> Result<()> {
@@ -242,27 +240,6 @@ fn slice_copies(chunks: &[Chunk], from: u64, len: u64, dst_off: u64, out: &mut V
             break;
         }
     }
-}
-
-/// A previous DCP checkpoint's files in `dir`: `.metadata` first, so an interrupted run never
-/// leaves metadata that names a mix of old and new data files.
-fn stale_files(dir: &Path) -> Result<Vec<PathBuf>> {
-    let mut stale = Vec::new();
-    let meta = dir.join(super::METADATA_NAME);
-    if meta.exists() {
-        stale.push(meta);
-    }
-    let mut data = Vec::new();
-    for entry in std::fs::read_dir(dir).at(dir)? {
-        let entry = entry.at(dir)?;
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if name.starts_with("__") && name.ends_with(".distcp") {
-            data.push(entry.path());
-        }
-    }
-    data.sort();
-    stale.extend(data);
-    Ok(stale)
 }
 
 #[cfg(test)]

@@ -228,7 +228,6 @@ pub fn merge_zero(
         count += m.len();
         bytes += m.iter().map(Out::len).sum::<u64>();
     }
-    refuse_sources(&ck.files, &files)?;
     let sources = &ck.files;
     let finish = |ti: usize, f: &File, tmp: &Path| -> Result<()> {
         casts.par_iter().filter(|(t, _, _)| *t == ti).try_for_each(|(_, at, src)| cast_one(sources, src, f, tmp, *at))
@@ -253,16 +252,4 @@ fn cast_one(sources: &[SourceFile], src: &Out, f: &File, tmp: &Path, at: u64) ->
     let mut out = Vec::with_capacity(usize::try_from(src.len()).unwrap_or(0));
     crate::cast::cast_into(&raw, src.from, src.dtype, &mut out);
     f.write_all_at(&out, at).at(tmp)
-}
-
-fn refuse_sources(sources: &[SourceFile], outputs: &[PathBuf]) -> Result<()> {
-    let canon: Vec<PathBuf> = sources.iter().filter_map(|s| std::fs::canonicalize(&s.path).ok()).collect();
-    for o in outputs {
-        if let Ok(c) = std::fs::canonicalize(o) {
-            if canon.contains(&c) {
-                return Err(Error::OutputIsSource { path: o.clone() });
-            }
-        }
-    }
-    Ok(())
 }

@@ -97,25 +97,28 @@ pub fn shard_name(i: usize, n: usize) -> String {
     format!("model-{i:05}-of-{n:05}.safetensors")
 }
 
-/// True for names that huggingface_hub's `save_torch_state_dict` deletes before writing:
-/// `model.safetensors`, `model-XXXXX-of-XXXXX.safetensors` and their `.index.json`.
-pub fn is_managed_name(name: &str) -> bool {
-    let Some(rest) = name.strip_prefix("model") else {
+/// True for names that huggingface_hub's `save_torch_state_dict` deletes before writing with the
+/// file pattern `{stem}{suffix}{ext}`: `model.safetensors`, `model-XXXXX-of-XXXXX.safetensors`
+/// and the `.index.json` (`stem` = `model`, `ext` = `.safetensors`; `pytorch_model` and `.bin`
+/// for torch files).
+pub fn is_managed_name(name: &str, stem: &str, ext: &str) -> bool {
+    let Some(rest) = name.strip_prefix(stem) else {
         return false;
     };
     let rest = rest.strip_suffix(".index.json").unwrap_or(rest);
-    let Some(mid) = rest.strip_suffix(".safetensors") else {
+    let Some(mid) = rest.strip_suffix(ext) else {
         return false;
     };
     if mid.is_empty() {
         return true;
     }
     let b = mid.as_bytes();
+    // Byte-wise with `get`: a non-ASCII name must not split a character.
     b.len() == 15
-        && b[0] == b'-'
-        && b[1..6].iter().all(u8::is_ascii_digit)
-        && &mid[6..10] == "-of-"
-        && b[10..15].iter().all(u8::is_ascii_digit)
+        && b.first() == Some(&b'-')
+        && b.get(1..6).is_some_and(|d| d.iter().all(u8::is_ascii_digit))
+        && b.get(6..10) == Some(b"-of-".as_slice())
+        && b.get(10..15).is_some_and(|d| d.iter().all(u8::is_ascii_digit))
 }
 
 /// Renders an index the way huggingface_hub writes it: `json.dump(index, indent=2)`, which
@@ -152,10 +155,18 @@ mod tests {
     #[test]
     fn managed_names() {
         for ok in ["model.safetensors", "model-00001-of-00002.safetensors", "model.safetensors.index.json"] {
-            assert!(is_managed_name(ok), "{ok}");
+            assert!(is_managed_name(ok, "model", ".safetensors"), "{ok}");
         }
         for no in ["model-1-of-2.safetensors", "other.safetensors", "model.bin", "model-00001-of-00002.bin"] {
-            assert!(!is_managed_name(no), "{no}");
+            assert!(!is_managed_name(no, "model", ".safetensors"), "{no}");
+        }
+        for ok in ["pytorch_model.bin", "pytorch_model-00001-of-00002.bin", "pytorch_model.bin.index.json"] {
+            assert!(is_managed_name(ok, "pytorch_model", ".bin"), "{ok}");
+        }
+        for no in ["pytorch_model-1-of-2.bin", "model.bin", "pytorch_model.safetensors", "model-0000é-of-2.safetensors"]
+        {
+            assert!(!is_managed_name(no, "pytorch_model", ".bin"), "{no}");
+            assert!(!is_managed_name(no, "model", ".safetensors"), "{no}");
         }
     }
 
