@@ -38,7 +38,7 @@ demo: setup
 
 bench: setup
 	$(CARGO) build --release --locked -p statekit-cli
-	@bash bench/run.sh
+	@bash bench/all.sh
 
 # Regenerates every fixture with the real tools (several minutes: DCP and DeepSpeed cases run
 # multi-rank jobs under torchrun).

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Split and merge of a synthetic checkpoint (default 2.2 GiB of bf16), timed against the Python
 # path users run today and against `cp` of the same bytes (the disk's limit). Every command
-# runs under /usr/bin/time -v in the same session; results go to bench/RESULTS.md's table.
+# runs under /usr/bin/time -v in the same session; results go to bench/RESULTS-safetensors.md.
 #
-#   bench/run.sh [GIB] [REPEATS]
+#   bench/safetensors.sh [GIB] [REPEATS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 GIB=${1:-2.2}
@@ -61,4 +61,15 @@ mib() { printf '%.1f' "$(echo "${RSS[$1]} / 1024" | bc -l)"; }
   echo
   echo "- split: ckpt takes $(ratio ckpt-split py-split)× the time of the Python path and reaches $(ratio cp ckpt-split)× the throughput of \`cp\` ($(ratio cp ckpt-split-mmap)× through the memory map)."
   echo "- merge: ckpt takes $(ratio ckpt-merge py-merge)× the time of the Python path and reaches $(ratio cp ckpt-merge)× the throughput of \`cp\` ($(ratio cp ckpt-merge-mmap)× through the memory map)."
-} | tee "$WORK/table.md"
+} > "$WORK/table.md"
+{
+  echo "# safetensors split and merge"
+  echo
+  echo "Checkpoint: $(basename "$SRC"), $(printf '%.2f' "$(echo "$BYTES / 2^30" | bc -l)") GiB of bf16 tensors (bench/py/make_checkpoint.py); shards of $SHARD."
+  echo "Machine: $(uname -m), $(nproc) CPUs; median of $REPS runs, largest peak RSS (\`/usr/bin/time -v\`). The source is in the page cache;"
+  echo "\`cp\` is followed by \`sync\` of the copy because ckpt fsyncs every file it writes. Python path: \`load_file\` +"
+  echo "\`save_torch_state_dict\` (split), every shard's \`load_file\` + \`save_file\` (merge). \`-mmap\` rows force the user-space"
+  echo "copy through the memory map instead of \`copy_file_range\`."
+  echo
+  cat "$WORK/table.md"
+} | tee bench/RESULTS-safetensors.md

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# `make bench`: every benchmark, each against the tool users would otherwise run, then
+# bench/RESULTS.md assembled from the per-area results. Takes a while (2 GiB inputs are
+# generated once into bench/work/, which git ignores); never part of `make test`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${STATEKIT_VENV:-/opt/statekit-venv}/bin/python
+export PATH="$(dirname "$PY"):$PATH" OMP_NUM_THREADS=1
+CKPT=$PWD/target/release/ckpt
+
+bash bench/safetensors.sh
+CKPT_BIN=$CKPT BENCH_DIR=bench/work/torch bash -c 'mkdir -p "$BENCH_DIR" && bash bench/torch_convert.sh'
+"$PY" bench/dcp_bench.py --repeats 3 --write-results --rust "$CKPT merge {src} {out}/model.safetensors"
+"$PY" bench/ds_bench.py --ckpt "$CKPT"
+"$PY" bench/dataload_bench.py
+"$PY" bench/dataload_sources_bench.py
+bash bench/assemble.sh
