@@ -30,7 +30,7 @@ use arrow_schema::SchemaRef;
 use crate::error::{DataloadError, Result};
 use crate::mmap::map_file;
 use crate::source::{resolve_files, DataFile, FileFingerprint, Fingerprint, ShardIndex, Source};
-use crate::table::{check_same_schema, collate, distinct_units, resolve_columns};
+use crate::table::{check_same_schema, gather_rows, resolve_columns};
 
 const FILE_MAGIC: &[u8] = b"ARROW1";
 
@@ -96,12 +96,7 @@ impl Source for ArrowDataset {
     }
 
     fn read_batch(&self, indices: &[u64]) -> Result<RecordBatch> {
-        let located = indices.iter().map(|&i| self.index.locate(i)).collect::<Result<Vec<_>>>()?;
-        let units: Vec<usize> = located.iter().map(|(u, _)| *u).collect();
-        let (distinct, slots) = distinct_units(&units);
-        let touched: Vec<RecordBatch> = distinct.iter().map(|&u| self.batches[u].clone()).collect();
-        let rows: Vec<(usize, usize)> = slots.iter().zip(&located).map(|(&s, &(_, r))| (s, r as usize)).collect();
-        collate(&self.schema, &touched, &rows)
+        gather_rows(&self.schema, &self.index, indices, |u| Ok(self.batches[u].clone()))
     }
 }
 

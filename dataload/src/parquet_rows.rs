@@ -32,7 +32,7 @@ use parquet::arrow::ProjectionMask;
 use crate::error::{DataloadError, Result};
 use crate::mmap::map_file;
 use crate::source::{resolve_files, DataFile, FileFingerprint, Fingerprint, ShardIndex, Source, UnitCache};
-use crate::table::{check_same_schema, collate, distinct_units, resolve_columns};
+use crate::table::{check_same_schema, gather_rows, resolve_columns};
 
 /// Row groups kept decoded by default.
 pub const DEFAULT_ROW_GROUP_CACHE: usize = 8;
@@ -181,11 +181,6 @@ impl Source for ParquetDataset {
     }
 
     fn read_batch(&self, indices: &[u64]) -> Result<RecordBatch> {
-        let located = indices.iter().map(|&i| self.index.locate(i)).collect::<Result<Vec<_>>>()?;
-        let units: Vec<usize> = located.iter().map(|(u, _)| *u).collect();
-        let (distinct, slots) = distinct_units(&units);
-        let touched = distinct.iter().map(|&g| self.row_group(g)).collect::<Result<Vec<_>>>()?;
-        let rows: Vec<(usize, usize)> = slots.iter().zip(&located).map(|(&s, &(_, r))| (s, r as usize)).collect();
-        collate(&self.schema, &touched, &rows)
+        gather_rows(&self.schema, &self.index, indices, |g| self.row_group(g))
     }
 }

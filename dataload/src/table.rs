@@ -6,6 +6,7 @@ use arrow_schema::{Schema, SchemaRef};
 use arrow_select::interleave::interleave_record_batch;
 
 use crate::error::{DataloadError, Result};
+use crate::source::ShardIndex;
 
 /// Indices in `schema` of the `columns` asked for (all columns when `None`), in the order
 /// asked for.
@@ -46,7 +47,7 @@ pub(crate) fn check_same_schema(first: &Schema, first_path: &str, other: &Schema
 /// Collates `rows` — `(unit, row in unit)` pairs, `unit` indexing `units` — into one record
 /// batch with `schema`, the rows in the order given. `units` holds only the units the rows
 /// touch; every buffer of the result is allocated once.
-pub(crate) fn collate(schema: &SchemaRef, units: &[RecordBatch], rows: &[(usize, usize)]) -> Result<RecordBatch> {
+fn collate(schema: &SchemaRef, units: &[RecordBatch], rows: &[(usize, usize)]) -> Result<RecordBatch> {
     if rows.is_empty() {
         return Ok(RecordBatch::new_empty(schema.clone()));
     }
@@ -59,9 +60,25 @@ pub(crate) fn collate(schema: &SchemaRef, units: &[RecordBatch], rows: &[(usize,
     })
 }
 
+/// The rows at global `indices` of a dataset made of record-batch units (Arrow record batches,
+/// Parquet row groups), collated in order; each unit a batch touches is fetched once, by `unit`.
+pub(crate) fn gather_rows(
+    schema: &SchemaRef,
+    index: &ShardIndex,
+    indices: &[u64],
+    unit: impl Fn(usize) -> Result<RecordBatch>,
+) -> Result<RecordBatch> {
+    let located = indices.iter().map(|&i| index.locate(i)).collect::<Result<Vec<_>>>()?;
+    let units: Vec<usize> = located.iter().map(|(u, _)| *u).collect();
+    let (distinct, slots) = distinct_units(&units);
+    let touched = distinct.into_iter().map(unit).collect::<Result<Vec<_>>>()?;
+    let rows: Vec<(usize, usize)> = slots.iter().zip(&located).map(|(&s, &(_, r))| (s, r as usize)).collect();
+    collate(schema, &touched, &rows)
+}
+
 /// The distinct units among `wanted` (sorted), and for each entry of `wanted` its position in
 /// that list: what [`collate`] needs to be given only the units a batch touches.
-pub(crate) fn distinct_units(wanted: &[usize]) -> (Vec<usize>, Vec<usize>) {
+fn distinct_units(wanted: &[usize]) -> (Vec<usize>, Vec<usize>) {
     let mut distinct = wanted.to_vec();
     distinct.sort_unstable();
     distinct.dedup();
