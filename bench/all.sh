@@ -5,11 +5,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${STATEKIT_VENV:-/opt/statekit-venv}/bin/python
-export PATH="$(dirname "$PY"):$PATH" OMP_NUM_THREADS=1
-CKPT=$PWD/target/release/ckpt
+# The venv's bin holds torchrun and ninja, which the DCP and DeepSpeed generators launch.
+export PATH="$(dirname "$PY"):$PATH"
+CKPT=target/release/ckpt
 
 bash bench/safetensors.sh
-CKPT_BIN=$CKPT BENCH_DIR=bench/work/torch bash -c 'mkdir -p "$BENCH_DIR" && bash bench/torch_convert.sh'
+CKPT_BIN=$PWD/$CKPT BENCH_DIR=bench/work/torch bash -c 'mkdir -p "$BENCH_DIR" && bash bench/torch_convert.sh'
 "$PY" bench/dcp_bench.py --repeats 3 --write-results --rust "$CKPT merge {src} {out}/model.safetensors"
 "$PY" bench/ds_bench.py --ckpt "$CKPT"
 "$PY" bench/dataload_bench.py
