@@ -52,3 +52,4 @@ fixtures: setup
 	PATH=$(VENV)/bin:$$PATH $(PY) fixtures/gen/dcp_fixtures.py
 	$(PY) fixtures/gen/hostile_dcp.py
 	PATH=$(VENV)/bin:$$PATH $(PY) fixtures/gen/deepspeed_fixtures.py
+	PATH=$(VENV)/bin:$$PATH $(PY) fixtures/gen/deepspeed_hostile.py
