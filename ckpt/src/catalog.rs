@@ -183,8 +183,12 @@ pub(crate) struct Scan {
 /// index, bad single file) are returned as `Err`; problems between index and shards are
 /// collected so that `verify` can list them all.
 pub(crate) fn scan(src: &str) -> Result<Scan> {
-    let path = crate::hub::resolve(src)?;
-    let (format, root) = detect(&path)?;
+    let (format, root) = detect(&crate::hub::resolve(src)?)?;
+    scan_detected(format, root)
+}
+
+/// Reads a checkpoint whose format [`detect`] already decided.
+pub(crate) fn scan_detected(format: Format, root: PathBuf) -> Result<Scan> {
     match format {
         Format::Safetensors => {
             let (file, header) = read_file(&root)?;

@@ -6,7 +6,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::catalog::{detect, scan, Format};
+use crate::catalog::{detect, scan_detected, Format};
 use crate::error::{Error, IoContext, Result};
 use crate::manifest;
 
@@ -46,8 +46,8 @@ pub fn verify(src: &str) -> Result<Report> {
     // Detection alone tells the format even when the file itself turns out to be defective.
     let (format, root) = detect(&crate::hub::resolve(src)?)?;
     report.format = Some(format);
-    report.path = root;
-    let scanned = match scan(src) {
+    report.path = root.clone();
+    let scanned = match scan_detected(format, root) {
         Ok(s) => s,
         Err(e) if e.is_invalid_data() => {
             report.problems.push(e);
@@ -56,8 +56,6 @@ pub fn verify(src: &str) -> Result<Report> {
         Err(e) => return Err(e),
     };
     let ck = scanned.checkpoint;
-    report.path = ck.root().to_path_buf();
-    report.format = Some(ck.format());
     report.files = ck.files().len();
     report.tensors = ck.tensors().len();
     report.problems = scanned.problems;
