@@ -198,24 +198,24 @@ pub(crate) fn scan_detected(format: Format, root: PathBuf) -> Result<Scan> {
         }
         Format::HfSharded => scan_index(root),
         Format::Torch | Format::TorchSharded => {
-            Ok(Scan { checkpoint: crate::torch::checkpoint(root, format)?, problems: Vec::new() })
+            Ok(Scan { checkpoint: crate::formats::torch::checkpoint(root, format)?, problems: Vec::new() })
         }
-        Format::Dcp => Ok(Scan { checkpoint: crate::dcp::checkpoint(&root)?, problems: Vec::new() }),
-        Format::DeepSpeed => Ok(Scan { checkpoint: crate::deepspeed::checkpoint(&root)?, problems: Vec::new() }),
+        Format::Dcp => Ok(Scan { checkpoint: crate::formats::dcp::checkpoint(&root)?, problems: Vec::new() }),
+        Format::DeepSpeed => Ok(Scan { checkpoint: crate::formats::deepspeed::checkpoint(&root)?, problems: Vec::new() }),
     }
 }
 
 /// Decides what `path` is: a safetensors file, an index, or a folder holding one of them.
 pub(crate) fn detect(path: &Path) -> Result<(Format, PathBuf)> {
     let meta = std::fs::metadata(path).at(path)?;
-    if let Some(dir) = crate::dcp::detect(path) {
+    if let Some(dir) = crate::formats::dcp::detect(path) {
         return Ok((Format::Dcp, dir));
     }
-    if crate::deepspeed::is_zero_checkpoint(path) {
+    if crate::formats::deepspeed::is_zero_checkpoint(path) {
         return Ok((Format::DeepSpeed, path.to_path_buf()));
     }
     if meta.is_file() {
-        if let Some(torch) = crate::torch::detect(path) {
+        if let Some(torch) = crate::formats::torch::detect(path) {
             return Ok(torch);
         }
         let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default();
@@ -248,7 +248,7 @@ pub(crate) fn detect(path: &Path) -> Result<(Format, PathBuf)> {
     match (indexes.as_slice(), singles.as_slice()) {
         ([one], _) => Ok((Format::HfSharded, one.clone())),
         ([], [one]) => Ok((Format::Safetensors, one.clone())),
-        _ => crate::torch::detect(path).ok_or_else(|| Error::NotACheckpoint { path: path.to_path_buf() }),
+        _ => crate::formats::torch::detect(path).ok_or_else(|| Error::NotACheckpoint { path: path.to_path_buf() }),
     }
 }
 

@@ -2,7 +2,7 @@
 //!
 //! The source becomes a list of tensors, each either byte ranges of a file (safetensors) or a
 //! strided window on a storage record (torch). The target is laid out first (a safetensors
-//! header, or a torch archive with every header placed, see [`crate::torch::writer`]); then each
+//! header, or a torch archive with every header placed, see [`crate::formats::torch::writer`]); then each
 //! tensor is either a plain range copy (contiguous and not cast, the common case, done by the
 //! kernel) or a job that walks the tensor's runs through a fixed window, casting on the way.
 //! Memory is bounded by that window per thread, whatever the model or tensor size; the source
@@ -33,9 +33,9 @@ use crate::error::{Error, IoContext, Result};
 use crate::formats::hf_index::{self, Index};
 use crate::formats::safetensors::{self as st, OutTensor};
 use crate::sys::MappedFile;
-use crate::torch::flatten::Leaf;
-use crate::torch::writer::{self, TorchLayout, WStorage, WTensor, WValue};
-use crate::torch::{self, strided::Runs, TORCH_INDEX_NAME, TORCH_SINGLE_NAME};
+use crate::formats::torch::flatten::Leaf;
+use crate::formats::torch::writer::{self, TorchLayout, WStorage, WTensor, WValue};
+use crate::formats::torch::{self, strided::Runs, TORCH_INDEX_NAME, TORCH_SINGLE_NAME};
 use crate::write::{self, Plan, RangeCopy, TargetFile, WriteOptions};
 
 /// The output format.

@@ -12,8 +12,6 @@
 mod cast;
 mod catalog;
 mod convert;
-mod dcp;
-mod deepspeed;
 mod dtype;
 mod error;
 mod formats;
@@ -22,15 +20,14 @@ mod manifest;
 mod ops;
 mod size;
 mod sys;
-mod torch;
 mod verify;
 mod write;
 
 pub use cast::{cast_into, is_castable};
 pub use catalog::{Checkpoint, Chunk, Format, SourceFile, TensorInfo};
 pub use convert::{convert, ConvertOptions, ConvertOutcome, TargetFormat};
-pub use dcp::{reshard, to_dcp, DcpOutcome};
-pub use deepspeed::{
+pub use formats::dcp::{reshard, to_dcp, DcpOutcome};
+pub use formats::deepspeed::{
     is_zero_checkpoint, merge_zero, reshard_zero, ZeroCheckpoint, ZeroMergeOptions, ZeroMergeOutcome, ZeroParam,
     ZeroReshardOutcome, ZeroTensor, OPTIMIZER_NAME as ZERO_OPTIMIZER_NAME,
 };
@@ -43,8 +40,8 @@ pub use manifest::MANIFEST_NAME;
 pub use ops::{assign_shards, merge, split, MergeOutcome, SplitOutcome};
 pub use size::{parse_size, DEFAULT_MAX_SHARD_SIZE};
 #[doc(hidden)]
-pub use torch::fuzz;
-pub use torch::{MAX_PICKLE_LEN, TORCH_INDEX_NAME, TORCH_SINGLE_NAME};
+pub use formats::torch::fuzz;
+pub use formats::torch::{MAX_PICKLE_LEN, TORCH_INDEX_NAME, TORCH_SINGLE_NAME};
 pub use verify::{verify, Report};
 pub use write::{CopyMethod, WriteOptions};
 

@@ -35,9 +35,9 @@ use super::read::{ZeroCheckpoint, OPTIM_CLASSES};
 use crate::catalog::Chunk;
 use crate::dtype::Dtype;
 use crate::error::{Error, Result};
-use crate::torch::flatten::Leaf;
-use crate::torch::writer::{self, TorchLayout, WNode, WStorage, WTensor, WValue};
-use crate::torch::{self, TorchFile};
+use crate::formats::torch::flatten::Leaf;
+use crate::formats::torch::writer::{self, TorchLayout, WNode, WStorage, WTensor, WValue};
+use crate::formats::torch::{self, TorchFile};
 use crate::write::{self, Plan, RangeCopy, TargetFile, WriteOptions};
 
 /// The file naming the universal tag, beside it.

@@ -21,7 +21,7 @@ use super::metadata::PathElem;
 use crate::catalog::{Chunk, SourceFile};
 use crate::dtype::Dtype;
 use crate::error::{Error, IoContext, Result};
-use crate::torch::writer::{self, TorchLayout, WStorage, WTensor};
+use crate::formats::torch::writer::{self, TorchLayout, WStorage, WTensor};
 use crate::write::{self, Plan, RangeCopy, TargetFile, WriteOptions};
 
 /// A tensor to write.

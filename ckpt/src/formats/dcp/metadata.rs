@@ -24,7 +24,7 @@ use std::path::Path;
 
 use crate::dtype::Dtype;
 use crate::error::{Error, Result};
-use crate::torch::pickle::{self, Global, Limits, Obj, Pickle, Refusal, V};
+use crate::formats::torch::pickle::{self, Global, Limits, Obj, Pickle, Refusal, V};
 
 const MD: &str = "torch.distributed.checkpoint.metadata.";
 /// The classes a DCP `.metadata` pickle names besides torch dtypes and `torch.Size`; nothing

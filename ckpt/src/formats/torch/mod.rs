@@ -359,7 +359,7 @@ pub mod fuzz {
     /// The DCP `.metadata` reader: the restricted unpickler with DCP's classes, then the walk
     /// over its dataclasses.
     pub fn dcp_metadata(data: &[u8]) {
-        let _ = crate::dcp::metadata::parse(data, Path::new("fuzz/.metadata"));
+        let _ = crate::formats::dcp::metadata::parse(data, Path::new("fuzz/.metadata"));
     }
 
     /// The zip reader on an in-memory archive, then every record it would read.

@@ -10,10 +10,10 @@ use super::metadata::{self, ChunkMeta, Kind, PathElem, StorageInfo};
 use crate::catalog::{Chunk, SourceFile};
 use crate::dtype::Dtype;
 use crate::error::{Error, IoContext, Result};
-use crate::torch::flatten::{self, Leaf};
-use crate::torch::pickle::{self, Limits, Obj, Refusal};
-use crate::torch::strided::{self, Runs};
-use crate::torch::zip::{self, ReadAt};
+use crate::formats::torch::flatten::{self, Leaf};
+use crate::formats::torch::pickle::{self, Limits, Obj, Refusal};
+use crate::formats::torch::strided::{self, Runs};
+use crate::formats::torch::zip::{self, ReadAt};
 
 /// The largest `.metadata` we read (a model with a million chunks stays well below).
 const MAX_METADATA_LEN: u64 = 1 << 30;

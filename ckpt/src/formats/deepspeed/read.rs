@@ -8,8 +8,8 @@ use fsdp_state::{Layout, TensorSpec, Zero12, Zero3};
 use crate::catalog::{Chunk, SourceFile};
 use crate::dtype::Dtype;
 use crate::error::{Error, IoContext, Result};
-use crate::torch::flatten::Leaf;
-use crate::torch::{self, TorchFile, TorchTensor};
+use crate::formats::torch::flatten::Leaf;
+use crate::formats::torch::{self, TorchFile, TorchTensor};
 
 /// The DeepSpeed classes an optim-states file may name (see the module docs for what each is).
 pub(super) const OPTIM_CLASSES: &[&str] = &[

@@ -13,7 +13,7 @@ use std::path::Path;
 
 use super::metadata::PathElem;
 use crate::dtype::Dtype;
-use crate::torch::pickle::torch_dtype_name;
+use crate::formats::torch::pickle::torch_dtype_name;
 
 const MD: &str = "torch.distributed.checkpoint.metadata";
 
