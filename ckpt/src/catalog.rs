@@ -1,17 +1,24 @@
 //! The catalog: every checkpoint, whatever its format, read into one view.
 //!
-//! A catalog lists logical tensors (name, dtype, shape), each made of chunks: byte ranges of
-//! source files whose concatenation is the tensor's row-major bytes. A safetensors tensor is one
-//! chunk. Operations never look at formats again: they plan range copies from chunks.
+//! A catalog lists logical tensors (name, dtype, shape), each described by where its bytes are
+//! in the source files ([`TensorData`]): byte ranges whose concatenation is the row-major tensor
+//! (a safetensors tensor, a DCP tensor's dim-0 chunks, a ZeRO parameter's slices of the flat
+//! rank partitions), or a strided view on a storage record (a torch tensor). A tensor also says
+//! the dtype its bytes are stored in, which may differ from the dtype it is written as (ZeRO's
+//! bf16 frozen parameters merge to fp32). Operations never look at formats again: they plan
+//! copies from these descriptions.
+//!
+//! This module is types only. Readers live in `formats/`; every one of them builds its
+//! [`Checkpoint`] through [`Checkpoint::new`], the one place that checks the catalog's
+//! invariants.
 
-use std::collections::HashMap;
-use std::fs::File;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
 use crate::dtype::Dtype;
-use crate::error::{Error, IoContext, Result};
-use crate::formats::hf_index::{self, Index};
-use crate::formats::safetensors::{self as st, Header};
+use crate::error::{Error, Result};
+use crate::formats::torch::flatten::Leaf;
+use crate::formats::torch::strided::{self, Runs};
 
 /// The on-disk layout a checkpoint was read from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -33,6 +40,7 @@ pub enum Format {
 }
 
 impl Format {
+    /// The name `inspect` and `verify` print.
     pub fn name(self) -> &'static str {
         match self {
             Format::Safetensors => "safetensors",
@@ -48,9 +56,11 @@ impl Format {
 /// A source file of a checkpoint.
 #[derive(Clone, Debug)]
 pub struct SourceFile {
+    /// Where it is.
     pub path: PathBuf,
+    /// Its size in bytes when it was opened.
     pub len: u64,
-    /// The file's `__metadata__`, in file order.
+    /// The file's `__metadata__` (safetensors), in file order.
     pub metadata: Vec<(String, String)>,
 }
 
@@ -61,103 +71,314 @@ pub struct Chunk {
     pub file: usize,
     /// Absolute offset in that file.
     pub offset: u64,
+    /// Length in bytes.
     pub len: u64,
 }
+
+/// Where a tensor's stored bytes are.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum TensorData {
+    /// The row-major bytes are these ranges, concatenated.
+    Ranges(Vec<Chunk>),
+    /// A strided view (`offset` and `strides` in elements) on the storage of `len` bytes at
+    /// absolute offset `base` of `file`.
+    Strided { file: usize, base: u64, len: u64, offset: u64, strides: Vec<u64> },
+}
+
+/// File, storage base, offset, strides, shape, dtype: equal keys read the same bytes.
+pub(crate) type AliasKey<'a> = (usize, u64, u64, &'a [u64], &'a [u64], Dtype);
 
 /// A logical tensor.
 #[derive(Clone, Debug)]
 pub struct TensorInfo {
+    /// Its name in the state dict.
     pub name: String,
+    /// The dtype it has (and is written as, unless an operation casts it).
     pub dtype: Dtype,
+    /// Its global shape.
     pub shape: Vec<u64>,
-    /// Concatenated in order, these are the tensor's row-major bytes.
-    pub chunks: Vec<Chunk>,
+    /// The dtype its bytes are stored in; differs from `dtype` only where reading means casting.
+    pub(crate) stored: Dtype,
+    pub(crate) data: TensorData,
 }
 
 impl TensorInfo {
+    /// A tensor whose stored bytes are `chunks`, concatenated.
+    pub(crate) fn ranges(name: String, dtype: Dtype, shape: Vec<u64>, chunks: Vec<Chunk>) -> TensorInfo {
+        TensorInfo { name, dtype, shape, stored: dtype, data: TensorData::Ranges(chunks) }
+    }
+
+    /// Elements in the tensor (the catalog's constructor checked that this fits).
+    pub fn numel(&self) -> u64 {
+        strided::numel(&self.shape).unwrap_or(0)
+    }
+
+    /// Bytes of the tensor in its dtype (what an operation writes, uncast).
     pub fn byte_len(&self) -> u64 {
-        self.chunks.iter().map(|c| c.len).sum()
+        self.numel().saturating_mul(self.dtype.bits() / 8)
+    }
+
+    /// Bytes it occupies as stored.
+    pub(crate) fn stored_len(&self) -> u64 {
+        self.numel().saturating_mul(self.stored.bits() / 8)
+    }
+
+    /// The source file and offset of its first byte, when it has bytes.
+    pub fn location(&self) -> Option<(usize, u64)> {
+        match &self.data {
+            TensorData::Ranges(c) => c.iter().find(|c| c.len > 0).or(c.first()).map(|c| (c.file, c.offset)),
+            TensorData::Strided { file, base, offset, .. } => {
+                Some((*file, base.saturating_add(offset.saturating_mul(self.stored.bits() / 8))))
+            }
+        }
+    }
+
+    /// The stored bytes as absolute `(file, offset, len)` runs, in row-major order; adjacent
+    /// runs are merged.
+    pub(crate) fn runs(&self) -> Box<dyn Iterator<Item = (usize, u64, u64)> + Send + '_> {
+        match &self.data {
+            TensorData::Ranges(c) => Box::new(c.iter().filter(|c| c.len > 0).map(|c| (c.file, c.offset, c.len))),
+            TensorData::Strided { file, base, offset, strides, .. } => {
+                let (file, base) = (*file, *base);
+                Box::new(
+                    Runs::new(*offset, &self.shape, strides, self.stored.bits() / 8)
+                        .map(move |(o, l)| (file, base + o, l)),
+                )
+            }
+        }
+    }
+
+    /// How many runs [`TensorInfo::runs`] yields.
+    pub(crate) fn run_count(&self) -> u64 {
+        match &self.data {
+            TensorData::Ranges(c) => c.iter().filter(|c| c.len > 0).count() as u64,
+            TensorData::Strided { offset, strides, .. } => {
+                Runs::new(*offset, &self.shape, strides, self.stored.bits() / 8).total()
+            }
+        }
+    }
+
+    /// The stored bytes as ranges, for writers that slice tensors by byte (DCP rows). A view
+    /// split into more than `max` runs is refused with a hint.
+    pub(crate) fn byte_ranges(&self, path: &Path, max: u64) -> Result<Vec<Chunk>> {
+        if self.run_count() > max {
+            return Err(Error::BadTorchTensor {
+                path: path.to_path_buf(),
+                tensor: self.name.clone(),
+                reason: format!(
+                    "its strides split it into {} pieces; hint: `ckpt convert` makes it contiguous",
+                    self.run_count()
+                ),
+            });
+        }
+        let mut out: Vec<Chunk> = Vec::new();
+        for (file, offset, len) in self.runs() {
+            match out.last_mut() {
+                Some(c) if c.file == file && c.offset + c.len == offset => c.len += len,
+                _ => out.push(Chunk { file, offset, len }),
+            }
+        }
+        Ok(out)
+    }
+
+    /// Identity of the bytes it reads: tensors with equal keys are exact aliases (torch's tied
+    /// weights). Only views have one; ranges never alias.
+    pub(crate) fn alias_key(&self) -> Option<AliasKey<'_>> {
+        match &self.data {
+            TensorData::Strided { file, base, offset, strides, .. } => {
+                Some((*file, *base, *offset, strides.as_slice(), self.shape.as_slice(), self.dtype))
+            }
+            TensorData::Ranges(_) => None,
+        }
     }
 }
 
-/// A checkpoint read into a catalog. Validated: every tensor's bytes are in bounds and sized
-/// for its dtype and shape, names are unique.
+/// A checkpoint read into a catalog. Valid by construction ([`Checkpoint::new`]): every
+/// tensor's bytes are in bounds of its files and sized for its dtype and shape, names are unique.
 #[derive(Clone, Debug)]
 pub struct Checkpoint {
     pub(crate) format: Format,
     pub(crate) root: PathBuf,
     pub(crate) files: Vec<SourceFile>,
     pub(crate) tensors: Vec<TensorInfo>,
-    pub(crate) index: Option<Index>,
+    /// The index's `metadata`, for sharded checkpoints.
+    pub(crate) index_metadata: Option<serde_json::Map<String, serde_json::Value>>,
+    /// Non-tensor values (a torch file's `step`, a DCP optimizer's `param_groups`), by dotted name.
+    pub(crate) values: Vec<(String, Leaf)>,
+    /// Format-specific state that some operations need beyond the catalog.
+    pub(crate) detail: Detail,
+}
+
+/// What a format keeps of its source for the operations that are more than copying the catalog
+/// (resharding, the ZeRO optimizer states).
+#[derive(Clone, Debug, Default)]
+pub(crate) enum Detail {
+    #[default]
+    None,
+    Dcp(std::sync::Arc<crate::formats::dcp::DcpSource>),
+    Zero(std::sync::Arc<crate::formats::deepspeed::ZeroCheckpoint>),
+}
+
+/// The parts a reader hands to [`Checkpoint::new`].
+#[derive(Debug)]
+pub(crate) struct Parts {
+    pub format: Format,
+    pub root: PathBuf,
+    pub files: Vec<SourceFile>,
+    pub tensors: Vec<TensorInfo>,
+    pub index_metadata: Option<serde_json::Map<String, serde_json::Value>>,
+    pub values: Vec<(String, Leaf)>,
+    pub detail: Detail,
+}
+
+impl Parts {
+    pub(crate) fn new(format: Format, root: PathBuf, files: Vec<SourceFile>, tensors: Vec<TensorInfo>) -> Parts {
+        Parts { format, root, files, tensors, index_metadata: None, values: Vec::new(), detail: Detail::None }
+    }
 }
 
 impl Checkpoint {
-    /// Opens a checkpoint: a `.safetensors` file, an index file, a folder holding either, or an
-    /// `hf://ORG/NAME[@REV][/PATH]` address resolved in the local Hugging Face cache.
-    pub fn open(src: &str) -> Result<Checkpoint> {
-        let scan = scan(src)?;
-        match scan.problems.into_iter().next() {
-            Some(first) => Err(first),
-            None => Ok(scan.checkpoint),
+    /// The one validating constructor: names unique, sizes computable without overflow, every
+    /// byte in bounds of its file.
+    pub(crate) fn new(p: Parts) -> Result<Checkpoint> {
+        let mut seen = HashSet::with_capacity(p.tensors.len());
+        for t in &p.tensors {
+            let where_ = |reason: String| {
+                let path = t.location().and_then(|(f, _)| p.files.get(f)).map_or(p.root.clone(), |f| f.path.clone());
+                Error::BadTensorEntry { path, tensor: t.name.clone(), reason }
+            };
+            if !seen.insert(t.name.as_str()) {
+                return Err(Error::DuplicateTensor { path: p.root.clone(), tensor: t.name.clone() });
+            }
+            let elem = t.stored.bits() / 8;
+            let Some(need) = strided::numel(&t.shape).and_then(|n| n.checked_mul(elem)) else {
+                return Err(where_(format!("shape {:?} overflows", t.shape)));
+            };
+            if strided::numel(&t.shape).and_then(|n| n.checked_mul(t.dtype.bits() / 8)).is_none() {
+                return Err(where_(format!("shape {:?} overflows", t.shape)));
+            }
+            match &t.data {
+                TensorData::Ranges(chunks) => {
+                    let mut total = 0u64;
+                    for c in chunks {
+                        let file = p.files.get(c.file).ok_or_else(|| where_("names an unknown source file".into()))?;
+                        if c.offset.checked_add(c.len).is_none_or(|end| end > file.len) {
+                            return Err(where_(format!(
+                                "bytes {}..{} lie past the end of the {}-byte file",
+                                c.offset,
+                                c.offset.saturating_add(c.len),
+                                file.len
+                            )));
+                        }
+                        total = total.checked_add(c.len).ok_or_else(|| where_("byte count overflows".into()))?;
+                    }
+                    if total != need {
+                        return Err(where_(format!("holds {total} bytes, its shape needs {need}")));
+                    }
+                }
+                TensorData::Strided { file, base, len, offset, strides } => {
+                    let f = p.files.get(*file).ok_or_else(|| where_("names an unknown source file".into()))?;
+                    if base.checked_add(*len).is_none_or(|end| end > f.len) {
+                        return Err(where_("its storage lies past the end of the file".into()));
+                    }
+                    let extent = strided::extent(*offset, &t.shape, strides).and_then(|e| e.checked_mul(elem));
+                    if need > 0 && extent.is_none_or(|e| e > *len) {
+                        return Err(where_("its view reaches past its storage".into()));
+                    }
+                }
+            }
         }
+        Ok(Checkpoint {
+            format: p.format,
+            root: p.root,
+            files: p.files,
+            tensors: p.tensors,
+            index_metadata: p.index_metadata,
+            values: p.values,
+            detail: p.detail,
+        })
     }
 
+    /// The format it was read as.
     pub fn format(&self) -> Format {
         self.format
     }
-    /// The path the checkpoint was opened from (after `hf://` resolution).
+    /// The path the checkpoint was opened from (after `hf://` resolution and detection).
     pub fn root(&self) -> &Path {
         &self.root
     }
+    /// The files its tensors are read from.
     pub fn files(&self) -> &[SourceFile] {
         &self.files
     }
-    /// Tensors in load order: shard by shard, each in data-offset order, which is the order
-    /// `safetensors.torch.load_file` returns them.
+    /// Tensors in load order: for safetensors shard by shard, each in data-offset order, which
+    /// is the order `safetensors.torch.load_file` returns them.
     pub fn tensors(&self) -> &[TensorInfo] {
         &self.tensors
     }
     /// The index's `metadata` when the checkpoint is sharded.
     pub fn index_metadata(&self) -> Option<&serde_json::Map<String, serde_json::Value>> {
-        self.index.as_ref().map(|i| &i.metadata)
+        self.index_metadata.as_ref()
+    }
+    /// The non-tensor values it holds (a torch file's `step`, optimizer `param_groups`), by dotted
+    /// name, as JSON.
+    pub fn values(&self) -> Vec<(&str, serde_json::Value)> {
+        self.values.iter().map(|(k, v)| (k.as_str(), v.to_json())).collect()
+    }
+    /// The number of ranks a sharded checkpoint was saved by (DCP: its rank files; ZeRO: its
+    /// data-parallel world).
+    pub fn world_size(&self) -> Option<u64> {
+        match &self.detail {
+            Detail::Dcp(d) => Some(d.files.len() as u64),
+            Detail::Zero(z) => Some(z.world),
+            Detail::None => None,
+        }
+    }
+    /// The ZeRO stage (1, 2 or 3) of a DeepSpeed checkpoint.
+    pub fn zero_stage(&self) -> Option<u8> {
+        match &self.detail {
+            Detail::Zero(z) => Some(z.stage),
+            _ => None,
+        }
     }
     /// Sum of the tensors' byte sizes.
     pub fn total_bytes(&self) -> u64 {
         self.tensors.iter().map(TensorInfo::byte_len).sum()
     }
 
-    /// Reads a tensor's bytes into memory (row-major, little-endian). For inspection and tests;
-    /// operations never hold whole tensors.
+    /// Reads a tensor's bytes into memory (row-major, little-endian, in its dtype). For
+    /// inspection and tests; operations never hold whole tensors.
     pub fn read_tensor(&self, tensor: &TensorInfo) -> Result<Vec<u8>> {
-        use std::os::unix::fs::FileExt;
-        let mut out = Vec::with_capacity(usize::try_from(tensor.byte_len()).unwrap_or(0));
-        for c in &tensor.chunks {
-            let path = &self.files[c.file].path;
-            let f = File::open(path).at(path)?;
-            let start = out.len();
-            out.resize(start + usize::try_from(c.len).unwrap_or(0), 0);
-            f.read_exact_at(&mut out[start..], c.offset).at(path)?;
+        let sources = crate::io::Sources::open(&self.files)?;
+        let mut raw = Vec::with_capacity(usize::try_from(tensor.stored_len()).unwrap_or(0));
+        for (file, offset, len) in tensor.runs() {
+            raw.extend_from_slice(sources.read(file, offset, len)?);
         }
+        if tensor.stored == tensor.dtype {
+            return Ok(raw);
+        }
+        let mut out = Vec::with_capacity(usize::try_from(tensor.byte_len()).unwrap_or(0));
+        crate::cast::cast_into(&raw, tensor.stored, tensor.dtype, &mut out);
         Ok(out)
     }
 
     /// The files' `__metadata__`, merged in file order. Shards that disagree on a key are refused.
     pub fn file_metadata(&self) -> Result<Vec<(String, String)>> {
         let mut out: Vec<(String, String)> = Vec::new();
-        let mut from: HashMap<String, usize> = HashMap::new();
+        let mut from: HashMap<&str, usize> = HashMap::new();
         for (i, f) in self.files.iter().enumerate() {
             for (k, v) in &f.metadata {
-                match from.get(k) {
+                match from.get(k.as_str()) {
                     None => {
-                        from.insert(k.clone(), i);
+                        from.insert(k, i);
                         out.push((k.clone(), v.clone()));
                     }
                     Some(&j) => {
-                        let first = out.iter().find(|(kk, _)| kk == k).map(|(_, vv)| vv.clone()).unwrap_or_default();
-                        if &first != v {
+                        let first = self.files[j].metadata.iter().find(|(kk, _)| kk == k).map(|(_, vv)| vv.as_str());
+                        if first != Some(v.as_str()) {
                             return Err(Error::MetadataConflict {
                                 key: k.clone(),
-                                first,
+                                first: first.unwrap_or_default().to_string(),
                                 first_file: self.files[j].path.clone(),
                                 second: v.clone(),
                                 second_file: f.path.clone(),
@@ -165,6 +386,24 @@ impl Checkpoint {
                         }
                     }
                 }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Everything the checkpoint says beyond its tensors, folded once for every writer: the
+    /// files' `__metadata__` (with `format`), then the index's metadata other than `total_size`
+    /// (which writers recompute), then the non-tensor values as JSON. A key seen earlier wins.
+    pub(crate) fn metadata(&self) -> Result<Vec<(String, serde_json::Value)>> {
+        let mut out: Vec<(String, serde_json::Value)> =
+            self.file_metadata()?.into_iter().map(|(k, v)| (k, serde_json::Value::String(v))).collect();
+        let mut seen: HashSet<String> = out.iter().map(|(k, _)| k.clone()).collect();
+        let index = self.index_metadata.iter().flat_map(|m| m.iter()).filter(|(k, _)| *k != "total_size");
+        for (k, v) in
+            index.map(|(k, v)| (k.clone(), v.clone())).chain(self.values.iter().map(|(k, v)| (k.clone(), v.to_json())))
+        {
+            if seen.insert(k.clone()) {
+                out.push((k, v));
             }
         }
         Ok(out)
@@ -179,169 +418,8 @@ pub(crate) struct Scan {
     pub problems: Vec<Error>,
 }
 
-/// Resolves `src` and reads it. Errors that leave nothing to scan (missing source, unreadable
-/// index, bad single file) are returned as `Err`; problems between index and shards are
-/// collected so that `verify` can list them all.
-pub(crate) fn scan(src: &str) -> Result<Scan> {
-    let (format, root) = detect(&crate::hub::resolve(src)?)?;
-    scan_detected(format, root)
-}
-
-/// Reads a checkpoint whose format [`detect`] already decided.
-pub(crate) fn scan_detected(format: Format, root: PathBuf) -> Result<Scan> {
-    match format {
-        Format::Safetensors => {
-            let (file, header) = read_file(&root)?;
-            let tensors = header_tensors(&header, 0);
-            let checkpoint = Checkpoint { format, root, files: vec![file], tensors, index: None };
-            Ok(Scan { checkpoint, problems: Vec::new() })
-        }
-        Format::HfSharded => scan_index(root),
-        Format::Torch | Format::TorchSharded => {
-            Ok(Scan { checkpoint: crate::formats::torch::checkpoint(root, format)?, problems: Vec::new() })
-        }
-        Format::Dcp => Ok(Scan { checkpoint: crate::formats::dcp::checkpoint(&root)?, problems: Vec::new() }),
-        Format::DeepSpeed => Ok(Scan { checkpoint: crate::formats::deepspeed::checkpoint(&root)?, problems: Vec::new() }),
+impl Scan {
+    pub(crate) fn clean(checkpoint: Checkpoint) -> Scan {
+        Scan { checkpoint, problems: Vec::new() }
     }
-}
-
-/// Decides what `path` is: a safetensors file, an index, or a folder holding one of them.
-pub(crate) fn detect(path: &Path) -> Result<(Format, PathBuf)> {
-    let meta = std::fs::metadata(path).at(path)?;
-    if let Some(dir) = crate::formats::dcp::detect(path) {
-        return Ok((Format::Dcp, dir));
-    }
-    if crate::formats::deepspeed::is_zero_checkpoint(path) {
-        return Ok((Format::DeepSpeed, path.to_path_buf()));
-    }
-    if meta.is_file() {
-        if let Some(torch) = crate::formats::torch::detect(path) {
-            return Ok(torch);
-        }
-        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default();
-        return if name.ends_with(".index.json") {
-            Ok((Format::HfSharded, path.to_path_buf()))
-        } else {
-            Ok((Format::Safetensors, path.to_path_buf()))
-        };
-    }
-    let index = path.join(hf_index::INDEX_NAME);
-    if index.is_file() {
-        return Ok((Format::HfSharded, index));
-    }
-    let single = path.join(hf_index::SINGLE_NAME);
-    if single.is_file() {
-        return Ok((Format::Safetensors, single));
-    }
-    // Any other lone index or lone safetensors file in the folder.
-    let mut indexes = Vec::new();
-    let mut singles = Vec::new();
-    for entry in std::fs::read_dir(path).at(path)? {
-        let entry = entry.at(path)?;
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if name.ends_with(".safetensors.index.json") {
-            indexes.push(entry.path());
-        } else if name.ends_with(".safetensors") {
-            singles.push(entry.path());
-        }
-    }
-    match (indexes.as_slice(), singles.as_slice()) {
-        ([one], _) => Ok((Format::HfSharded, one.clone())),
-        ([], [one]) => Ok((Format::Safetensors, one.clone())),
-        _ => crate::formats::torch::detect(path).ok_or_else(|| Error::NotACheckpoint { path: path.to_path_buf() }),
-    }
-}
-
-fn read_file(path: &Path) -> Result<(SourceFile, Header)> {
-    let file = File::open(path).at(path)?;
-    let len = file.metadata().at(path)?.len();
-    let header = st::read_header_from(&file, len, path)?;
-    let metadata = header.metadata.clone().unwrap_or_default();
-    Ok((SourceFile { path: path.to_path_buf(), len, metadata }, header))
-}
-
-fn header_tensors(header: &Header, file: usize) -> Vec<TensorInfo> {
-    let start = header.data_start();
-    header
-        .tensors
-        .iter()
-        .map(|t| TensorInfo {
-            name: t.name.clone(),
-            dtype: t.dtype,
-            shape: t.shape.clone(),
-            chunks: vec![Chunk { file, offset: start + t.begin, len: t.end - t.begin }],
-        })
-        .collect()
-}
-
-fn scan_index(index_path: PathBuf) -> Result<Scan> {
-    let index = Index::read(&index_path)?;
-    let dir = index.dir().to_path_buf();
-    let mut problems = Vec::new();
-
-    // Shards in sorted name order: for huggingface_hub's names that is shard order.
-    let mut names: Vec<&str> = index.shard_names();
-    names.sort_unstable();
-    let mut files = Vec::new();
-    let mut tensors = Vec::new();
-    let mut holder: HashMap<String, usize> = HashMap::new();
-    let mut file_of_name: HashMap<&str, usize> = HashMap::new();
-    for name in names {
-        let path = dir.join(name);
-        if !path.exists() {
-            // Reported once per missing file, naming the first tensor that needs it.
-            if let Some((tensor, _)) = index.weight_map.iter().find(|(_, f)| f == name) {
-                problems.push(Error::MissingShard {
-                    index: index_path.clone(),
-                    tensor: tensor.clone(),
-                    file: name.into(),
-                });
-            }
-            continue;
-        }
-        let (file, header) = match read_file(&path) {
-            Ok(x) => x,
-            Err(e) => {
-                problems.push(e);
-                continue;
-            }
-        };
-        let fi = files.len();
-        file_of_name.insert(name, fi);
-        for t in header_tensors(&header, fi) {
-            if let Some(&prev) = holder.get(&t.name) {
-                problems.push(Error::DuplicateAcrossShards {
-                    tensor: t.name.clone(),
-                    first: files.get(prev).map(|f: &SourceFile| f.path.clone()).unwrap_or_default(),
-                    second: path.clone(),
-                });
-                continue;
-            }
-            holder.insert(t.name.clone(), fi);
-            tensors.push(t);
-        }
-        files.push(file);
-    }
-
-    let listed: HashMap<&str, &str> = index.weight_map.iter().map(|(t, f)| (t.as_str(), f.as_str())).collect();
-    for (tensor, fname) in &index.weight_map {
-        let Some(&fi) = file_of_name.get(fname.as_str()) else {
-            continue;
-        };
-        if holder.get(tensor) != Some(&fi) {
-            problems.push(Error::TensorNotInShard {
-                index: index_path.clone(),
-                tensor: tensor.clone(),
-                file: fname.clone(),
-            });
-        }
-    }
-    // A tensor listed under another shard is reported above (that shard is missing or lacks
-    // it); here only tensors the index does not list at all.
-    for t in tensors.iter().filter(|t| !listed.contains_key(t.name.as_str())) {
-        let file = t.chunks.first().and_then(|c| files.get(c.file)).map(|f| f.path.clone()).unwrap_or_default();
-        problems.push(Error::UnlistedTensor { index: index_path.clone(), file, tensor: t.name.clone() });
-    }
-    let checkpoint = Checkpoint { format: Format::HfSharded, root: index_path, files, tensors, index: Some(index) };
-    Ok(Scan { checkpoint, problems })
 }

@@ -34,6 +34,9 @@ pub enum Error {
     #[error("{path}: tensor `{tensor}` has unknown dtype `{dtype}`")]
     UnknownDtype { path: PathBuf, tensor: String, dtype: String },
 
+    #[error("{path}: tensor `{tensor}` appears twice")]
+    DuplicateTensor { path: PathBuf, tensor: String },
+
     #[error("{path}: tensor `{tensor}` appears twice in the header")]
     DuplicateInFile { path: PathBuf, tensor: String },
 

@@ -1,49 +1,52 @@
 //! Checkpoint formats and operations.
 //!
 //! Every format is read into one view, a [`Checkpoint`]: a catalog of logical tensors, each
-//! made of byte ranges (chunks) of source files. Operations ([`split`], [`merge`]) compute a
-//! plan of range copies into target files and run it streaming, in parallel, with resident
-//! memory bounded by a fixed window, writing atomically with the index last. [`verify`] reports
-//! every defect a reader would trip on.
+//! described by where its bytes are in the source files. Operations take an opened checkpoint,
+//! plan copies into target files and run the plan streaming, in parallel, with resident memory
+//! bounded by a fixed window, writing atomically with the index last.
+//!
+//! ```no_run
+//! let ck = ckpt::Checkpoint::open("ds_checkpoint/")?; // safetensors, torch, DCP, ZeRO, hf://
+//! let done = ckpt::merge(&ck, "model.safetensors".as_ref(), &Default::default(), &Default::default())?;
+//! println!("{} tensors, {} bytes", done.tensors, done.bytes);
+//! # Ok::<(), ckpt::Error>(())
+//! ```
+//!
+//! - [`split`], [`merge`], [`convert`], [`reshard`]: the operations, each returning an [`Outcome`];
+//! - [`verify`]: every defect a reader would trip on, in a [`Report`];
+//! - [`WriteOptions`]: progress, checksums and the copy method, shared by every operation.
 //!
 //! Readers never execute anything from a checkpoint, and every error names its file and, where
-//! it applies, its tensor.
+//! it applies, its tensor and rank.
 
 mod cast;
 mod catalog;
-mod convert;
 mod dtype;
 mod error;
 mod formats;
 mod hub;
+mod io;
 mod manifest;
+mod open;
 mod ops;
+mod plan;
 mod size;
 mod sys;
 mod verify;
 mod write;
 
-pub use cast::{cast_into, is_castable};
 pub use catalog::{Checkpoint, Chunk, Format, SourceFile, TensorInfo};
-pub use convert::{convert, ConvertOptions, ConvertOutcome, TargetFormat};
-pub use formats::dcp::{reshard, to_dcp, DcpOutcome};
-pub use formats::deepspeed::{
-    is_zero_checkpoint, merge_zero, reshard_zero, ZeroCheckpoint, ZeroMergeOptions, ZeroMergeOutcome, ZeroParam,
-    ZeroReshardOutcome, ZeroTensor, OPTIMIZER_NAME as ZERO_OPTIMIZER_NAME,
-};
 pub use dtype::Dtype;
 pub use error::{Error, Result};
-pub use formats::hf_index::{INDEX_NAME, SINGLE_NAME};
-pub use formats::safetensors::{read_header, Header, HeaderTensor, MAX_HEADER_LEN};
-pub use hub::{cache_dir as hub_cache_dir, resolve as resolve_source, HubAddress};
-pub use manifest::MANIFEST_NAME;
-pub use ops::{assign_shards, merge, split, MergeOutcome, SplitOutcome};
+pub use open::OpenOptions;
+pub use ops::{convert, merge, reshard, split, ConvertOptions, MergeOptions, Outcome, TargetFormat, OPTIMIZER_NAME};
 pub use size::{parse_size, DEFAULT_MAX_SHARD_SIZE};
-#[doc(hidden)]
-pub use formats::torch::fuzz;
-pub use formats::torch::{MAX_PICKLE_LEN, TORCH_INDEX_NAME, TORCH_SINGLE_NAME};
 pub use verify::{verify, Report};
 pub use write::{CopyMethod, WriteOptions};
+
+/// Entry points for the fuzz targets (`ckpt/fuzz`): each parser on arbitrary bytes.
+#[doc(hidden)]
+pub use formats::torch::fuzz;
 
 impl Error {
     /// True when the error describes a defective checkpoint (as opposed to a missing path, a

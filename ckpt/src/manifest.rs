@@ -10,10 +10,12 @@ use sha2::{Digest, Sha256};
 use crate::error::{Error, IoContext, Result};
 
 pub const MANIFEST_NAME: &str = "SHA256SUMS";
+/// The largest manifest we read (a million files' lines).
+pub(crate) const MAX_MANIFEST_LEN: u64 = 128 << 20;
 
 /// The SHA-256 of a file as lowercase hex, read in fixed-size blocks.
 pub fn sha256_file(path: &Path) -> Result<String> {
-    let mut f = std::fs::File::open(path).at(path)?;
+    let mut f = crate::io::open(path)?;
     let mut hasher = Sha256::new();
     let mut buf = vec![0u8; 1 << 20];
     loop {

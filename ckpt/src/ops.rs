@@ -1,32 +1,88 @@
-//! Split and merge: each builds the target catalog, turns it into a plan of range copies, and
-//! hands the plan to the writer.
+//! The operations: split, merge, convert, reshard. Each takes an opened [`Checkpoint`], decides
+//! what to write from its format, plans it with the target format's planner, and runs the plan.
+//!
+//! - `split` writes huggingface_hub's sharded safetensors layout.
+//! - `merge` writes one state dict in one safetensors file: a DCP folder as `accelerate
+//!   merge-weights` does, a ZeRO folder as `zero_to_fp32` does (optionally sharded, and with the
+//!   Adam moments), anything else as `safetensors.torch.save_file` would.
+//! - `convert` writes safetensors, torch or DCP files, with casts, dedupe and sharding.
+//! - `reshard` writes a sharded checkpoint for another world size: DCP in FSDP2's layout, ZeRO as
+//!   DeepSpeed's universal checkpoint.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use crate::catalog::{Checkpoint, TensorInfo};
-use crate::error::Result;
-use crate::formats::hf_index::{self, shard_name};
-use crate::formats::safetensors::{self as st, OutTensor};
-use crate::write::{self, Plan, RangeCopy, TargetFile, WriteOptions};
+use crate::catalog::{Checkpoint, Detail, Format, TensorInfo};
+use crate::dtype::Dtype;
+use crate::error::{Error, Result};
+use crate::formats::{dcp, deepspeed};
+use crate::plan::{self, Dest, IndexStyle, Meta, Out};
+use crate::write::{self, Plan, WriteOptions};
 
-/// What a split wrote.
-#[derive(Clone, Debug)]
-pub struct SplitOutcome {
-    /// Each file written and the tensors it holds, in shard order.
-    pub files: Vec<(PathBuf, Vec<String>)>,
-    /// The index, when more than one shard was written.
-    pub index: Option<PathBuf>,
-    /// `metadata.total_size`: the bytes of all tensors, headers excluded.
-    pub total_size: u64,
+/// What an operation wrote.
+#[derive(Clone, Debug, Default)]
+#[non_exhaustive]
+pub struct Outcome {
+    /// Every file written, in order; the commit marker (the index, `.metadata`, `latest`) last.
+    pub files: Vec<PathBuf>,
+    /// Tensors written.
+    pub tensors: usize,
+    /// Tensor bytes written (each storage once).
+    pub bytes: u64,
+    /// Names of the non-tensor values carried over.
+    pub values: Vec<String>,
+    /// `(alias, kept)`: tied tensors dropped (safetensors, with `dedupe`) or sharing the kept
+    /// tensor's storage (torch).
+    pub aliases: Vec<(String, String)>,
+    /// For sharded outputs (DCP, universal): the world size they were laid out for.
+    pub world_size: Option<u64>,
 }
 
-/// What a merge wrote.
-#[derive(Clone, Debug)]
-pub struct MergeOutcome {
-    pub path: PathBuf,
-    pub tensors: usize,
-    pub bytes: u64,
+/// Options for [`merge`].
+#[derive(Clone, Debug, Default)]
+pub struct MergeOptions {
+    /// Shard the merged weights into the output folder with files of at most this many bytes
+    /// (DeepSpeed checkpoints, as `zero_to_fp32 --max_shard_size` does).
+    pub max_shard_size: Option<u64>,
+    /// Also write the merged Adam moments (`<param>.exp_avg`, `<param>.exp_avg_sq`) to
+    /// `optimizer.safetensors` beside the weights (DeepSpeed checkpoints).
+    pub optimizer: bool,
+}
+
+/// The output format of [`convert`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum TargetFormat {
+    /// safetensors: one file, or huggingface_hub's sharded layout.
+    Safetensors,
+    /// `torch.save` files (`.bin`, `.pt`, `.pth`): one file, or sharded with
+    /// `pytorch_model.bin.index.json`.
+    Torch,
+    /// A torch.distributed.checkpoint folder in FSDP2's layout (needs a world size).
+    Dcp,
+}
+
+/// What to convert to.
+#[derive(Clone, Debug, Default)]
+pub struct ConvertOptions {
+    /// The format; by default from the destination's extension (`.safetensors`, `.bin`/`.pt`/
+    /// `.pth`), safetensors for a folder.
+    pub to: Option<TargetFormat>,
+    /// Cast floating-point tensors (f64, f32, f16, bf16) to this dtype; others are kept.
+    pub dtype: Option<Dtype>,
+    /// Shard into a folder with files of at most this many bytes (huggingface_hub's layout).
+    pub max_shard_size: Option<u64>,
+    /// Drop exact aliases instead of writing a copy of each.
+    pub dedupe: bool,
+    /// With [`TargetFormat::Dcp`]: the number of ranks to lay the checkpoint out for.
+    pub world_size: Option<u64>,
+}
+
+/// The name of the merged optimizer file written beside the weights.
+pub const OPTIMIZER_NAME: &str = "optimizer.safetensors";
+
+fn bad(dst: &Path, reason: impl Into<String>) -> Error {
+    Error::BadConvert { dst: dst.to_path_buf(), reason: reason.into() }
 }
 
 /// Splits `ck` into huggingface_hub-style shards of at most `max_shard_size` bytes in `out_dir`.
@@ -34,208 +90,232 @@ pub struct MergeOutcome {
 /// The shards, their names, the `weight_map` and `total_size` are what
 /// `huggingface_hub.save_torch_state_dict(load_file(src), out_dir, max_shard_size=…)` writes,
 /// and so is every shard's content.
-pub fn split(ck: &Checkpoint, out_dir: &Path, max_shard_size: u64, opts: &WriteOptions<'_>) -> Result<SplitOutcome> {
-    let (plan, outcome) = plan_split(ck, out_dir, max_shard_size)?;
-    write::execute(&plan, &ck.files, opts)?;
-    Ok(outcome)
+pub fn split(ck: &Checkpoint, out_dir: &Path, max_shard_size: u64, opts: &WriteOptions<'_>) -> Result<Outcome> {
+    let tensors: Vec<&TensorInfo> = ck.tensors.iter().collect();
+    let keys = plan::storage_keys(&tensors);
+    let outs: Vec<Out> =
+        tensors.iter().zip(keys).map(|(t, key)| Out { tensor: t, dtype: t.dtype, key, tied_to: None }).collect();
+    let mut meta = Meta::from_folded(ck.metadata()?);
+    meta.format.get_or_insert_with(|| "pt".into());
+    let dest = Dest::Shards { dir: out_dir.to_path_buf(), max: max_shard_size, style: IndexStyle::Hub };
+    write_state_dict(ck, &outs, &meta, &dest, TargetFormat::Safetensors, opts)
 }
 
-/// Merges every tensor of `ck` into the single safetensors file `out`, keeping `__metadata__`.
-pub fn merge(ck: &Checkpoint, out: &Path, opts: &WriteOptions<'_>) -> Result<MergeOutcome> {
-    let (plan, outcome) = plan_merge(ck, out)?;
-    write::execute(&plan, &ck.files, opts)?;
-    Ok(outcome)
-}
-
-/// Assigns tensors to shards the way huggingface_hub's `split_state_dict_into_shards_factory`
-/// does. `items` are `(storage key, size)` in state-dict order; tensors sharing a storage key
-/// count once and follow the first of them into its shard, appended at its end.
+/// Merges `ck` into one state dict in the safetensors file `out` (with
+/// [`MergeOptions::max_shard_size`], a folder of shards).
 ///
-/// The pass is greedy and single: a tensor larger than the limit gets a shard of its own,
-/// emitted immediately while the current shard stays open, so key order is not monotonic
-/// across shards (huggingface_hub behaves the same).
-pub fn assign_shards<K: Eq + std::hash::Hash + Clone>(items: &[(K, u64)], max: u64) -> (Vec<Vec<usize>>, u64) {
-    let mut groups: Vec<Vec<usize>> = Vec::new();
-    let mut group_of: HashMap<K, usize> = HashMap::new();
-    let mut shards: Vec<Vec<usize>> = Vec::new();
-    let mut current: Vec<usize> = Vec::new();
-    let mut current_size = 0u64;
-    let mut total = 0u64;
-    for (i, (key, size)) in items.iter().enumerate() {
-        if let Some(&g) = group_of.get(key) {
-            groups[g].push(i);
-            continue;
-        }
-        group_of.insert(key.clone(), groups.len());
-        groups.push(vec![i]);
-        total += size;
-        if *size > max {
-            shards.push(vec![i]);
-            continue;
-        }
-        if current_size + size > max {
-            shards.push(std::mem::take(&mut current));
-            current_size = 0;
-        }
-        current.push(i);
-        current_size += size;
-    }
-    if !current.is_empty() {
-        shards.push(current);
-    }
-    for group in groups.iter().filter(|g| g.len() > 1) {
-        if let Some(shard) = shards.iter_mut().find(|s| s.contains(&group[0])) {
-            shard.extend_from_slice(&group[1..]);
-        }
-    }
-    (shards, total)
-}
-
-/// Builds the plan for [`split`] without writing anything.
-pub fn plan_split(ck: &Checkpoint, out_dir: &Path, max_shard_size: u64) -> Result<(Plan, SplitOutcome)> {
-    // Within one file, tensors can only share a storage when they are empty and sit at the same
-    // offset: safetensors hands them the same data pointer, and huggingface_hub keys storages
-    // by (pointer, byte size).
-    let items: Vec<((usize, u64, u64), u64)> = ck
-        .tensors
-        .iter()
-        .map(|t| {
-            let first = t.chunks.first().map_or((usize::MAX, 0, 0), |c| (c.file, c.offset, c.len));
-            (first, t.byte_len())
-        })
-        .collect();
-    let (shards, total_size) = assign_shards(&items, max_shard_size);
-
-    // What huggingface_hub calls the user `metadata`: the source's `__metadata__` beyond
-    // `format`, and its index metadata beyond `total_size`. Like `save_torch_state_dict`, a
-    // single output file carries it in `__metadata__`, a sharded output in the index.
-    let source_meta = ck.file_metadata()?;
-    let format = source_meta.iter().find(|(k, _)| k == "format").map_or_else(|| "pt".to_string(), |(_, v)| v.clone());
-    let mut user_meta: Vec<(String, serde_json::Value)> =
-        source_meta.into_iter().filter(|(k, _)| k != "format").map(|(k, v)| (k, v.into())).collect();
-    for (k, v) in index_extras(ck) {
-        if !user_meta.iter().any(|(kk, _)| *kk == k) {
-            user_meta.push((k, v));
-        }
-    }
-    let n = shards.len();
-    let mut file_meta = vec![("format".to_string(), format)];
-    if n == 1 {
-        file_meta.extend(user_meta.iter().map(|(k, v)| (k.clone(), json_to_string(v))));
-    }
-
-    let mut plan = Plan::default();
-    let mut outcome = SplitOutcome { files: Vec::new(), index: None, total_size };
-    let mut weight_map = Vec::new();
-    for (i, shard) in shards.iter().enumerate() {
-        let name = if n == 1 { hf_index::SINGLE_NAME.to_string() } else { shard_name(i + 1, n) };
-        let path = out_dir.join(&name);
-        let tensors: Vec<&TensorInfo> = shard.iter().map(|&j| &ck.tensors[j]).collect();
-        plan.targets.push(target_file(&path, &tensors, &file_meta)?);
-        outcome.files.push((path, tensors.iter().map(|t| t.name.clone()).collect()));
-        weight_map.extend(tensors.iter().map(|t| (t.name.clone(), name.clone())));
-    }
-    if n > 1 {
-        let mut meta = serde_json::Map::new();
-        meta.insert("total_size".into(), total_size.into());
-        for (k, v) in user_meta {
-            meta.insert(k, v);
-        }
-        let index_path = out_dir.join(hf_index::INDEX_NAME);
-        plan.trailers.push((index_path.clone(), hf_index::render(&meta, &weight_map)));
-        outcome.index = Some(index_path);
-    }
-    plan.stale = write::stale_files(
-        out_dir,
-        |n| hf_index::is_managed_name(n, "model", ".safetensors"),
-        |n| n.ends_with(".index.json"),
-    )?;
-    plan.protected.push(ck.root.clone());
-    Ok((plan, outcome))
-}
-
-/// Builds the plan for [`merge`] without writing anything.
-pub fn plan_merge(ck: &Checkpoint, out: &Path) -> Result<(Plan, MergeOutcome)> {
-    let mut meta = ck.file_metadata()?;
-    for (k, v) in index_extras(ck) {
-        if !meta.iter().any(|(kk, _)| *kk == k) {
-            meta.push((k, json_to_string(&v)));
-        }
+/// A DeepSpeed ZeRO checkpoint gives exactly what `zero_to_fp32 --safe_serialization` writes; a
+/// DCP folder what `accelerate merge-weights` writes; any other checkpoint what
+/// `safetensors.torch.save_file` writes for its tensors, `__metadata__` kept and index metadata
+/// folded into it.
+pub fn merge(ck: &Checkpoint, out: &Path, options: &MergeOptions, opts: &WriteOptions<'_>) -> Result<Outcome> {
+    let zero = match &ck.detail {
+        Detail::Zero(z) => Some(z),
+        _ => None,
+    };
+    if zero.is_none() && (options.optimizer || options.max_shard_size.is_some()) {
+        return Err(bad(
+            out,
+            format!(
+                "`optimizer` and `max_shard_size` apply to DeepSpeed checkpoints only; {} is {} \
+                 (hint: `ckpt split` shards a checkpoint)",
+                ck.root.display(),
+                ck.format.name()
+            ),
+        ));
     }
     let tensors: Vec<&TensorInfo> = ck.tensors.iter().collect();
-    let target = target_file(out, &tensors, &meta)?;
-    let outcome = MergeOutcome { path: out.to_path_buf(), tensors: tensors.len(), bytes: ck.total_bytes() };
-    Ok((Plan { targets: vec![target], protected: vec![ck.root.clone()], ..Plan::default() }, outcome))
+    let keys = plan::storage_keys(&tensors);
+    let outs: Vec<Out> =
+        tensors.iter().zip(keys).map(|(t, key)| Out { tensor: t, dtype: t.dtype, key, tied_to: None }).collect();
+    let meta = Meta::from_folded(ck.metadata()?);
+    let dest = match options.max_shard_size {
+        Some(max) => Dest::Shards { dir: out.to_path_buf(), max, style: IndexStyle::ZeroToFp32 },
+        None => Dest::File(out.to_path_buf()),
+    };
+    let mut plan = Plan::default();
+    let placed = plan::safetensors(&outs, &meta, &dest, &mut plan)?;
+    let mut files = placed.files;
+    files.extend(placed.index);
+    let mut outcome = Outcome { tensors: outs.len(), bytes: ck.total_bytes(), ..Outcome::default() };
+    if let (Some(z), true) = (zero, options.optimizer) {
+        let dir = match &dest {
+            Dest::File(p) => p.parent().map(Path::to_path_buf).unwrap_or_default(),
+            Dest::Shards { dir, .. } => dir.clone(),
+        };
+        let path = dir.join(OPTIMIZER_NAME);
+        if files.contains(&path) {
+            return Err(bad(&path, format!("the weights and the optimizer states would both be `{OPTIMIZER_NAME}`")));
+        }
+        let moments = deepspeed::moments(z);
+        let refs: Vec<&TensorInfo> = moments.iter().collect();
+        let outs: Vec<Out> =
+            refs.iter().enumerate().map(|(i, t)| Out { tensor: t, dtype: t.dtype, key: i, tied_to: None }).collect();
+        let meta = Meta { format: Some("pt".into()), user: Vec::new() };
+        let mut extra = Plan::default();
+        plan::safetensors(&outs, &meta, &Dest::File(path.clone()), &mut extra)?;
+        plan.targets.extend(extra.targets);
+        files.push(path);
+        outcome.tensors += moments.len();
+        outcome.bytes += moments.iter().map(TensorInfo::byte_len).sum::<u64>();
+    }
+    plan.protected.push(ck.root.clone());
+    write::execute(&plan, &ck.files, opts)?;
+    outcome.files = files;
+    Ok(outcome)
 }
 
-fn target_file(path: &Path, tensors: &[&TensorInfo], metadata: &[(String, String)]) -> Result<TargetFile> {
-    let by_name: HashMap<&str, &TensorInfo> = tensors.iter().map(|t| (t.name.as_str(), *t)).collect();
-    let out: Vec<OutTensor> = tensors
-        .iter()
-        .map(|t| OutTensor { name: t.name.clone(), dtype: t.dtype, shape: t.shape.clone(), len: t.byte_len() })
-        .collect();
-    let layout = st::layout(out, metadata, path)?;
-    let mut copies = Vec::new();
-    for (t, at) in &layout.tensors {
-        let mut dst = *at;
-        for c in &by_name[t.name.as_str()].chunks {
-            if c.len > 0 {
-                copies.push(RangeCopy { src: c.file, src_off: c.offset, dst_off: dst, len: c.len });
-            }
-            dst += c.len;
+/// Plans and writes one state dict.
+fn write_state_dict(
+    ck: &Checkpoint,
+    outs: &[Out<'_>],
+    meta: &Meta,
+    dest: &Dest,
+    format: TargetFormat,
+    opts: &WriteOptions<'_>,
+) -> Result<Outcome> {
+    let mut plan = Plan::default();
+    let placed = match format {
+        TargetFormat::Torch => plan::torch(outs, &ck.values, meta, dest, &mut plan)?,
+        _ => plan::safetensors(outs, meta, dest, &mut plan)?,
+    };
+    plan.protected.push(ck.root.clone());
+    write::execute(&plan, &ck.files, opts)?;
+    let mut files = placed.files;
+    files.extend(placed.index);
+    Ok(Outcome { files, tensors: outs.len(), bytes: placed.bytes, ..Outcome::default() })
+}
+
+/// Converts `ck` into `dst`: safetensors or torch files (one file, or a sharded folder), or a
+/// DCP folder for [`ConvertOptions::world_size`] ranks.
+///
+/// Views and tied weights come out as contiguous tensors of their own. With `dedupe`, a tensor
+/// that is an exact alias of another (same storage, offset, shape, strides and dtype) is dropped
+/// in favour of the first name in sorted order, as safetensors' `save_model` picks it, and the
+/// alias is recorded in the metadata (`alias: kept`, huggingface_hub's convention); in torch
+/// output the alias is kept and shares the storage instead, as torch itself would save it.
+/// Non-tensor values go into safetensors metadata as JSON text (into the index metadata, as
+/// JSON values, when sharded), and into the pickle of a torch target (of its first shard).
+pub fn convert(ck: &Checkpoint, dst: &Path, options: &ConvertOptions, opts: &WriteOptions<'_>) -> Result<Outcome> {
+    let ext = dst.extension().and_then(|e| e.to_str()).unwrap_or_default().to_ascii_lowercase();
+    let by_ext = match ext.as_str() {
+        "safetensors" => Some(TargetFormat::Safetensors),
+        "bin" | "pt" | "pth" => Some(TargetFormat::Torch),
+        _ => None,
+    };
+    let single = by_ext.is_some() && !dst.is_dir();
+    let format = match (options.to, by_ext) {
+        (Some(TargetFormat::Dcp), _) => TargetFormat::Dcp,
+        (Some(a), Some(b)) if single && a != b => {
+            return Err(bad(dst, format!("`--to {}` contradicts the `.{ext}` extension", name_of(a))))
+        }
+        (Some(a), _) => a,
+        (None, Some(b)) if single => b,
+        _ => TargetFormat::Safetensors,
+    };
+    if format == TargetFormat::Dcp {
+        if options.dtype.is_some() || options.max_shard_size.is_some() || options.dedupe {
+            return Err(bad(dst, "DCP output takes only a world size"));
+        }
+        let world = options.world_size.ok_or_else(|| bad(dst, "DCP output needs a world size"))?;
+        return dcp::write(ck, dst, world, opts);
+    }
+    if options.world_size.is_some() {
+        return Err(bad(dst, "a world size only applies to DCP output"));
+    }
+    if single && options.max_shard_size.is_some() {
+        return Err(bad(dst, "sharded output needs a folder, not a file name"));
+    }
+    if let Some(d) = options.dtype {
+        if !matches!(d, Dtype::F32 | Dtype::F16 | Dtype::BF16) {
+            return Err(bad(dst, format!("`--dtype` must be f32, f16 or bf16, not `{d}`")));
         }
     }
-    Ok(TargetFile { path: path.to_path_buf(), head: layout.head, len: layout.file_len, copies })
+
+    // Exact aliases: grouped by the bytes they read, the first name in sorted order kept.
+    let mut tie_of: HashMap<usize, usize> = HashMap::new();
+    if options.dedupe {
+        let mut groups: HashMap<_, Vec<usize>> = HashMap::new();
+        for (i, t) in ck.tensors.iter().enumerate() {
+            if let Some(k) = t.alias_key().filter(|_| t.byte_len() > 0) {
+                groups.entry(k).or_default().push(i);
+            }
+        }
+        for members in groups.values().filter(|g| g.len() > 1) {
+            let keep = members.iter().copied().min_by(|&a, &b| ck.tensors[a].name.cmp(&ck.tensors[b].name));
+            let Some(keep) = keep else { continue };
+            for &m in members.iter().filter(|&&m| m != keep) {
+                tie_of.insert(m, keep);
+            }
+        }
+    }
+    let mut aliases: Vec<(String, String)> =
+        tie_of.iter().map(|(&a, &k)| (ck.tensors[a].name.clone(), ck.tensors[k].name.clone())).collect();
+    aliases.sort();
+
+    let mut outs: Vec<Out> = Vec::with_capacity(ck.tensors.len());
+    let mut out_of_src: HashMap<usize, usize> = HashMap::new();
+    for (i, t) in ck.tensors.iter().enumerate() {
+        if format == TargetFormat::Safetensors && tie_of.contains_key(&i) {
+            continue;
+        }
+        let dtype = match options.dtype {
+            Some(d) if crate::cast::is_castable(t.dtype) => d,
+            _ => t.dtype,
+        };
+        out_of_src.insert(i, outs.len());
+        let key = outs.len();
+        outs.push(Out { tensor: t, dtype, key, tied_to: None });
+    }
+    // Tied tensors count once and follow their storage.
+    for (i, k) in &tie_of {
+        if let (Some(&o), Some(&kept)) = (out_of_src.get(i), out_of_src.get(k)) {
+            outs[o].tied_to = Some(kept);
+            outs[o].key = kept;
+        }
+    }
+
+    let mut meta = Meta::from_folded(ck.metadata()?);
+    meta.format = Some("pt".into());
+    meta.user.retain(|(k, _)| k != "total_size");
+    meta.user.extend(aliases.iter().map(|(a, k)| (a.clone(), serde_json::Value::String(k.clone()))));
+    let dest = if single {
+        Dest::File(dst.to_path_buf())
+    } else {
+        let max = match options.max_shard_size {
+            Some(m) => m,
+            None => crate::size::parse_size(crate::size::DEFAULT_MAX_SHARD_SIZE)?,
+        };
+        Dest::Shards { dir: dst.to_path_buf(), max, style: IndexStyle::Hub }
+    };
+    let mut outcome = write_state_dict(ck, &outs, &meta, &dest, format, opts)?;
+    outcome.aliases = aliases;
+    outcome.values = ck.values.iter().map(|(k, _)| k.clone()).collect();
+    Ok(outcome)
 }
 
-/// The source index's metadata other than `total_size`, which is always recomputed.
-fn index_extras(ck: &Checkpoint) -> Vec<(String, serde_json::Value)> {
-    ck.index_metadata()
-        .map(|m| m.iter().filter(|(k, _)| *k != "total_size").map(|(k, v)| (k.clone(), v.clone())).collect())
-        .unwrap_or_default()
-}
-
-fn json_to_string(v: &serde_json::Value) -> String {
-    match v {
-        serde_json::Value::String(s) => s.clone(),
-        other => other.to_string(),
+fn name_of(f: TargetFormat) -> &'static str {
+    match f {
+        TargetFormat::Safetensors => "safetensors",
+        TargetFormat::Torch => "torch",
+        TargetFormat::Dcp => "dcp",
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::assign_shards;
-
-    fn gb(sizes: &[u64]) -> Vec<(usize, u64)> {
-        sizes.iter().enumerate().map(|(i, s)| (i, s * 1_000_000_000)).collect()
-    }
-
-    #[test]
-    fn greedy_in_key_order() {
-        // huggingface_hub's docstring example: [6,6,2,6,2,2] GB with a 10 GB limit.
-        let (shards, total) = assign_shards(&gb(&[6, 6, 2, 6, 2, 2]), 10_000_000_000);
-        assert_eq!(shards, vec![vec![0], vec![1, 2], vec![3, 4, 5]]);
-        assert_eq!(total, 24_000_000_000);
-    }
-
-    #[test]
-    fn oversized_tensor_is_emitted_before_the_open_shard() {
-        let (shards, _) = assign_shards(&gb(&[2, 12, 2]), 10_000_000_000);
-        assert_eq!(shards, vec![vec![1], vec![0, 2]]);
-    }
-
-    #[test]
-    fn shared_storage_follows_its_first_tensor_and_counts_once() {
-        let items = vec![("a", 5), ("b", 0), ("c", 6), ("b", 0)];
-        let (shards, total) = assign_shards(&items, 10);
-        assert_eq!(shards, vec![vec![0, 1, 3], vec![2]]);
-        assert_eq!(total, 11);
-    }
-
-    #[test]
-    fn empty_input_gives_no_shard() {
-        let (shards, total) = assign_shards::<u8>(&[], 10);
-        assert!(shards.is_empty());
-        assert_eq!(total, 0);
+/// Writes `ck` again for `world_size` ranks into `out`: a DCP folder in FSDP2's layout (every
+/// tensor the source held sharded is cut on dim 0 by `torch.chunk` rules, tensors saved whole
+/// stay whole, non-tensor values are carried byte for byte), or a ZeRO checkpoint as DeepSpeed's
+/// universal checkpoint, which DeepSpeed loads with `load_universal` on any world size.
+pub fn reshard(ck: &Checkpoint, out: &Path, world_size: u64, opts: &WriteOptions<'_>) -> Result<Outcome> {
+    match (&ck.detail, ck.format) {
+        (Detail::Zero(z), _) => deepspeed::reshard(z, out, world_size, opts),
+        (Detail::Dcp(_), Format::Dcp) => dcp::write(ck, out, world_size, opts),
+        _ => Err(bad(
+            out,
+            format!(
+                "{} is not a DCP folder (no `.metadata`); hint: `ckpt convert SRC OUT --to dcp --world-size M`",
+                ck.root.display()
+            ),
+        )),
     }
 }

@@ -6,9 +6,10 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::catalog::{detect, scan_detected, Format};
-use crate::error::{Error, IoContext, Result};
+use crate::catalog::Format;
+use crate::error::{Error, Result};
 use crate::manifest;
+use crate::open::{detect, scan};
 
 /// The result of [`verify`]. Valid when `problems` is empty.
 #[derive(Debug)]
@@ -44,10 +45,10 @@ pub fn verify(src: &str) -> Result<Report> {
         checksums_ok: 0,
     };
     // Detection alone tells the format even when the file itself turns out to be defective.
-    let (format, root) = detect(&crate::hub::resolve(src)?)?;
+    let (format, root) = detect(src)?;
     report.format = Some(format);
     report.path = root.clone();
-    let scanned = match scan_detected(format, root) {
+    let scanned = match scan(format, root) {
         Ok(s) => s,
         Err(e) if e.is_invalid_data() => {
             report.problems.push(e);
@@ -62,7 +63,7 @@ pub fn verify(src: &str) -> Result<Report> {
     if let Err(e) = ck.file_metadata() {
         report.problems.push(e);
     }
-    if let Some(declared) = ck.index.as_ref().and_then(|i| i.total_size()) {
+    if let Some(declared) = ck.index_metadata().and_then(|m| m.get("total_size")).and_then(serde_json::Value::as_u64) {
         let actual = ck.total_bytes();
         if declared != actual {
             report.warnings.push(format!(
@@ -83,7 +84,8 @@ pub fn verify(src: &str) -> Result<Report> {
 /// Checks the manifest's entries for the checkpoint's files. Entries for other files in the
 /// folder are not ours to judge.
 fn check_manifest(path: &Path, ours: &[String], report: &mut Report) -> Result<()> {
-    let text = std::fs::read_to_string(path).at(path)?;
+    let bytes = crate::io::read_capped(path, manifest::MAX_MANIFEST_LEN)?;
+    let text = String::from_utf8_lossy(&bytes);
     let entries = match manifest::parse(&text, path) {
         Ok(e) => e,
         Err(e) => {

@@ -17,33 +17,74 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use rayon::prelude::*;
 
-use crate::catalog::SourceFile;
+use crate::cast::cast_into;
+use crate::catalog::{SourceFile, TensorData, TensorInfo};
+use crate::dtype::Dtype;
 use crate::error::{Error, IoContext, Result};
-use crate::sys::{self, MappedFile};
+use crate::io::Sources;
+use crate::sys;
 
 /// A copy of `len` bytes from source file `src` (an index into the plan's sources) at `src_off`
 /// to offset `dst_off` of a target.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct RangeCopy {
+pub(crate) struct RangeCopy {
     pub src: usize,
     pub src_off: u64,
     pub dst_off: u64,
     pub len: u64,
 }
 
-/// One file to produce.
+/// A tensor that is not one plain range of its source (a strided view, or one to cast): read
+/// run by run through a bounded window, cast to `to`, and written contiguously at `dst_off`.
 #[derive(Clone, Debug)]
-pub struct TargetFile {
+pub(crate) struct Gather {
+    pub tensor: TensorInfo,
+    pub to: Dtype,
+    pub dst_off: u64,
+}
+
+/// Bytes of a target that depend on the rest of it (torch's CRC32s), written once every copy
+/// and gather is done and before the fsync.
+pub(crate) trait Seal: Send + Sync + std::fmt::Debug {
+    fn seal(&self, file: &File, path: &Path) -> Result<()>;
+}
+
+/// One file to produce.
+#[derive(Debug)]
+pub(crate) struct TargetFile {
     pub path: PathBuf,
     /// Bytes written at offset 0 (the encoded header).
     pub head: Vec<u8>,
     pub len: u64,
     pub copies: Vec<RangeCopy>,
+    pub gathers: Vec<Gather>,
+    pub seal: Option<Box<dyn Seal>>,
+}
+
+impl TargetFile {
+    pub(crate) fn new(path: PathBuf, head: Vec<u8>, len: u64) -> TargetFile {
+        TargetFile { path, head, len, copies: Vec::new(), gathers: Vec::new(), seal: None }
+    }
+
+    /// Places `tensor`, written as `to`, at `dst_off`: as range copies when its stored bytes
+    /// are already what is written (no cast, at most one run per chunk), else as a gather.
+    pub(crate) fn place(&mut self, tensor: &TensorInfo, to: Dtype, dst_off: u64) {
+        let plain = to == tensor.stored && (matches!(tensor.data, TensorData::Ranges(_)) || tensor.run_count() <= 1);
+        if plain {
+            let mut at = dst_off;
+            for (src, src_off, len) in tensor.runs() {
+                self.copies.push(RangeCopy { src, src_off, dst_off: at, len });
+                at += len;
+            }
+        } else if tensor.numel() > 0 {
+            self.gathers.push(Gather { tensor: tensor.clone(), to, dst_off });
+        }
+    }
 }
 
 /// Everything an operation writes.
-#[derive(Clone, Debug, Default)]
-pub struct Plan {
+#[derive(Debug, Default)]
+pub(crate) struct Plan {
     pub targets: Vec<TargetFile>,
     /// Small files written after the targets, in order; the last is the commit marker (the index).
     pub trailers: Vec<(PathBuf, Vec<u8>)>,
@@ -53,6 +94,13 @@ pub struct Plan {
     /// Paths besides the source files that the plan must neither write nor delete (the index or
     /// metadata a source was opened from).
     pub protected: Vec<PathBuf>,
+}
+
+impl Plan {
+    /// Every file the plan produces, in order: targets, then trailers (the commit marker last).
+    pub(crate) fn outputs(&self) -> Vec<PathBuf> {
+        self.targets.iter().map(|t| t.path.clone()).chain(self.trailers.iter().map(|(p, _)| p.clone())).collect()
+    }
 }
 
 /// How tensor bytes are moved.
@@ -89,16 +137,7 @@ const WINDOW: u64 = 8 << 20;
 
 /// Runs `plan`, reading from `sources`. On error, no target or temporary is left behind and
 /// nothing that existed before is touched.
-pub fn execute(plan: &Plan, sources: &[SourceFile], opts: &WriteOptions<'_>) -> Result<()> {
-    execute_with(plan, sources, opts, &|_, _, _| Ok(()))
-}
-
-/// Bytes of a target that are not range copies, written by the caller into the open temporary
-/// (target index, file, temporary path) after the copies and before the fsync.
-pub type Finish<'a> = dyn Fn(usize, &File, &Path) -> Result<()> + Sync + 'a;
-
-/// [`execute`], with `finish` run on every target (in parallel) once its range copies are done.
-pub fn execute_with(plan: &Plan, sources: &[SourceFile], opts: &WriteOptions<'_>, finish: &Finish<'_>) -> Result<()> {
+pub(crate) fn execute(plan: &Plan, sources: &[SourceFile], opts: &WriteOptions<'_>) -> Result<()> {
     refuse_overwriting_sources(plan, sources)?;
     let mut temps = TempSet::default();
     for t in &plan.targets {
@@ -107,9 +146,7 @@ pub fn execute_with(plan: &Plan, sources: &[SourceFile], opts: &WriteOptions<'_>
         }
         temps.create(&t.path)?;
     }
-    let srcs: Vec<File> = sources.iter().map(|s| File::open(&s.path).at(&s.path)).collect::<Result<_>>()?;
-    let maps: Vec<std::sync::OnceLock<std::result::Result<MappedFile, String>>> =
-        sources.iter().map(|_| std::sync::OnceLock::new()).collect();
+    let srcs = Sources::open(sources)?;
 
     // Size each target and write its header, then fill the data in parallel pieces.
     for (t, (tmp, f)) in plan.targets.iter().zip(&temps.files) {
@@ -129,11 +166,10 @@ pub fn execute_with(plan: &Plan, sources: &[SourceFile], opts: &WriteOptions<'_>
     }
     let kernel_ok = AtomicBool::new(opts.copy == CopyMethod::Auto);
     pieces.par_iter().try_for_each(|(ti, c)| {
-        let (_, dst) = &temps.files[*ti];
-        let src = &srcs[c.src];
-        let src_path = &sources[c.src].path;
+        let (dst_path, dst) = &temps.files[*ti];
+        let (src, src_path) = srcs.file(c.src)?;
         let copied = if kernel_ok.load(Ordering::Relaxed) {
-            kernel_copy(src, src_path, dst, &temps.files[*ti].0, c, &kernel_ok)?
+            kernel_copy(src, src_path, dst, dst_path, c, &kernel_ok)?
         } else {
             0
         };
@@ -141,18 +177,22 @@ pub fn execute_with(plan: &Plan, sources: &[SourceFile], opts: &WriteOptions<'_>
             p(copied);
         }
         if copied < c.len {
-            let map = maps[c.src].get_or_init(|| MappedFile::open(src).map_err(|e| e.to_string()));
-            let map = map
-                .as_ref()
-                .map_err(|e| Error::Io { path: src_path.clone(), source: std::io::Error::other(e.clone()) })?;
             let rest =
                 RangeCopy { src: c.src, src_off: c.src_off + copied, dst_off: c.dst_off + copied, len: c.len - copied };
-            mapped_copy(map, src_path, dst, &temps.files[*ti].0, &rest, opts.progress)?;
+            mapped_copy(&srcs, dst, dst_path, &rest, opts.progress)?;
         }
         Ok::<(), Error>(())
     })?;
-
-    temps.files.par_iter().enumerate().try_for_each(|(i, (p, f))| finish(i, f, p))?;
+    let gathers: Vec<(usize, &Gather)> =
+        plan.targets.iter().enumerate().flat_map(|(ti, t)| t.gathers.iter().map(move |g| (ti, g))).collect();
+    gathers.par_iter().try_for_each(|(ti, g)| {
+        let (p, f) = &temps.files[*ti];
+        gather(&srcs, g, f, p, opts.progress)
+    })?;
+    plan.targets.par_iter().zip(&temps.files).try_for_each(|(t, (p, f))| match &t.seal {
+        Some(s) => s.seal(f, p),
+        None => Ok(()),
+    })?;
     temps.files.par_iter().try_for_each(|(p, f)| f.sync_all().at(p))?;
     let mut trailers = plan.trailers.clone();
     if opts.checksums {
@@ -191,6 +231,70 @@ pub fn execute_with(plan: &Plan, sources: &[SourceFile], opts: &WriteOptions<'_>
     Ok(())
 }
 
+/// Reads a gathered tensor run by run into a bounded window, casts each full window and writes
+/// it out; the source pages it touched are dropped as it goes.
+fn gather(
+    srcs: &Sources,
+    g: &Gather,
+    dst: &File,
+    dst_path: &Path,
+    progress: Option<&(dyn Fn(u64) + Sync)>,
+) -> Result<()> {
+    let t = &g.tensor;
+    let in_elem = (t.stored.bits() / 8).max(1) as usize;
+    // A window holds whole elements, so a cast never splits one.
+    let window = (WINDOW as usize / in_elem).max(1) * in_elem;
+    let mut inbuf: Vec<u8> = Vec::with_capacity(window);
+    let mut outbuf: Vec<u8> = Vec::new();
+    let mut at = g.dst_off;
+    let mut flush = |inbuf: &mut Vec<u8>, at: &mut u64| -> Result<()> {
+        let out: &[u8] = if t.stored == g.to {
+            inbuf
+        } else {
+            outbuf.clear();
+            cast_into(inbuf, t.stored, g.to, &mut outbuf);
+            &outbuf
+        };
+        dst.write_all_at(out, *at).at(dst_path)?;
+        *at += out.len() as u64;
+        if let Some(p) = progress {
+            p(out.len() as u64);
+        }
+        inbuf.clear();
+        Ok(())
+    };
+    // Pages are released per storage span for views (runs revisit them), per run otherwise.
+    let mut touched: Option<(usize, u64, u64)> = None;
+    for (file, off, len) in t.runs() {
+        let mut done = 0u64;
+        while done < len {
+            let n = (len - done).min((window - inbuf.len()) as u64);
+            inbuf.extend_from_slice(srcs.read(file, off + done, n)?);
+            done += n;
+            if inbuf.len() == window {
+                flush(&mut inbuf, &mut at)?;
+            }
+        }
+        touched = match touched {
+            Some((f, o, l)) if f == file && o + l == off => Some((f, o, l + len)),
+            Some((f, o, l)) => {
+                srcs.release(f, o, l);
+                Some((file, off, len))
+            }
+            None => Some((file, off, len)),
+        };
+    }
+    if !inbuf.is_empty() {
+        flush(&mut inbuf, &mut at)?;
+    }
+    if let crate::catalog::TensorData::Strided { file, base, len, .. } = &t.data {
+        srcs.release(*file, *base, *len);
+    } else if let Some((f, o, l)) = touched {
+        srcs.release(f, o, l);
+    }
+    Ok(())
+}
+
 fn kernel_copy(
     src: &File,
     src_path: &Path,
@@ -202,7 +306,7 @@ fn kernel_copy(
     let mut done = 0;
     while done < c.len {
         match sys::copy_file_range(src, c.src_off + done, dst, c.dst_off + done, c.len - done) {
-            Ok(0) => return Err(short_source(src_path, c.src_off + done)),
+            Ok(0) => return Err(crate::io::short_source(src_path, c.src_off + done)),
             Ok(n) => done += n,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
             Err(e) if sys::copy_unsupported(&e) && done == 0 => {
@@ -216,8 +320,7 @@ fn kernel_copy(
 }
 
 fn mapped_copy(
-    map: &MappedFile,
-    src_path: &Path,
+    srcs: &Sources,
     dst: &File,
     dst_path: &Path,
     c: &RangeCopy,
@@ -226,25 +329,15 @@ fn mapped_copy(
     let mut done = 0;
     while done < c.len {
         let len = (c.len - done).min(WINDOW);
-        let bytes = map.get(c.src_off + done, len).ok_or_else(|| short_source(src_path, c.src_off + done))?;
+        let bytes = srcs.read(c.src, c.src_off + done, len)?;
         dst.write_all_at(bytes, c.dst_off + done).at(dst_path)?;
-        map.release(c.src_off + done, len);
+        srcs.release(c.src, c.src_off + done, len);
         done += len;
         if let Some(p) = progress {
             p(len);
         }
     }
     Ok(())
-}
-
-fn short_source(path: &Path, at: u64) -> Error {
-    Error::Io {
-        path: path.to_path_buf(),
-        source: std::io::Error::new(
-            std::io::ErrorKind::UnexpectedEof,
-            format!("file ended at byte {at} while copying (was it changed during the copy?)"),
-        ),
-    }
 }
 
 /// Refuses a plan that would replace or delete what it reads: writing a checkpoint over its own

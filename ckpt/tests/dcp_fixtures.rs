@@ -36,7 +36,7 @@ fn load(path: &Path) -> (Tensors, BTreeMap<String, String>) {
 fn merge(src: &Path, out: &Path) -> (Tensors, BTreeMap<String, String>) {
     let ck = Checkpoint::open(src.to_str().unwrap()).unwrap();
     assert_eq!(ck.format().name(), "dcp");
-    ckpt::merge(&ck, out, &WriteOptions::default()).unwrap();
+    ckpt::merge(&ck, out, &Default::default(), &WriteOptions::default()).unwrap();
     load(out)
 }
 
@@ -66,11 +66,13 @@ fn reshard_round_trip(src: &Path, merged: &Path, dir: &Path) {
     let want = std::fs::read(merged).unwrap();
     for m in [1u64, 3, 5] {
         let out = dir.join(format!("resharded-{m}"));
-        let done = ckpt::reshard(src.to_str().unwrap(), &out, m, &WriteOptions::default()).unwrap();
-        assert!(done.files.len() as u64 <= m);
+        let done =
+            ckpt::reshard(&ckpt::Checkpoint::open(src.to_str().unwrap()).unwrap(), &out, m, &WriteOptions::default())
+                .unwrap();
+        assert!(done.files.len() as u64 <= m + 1, "at most one file per rank, then `.metadata`");
         let again = dir.join(format!("resharded-{m}.safetensors"));
         let ck = Checkpoint::open(out.to_str().unwrap()).unwrap();
-        ckpt::merge(&ck, &again, &WriteOptions::default()).unwrap();
+        ckpt::merge(&ck, &again, &Default::default(), &WriteOptions::default()).unwrap();
         assert_eq!(std::fs::read(&again).unwrap(), want, "{}: resharded to {m} ranks", src.display());
         let report = ckpt::verify(out.to_str().unwrap()).unwrap();
         assert!(report.is_valid(), "{:?}", report.problems);
@@ -191,12 +193,16 @@ fn safetensors_to_dcp_and_back() {
     let tmp = tempfile::tempdir().unwrap();
     for m in [1u64, 2, 5, 8] {
         let out = tmp.path().join(format!("dcp-{m}"));
-        let done = ckpt::to_dcp(src.to_str().unwrap(), &out, m, &WriteOptions::default()).unwrap();
-        // `embed.weight` has 37 rows: every rank holds a piece of it.
-        assert_eq!(done.files.len() as u64, m);
+        let opts =
+            ckpt::ConvertOptions { to: Some(ckpt::TargetFormat::Dcp), world_size: Some(m), ..Default::default() };
+        let done =
+            ckpt::convert(&Checkpoint::open(src.to_str().unwrap()).unwrap(), &out, &opts, &WriteOptions::default())
+                .unwrap();
+        // `embed.weight` has 37 rows: every rank holds a piece of it (and `.metadata` comes last).
+        assert_eq!(done.files.len() as u64, m + 1);
         let merged = tmp.path().join(format!("dcp-{m}.safetensors"));
         let ck = Checkpoint::open(out.to_str().unwrap()).unwrap();
-        ckpt::merge(&ck, &merged, &WriteOptions::default()).unwrap();
+        ckpt::merge(&ck, &merged, &Default::default(), &WriteOptions::default()).unwrap();
         assert!(std::fs::read(&merged).unwrap() == std::fs::read(&src).unwrap(), "{m} ranks");
     }
 }

@@ -8,7 +8,7 @@
 
 use std::path::{Path, PathBuf};
 
-use ckpt::{WriteOptions, ZeroCheckpoint, ZeroMergeOptions};
+use ckpt::{Checkpoint, MergeOptions, OpenOptions, WriteOptions};
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../fixtures/deepspeed")
@@ -24,20 +24,17 @@ fn case(name: &str) {
     let expected: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(root().join("expected.json")).unwrap()).unwrap();
     let meta = &expected["cases"][name];
-    let ck = ZeroCheckpoint::open(&dir, None).unwrap();
-    assert_eq!(u64::from(ck.stage()), meta["stage"].as_u64().unwrap());
-    assert_eq!(ck.world_size(), meta["world_size"].as_u64().unwrap());
-    assert_eq!(ck.tag(), "global_step2");
+    let ck = Checkpoint::open(dir.to_str().unwrap()).unwrap();
+    assert_eq!(ck.zero_stage().map(u64::from), meta["stage"].as_u64());
+    assert_eq!(ck.world_size(), meta["world_size"].as_u64());
+    let tag = ck.files()[0].path.parent().and_then(|p| p.file_name()).unwrap();
+    assert_eq!(tag, "global_step2");
 
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("model.safetensors");
-    let done = ckpt::merge_zero(
-        &ck,
-        &out,
-        &ZeroMergeOptions { optimizer: true, ..Default::default() },
-        &WriteOptions::default(),
-    )
-    .unwrap();
+    let done =
+        ckpt::merge(&ck, &out, &MergeOptions { optimizer: true, ..Default::default() }, &WriteOptions::default())
+            .unwrap();
     assert_eq!(done.files, vec![out.clone(), tmp.path().join("optimizer.safetensors")]);
     same_file(&out, &dir.join("expected/model.safetensors"));
     same_file(&tmp.path().join("optimizer.safetensors"), &dir.join("expected/optimizer.safetensors"));
@@ -45,8 +42,8 @@ fn case(name: &str) {
     let sharded = dir.join("expected/sharded");
     if sharded.is_dir() {
         let out = tmp.path().join("sharded");
-        let opts = ZeroMergeOptions { max_shard_size: Some(ckpt::parse_size("2KB").unwrap()), optimizer: false };
-        let done = ckpt::merge_zero(&ck, &out, &opts, &WriteOptions::default()).unwrap();
+        let opts = MergeOptions { max_shard_size: Some(ckpt::parse_size("2KB").unwrap()), optimizer: false };
+        let done = ckpt::merge(&ck, &out, &opts, &WriteOptions::default()).unwrap();
         let mut want: Vec<String> = std::fs::read_dir(&sharded)
             .unwrap()
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
@@ -105,10 +102,15 @@ fn every_fixture_case_has_a_test() {
 
 #[test]
 fn tied_alias_is_a_copy_and_frozen_is_dropped_at_stage_1() {
-    let ck = ZeroCheckpoint::open(&root().join("z1_fp32_ws2"), None).unwrap();
-    assert_eq!(ck.aliases(), &[("lm_head.weight".to_string(), "embed.weight".to_string())]);
-    assert!(ck.frozen().is_empty());
-    let ck = ZeroCheckpoint::open(&root().join("z3_bf16_ws4"), Some("global_step2")).unwrap();
-    assert_eq!(ck.frozen().len(), 1);
-    assert_eq!(ck.frozen()[0].shape, vec![3, 7]);
+    let ck = Checkpoint::open(root().join("z1_fp32_ws2").to_str().unwrap()).unwrap();
+    let find = |ck: &Checkpoint, name: &str| ck.tensors().iter().find(|t| t.name == name).cloned();
+    let (alias, target) = (find(&ck, "lm_head.weight").unwrap(), find(&ck, "embed.weight").unwrap());
+    assert_eq!(alias.location(), target.location(), "the alias reads its target's bytes");
+    assert!(find(&ck, "frozen").is_none());
+    let ck = Checkpoint::open_with(
+        root().join("z3_bf16_ws4").to_str().unwrap(),
+        &OpenOptions { tag: Some("global_step2".into()) },
+    )
+    .unwrap();
+    assert_eq!(find(&ck, "frozen").unwrap().shape, vec![3, 7]);
 }

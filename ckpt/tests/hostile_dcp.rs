@@ -27,7 +27,9 @@ fn refused(name: &str, file: &str, message: &str) {
 
     let out = tempfile::tempdir().unwrap();
     let target = out.path().join("resharded");
-    let err = ckpt::reshard(src, &target, 2, &ckpt::WriteOptions::default()).unwrap_err();
+    let err = ckpt::Checkpoint::open(src)
+        .and_then(|ck| ckpt::reshard(&ck, &target, 2, &ckpt::WriteOptions::default()))
+        .unwrap_err();
     assert_eq!(err.to_string(), expected);
     assert!(!target.exists(), "{name}: no output left behind");
 

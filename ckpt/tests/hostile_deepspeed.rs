@@ -5,7 +5,7 @@
 
 use std::path::PathBuf;
 
-use ckpt::ZeroCheckpoint;
+use ckpt::{Checkpoint, OpenOptions};
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../fixtures/hostile/deepspeed")
@@ -13,7 +13,7 @@ fn root() -> PathBuf {
 
 fn error_of(case: &str) -> String {
     let dir = root().join(case);
-    let err = ZeroCheckpoint::open(&dir, None).expect_err(case);
+    let err = Checkpoint::open(dir.to_str().unwrap()).expect_err(case);
     let text = err.to_string();
     assert!(!text.contains('\n'), "not one line: {text}");
     let prefix = format!("{}/global_step2/", dir.display());
@@ -66,6 +66,7 @@ fn stage3_sub_groups_that_do_not_add_up_are_refused() {
 #[test]
 fn a_missing_tag_folder_is_an_io_error_naming_it() {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../fixtures/deepspeed/z1_fp32_ws2");
-    let err = ZeroCheckpoint::open(&dir, Some("global_step9")).expect_err("no such tag");
+    let options = OpenOptions { tag: Some("global_step9".into()) };
+    let err = Checkpoint::open_with(dir.to_str().unwrap(), &options).expect_err("no such tag");
     assert_eq!(err.to_string(), format!("{}/global_step9: tag folder does not exist", dir.display()));
 }

@@ -24,7 +24,9 @@ fn refused(name: &str, reason: &str) {
 
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out.safetensors");
-    let err = ckpt::convert(src, &out, &ckpt::ConvertOptions::default(), &ckpt::WriteOptions::default()).unwrap_err();
+    let err = ckpt::Checkpoint::open(src)
+        .and_then(|ck| ckpt::convert(&ck, &out, &ckpt::ConvertOptions::default(), &ckpt::WriteOptions::default()))
+        .unwrap_err();
     assert_eq!(err.to_string(), expected);
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "{name}: no output left behind");
     assert!(start.elapsed() < Duration::from_secs(20), "{name}: refusal took {:?}", start.elapsed());

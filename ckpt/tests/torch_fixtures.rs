@@ -35,11 +35,7 @@ fn tensors(ck: &Checkpoint) -> Vec<serde_json::Value> {
 }
 
 fn leaves(ck: &Checkpoint) -> serde_json::Map<String, serde_json::Value> {
-    ck.files()
-        .iter()
-        .flat_map(|f| f.metadata.iter())
-        .map(|(k, v)| (k.clone(), serde_json::from_str(v).unwrap()))
-        .collect()
+    ck.values().into_iter().map(|(k, v)| (k.to_string(), v)).collect()
 }
 
 fn check(case: &str, src: &Path) {
@@ -56,7 +52,13 @@ fn check(case: &str, src: &Path) {
     //    in `__metadata__` as JSON text.
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("model.safetensors");
-    ckpt::convert(src.to_str().unwrap(), &out, &ConvertOptions::default(), &WriteOptions::default()).unwrap();
+    ckpt::convert(
+        &ckpt::Checkpoint::open(src.to_str().unwrap()).unwrap(),
+        &out,
+        &ConvertOptions::default(),
+        &WriteOptions::default(),
+    )
+    .unwrap();
     let st = Checkpoint::open(out.to_str().unwrap()).unwrap();
     let mut got = tensors(&st);
     let mut sorted_want = want_tensors.clone();
@@ -75,7 +77,8 @@ fn check(case: &str, src: &Path) {
     // 3. Converted to a torch file and read back: same tensors in the same order, same values.
     let pt = dir.path().join("out.pt");
     let opts = ConvertOptions { to: Some(TargetFormat::Torch), ..ConvertOptions::default() };
-    ckpt::convert(src.to_str().unwrap(), &pt, &opts, &WriteOptions::default()).unwrap();
+    ckpt::convert(&ckpt::Checkpoint::open(src.to_str().unwrap()).unwrap(), &pt, &opts, &WriteOptions::default())
+        .unwrap();
     let back = Checkpoint::open(pt.to_str().unwrap()).unwrap();
     assert_eq!(tensors(&back), want_tensors, "{case}: torch round trip");
     let mut want_back = want_leaves.clone();
@@ -128,7 +131,13 @@ fn dedupe_drops_exact_aliases_only() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("m.safetensors");
     let opts = ConvertOptions { dedupe: true, ..ConvertOptions::default() };
-    let done = ckpt::convert(root().join("tied.pt").to_str().unwrap(), &out, &opts, &WriteOptions::default()).unwrap();
+    let done = ckpt::convert(
+        &ckpt::Checkpoint::open(root().join("tied.pt").to_str().unwrap()).unwrap(),
+        &out,
+        &opts,
+        &WriteOptions::default(),
+    )
+    .unwrap();
     assert_eq!(done.aliases, vec![("lm_head.weight".to_string(), "embed.weight".to_string())]);
     let st = Checkpoint::open(out.to_str().unwrap()).unwrap();
     let names: Vec<&str> = st.tensors().iter().map(|t| t.name.as_str()).collect();
@@ -139,10 +148,16 @@ fn dedupe_drops_exact_aliases_only() {
     // In a torch file the alias stays and shares the storage: one storage record fewer.
     let pt = dir.path().join("m.pt");
     let opts = ConvertOptions { dedupe: true, ..ConvertOptions::default() };
-    ckpt::convert(root().join("tied.pt").to_str().unwrap(), &pt, &opts, &WriteOptions::default()).unwrap();
+    ckpt::convert(
+        &ckpt::Checkpoint::open(root().join("tied.pt").to_str().unwrap()).unwrap(),
+        &pt,
+        &opts,
+        &WriteOptions::default(),
+    )
+    .unwrap();
     let back = Checkpoint::open(pt.to_str().unwrap()).unwrap();
     assert_eq!(tensors(&back), expected("tied.pt")["tensors"].as_array().unwrap().clone());
-    let offsets: Vec<u64> = back.tensors().iter().take(2).map(|t| t.chunks[0].offset).collect();
+    let offsets: Vec<u64> = back.tensors().iter().take(2).map(|t| t.location().unwrap().1).collect();
     assert_eq!(offsets[0], offsets[1], "tied tensors share one storage");
 }
 
@@ -156,8 +171,14 @@ fn sharded_output_and_index() {
     ] {
         let out = dir.path().join(format!("{to:?}"));
         let opts = ConvertOptions { to: Some(to), max_shard_size: Some(200), ..ConvertOptions::default() };
-        let done = ckpt::convert(src.to_str().unwrap(), &out, &opts, &WriteOptions::default()).unwrap();
-        assert_eq!(done.index, Some(out.join(index)));
+        let done = ckpt::convert(
+            &ckpt::Checkpoint::open(src.to_str().unwrap()).unwrap(),
+            &out,
+            &opts,
+            &WriteOptions::default(),
+        )
+        .unwrap();
+        assert_eq!(done.files.last(), Some(&out.join(index)));
         assert!(done.files.len() >= 2);
         let ck = Checkpoint::open(out.to_str().unwrap()).unwrap();
         let mut got = tensors(&ck);
@@ -175,8 +196,13 @@ fn errors_leave_no_partial_output() {
     let out = dir.path().join("x.safetensors");
     // complex64 fits in safetensors; a cast target that is not a float dtype is refused up front.
     let opts = ConvertOptions { dtype: Some(ckpt::Dtype::I8), ..ConvertOptions::default() };
-    let err =
-        ckpt::convert(root().join("basic.pt").to_str().unwrap(), &out, &opts, &WriteOptions::default()).unwrap_err();
+    let err = ckpt::convert(
+        &ckpt::Checkpoint::open(root().join("basic.pt").to_str().unwrap()).unwrap(),
+        &out,
+        &opts,
+        &WriteOptions::default(),
+    )
+    .unwrap_err();
     assert_eq!(
         err.to_string(),
         format!("cannot convert to {}: `--dtype` must be f32, f16 or bf16, not `I8`", out.display())

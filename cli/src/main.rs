@@ -7,7 +7,6 @@ use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::Context;
 use clap::{Parser, Subcommand};
 
 mod data;
@@ -192,7 +191,11 @@ fn run(cli: &Cli) -> anyhow::Result<ExitCode> {
     };
     let notes = !cli.quiet && std::io::stderr().is_terminal();
     let mut out = std::io::stdout().lock();
-    match &cli.command {
+    // One progress bar and one set of write options for whichever operation runs.
+    let bar = progress::Bar::new(0, !cli.quiet);
+    let report = |n: u64| bar.inc(n);
+    let write = |checksums: bool| ckpt::WriteOptions { copy, checksums, progress: Some(&report) };
+    let done = match &cli.command {
         Command::Data { cmd } => return data::run(cmd.clone()),
         Command::Inspect { path, json } => {
             let ck = ckpt::Checkpoint::open(path)?;
@@ -201,167 +204,7 @@ fn run(cli: &Cli) -> anyhow::Result<ExitCode> {
             } else {
                 output::inspect_text(&mut out, &ck)?;
             }
-        }
-        Command::Split { src, out_dir, max_shard_size, checksums } => {
-            let max = ckpt::parse_size(max_shard_size)?;
-            let ck = ckpt::Checkpoint::open(src)?;
-            let bar = progress::Bar::new(ck.total_bytes(), !cli.quiet);
-            let report = |n: u64| bar.inc(n);
-            let opts = ckpt::WriteOptions { copy, checksums: *checksums, progress: Some(&report) };
-            let done = ckpt::split(&ck, out_dir, max, &opts).with_context(|| format!("splitting {src}"))?;
-            bar.finish();
-            for (path, _) in &done.files {
-                writeln!(out, "{}", path.display())?;
-            }
-            if let Some(index) = &done.index {
-                writeln!(out, "{}", index.display())?;
-            }
-            if notes {
-                eprintln!(
-                    "split {} tensors ({} bytes) into {} file(s)",
-                    ck.tensors().len(),
-                    done.total_size,
-                    done.files.len()
-                );
-            }
-        }
-        Command::Merge { src, out: dst, checksums, tag, optimizer, max_shard_size } => {
-            if ckpt::is_zero_checkpoint(std::path::Path::new(src)) {
-                let ck = ckpt::ZeroCheckpoint::open(std::path::Path::new(src), tag.as_deref())?;
-                let options = ckpt::ZeroMergeOptions {
-                    max_shard_size: max_shard_size.as_deref().map(ckpt::parse_size).transpose()?,
-                    optimizer: *optimizer,
-                };
-                let bar = progress::Bar::new(0, !cli.quiet);
-                let report = |n: u64| bar.inc(n);
-                let opts = ckpt::WriteOptions { copy, checksums: *checksums, progress: Some(&report) };
-                let done = ckpt::merge_zero(&ck, dst, &options, &opts).with_context(|| format!("merging {src}"))?;
-                bar.finish();
-                for path in &done.files {
-                    writeln!(out, "{}", path.display())?;
-                }
-                if notes {
-                    eprintln!(
-                        "merged {} tensors ({} bytes) from a ZeRO-{} checkpoint of {} ranks",
-                        done.tensors,
-                        done.bytes,
-                        ck.stage(),
-                        ck.world_size()
-                    );
-                }
-                out.flush()?;
-                return Ok(ExitCode::SUCCESS);
-            }
-            if tag.is_some() || *optimizer || max_shard_size.is_some() {
-                anyhow::bail!(
-                    "`--tag`, `--optimizer` and `--max-shard-size` apply to DeepSpeed checkpoints only; {src} is not one \
-                     (hint: `ckpt split` shards a checkpoint)"
-                );
-            }
-            let ck = ckpt::Checkpoint::open(src)?;
-            let bar = progress::Bar::new(ck.total_bytes(), !cli.quiet);
-            let report = |n: u64| bar.inc(n);
-            let opts = ckpt::WriteOptions { copy, checksums: *checksums, progress: Some(&report) };
-            let done = ckpt::merge(&ck, dst, &opts).with_context(|| format!("merging {src}"))?;
-            bar.finish();
-            writeln!(out, "{}", done.path.display())?;
-            if notes {
-                eprintln!("merged {} tensors ({} bytes) from {} file(s)", done.tensors, done.bytes, ck.files().len());
-            }
-        }
-        Command::Convert { src, dst, to: Some(ToArg::Dcp), world_size, dtype, max_shard_size, dedupe } => {
-            if dtype.is_some() || max_shard_size.is_some() || *dedupe {
-                anyhow::bail!("`--to dcp` takes only `--world-size`");
-            }
-            let Some(world) = world_size else {
-                anyhow::bail!("`--to dcp` needs `--world-size M`");
-            };
-            write_dcp(&mut out, notes, || {
-                let bar = progress::Bar::new(0, !cli.quiet);
-                let report = |n: u64| bar.inc(n);
-                let opts = ckpt::WriteOptions { copy, checksums: false, progress: Some(&report) };
-                let done = ckpt::to_dcp(src, dst, *world, &opts).with_context(|| format!("converting {src}"));
-                bar.finish();
-                done
-            })?;
-        }
-        Command::Reshard { src, out: dst, world_size } if ckpt::is_zero_checkpoint(std::path::Path::new(src)) => {
-            let ck = ckpt::ZeroCheckpoint::open(std::path::Path::new(src), None)?;
-            let bar = progress::Bar::new(0, !cli.quiet);
-            let report = |n: u64| bar.inc(n);
-            let opts = ckpt::WriteOptions { copy, checksums: false, progress: Some(&report) };
-            let done = ckpt::reshard_zero(&ck, dst, *world_size, &opts).with_context(|| format!("resharding {src}"))?;
-            bar.finish();
-            for path in &done.files {
-                writeln!(out, "{}", path.display())?;
-            }
-            if notes {
-                eprintln!(
-                    "wrote a universal checkpoint of {} params ({} bytes) from a ZeRO-{} checkpoint of {} ranks; \
-                     DeepSpeed loads it on {} ranks with \"checkpoint\": {{\"load_universal\": true}}",
-                    done.params,
-                    done.bytes,
-                    ck.stage(),
-                    ck.world_size(),
-                    world_size
-                );
-            }
-        }
-        Command::Reshard { src, out: dst, world_size } => {
-            write_dcp(&mut out, notes, || {
-                let bar = progress::Bar::new(0, !cli.quiet);
-                let report = |n: u64| bar.inc(n);
-                let opts = ckpt::WriteOptions { copy, checksums: false, progress: Some(&report) };
-                let done = ckpt::reshard(src, dst, *world_size, &opts).with_context(|| format!("resharding {src}"));
-                bar.finish();
-                done
-            })?;
-        }
-        Command::Convert { src, dst, dtype, max_shard_size, to, dedupe, world_size } => {
-            if world_size.is_some() {
-                anyhow::bail!("`--world-size` only applies to `--to dcp`");
-            }
-            let options = ckpt::ConvertOptions {
-                to: to.map(|t| match t {
-                    ToArg::Safetensors => ckpt::TargetFormat::Safetensors,
-                    ToArg::Torch | ToArg::Dcp => ckpt::TargetFormat::Torch,
-                }),
-                dtype: dtype.map(|d| match d {
-                    DtypeArg::F32 => ckpt::Dtype::F32,
-                    DtypeArg::F16 => ckpt::Dtype::F16,
-                    DtypeArg::Bf16 => ckpt::Dtype::BF16,
-                }),
-                max_shard_size: max_shard_size.as_deref().map(ckpt::parse_size).transpose()?,
-                dedupe: *dedupe,
-            };
-            let bar = progress::Bar::new(0, !cli.quiet);
-            let report = |n: u64| bar.inc(n);
-            let opts = ckpt::WriteOptions { copy, checksums: false, progress: Some(&report) };
-            let done = ckpt::convert(src, dst, &options, &opts).with_context(|| format!("converting {src}"))?;
-            bar.finish();
-            for path in &done.files {
-                writeln!(out, "{}", path.display())?;
-            }
-            if let Some(index) = &done.index {
-                writeln!(out, "{}", index.display())?;
-            }
-            if !cli.quiet {
-                for (alias, kept) in &done.aliases {
-                    let what = if done.format == ckpt::TargetFormat::Torch { "tied to" } else { "dropped, alias of" };
-                    eprintln!("note: `{alias}` {what} `{kept}`");
-                }
-                if !done.leaves.is_empty() {
-                    eprintln!("note: kept {} non-tensor value(s): {}", done.leaves.len(), done.leaves.join(", "));
-                }
-            }
-            if notes {
-                eprintln!(
-                    "converted {} tensors ({} bytes) into {} file(s)",
-                    done.tensors,
-                    done.bytes,
-                    done.files.len()
-                );
-            }
+            None
         }
         Command::Verify { path, json } => {
             let report = ckpt::verify(path)?;
@@ -370,35 +213,114 @@ fn run(cli: &Cli) -> anyhow::Result<ExitCode> {
             } else {
                 output::verify_text(&mut out, &report)?;
             }
-            if !report.is_valid() {
-                return Ok(ExitCode::from(1));
+            out.flush()?;
+            return Ok(if report.is_valid() { ExitCode::SUCCESS } else { ExitCode::from(1) });
+        }
+        Command::Split { src, out_dir, max_shard_size, checksums } => {
+            let max = ckpt::parse_size(max_shard_size)?;
+            let ck = ckpt::Checkpoint::open(src)?;
+            bar.set_total(ck.total_bytes());
+            let done = ckpt::split(&ck, out_dir, max, &write(*checksums)).or_else(|e| named(e, "splitting", src))?;
+            Some((ck, done, "split"))
+        }
+        Command::Merge { src, out: dst, checksums, tag, optimizer, max_shard_size } => {
+            let open = ckpt::OpenOptions { tag: tag.clone() };
+            let ck = ckpt::Checkpoint::open_with(src, &open)?;
+            if ck.format() != ckpt::Format::DeepSpeed && (tag.is_some() || *optimizer || max_shard_size.is_some()) {
+                anyhow::bail!(
+                    "`--tag`, `--optimizer` and `--max-shard-size` apply to DeepSpeed checkpoints only; {src} is not one \
+                     (hint: `ckpt split` shards a checkpoint)"
+                );
             }
+            let options = ckpt::MergeOptions {
+                max_shard_size: max_shard_size.as_deref().map(ckpt::parse_size).transpose()?,
+                optimizer: *optimizer,
+            };
+            bar.set_total(ck.total_bytes());
+            let done = ckpt::merge(&ck, dst, &options, &write(*checksums)).or_else(|e| named(e, "merging", src))?;
+            Some((ck, done, "merged"))
+        }
+        Command::Convert { src, dst, dtype, max_shard_size, to, dedupe, world_size } => {
+            let to = to.map(|t| match t {
+                ToArg::Safetensors => ckpt::TargetFormat::Safetensors,
+                ToArg::Torch => ckpt::TargetFormat::Torch,
+                ToArg::Dcp => ckpt::TargetFormat::Dcp,
+            });
+            if to == Some(ckpt::TargetFormat::Dcp) {
+                if dtype.is_some() || max_shard_size.is_some() || *dedupe {
+                    anyhow::bail!("`--to dcp` takes only `--world-size`");
+                }
+                if world_size.is_none() {
+                    anyhow::bail!("`--to dcp` needs `--world-size M`");
+                }
+            } else if world_size.is_some() {
+                anyhow::bail!("`--world-size` only applies to `--to dcp`");
+            }
+            let options = ckpt::ConvertOptions {
+                to,
+                dtype: dtype.map(|d| match d {
+                    DtypeArg::F32 => ckpt::Dtype::F32,
+                    DtypeArg::F16 => ckpt::Dtype::F16,
+                    DtypeArg::Bf16 => ckpt::Dtype::BF16,
+                }),
+                max_shard_size: max_shard_size.as_deref().map(ckpt::parse_size).transpose()?,
+                dedupe: *dedupe,
+                world_size: *world_size,
+            };
+            let ck = ckpt::Checkpoint::open(src).or_else(|e| named(e, "converting", src))?;
+            let done = ckpt::convert(&ck, dst, &options, &write(false)).or_else(|e| named(e, "converting", src))?;
+            if !cli.quiet {
+                // safetensors output drops an alias; torch output ties it to the kept storage.
+                let dropped = done.files.iter().any(|p| p.extension().is_some_and(|e| e == "safetensors"));
+                let what = if dropped { "dropped, alias of" } else { "tied to" };
+                for (alias, kept) in &done.aliases {
+                    eprintln!("note: `{alias}` {what} `{kept}`");
+                }
+                if !done.values.is_empty() && to != Some(ckpt::TargetFormat::Dcp) {
+                    eprintln!("note: kept {} non-tensor value(s): {}", done.values.len(), done.values.join(", "));
+                }
+            }
+            Some((ck, done, "converted"))
+        }
+        Command::Reshard { src, out: dst, world_size } => {
+            let ck = ckpt::Checkpoint::open(src)?;
+            let done = ckpt::reshard(&ck, dst, *world_size, &write(false)).or_else(|e| named(e, "resharding", src))?;
+            Some((ck, done, "resharded"))
+        }
+    };
+    bar.finish();
+    if let Some((ck, done, verb)) = done {
+        for path in &done.files {
+            writeln!(out, "{}", path.display())?;
+        }
+        if notes {
+            eprintln!("{}", summary(&ck, &done, verb));
         }
     }
     out.flush()?;
     Ok(ExitCode::SUCCESS)
 }
 
-/// Runs a DCP write and prints the files it made (data files, then `.metadata`).
-fn write_dcp(
-    out: &mut impl Write,
-    notes: bool,
-    run: impl FnOnce() -> anyhow::Result<ckpt::DcpOutcome>,
-) -> anyhow::Result<()> {
-    let done = run()?;
-    for path in &done.files {
-        writeln!(out, "{}", path.display())?;
+/// Adds "VERB SRC" to an error that does not already name the source, so a message names
+/// each file once.
+fn named<T>(err: ckpt::Error, verb: &str, src: &str) -> anyhow::Result<T> {
+    if err.to_string().contains(src) {
+        Err(err.into())
+    } else {
+        Err(anyhow::Error::new(err).context(format!("{verb} {src}")))
     }
-    writeln!(out, "{}", done.metadata.display())?;
-    if notes {
-        eprintln!(
-            "wrote {} tensors ({} bytes) and {} non-tensor value(s) for {} ranks into {} file(s)",
-            done.tensors,
-            done.bytes,
-            done.values,
-            done.world_size,
-            done.files.len()
-        );
-    }
-    Ok(())
+}
+
+/// The one-line note after an operation (on a terminal only).
+fn summary(ck: &ckpt::Checkpoint, done: &ckpt::Outcome, verb: &str) -> String {
+    let from = match (ck.zero_stage(), ck.world_size()) {
+        (Some(stage), Some(w)) => format!("a ZeRO-{stage} checkpoint of {w} ranks"),
+        (None, Some(w)) => format!("a DCP checkpoint of {w} rank file(s)"),
+        _ => format!("{} file(s)", ck.files().len()),
+    };
+    let into = match done.world_size {
+        Some(w) => format!("{} file(s) for {w} ranks", done.files.len()),
+        None => format!("{} file(s)", done.files.len()),
+    };
+    format!("{verb} {} tensors ({} bytes) from {from} into {into}", done.tensors, done.bytes)
 }

@@ -21,8 +21,8 @@ pub fn inspect_json(out: &mut impl Write, ck: &ckpt::Checkpoint) -> anyhow::Resu
         .tensors()
         .iter()
         .map(|t| {
-            let file = t.chunks.first().map(|c| &ck.files()[c.file].path);
-            let offset = t.chunks.first().map(|c| c.offset);
+            let file = t.location().map(|(f, _)| &ck.files()[f].path);
+            let offset = t.location().map(|(_, o)| o);
             json!({ "name": t.name, "dtype": t.dtype.to_string(), "shape": t.shape, "file": file, "offset": offset, "bytes": t.byte_len() })
         })
         .collect();
@@ -31,6 +31,7 @@ pub fn inspect_json(out: &mut impl Write, ck: &ckpt::Checkpoint) -> anyhow::Resu
         "format": ck.format().name(),
         "path": ck.root(),
         "index_metadata": ck.index_metadata(),
+        "values": ck.values().into_iter().map(|(k, v)| (k.to_string(), v)).collect::<serde_json::Map<_, _>>(),
         "files": files,
         "tensors": tensors,
         "totals": { "files": ck.files().len(), "tensors": ck.tensors().len(), "bytes": ck.total_bytes() },
@@ -52,9 +53,8 @@ pub fn inspect_text(out: &mut impl Write, ck: &ckpt::Checkpoint) -> anyhow::Resu
         .iter()
         .map(|t| {
             let file = t
-                .chunks
-                .first()
-                .and_then(|c| ck.files()[c.file].path.file_name())
+                .location()
+                .and_then(|(f, _)| ck.files()[f].path.file_name())
                 .map(|n| n.to_string_lossy().into_owned())
                 .unwrap_or_default();
             [t.name.clone(), t.dtype.to_string(), format!("{:?}", t.shape), file, t.byte_len().to_string()]

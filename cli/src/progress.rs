@@ -17,6 +17,10 @@ impl Bar {
         Bar(bar)
     }
 
+    pub fn set_total(&self, total: u64) {
+        self.0.set_length(total);
+    }
+
     pub fn inc(&self, n: u64) {
         self.0.inc(n);
     }

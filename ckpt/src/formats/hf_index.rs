@@ -12,14 +12,19 @@
 //! huggingface_hub we refuse anything that could leave it (separators, `..`, absolute or drive
 //! paths). With a single shard, huggingface_hub writes `model.safetensors` and no index.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
+use super::safetensors::{self as st, Entries};
+use crate::catalog::{Checkpoint, Format, Parts, Scan, SourceFile};
 use crate::error::{Error, IoContext, Result};
 
 /// The name huggingface_hub gives the index of `model{suffix}.safetensors` shards.
 pub const INDEX_NAME: &str = "model.safetensors.index.json";
 /// The name of an unsharded checkpoint.
 pub const SINGLE_NAME: &str = "model.safetensors";
+/// The largest index we read: a `weight_map` of a million long names is well under it.
+pub const MAX_INDEX_LEN: u64 = 256 << 20;
 
 /// A parsed, validated index file.
 #[derive(Clone, Debug)]
@@ -32,11 +37,14 @@ pub struct Index {
 }
 
 impl Index {
+    /// Reads and validates the index at `path`, refusing one over [`MAX_INDEX_LEN`] bytes
+    /// before reading it.
     pub fn read(path: &Path) -> Result<Index> {
-        let text = std::fs::read(path).at(path)?;
+        let text = crate::io::read_capped(path, MAX_INDEX_LEN)?;
         Index::parse(&text, path)
     }
 
+    /// Parses and validates index JSON.
     pub fn parse(text: &[u8], path: &Path) -> Result<Index> {
         let bad = |reason: String| Error::BadIndex { path: path.to_path_buf(), reason };
         let root: serde_json::Value = serde_json::from_slice(text).map_err(|e| bad(format!("not JSON: {e}")))?;
@@ -48,11 +56,22 @@ impl Index {
             Some(serde_json::Value::Object(m)) => m,
             Some(_) => return Err(bad("`metadata` must be an object".into())),
         };
-        let Some(serde_json::Value::Object(map)) = root.remove("weight_map") else {
+        if !matches!(root.get("weight_map"), Some(serde_json::Value::Object(_))) {
             return Err(bad("`weight_map` is missing or not an object".into()));
-        };
-        let mut weight_map = Vec::with_capacity(map.len());
-        for (tensor, file) in map {
+        }
+        // The parsed map kept one of any repeated key; read the entries again in file order,
+        // duplicates kept, to refuse them as safetensors headers refuse repeated names.
+        #[derive(serde::Deserialize)]
+        struct Raw {
+            weight_map: Entries,
+        }
+        let raw: Raw = serde_json::from_slice(text).map_err(|e| bad(format!("not JSON: {e}")))?;
+        let mut weight_map = Vec::with_capacity(raw.weight_map.0.len());
+        let mut seen = std::collections::HashSet::with_capacity(raw.weight_map.0.len());
+        for (tensor, file) in raw.weight_map.0 {
+            if !seen.insert(tensor.clone()) {
+                return Err(bad(format!("`weight_map` lists tensor `{tensor}` twice")));
+            }
             let serde_json::Value::String(file) = file else {
                 return Err(bad(format!("`weight_map` entry `{tensor}` is not a string")));
             };
@@ -74,11 +93,123 @@ impl Index {
         let mut seen = std::collections::HashSet::new();
         self.weight_map.iter().map(|(_, f)| f.as_str()).filter(|f| seen.insert(*f)).collect()
     }
+}
 
-    /// `metadata.total_size`, when present and a non-negative integer.
-    pub fn total_size(&self) -> Option<u64> {
-        self.metadata.get("total_size").and_then(serde_json::Value::as_u64)
+/// A sharded safetensors root: a `*.index.json` file (torch ones were claimed before), or a
+/// folder holding `model.safetensors.index.json` or, without a `model.safetensors`, exactly one
+/// `*.safetensors.index.json`.
+pub(crate) fn detect(path: &Path) -> Result<Option<PathBuf>> {
+    if path.is_file() {
+        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+        return Ok(name.ends_with(".index.json").then(|| path.to_path_buf()));
     }
+    let index = path.join(INDEX_NAME);
+    if index.is_file() {
+        return Ok(Some(index));
+    }
+    if path.join(SINGLE_NAME).is_file() {
+        return Ok(None);
+    }
+    let (indexes, _) = folder_files(path)?;
+    Ok(match indexes.as_slice() {
+        [one] => Some(one.clone()),
+        _ => None,
+    })
+}
+
+/// The `*.safetensors.index.json` and `*.safetensors` files of a folder.
+pub(crate) fn folder_files(dir: &Path) -> Result<(Vec<PathBuf>, Vec<PathBuf>)> {
+    let mut indexes = Vec::new();
+    let mut singles = Vec::new();
+    for entry in std::fs::read_dir(dir).at(dir)? {
+        let entry = entry.at(dir)?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.ends_with(".safetensors.index.json") {
+            indexes.push(entry.path());
+        } else if name.ends_with(".safetensors") {
+            singles.push(entry.path());
+        }
+    }
+    indexes.sort();
+    singles.sort();
+    Ok((indexes, singles))
+}
+
+/// The catalog of a sharded checkpoint, with every disagreement between the index and its
+/// shards collected as a problem (so `verify` lists them all) rather than stopping at the first.
+pub(crate) fn catalog(index_path: PathBuf) -> Result<Scan> {
+    let index = Index::read(&index_path)?;
+    let dir = index.dir().to_path_buf();
+    let mut problems = Vec::new();
+
+    // The first tensor that names each shard, found in one pass.
+    let mut first_tensor: HashMap<&str, &str> = HashMap::new();
+    for (t, f) in &index.weight_map {
+        first_tensor.entry(f.as_str()).or_insert(t.as_str());
+    }
+    // Shards in sorted name order: for huggingface_hub's names that is shard order.
+    let mut names: Vec<&str> = index.shard_names();
+    names.sort_unstable();
+    let mut files: Vec<SourceFile> = Vec::new();
+    let mut tensors = Vec::new();
+    let mut holder: HashMap<String, usize> = HashMap::new();
+    let mut file_of_name: HashMap<&str, usize> = HashMap::new();
+    for name in names {
+        let path = dir.join(name);
+        if !path.exists() {
+            problems.push(Error::MissingShard {
+                index: index_path.clone(),
+                tensor: first_tensor.get(name).copied().unwrap_or_default().to_string(),
+                file: name.into(),
+            });
+            continue;
+        }
+        let (file, header) = match st::read_file(&path) {
+            Ok(x) => x,
+            Err(e) => {
+                problems.push(e);
+                continue;
+            }
+        };
+        let fi = files.len();
+        file_of_name.insert(name, fi);
+        for t in st::header_tensors(&header, fi) {
+            if let Some(&prev) = holder.get(&t.name) {
+                problems.push(Error::DuplicateAcrossShards {
+                    tensor: t.name.clone(),
+                    first: files.get(prev).map(|f| f.path.clone()).unwrap_or_default(),
+                    second: path.clone(),
+                });
+                continue;
+            }
+            holder.insert(t.name.clone(), fi);
+            tensors.push(t);
+        }
+        files.push(file);
+    }
+
+    let listed: HashMap<&str, &str> = index.weight_map.iter().map(|(t, f)| (t.as_str(), f.as_str())).collect();
+    for (tensor, fname) in &index.weight_map {
+        let Some(&fi) = file_of_name.get(fname.as_str()) else {
+            continue;
+        };
+        if holder.get(tensor) != Some(&fi) {
+            problems.push(Error::TensorNotInShard {
+                index: index_path.clone(),
+                tensor: tensor.clone(),
+                file: fname.clone(),
+            });
+        }
+    }
+    // A tensor listed under another shard is reported above (that shard is missing or lacks
+    // it); here only tensors the index does not list at all.
+    for t in tensors.iter().filter(|t| !listed.contains_key(t.name.as_str())) {
+        let file = t.location().and_then(|(f, _)| files.get(f)).map(|f| f.path.clone()).unwrap_or_default();
+        problems.push(Error::UnlistedTensor { index: index_path.clone(), file, tensor: t.name.clone() });
+    }
+    let mut parts = Parts::new(Format::HfSharded, index_path, files, tensors);
+    parts.index_metadata = Some(index.metadata);
+    Ok(Scan { checkpoint: Checkpoint::new(parts)?, problems })
 }
 
 /// True when `name` names a file directly inside a folder on every OS: no separators, no
@@ -90,11 +221,6 @@ pub fn is_plain_file_name(name: &str) -> bool {
         && name != ".."
         && !name.contains(['/', '\\', '\0'])
         && !(name.len() >= 2 && name.as_bytes()[1] == b':')
-}
-
-/// Shard file name `model-0000i-of-0000n.safetensors` (1-based), as huggingface_hub names it.
-pub fn shard_name(i: usize, n: usize) -> String {
-    format!("model-{i:05}-of-{n:05}.safetensors")
 }
 
 /// True for names that huggingface_hub's `save_torch_state_dict` deletes before writing with the

@@ -1,7 +1,44 @@
-//! On-disk formats. Each module opens with a description of its layout.
+//! On-disk formats. Each module opens with a description of its layout, and offers the same
+//! two things: `detect` (is this path, file or folder, a checkpoint of mine, and where is its
+//! root?) and `catalog` (read it into a [`crate::Checkpoint`]). Adding a format is one module
+//! and one line in [`DETECTORS`] and [`catalog`].
 
-pub mod dcp;
-pub mod deepspeed;
-pub mod hf_index;
-pub mod safetensors;
-pub mod torch;
+pub(crate) mod dcp;
+pub(crate) mod deepspeed;
+pub(crate) mod hf_index;
+pub(crate) mod safetensors;
+pub(crate) mod torch;
+
+use std::path::{Path, PathBuf};
+
+use crate::catalog::{Format, Scan};
+use crate::error::Result;
+use crate::open::OpenOptions;
+
+/// A format's detector: the checkpoint root `path` names, if it is one of the format's.
+type Detect = fn(&Path) -> Result<Option<PathBuf>>;
+
+/// Detection order. Folders that hold several formats resolve to the first that matches: a DCP
+/// or ZeRO folder is itself, a torch file is sniffed before the safetensors fallback for files,
+/// and a folder's safetensors win over its torch files.
+pub(crate) const DETECTORS: &[(Format, Detect)] = &[
+    (Format::Dcp, dcp::detect),
+    (Format::DeepSpeed, deepspeed::detect),
+    (Format::TorchSharded, torch::detect_sharded_file),
+    (Format::Torch, torch::detect_file),
+    (Format::HfSharded, hf_index::detect),
+    (Format::Safetensors, safetensors::detect),
+    (Format::TorchSharded, torch::detect_sharded_folder),
+    (Format::Torch, torch::detect_folder),
+];
+
+/// Reads a checkpoint whose format detection decided.
+pub(crate) fn catalog(format: Format, root: PathBuf, options: &OpenOptions) -> Result<Scan> {
+    match format {
+        Format::Safetensors => safetensors::catalog(root),
+        Format::HfSharded => hf_index::catalog(root),
+        Format::Torch | Format::TorchSharded => torch::catalog(root, format),
+        Format::Dcp => dcp::catalog(root),
+        Format::DeepSpeed => deepspeed::catalog(root, options.tag.as_deref()),
+    }
+}

@@ -19,14 +19,16 @@
 //! byte for byte, so our files equal what `safetensors.torch.save_file` writes.
 
 use std::fs::File;
-use std::os::unix::fs::FileExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
 
+use super::torch::strided::numel;
+use crate::catalog::{Checkpoint, Chunk, Format, Parts, Scan, SourceFile, TensorInfo};
 use crate::dtype::Dtype;
 use crate::error::{Error, IoContext, Result};
+use crate::io::{self, ReadAt};
 
 /// The largest header the `safetensors` crate accepts; we refuse the same.
 pub const MAX_HEADER_LEN: u64 = 100_000_000;
@@ -65,13 +67,6 @@ impl Header {
     }
 }
 
-/// Reads and validates the header of the safetensors file at `path`.
-pub fn read_header(path: &Path) -> Result<Header> {
-    let file = File::open(path).at(path)?;
-    let len = file.metadata().at(path)?.len();
-    read_header_from(&file, len, path)
-}
-
 /// Reads and validates a header from an open file of length `len`.
 pub fn read_header_from(file: &File, len: u64, path: &Path) -> Result<Header> {
     let path_buf = || path.to_path_buf();
@@ -79,7 +74,7 @@ pub fn read_header_from(file: &File, len: u64, path: &Path) -> Result<Header> {
         return Err(Error::HeaderTooSmall { path: path_buf(), len });
     }
     let mut n = [0u8; 8];
-    file.read_exact_at(&mut n, 0).at(path)?;
+    ReadAt::read_exact_at(file, &mut n, 0).at(path)?;
     let header_len = u64::from_le_bytes(n);
     if header_len > MAX_HEADER_LEN {
         return Err(Error::HeaderTooLarge { path: path_buf(), header_len, max: MAX_HEADER_LEN });
@@ -88,14 +83,59 @@ pub fn read_header_from(file: &File, len: u64, path: &Path) -> Result<Header> {
         return Err(Error::HeaderBeyondFile { path: path_buf(), header_len, len });
     }
     // Bounded by MAX_HEADER_LEN above, so the allocation is at most 100 MB.
-    let mut json = vec![0u8; header_len as usize];
-    file.read_exact_at(&mut json, 8).at(path)?;
+    let json = io::read_at(file, path, 8, header_len)?;
     let header = parse_header(&json, header_len, path)?;
     let expected = header.file_len();
     if expected != len {
         return Err(Error::LengthMismatch { path: path_buf(), len, expected });
     }
     Ok(header)
+}
+
+/// A safetensors checkpoint root: any file not claimed by an earlier format, or a folder holding
+/// `model.safetensors` or, with no index beside it, exactly one `.safetensors` file.
+pub(crate) fn detect(path: &Path) -> Result<Option<PathBuf>> {
+    if path.is_file() {
+        return Ok(Some(path.to_path_buf()));
+    }
+    let single = path.join(super::hf_index::SINGLE_NAME);
+    if single.is_file() {
+        return Ok(Some(single));
+    }
+    let (indexes, singles) = super::hf_index::folder_files(path)?;
+    Ok(match (indexes.as_slice(), singles.as_slice()) {
+        ([], [one]) => Some(one.clone()),
+        _ => None,
+    })
+}
+
+/// The catalog of one safetensors file.
+pub(crate) fn catalog(root: PathBuf) -> Result<Scan> {
+    let (file, header) = read_file(&root)?;
+    let tensors = header_tensors(&header, 0);
+    Ok(Scan::clean(Checkpoint::new(Parts::new(Format::Safetensors, root, vec![file], tensors))?))
+}
+
+/// Reads a file's header, and describes the file as a source.
+pub(crate) fn read_file(path: &Path) -> Result<(SourceFile, Header)> {
+    let file = io::open(path)?;
+    let len = file.metadata().at(path)?.len();
+    let header = read_header_from(&file, len, path)?;
+    let metadata = header.metadata.clone().unwrap_or_default();
+    Ok((SourceFile { path: path.to_path_buf(), len, metadata }, header))
+}
+
+/// The header's tensors as catalog entries of source file `file`.
+pub(crate) fn header_tensors(header: &Header, file: usize) -> Vec<TensorInfo> {
+    let start = header.data_start();
+    header
+        .tensors
+        .iter()
+        .map(|t| {
+            let chunk = Chunk { file, offset: start + t.begin, len: t.end - t.begin };
+            TensorInfo::ranges(t.name.clone(), t.dtype, t.shape.clone(), vec![chunk])
+        })
+        .collect()
 }
 
 /// Parses and validates header JSON; everything but the file-length check.
@@ -188,11 +228,6 @@ fn validate_offsets(tensors: &mut [HeaderTensor], path: &Path) -> Result<()> {
     Ok(())
 }
 
-/// The element count of a shape, `None` on overflow.
-pub fn numel(shape: &[u64]) -> Option<u64> {
-    shape.iter().try_fold(1u64, |acc, &d| acc.checked_mul(d))
-}
-
 fn json_kind(v: &serde_json::Value) -> &'static str {
     match v {
         serde_json::Value::Null => "null",
@@ -206,7 +241,7 @@ fn json_kind(v: &serde_json::Value) -> &'static str {
 
 /// A JSON object read as its entries in file order, duplicates kept, so that we can refuse them
 /// (a plain map would silently keep one).
-struct Entries(Vec<(String, serde_json::Value)>);
+pub(crate) struct Entries(pub Vec<(String, serde_json::Value)>);
 
 impl<'de> Deserialize<'de> for Entries {
     fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {

@@ -48,32 +48,34 @@ mod read;
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
-use crate::catalog::{Checkpoint, Chunk, Format, SourceFile, TensorInfo};
-use crate::error::{Error, Result};
+use crate::catalog::{Checkpoint, Detail, Format, Parts, Scan, SourceFile, TensorInfo};
+use crate::error::Result;
+use crate::ops::Outcome;
 use crate::write::WriteOptions;
 use metadata::PathElem;
-pub use plan::DcpOutcome;
 use plan::{SrcBytes, SrcTensor};
+pub(crate) use read::Dcp as DcpSource;
 
 /// The metadata file of a DCP folder.
 pub(crate) const METADATA_NAME: &str = ".metadata";
 
 /// The DCP folder `path` names: a folder holding `.metadata`, or that file itself.
-pub(crate) fn detect(path: &Path) -> Option<PathBuf> {
+pub(crate) fn detect(path: &Path) -> Result<Option<PathBuf>> {
     if path.is_dir() && path.join(METADATA_NAME).is_file() {
-        return Some(path.to_path_buf());
+        return Ok(Some(path.to_path_buf()));
     }
     if path.is_file() && path.file_name().is_some_and(|n| n == METADATA_NAME) {
         let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
-        return Some(dir.to_path_buf());
+        return Ok(Some(dir.to_path_buf()));
     }
-    None
+    Ok(None)
 }
 
 /// The catalog view of the DCP folder `dir`.
-pub(crate) fn checkpoint(dir: &Path) -> Result<Checkpoint> {
-    let dcp = read::read(dir)?;
+pub(crate) fn catalog(dir: PathBuf) -> Result<Scan> {
+    let dcp = read::read(&dir)?;
     let strip = single_top_level(&dcp);
     let name = |path: &[PathElem]| -> String {
         let rest = if strip { path.get(1..).unwrap_or_default() } else { path };
@@ -82,18 +84,20 @@ pub(crate) fn checkpoint(dir: &Path) -> Result<Checkpoint> {
     let tensors = dcp
         .tensors
         .iter()
-        .map(|t| TensorInfo { name: name(&t.path), dtype: t.dtype, shape: t.shape.clone(), chunks: t.chunks.clone() })
+        .map(|t| TensorInfo::ranges(name(&t.path), t.dtype, t.shape.clone(), t.chunks.clone()))
         .collect();
-    let mut files = dcp.files;
-    // What `safetensors.torch.save_file` writes (and so `accelerate merge-weights`), then every
-    // non-tensor value by its name.
-    let mut meta = vec![("format".to_string(), "pt".to_string())];
-    meta.extend(dcp.bytes.iter().map(|b| (name(&b.path), b.value.to_json().to_string())));
+    let values = dcp.bytes.iter().map(|b| (name(&b.path), b.value.clone())).collect();
+    let mut files = dcp.files.clone();
+    // What `safetensors.torch.save_file` writes (and so `accelerate merge-weights`).
+    let meta = vec![("format".to_string(), "pt".to_string())];
     match files.first_mut() {
         Some(f) => f.metadata = meta,
         None => files.push(SourceFile { path: dir.join(METADATA_NAME), len: 0, metadata: meta }),
     }
-    Ok(Checkpoint { format: Format::Dcp, root: dir.to_path_buf(), files, tensors, index: None })
+    let mut parts = Parts::new(Format::Dcp, dir, files, tensors);
+    parts.values = values;
+    parts.detail = Detail::Dcp(Arc::new(dcp));
+    Ok(Scan::clean(Checkpoint::new(parts)?))
 }
 
 /// True when every key sits under one and the same top-level key of a dict (accelerate's
@@ -112,63 +116,51 @@ fn single_top_level(dcp: &read::Dcp) -> bool {
     tops.len() == 1
 }
 
-/// Writes the DCP folder `src` again for `world_size` ranks into `out`, in FSDP2's layout:
-/// every tensor the source held sharded is cut on dim 0 by `torch.chunk` rules, tensors saved
-/// whole stay whole, non-tensor values (optimizer `param_groups`) are carried byte for byte.
-pub fn reshard(src: &str, out: &Path, world_size: u64, opts: &WriteOptions<'_>) -> Result<DcpOutcome> {
-    let path = crate::hub::resolve(src)?;
-    let Some(dir) = detect(&path) else {
-        return Err(Error::BadConvert {
-            dst: out.to_path_buf(),
-            reason: format!(
-                "{} is not a DCP folder (no `.metadata`); hint: `ckpt convert SRC OUT --to dcp --world-size M`",
-                path.display()
-            ),
-        });
-    };
-    let dcp = read::read(&dir)?;
-    // A tensor saved as several chunks was a DTensor. With one data file, everything is one
-    // chunk and nothing tells a parameter from a buffer, so tensors are sharded as a plain
-    // checkpoint's are.
-    let one_rank = dcp.files.len() <= 1;
-    let tensors: Vec<SrcTensor> = dcp
-        .tensors
-        .iter()
-        .map(|t| SrcTensor {
-            key: t.key.clone(),
-            path: t.path.clone(),
-            dtype: t.dtype,
-            shape: t.shape.clone(),
-            chunks: t.chunks.clone(),
-            sharded: !t.shape.is_empty() && (t.saved_chunks > 1 || one_rank),
-        })
-        .collect();
-    let values: Vec<SrcBytes> =
-        dcp.bytes.iter().map(|b| SrcBytes { key: b.key.clone(), path: b.path.clone(), chunk: b.chunk }).collect();
-    plan::write_dcp(&dcp.files, &tensors, &values, out, world_size, opts)
-}
+/// The largest number of contiguous pieces a torch view may have to be written into a DCP
+/// item by range copies; `ckpt convert` to a contiguous file first handles the rest.
+const MAX_VIEW_RUNS: u64 = 1 << 16;
 
-/// Writes any checkpoint `src` as a DCP folder for `world_size` ranks into `out`. A DCP source
-/// is resharded ([`reshard`]); any other is saved as FSDP2 saves a model state dict: keys are
-/// the tensor names, tensors of one or more dimensions are sharded on dim 0, 0-d tensors are
-/// saved whole. Non-tensor values of a torch file are not carried (the outcome counts none).
-pub fn to_dcp(src: &str, out: &Path, world_size: u64, opts: &WriteOptions<'_>) -> Result<DcpOutcome> {
-    let path = crate::hub::resolve(src)?;
-    if detect(&path).is_some() {
-        return reshard(src, out, world_size, opts);
+/// Writes `ck` as a DCP folder for `world_size` ranks into `out`, in FSDP2's layout.
+///
+/// A DCP source is resharded: every tensor it held sharded is cut on dim 0 by `torch.chunk`
+/// rules, tensors saved whole stay whole, non-tensor values (optimizer `param_groups`) are
+/// carried byte for byte. Any other checkpoint is saved as FSDP2 saves a model state dict:
+/// keys are the tensor names, tensors of one or more dimensions are sharded on dim 0, 0-d
+/// tensors are saved whole; its non-tensor values are not carried (the outcome counts none).
+pub(crate) fn write(ck: &Checkpoint, out: &Path, world_size: u64, opts: &WriteOptions<'_>) -> Result<Outcome> {
+    if let Detail::Dcp(dcp) = &ck.detail {
+        // A tensor saved as several chunks was a DTensor. With one data file, everything is one
+        // chunk and nothing tells a parameter from a buffer, so tensors are sharded as a plain
+        // checkpoint's are.
+        let one_rank = dcp.files.len() <= 1;
+        let tensors: Vec<SrcTensor> = dcp
+            .tensors
+            .iter()
+            .map(|t| SrcTensor {
+                key: t.key.clone(),
+                path: t.path.clone(),
+                dtype: t.dtype,
+                shape: t.shape.clone(),
+                chunks: t.chunks.clone(),
+                sharded: !t.shape.is_empty() && (t.saved_chunks > 1 || one_rank),
+            })
+            .collect();
+        let values: Vec<SrcBytes> =
+            dcp.bytes.iter().map(|b| SrcBytes { key: b.key.clone(), path: b.path.clone(), chunk: b.chunk }).collect();
+        return plan::write_dcp(&dcp.files, &tensors, &values, out, world_size, opts);
     }
-    let ck = Checkpoint::open(src)?;
-    let tensors: Vec<SrcTensor> = ck
-        .tensors()
-        .iter()
-        .map(|t| SrcTensor {
+    let mut tensors = Vec::with_capacity(ck.tensors.len());
+    for t in &ck.tensors {
+        let file = t.location().and_then(|(f, _)| ck.files.get(f)).map_or(ck.root.as_path(), |f| f.path.as_path());
+        tensors.push(SrcTensor {
             key: t.name.clone(),
             path: vec![PathElem::Key(t.name.clone())],
-            dtype: t.dtype,
+            // Bytes are copied as stored (a ZeRO bf16 frozen param stays bf16).
+            dtype: t.stored,
             shape: t.shape.clone(),
-            chunks: t.chunks.iter().filter(|c| c.len > 0).copied().collect::<Vec<Chunk>>(),
+            chunks: t.byte_ranges(file, MAX_VIEW_RUNS)?,
             sharded: !t.shape.is_empty(),
-        })
-        .collect();
-    plan::write_dcp(ck.files(), &tensors, &[], out, world_size, opts)
+        });
+    }
+    plan::write_dcp(&ck.files, &tensors, &[], out, world_size, opts)
 }

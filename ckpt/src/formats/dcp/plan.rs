@@ -14,14 +14,15 @@
 //! archives already. The `.metadata` pickle is the trailer, written after every data file is
 //! fsynced and renamed into place, so it is the commit marker, as in torch.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use super::encode::{self, OutChunk, OutItem, OutKind};
 use super::metadata::PathElem;
 use crate::catalog::{Chunk, SourceFile};
 use crate::dtype::Dtype;
 use crate::error::{Error, IoContext, Result};
-use crate::formats::torch::writer::{self, TorchLayout, WStorage, WTensor};
+use crate::formats::torch::writer::{self, TorchSeal, WStorage, WTensor};
+use crate::ops::Outcome;
 use crate::write::{self, Plan, RangeCopy, TargetFile, WriteOptions};
 
 /// A tensor to write.
@@ -45,21 +46,6 @@ pub(crate) struct SrcBytes {
     pub chunk: Chunk,
 }
 
-/// What [`write_dcp`] wrote.
-#[derive(Clone, Debug)]
-pub struct DcpOutcome {
-    /// The data files, in rank order (ranks that hold nothing have none).
-    pub files: Vec<PathBuf>,
-    /// The `.metadata` file, written last.
-    pub metadata: PathBuf,
-    pub world_size: u64,
-    pub tensors: usize,
-    /// Non-tensor items carried over.
-    pub values: usize,
-    /// Tensor bytes written.
-    pub bytes: u64,
-}
-
 enum Placement {
     Rows { t: usize, start: u64, rows: u64 },
     Bytes { b: usize },
@@ -73,7 +59,7 @@ pub(crate) fn write_dcp(
     out: &Path,
     world: u64,
     opts: &WriteOptions<'_>,
-) -> Result<DcpOutcome> {
+) -> Result<Outcome> {
     let bad = |reason: String| Error::BadConvert { dst: out.to_path_buf(), reason };
     if world == 0 {
         return Err(bad("the world size must be at least 1".into()));
@@ -122,7 +108,6 @@ pub(crate) fn write_dcp(
     let mut chunks_of: Vec<Vec<OutChunk>> = vec![Vec::new(); tensors.len()];
     let mut value_at: Vec<Option<(String, u64, u64)>> = vec![None; values.len()];
     let mut plan = Plan::default();
-    let mut layouts: Vec<Vec<(u64, TorchLayout)>> = Vec::new();
     let mut bytes = 0u64;
     for (r, items) in per_rank.iter().enumerate() {
         if items.is_empty() {
@@ -172,8 +157,10 @@ pub(crate) fn write_dcp(
                 }
             }
         }
-        plan.targets.push(TargetFile { path, head: Vec::new(), len: pos, copies });
-        layouts.push(lay);
+        let mut target = TargetFile::new(path, Vec::new(), pos);
+        target.copies = copies;
+        target.seal = Some(Box::new(TorchSeal(lay)));
+        plan.targets.push(target);
     }
 
     let mut items = Vec::with_capacity(tensors.len() + values.len());
@@ -198,21 +185,17 @@ pub(crate) fn write_dcp(
     )?;
     plan.trailers.push((meta_path.clone(), encode::encode(&items, &abs, &encode::uuid4())));
 
-    let finish = |ti: usize, file: &std::fs::File, tmp: &Path| -> Result<()> {
-        for (base, layout) in layouts.get(ti).map(Vec::as_slice).unwrap_or_default() {
-            layout.write_fixed_at(file, tmp, *base)?;
-            layout.finish_at(file, tmp, *base)?;
-        }
-        Ok(())
-    };
-    write::execute_with(&plan, files, opts, &finish)?;
-    Ok(DcpOutcome {
-        files: plan.targets.iter().map(|t| t.path.clone()).collect(),
-        metadata: meta_path,
-        world_size: world,
+    write::execute(&plan, files, opts)?;
+    let mut written = plan.outputs();
+    written.retain(|p| p != &meta_path);
+    written.push(meta_path);
+    Ok(Outcome {
+        files: written,
         tensors: tensors.len(),
-        values: values.len(),
         bytes,
+        values: values.iter().map(|v| v.key.clone()).collect(),
+        world_size: Some(world),
+        ..Outcome::default()
     })
 }
 

@@ -48,52 +48,77 @@
 //!
 //! # Resharding
 //!
-//! [`reshard_zero`] writes the checkpoint as DeepSpeed's *universal* checkpoint (the layout of
+//! [`reshard`] writes the checkpoint as DeepSpeed's *universal* checkpoint (the layout of
 //! `ds_to_universal.py`), which DeepSpeed loads with `load_universal` on any world size; see
-//! `universal.rs`. The catalog sees a ZeRO folder through [`checkpoint`] (for `inspect` and
-//! `verify`).
+//! `universal.rs`. The catalog ([`catalog`]) is the merged state dict, so `inspect`, `verify`
+//! and `merge` all see what `zero_to_fp32` gives.
 
-mod merge;
 mod read;
 mod universal;
 
-pub use merge::{merge_zero, ZeroMergeOptions, ZeroMergeOutcome, OPTIMIZER_NAME};
-pub use read::{is_zero_checkpoint, ZeroCheckpoint, ZeroParam, ZeroTensor};
-pub use universal::{reshard_zero, ZeroReshardOutcome};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
-/// The checkpoint (its `latest` tag) as a catalog of merged tensors, in zero_to_fp32's order:
-/// persistent buffers and frozen params in their saved dtype, trainable params as their fp32
-/// master weights (ranges across the rank files), then the aliases of `shared_params`.
-pub(crate) fn checkpoint(dir: &std::path::Path) -> crate::Result<crate::Checkpoint> {
-    use crate::catalog::TensorInfo;
-    let ck = ZeroCheckpoint::open(dir, None)?;
+use crate::catalog::{Checkpoint, Detail, Format, Parts, Scan, TensorInfo};
+use crate::dtype::Dtype;
+use crate::error::Result;
+use crate::ops::Outcome;
+use crate::write::WriteOptions;
+pub(crate) use read::is_zero_checkpoint;
+pub(crate) use read::ZeroCheckpoint;
+
+/// A ZeRO checkpoint folder (with `latest`, or a tag folder of rank files).
+pub(crate) fn detect(path: &Path) -> Result<Option<PathBuf>> {
+    Ok(is_zero_checkpoint(path).then(|| path.to_path_buf()))
+}
+
+/// The checkpoint (at `tag`, by default `latest`'s) as the state dict `zero_to_fp32` builds, in
+/// its order: persistent buffers and frozen params (floating ones as fp32, cast from how they
+/// were saved), trainable params as their fp32 master weights (ranges across the rank files),
+/// then the aliases of `shared_params` (an alias of a key that exists replaces it in place, as
+/// a Python dict keeps an overwritten key where it was).
+pub(crate) fn catalog(dir: PathBuf, tag: Option<&str>) -> Result<Scan> {
+    let zero = ZeroCheckpoint::open(&dir, tag)?;
+    let as_fp32 = |d: Dtype| if crate::cast::is_castable(d) { Dtype::F32 } else { d };
     let mut tensors: Vec<TensorInfo> = Vec::new();
-    for t in ck.buffers.iter().chain(&ck.frozen) {
-        tensors.push(TensorInfo {
-            name: t.name.clone(),
-            dtype: t.dtype,
-            shape: t.shape.clone(),
-            chunks: t.chunks.clone(),
-        });
+    for t in zero.buffers.iter().chain(&zero.frozen) {
+        let mut info = TensorInfo::ranges(t.name.clone(), as_fp32(t.dtype), t.shape.clone(), t.chunks.clone());
+        info.stored = t.dtype;
+        tensors.push(info);
     }
-    for p in &ck.params {
-        tensors.push(TensorInfo {
-            name: p.name.clone(),
-            dtype: crate::Dtype::F32,
-            shape: p.shape.clone(),
-            chunks: p.fp32.clone(),
-        });
+    for p in &zero.params {
+        tensors.push(TensorInfo::ranges(p.name.clone(), Dtype::F32, p.shape.clone(), p.fp32.clone()));
     }
-    for (alias, to) in &ck.aliases {
-        if let Some(t) = tensors.iter().find(|t| &t.name == to).cloned() {
-            tensors.push(TensorInfo { name: alias.clone(), ..t });
+    for (alias, target) in &zero.aliases {
+        let Some(t) = tensors.iter().find(|t| &t.name == target).cloned() else { continue };
+        let entry = TensorInfo { name: alias.clone(), ..t };
+        match tensors.iter_mut().find(|t| &t.name == alias) {
+            Some(slot) => *slot = entry,
+            None => tensors.push(entry),
         }
     }
-    Ok(crate::Checkpoint {
-        format: crate::Format::DeepSpeed,
-        root: dir.to_path_buf(),
-        files: ck.files,
-        tensors,
-        index: None,
-    })
+    let mut files = zero.files.clone();
+    if let Some(f) = files.first_mut() {
+        // zero_to_fp32 saves with `{"format": "pt"}`.
+        f.metadata = vec![("format".to_string(), "pt".to_string())];
+    }
+    let mut parts = Parts::new(Format::DeepSpeed, dir, files, tensors);
+    parts.detail = Detail::Zero(Arc::new(zero));
+    Ok(Scan::clean(Checkpoint::new(parts)?))
+}
+
+/// The merged Adam moments: for each trainable param, `.exp_avg` then `.exp_avg_sq`.
+pub(crate) fn moments(zero: &ZeroCheckpoint) -> Vec<TensorInfo> {
+    let mut out = Vec::with_capacity(zero.params.len() * 2);
+    for p in &zero.params {
+        for (suffix, chunks) in [("exp_avg", &p.exp_avg), ("exp_avg_sq", &p.exp_avg_sq)] {
+            out.push(TensorInfo::ranges(format!("{}.{suffix}", p.name), Dtype::F32, p.shape.clone(), chunks.clone()));
+        }
+    }
+    out
+}
+
+/// Writes the checkpoint as DeepSpeed's universal checkpoint for `world_size` ranks.
+pub(crate) fn reshard(zero: &ZeroCheckpoint, out: &Path, world_size: u64, opts: &WriteOptions<'_>) -> Result<Outcome> {
+    universal::reshard_zero(zero, out, world_size, opts)
 }

@@ -241,7 +241,7 @@ impl ZeroCheckpoint {
                 let latest = dir.join("latest");
                 let text = std::fs::read_to_string(&latest).at(&latest)?;
                 let t = text.trim().to_string();
-                if t.is_empty() || t.contains(['/', '\\']) || t == ".." {
+                if !crate::formats::hf_index::is_plain_file_name(&t) {
                     return Err(bad(&latest, 0, "latest", format!("`{t}` is not a tag folder name")));
                 }
                 (dir.join(&t), t)
@@ -255,31 +255,6 @@ impl ZeroCheckpoint {
             });
         }
         read_tag(tag_dir, tag)
-    }
-
-    pub fn stage(&self) -> u8 {
-        self.stage
-    }
-    pub fn world_size(&self) -> u64 {
-        self.world
-    }
-    pub fn tag(&self) -> &str {
-        &self.tag
-    }
-    pub fn files(&self) -> &[SourceFile] {
-        &self.files
-    }
-    pub fn params(&self) -> &[ZeroParam] {
-        &self.params
-    }
-    pub fn buffers(&self) -> &[ZeroTensor] {
-        &self.buffers
-    }
-    pub fn frozen(&self) -> &[ZeroTensor] {
-        &self.frozen
-    }
-    pub fn aliases(&self) -> &[(String, String)] {
-        &self.aliases
     }
 }
 

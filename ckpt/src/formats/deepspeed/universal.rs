@@ -28,7 +28,6 @@
 //! buffers) are left out too: the loader only visits optimizer params; the rest comes from the
 //! model-states files.
 
-use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use super::read::{ZeroCheckpoint, OPTIM_CLASSES};
@@ -36,25 +35,13 @@ use crate::catalog::Chunk;
 use crate::dtype::Dtype;
 use crate::error::{Error, Result};
 use crate::formats::torch::flatten::Leaf;
-use crate::formats::torch::writer::{self, TorchLayout, WNode, WStorage, WTensor, WValue};
+use crate::formats::torch::writer::{self, TorchLayout, TorchSeal, WNode, WStorage, WTensor, WValue};
 use crate::formats::torch::{self, TorchFile};
+use crate::ops::Outcome;
 use crate::write::{self, Plan, RangeCopy, TargetFile, WriteOptions};
 
 /// The file naming the universal tag, beside it.
 pub const LATEST_UNIVERSAL: &str = "latest_universal";
-
-/// What a universal reshard wrote.
-#[derive(Clone, Debug)]
-pub struct ZeroReshardOutcome {
-    /// The `<tag>_universal` folder.
-    pub dir: PathBuf,
-    /// Every file written, `latest_universal` last.
-    pub files: Vec<PathBuf>,
-    /// Trainable params written.
-    pub params: usize,
-    /// Bytes of tensor data written.
-    pub bytes: u64,
-}
 
 fn refuse(dst: &Path, reason: impl Into<String>) -> Error {
     Error::BadConvert { dst: dst.to_path_buf(), reason: reason.into() }
@@ -68,7 +55,7 @@ struct TorchTarget {
 }
 
 impl TorchTarget {
-    fn push(self, plan: &mut Plan, layouts: &mut Vec<Option<TorchLayout>>) {
+    fn push(self, plan: &mut Plan) {
         let mut copies = Vec::new();
         for (chunks, &at) in self.sources.iter().zip(&self.layout.storage_offsets) {
             let mut dst = at;
@@ -79,8 +66,10 @@ impl TorchTarget {
                 dst += c.len;
             }
         }
-        plan.targets.push(TargetFile { path: self.path, head: Vec::new(), len: self.layout.file_len, copies });
-        layouts.push(Some(self.layout));
+        let mut target = TargetFile::new(self.path, Vec::new(), self.layout.file_len);
+        target.copies = copies;
+        target.seal = Some(Box::new(TorchSeal(vec![(0, self.layout)])));
+        plan.targets.push(target);
     }
 }
 
@@ -142,12 +131,7 @@ fn scalar(f: &TorchFile, key: &str) -> Result<Chunk> {
 
 /// Writes `ck` as a universal checkpoint under `out` for resuming on `world` ranks (any world
 /// size loads the same files; `world` is checked, not encoded).
-pub fn reshard_zero(
-    ck: &ZeroCheckpoint,
-    out: &Path,
-    world: u64,
-    opts: &WriteOptions<'_>,
-) -> Result<ZeroReshardOutcome> {
+pub(crate) fn reshard_zero(ck: &ZeroCheckpoint, out: &Path, world: u64, opts: &WriteOptions<'_>) -> Result<Outcome> {
     if world == 0 {
         return Err(refuse(out, "`--world-size` must be at least 1"));
     }
@@ -163,7 +147,6 @@ pub fn reshard_zero(
     let r0 = torch::read_with_classes(&r0_path, OPTIM_CLASSES)?;
     let zero = dir.join("zero");
     let mut plan = Plan::default();
-    let mut layouts: Vec<Option<TorchLayout>> = Vec::new();
     let mut bytes = 0u64;
 
     // Model states, byte for byte.
@@ -172,8 +155,9 @@ pub fn reshard_zero(
             continue;
         };
         let copies = vec![RangeCopy { src: i, src_off: 0, dst_off: 0, len: s.len }];
-        plan.targets.push(TargetFile { path: dir.join(name), head: Vec::new(), len: s.len, copies });
-        layouts.push(None);
+        let mut target = TargetFile::new(dir.join(name), Vec::new(), s.len);
+        target.copies = copies;
+        plan.targets.push(target);
     }
 
     // Per-param states.
@@ -185,7 +169,7 @@ pub fn reshard_zero(
         }
     };
     for p in &ck.params {
-        if p.name.is_empty() || p.name.contains('/') || p.name == "." || p.name == ".." || p.name.contains('\0') {
+        if !crate::formats::hf_index::is_plain_file_name(&p.name) {
             return Err(Error::BadZeroCheckpoint {
                 path: r0_path.clone(),
                 rank: 0,
@@ -217,14 +201,14 @@ pub fn reshard_zero(
                 writer::layout_tensor(&prefix, &f32_tensor(vec![numel]), f32_storage(numel), &path)?
             };
             bytes += have;
-            TorchTarget { path, layout, sources: vec![chunks.clone()] }.push(&mut plan, &mut layouts);
+            TorchTarget { path, layout, sources: vec![chunks.clone()] }.push(&mut plan);
         }
         if ck.stage <= 2 {
             let step = scalar(&r0, &step_key(p.group))?;
             let path = pdir.join("step.pt");
             let layout =
                 writer::layout_tensor(&writer::archive_name(&path), &f32_tensor(Vec::new()), f32_storage(1), &path)?;
-            TorchTarget { path, layout, sources: vec![vec![step]] }.push(&mut plan, &mut layouts);
+            TorchTarget { path, layout, sources: vec![vec![step]] }.push(&mut plan);
         }
     }
 
@@ -268,18 +252,11 @@ pub fn reshard_zero(
     }
     let path = zero.join("optimizer_state.pt");
     let layout = writer::layout(&writer::archive_name(&path), &entries, &storages, &path)?;
-    TorchTarget { path, layout, sources }.push(&mut plan, &mut layouts);
+    TorchTarget { path, layout, sources }.push(&mut plan);
 
     plan.trailers.push((latest.clone(), tag.into_bytes()));
-    let finish = |ti: usize, file: &File, tmp: &Path| -> Result<()> {
-        if let Some(Some(l)) = layouts.get(ti) {
-            l.write_fixed(file, tmp)?;
-            l.finish(file, tmp)?;
-        }
-        Ok(())
-    };
-    write::execute_with(&plan, &ck.files, opts, &finish)?;
+    write::execute(&plan, &ck.files, opts)?;
     let mut files: Vec<PathBuf> = plan.targets.iter().map(|t| t.path.clone()).collect();
     files.push(latest);
-    Ok(ZeroReshardOutcome { dir, files, params: ck.params.len(), bytes })
+    Ok(Outcome { files, tensors: ck.params.len(), bytes, world_size: Some(world), ..Outcome::default() })
 }

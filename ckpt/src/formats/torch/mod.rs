@@ -37,7 +37,7 @@ use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
-use crate::catalog::{Checkpoint, Chunk, Format, SourceFile, TensorInfo};
+use crate::catalog::{Checkpoint, Format, Parts, Scan, SourceFile, TensorData, TensorInfo};
 use crate::dtype::Dtype;
 use crate::error::{Error, IoContext, Result};
 use crate::formats::hf_index::Index;
@@ -51,9 +51,6 @@ pub const MAX_PICKLE_LEN: u64 = 256 << 20;
 pub const TORCH_SINGLE_NAME: &str = "pytorch_model.bin";
 /// The index of a sharded torch checkpoint.
 pub const TORCH_INDEX_NAME: &str = "pytorch_model.bin.index.json";
-/// A tensor split into more pieces than this is refused in the catalog view (`convert` still
-/// reads it, gathering into a bounded window).
-const MAX_CATALOG_RUNS: u64 = 1 << 16;
 
 const LEGACY_MAGIC: [u8; 10] = [0x6c, 0xfc, 0x9c, 0x46, 0xf9, 0x20, 0x6a, 0xa8, 0x50, 0x19];
 
@@ -438,55 +435,48 @@ pub(crate) fn read_set(path: &Path, format: Format) -> Result<TorchSet> {
     Ok(TorchSet { index: Some(index), files })
 }
 
-/// Decides whether `path` is a torch checkpoint: a torch file, a `*.bin.index.json`, or a
-/// folder holding `pytorch_model.bin.index.json` or `pytorch_model.bin`.
-pub(crate) fn detect(path: &Path) -> Option<(Format, PathBuf)> {
-    if path.is_file() {
-        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default();
-        if name.ends_with(".bin.index.json") || name.ends_with(".pt.index.json") {
-            return Some((Format::TorchSharded, path.to_path_buf()));
-        }
-        return sniff(path).then(|| (Format::Torch, path.to_path_buf()));
-    }
-    let index = path.join(TORCH_INDEX_NAME);
-    if index.is_file() {
-        return Some((Format::TorchSharded, index));
-    }
-    let single = path.join(TORCH_SINGLE_NAME);
-    single.is_file().then_some((Format::Torch, single))
+/// A `*.bin.index.json` / `*.pt.index.json` file.
+pub(crate) fn detect_sharded_file(path: &Path) -> Result<Option<PathBuf>> {
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+    let is_index = name.ends_with(".bin.index.json") || name.ends_with(".pt.index.json");
+    Ok((path.is_file() && is_index).then(|| path.to_path_buf()))
 }
 
-/// The catalog view of a torch checkpoint.
-pub(crate) fn checkpoint(root: PathBuf, format: Format) -> Result<Checkpoint> {
+/// A file that starts like a torch file (a zip, or a legacy pickle stream).
+pub(crate) fn detect_file(path: &Path) -> Result<Option<PathBuf>> {
+    Ok((path.is_file() && sniff(path)).then(|| path.to_path_buf()))
+}
+
+/// A folder holding `pytorch_model.bin.index.json`.
+pub(crate) fn detect_sharded_folder(path: &Path) -> Result<Option<PathBuf>> {
+    let index = path.join(TORCH_INDEX_NAME);
+    Ok(index.is_file().then_some(index))
+}
+
+/// A folder holding `pytorch_model.bin`.
+pub(crate) fn detect_folder(path: &Path) -> Result<Option<PathBuf>> {
+    let single = path.join(TORCH_SINGLE_NAME);
+    Ok((path.is_dir() && single.is_file()).then_some(single))
+}
+
+/// The catalog view of a torch checkpoint: every tensor a strided view on its storage record,
+/// every non-tensor value by its dotted name.
+pub(crate) fn catalog(root: PathBuf, format: Format) -> Result<Scan> {
     let set = read_set(&root, format)?;
     let mut files = Vec::with_capacity(set.files.len());
     let mut tensors = Vec::new();
-    for (fi, f) in set.files.iter().enumerate() {
-        for t in &f.tensors {
-            let runs = t.runs();
-            if runs.total() > MAX_CATALOG_RUNS {
-                return Err(bad_tensor(
-                    &f.path,
-                    &t.name,
-                    format!(
-                        "strides {:?} split it into {} pieces; hint: `ckpt convert` makes it contiguous",
-                        t.strides,
-                        runs.total()
-                    ),
-                ));
-            }
-            let base = f.storages.get(t.storage).map_or(0, |s| s.file_offset);
-            let mut chunks: Vec<Chunk> = Vec::new();
-            for (off, len) in runs {
-                match chunks.last_mut() {
-                    Some(c) if c.offset + c.len == base + off => c.len += len,
-                    _ => chunks.push(Chunk { file: fi, offset: base + off, len }),
-                }
-            }
-            tensors.push(TensorInfo { name: t.name.clone(), dtype: t.dtype, shape: t.shape.clone(), chunks });
+    let mut values = Vec::new();
+    for (fi, f) in set.files.into_iter().enumerate() {
+        for t in f.tensors {
+            let (base, len) = f.storages.get(t.storage).map_or((0, 0), |s| (s.file_offset, s.byte_len));
+            let data = TensorData::Strided { file: fi, base, len, offset: t.offset, strides: t.strides };
+            tensors.push(TensorInfo { name: t.name, dtype: t.dtype, shape: t.shape, stored: t.dtype, data });
         }
-        let metadata = f.leaves.iter().map(|(k, v)| (k.clone(), v.to_json().to_string())).collect();
-        files.push(SourceFile { path: f.path.clone(), len: f.len, metadata });
+        values.extend(f.leaves);
+        files.push(SourceFile { path: f.path, len: f.len, metadata: Vec::new() });
     }
-    Ok(Checkpoint { format, root, files, tensors, index: set.index })
+    let mut parts = Parts::new(format, root, files, tensors);
+    parts.index_metadata = set.index.map(|i| i.metadata);
+    parts.values = values;
+    Ok(Scan::clean(Checkpoint::new(parts)?))
 }

@@ -166,14 +166,25 @@ fn layout_pickle(prefix: &str, pkl: Vec<u8>, storages: &[WStorage], out: &Path) 
     Ok(TorchLayout { fixed, storage_offsets, file_len: end + cd_len, records, crcs })
 }
 
-impl TorchLayout {
-    /// Writes the plan-time bytes into `file`.
-    pub fn write_fixed(&self, file: &File, path: &Path) -> Result<()> {
-        self.write_fixed_at(file, path, 0)
-    }
+/// The torch archives inside one target file, each at its base offset (one for a `torch.save`
+/// file, one per item for a DCP rank file): their fixed bytes and CRCs are written once the
+/// storages are in place.
+#[derive(Debug)]
+pub(crate) struct TorchSeal(pub Vec<(u64, TorchLayout)>);
 
-    /// [`Self::write_fixed`] for an archive that starts at byte `base` of `file` (a DCP item:
-    /// zip offsets stay relative to the archive's start).
+impl crate::write::Seal for TorchSeal {
+    fn seal(&self, file: &File, path: &Path) -> Result<()> {
+        for (base, layout) in &self.0 {
+            layout.write_fixed_at(file, path, *base)?;
+            layout.finish_at(file, path, *base)?;
+        }
+        Ok(())
+    }
+}
+
+impl TorchLayout {
+    /// Writes the plan-time bytes of an archive that starts at byte `base` of `file` (0 for a
+    /// torch file; a DCP item's offset, since zip offsets stay relative to the archive's start).
     pub fn write_fixed_at(&self, file: &File, path: &Path, base: u64) -> Result<()> {
         for (at, bytes) in &self.fixed {
             file.write_all_at(bytes, base + at).at(path)?;
@@ -182,12 +193,7 @@ impl TorchLayout {
     }
 
     /// Once storages are written: computes their CRC32 from the file, writes their descriptors
-    /// and the central directory.
-    pub fn finish(&self, file: &File, path: &Path) -> Result<()> {
-        self.finish_at(file, path, 0)
-    }
-
-    /// [`Self::finish`] for an archive that starts at byte `base` of `file`.
+    /// and the central directory, for the archive at byte `base` of `file`.
     pub fn finish_at(&self, file: &File, path: &Path, base: u64) -> Result<()> {
         let mut done = Vec::with_capacity(self.records.len());
         let mut buf = vec![0u8; 8 << 20];

@@ -1,0 +1,134 @@
+//! The byte-source seam: every read of checkpoint bytes goes through here.
+//!
+//! Readers see bytes through [`ReadAt`] (a file, an in-memory buffer, or an item inside a larger
+//! file), with whole small files (indexes, `latest`, `.metadata`) read by [`read_capped`] under a
+//! size limit checked before the read. Operations read tensor bytes through [`Sources`]: the
+//! open source files of a plan, each memory-mapped on first use so a window can be borrowed
+//! without a copy and its pages dropped once written. The `unsafe` behind the map lives in
+//! `sys.rs`.
+
+use std::fs::File;
+use std::io::Read;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use crate::catalog::SourceFile;
+use crate::error::{Error, IoContext, Result};
+use crate::sys::MappedFile;
+
+/// Positional reads of exactly `buf.len()` bytes.
+pub(crate) trait ReadAt {
+    fn read_exact_at(&self, buf: &mut [u8], off: u64) -> std::io::Result<()>;
+}
+
+impl ReadAt for File {
+    fn read_exact_at(&self, buf: &mut [u8], off: u64) -> std::io::Result<()> {
+        FileExt::read_exact_at(self, buf, off)
+    }
+}
+
+impl ReadAt for [u8] {
+    fn read_exact_at(&self, buf: &mut [u8], off: u64) -> std::io::Result<()> {
+        let start = usize::try_from(off).map_err(|_| std::io::Error::from(std::io::ErrorKind::UnexpectedEof))?;
+        let src = start
+            .checked_add(buf.len())
+            .and_then(|end| self.get(start..end))
+            .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::UnexpectedEof))?;
+        buf.copy_from_slice(src);
+        Ok(())
+    }
+}
+
+/// Opens `path` for reading.
+pub(crate) fn open(path: &Path) -> Result<File> {
+    File::open(path).at(path)
+}
+
+/// Reads `len` bytes at `off` of `file` (named `path` in errors).
+pub(crate) fn read_at(file: &(impl ReadAt + ?Sized), path: &Path, off: u64, len: u64) -> Result<Vec<u8>> {
+    let n = usize::try_from(len).map_err(|_| too_large(path, len, u64::MAX))?;
+    let mut buf = vec![0u8; n];
+    file.read_exact_at(&mut buf, off).at(path)?;
+    Ok(buf)
+}
+
+/// Reads a whole small file (an index, `latest`, `.metadata`, a manifest), refusing one larger
+/// than `max` bytes before reading it.
+pub(crate) fn read_capped(path: &Path, max: u64) -> Result<Vec<u8>> {
+    let file = open(path)?;
+    let len = file.metadata().at(path)?.len();
+    if len > max {
+        return Err(too_large(path, len, max));
+    }
+    let mut out = Vec::with_capacity(usize::try_from(len).unwrap_or(0));
+    // `take` keeps a file that grows while we read within the cap too.
+    file.take(max + 1).read_to_end(&mut out).at(path)?;
+    if out.len() as u64 > max {
+        return Err(too_large(path, out.len() as u64, max));
+    }
+    Ok(out)
+}
+
+fn too_large(path: &Path, size: u64, limit: u64) -> Error {
+    Error::RecordTooLarge { path: path.to_path_buf(), record: "the whole file".into(), size, limit }
+}
+
+/// The source files of an operation, open, each mapped on first use.
+#[derive(Debug)]
+pub(crate) struct Sources {
+    files: Vec<(PathBuf, File)>,
+    maps: Vec<OnceLock<std::result::Result<MappedFile, String>>>,
+}
+
+impl Sources {
+    pub(crate) fn open(sources: &[SourceFile]) -> Result<Sources> {
+        let files = sources.iter().map(|s| Ok((s.path.clone(), open(&s.path)?))).collect::<Result<Vec<_>>>()?;
+        let maps = sources.iter().map(|_| OnceLock::new()).collect();
+        Ok(Sources { files, maps })
+    }
+
+    /// The open file `i` and its path.
+    pub(crate) fn file(&self, i: usize) -> Result<(&File, &Path)> {
+        self.files.get(i).map(|(p, f)| (f, p.as_path())).ok_or_else(|| unknown(i))
+    }
+
+    fn map(&self, i: usize) -> Result<&MappedFile> {
+        let (file, path) = self.file(i)?;
+        let m = self.maps.get(i).ok_or_else(|| unknown(i))?;
+        m.get_or_init(|| MappedFile::open(file).map_err(|e| e.to_string()))
+            .as_ref()
+            .map_err(|e| Error::Io { path: path.to_path_buf(), source: std::io::Error::other(e.clone()) })
+    }
+
+    /// The bytes `[off, off + len)` of file `i`, borrowed from its map.
+    pub(crate) fn read(&self, i: usize, off: u64, len: u64) -> Result<&[u8]> {
+        let (_, path) = self.file(i)?;
+        self.map(i)?.get(off, len).ok_or_else(|| short_source(path, off))
+    }
+
+    /// Drops the resident pages of `[off, off + len)` of file `i`, if it is mapped.
+    pub(crate) fn release(&self, i: usize, off: u64, len: u64) {
+        if let Some(Some(Ok(m))) = self.maps.get(i).map(OnceLock::get) {
+            m.release(off, len);
+        }
+    }
+}
+
+fn unknown(i: usize) -> Error {
+    Error::Io {
+        path: PathBuf::from(format!("<source {i}>")),
+        source: std::io::Error::new(std::io::ErrorKind::NotFound, "no such source file in the plan"),
+    }
+}
+
+/// The error for a source that ended early: it was changed while we read it.
+pub(crate) fn short_source(path: &Path, at: u64) -> Error {
+    Error::Io {
+        path: path.to_path_buf(),
+        source: std::io::Error::new(
+            std::io::ErrorKind::UnexpectedEof,
+            format!("file ended at byte {at} while copying (was it changed during the copy?)"),
+        ),
+    }
+}

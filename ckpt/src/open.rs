@@ -1,0 +1,54 @@
+//! Opening a source: `hf://` resolution, then detection, then the format's reader, each once.
+
+use std::path::{Path, PathBuf};
+
+use crate::catalog::{Checkpoint, Format, Scan};
+use crate::error::{Error, IoContext, Result};
+use crate::formats;
+
+/// How to open a checkpoint.
+#[derive(Clone, Debug, Default)]
+pub struct OpenOptions {
+    /// DeepSpeed: the tag folder to read (default: the one named in `latest`).
+    pub tag: Option<String>,
+}
+
+impl Checkpoint {
+    /// Opens a checkpoint: a `.safetensors` file, a sharded folder or its index, a torch file or
+    /// set, a DCP folder, a DeepSpeed ZeRO folder, or an `hf://ORG/NAME[@REV][/PATH]` address
+    /// resolved in the local Hugging Face cache.
+    pub fn open(src: &str) -> Result<Checkpoint> {
+        Checkpoint::open_with(src, &OpenOptions::default())
+    }
+
+    /// [`Checkpoint::open`] with options.
+    pub fn open_with(src: &str, options: &OpenOptions) -> Result<Checkpoint> {
+        let (format, root) = detect(src)?;
+        let scan = formats::catalog(format, root, options)?;
+        match scan.problems.into_iter().next() {
+            Some(first) => Err(first),
+            None => Ok(scan.checkpoint),
+        }
+    }
+}
+
+/// Resolves `src` and decides its format and root, without reading it.
+pub(crate) fn detect(src: &str) -> Result<(Format, PathBuf)> {
+    let path = crate::hub::resolve(src)?;
+    detect_path(&path)
+}
+
+fn detect_path(path: &Path) -> Result<(Format, PathBuf)> {
+    std::fs::metadata(path).at(path)?;
+    for (format, detect) in formats::DETECTORS {
+        if let Some(root) = detect(path)? {
+            return Ok((*format, root));
+        }
+    }
+    Err(Error::NotACheckpoint { path: path.to_path_buf() })
+}
+
+/// Reads a detected checkpoint, collecting the problems `verify` reports.
+pub(crate) fn scan(format: Format, root: PathBuf) -> Result<Scan> {
+    formats::catalog(format, root, &OpenOptions::default())
+}

@@ -1,0 +1,367 @@
+//! The target planners: one for safetensors, one for torch files, and the sharding they share.
+//!
+//! Every operation that writes a state dict (split, merge, convert, the ZeRO merge) hands the
+//! planner a list of [`Out`] tensors (a catalog tensor, the dtype to write it as, and the
+//! storage it belongs to) and a destination: one file, or a folder of huggingface_hub shards.
+//! The planner lays the files out and places each tensor as range copies or a gather
+//! ([`TargetFile::place`]); the executor in `write.rs` does the rest. Which tensors, in which
+//! order, with which metadata, is the operation's business; how a format lays them out is only
+//! here.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use crate::catalog::TensorInfo;
+use crate::dtype::Dtype;
+use crate::error::{Error, Result};
+use crate::formats::hf_index;
+use crate::formats::safetensors::{self as st, OutTensor};
+use crate::formats::torch::flatten::Leaf;
+use crate::formats::torch::writer::{self, TorchSeal, WStorage, WTensor, WValue};
+use crate::formats::torch::{TORCH_INDEX_NAME, TORCH_SINGLE_NAME};
+use crate::write::{self, Plan, TargetFile};
+
+/// One tensor to write.
+#[derive(Clone, Debug)]
+pub(crate) struct Out<'a> {
+    pub tensor: &'a TensorInfo,
+    /// The dtype to write it as (a cast when it differs from how it is stored).
+    pub dtype: Dtype,
+    /// Tensors with the same key share one storage in the state dict the reference tools see:
+    /// they count once toward a shard's size and follow the first of them into its shard.
+    pub key: usize,
+    /// For torch output: the index (into the output list) of the tensor whose storage this one
+    /// shares instead of having its own.
+    pub tied_to: Option<usize>,
+}
+
+impl Out<'_> {
+    pub(crate) fn byte_len(&self) -> u64 {
+        self.tensor.numel().saturating_mul(self.dtype.bits() / 8)
+    }
+}
+
+/// Storage keys as the data tells them: tensors whose bytes start at the same place and have
+/// the same length (a ZeRO alias; empty safetensors tensors at one offset) share one.
+pub(crate) fn storage_keys(tensors: &[&TensorInfo]) -> Vec<usize> {
+    let mut seen: HashMap<(Option<(usize, u64)>, u64), usize> = HashMap::new();
+    tensors.iter().enumerate().map(|(i, t)| *seen.entry((t.location(), t.stored_len())).or_insert(i)).collect()
+}
+
+/// How a sharded index is written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum IndexStyle {
+    /// huggingface_hub's `save_torch_state_dict`: `weight_map` in shard order.
+    Hub,
+    /// DeepSpeed's `zero_to_fp32`: keys sorted, and a trailing newline.
+    ZeroToFp32,
+}
+
+/// Where a state dict goes.
+#[derive(Clone, Debug)]
+pub(crate) enum Dest {
+    /// One file.
+    File(PathBuf),
+    /// A folder of shards of at most `max` bytes (a single shard gets the unsharded name).
+    Shards { dir: PathBuf, max: u64, style: IndexStyle },
+}
+
+/// What a planner will write.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Placed {
+    /// Data files, in shard order.
+    pub files: Vec<PathBuf>,
+    /// The index, when sharded into more than one file.
+    pub index: Option<PathBuf>,
+    /// Tensor bytes written (each storage once).
+    pub bytes: u64,
+}
+
+/// The metadata that goes with a state dict: `format` (written first into every file that
+/// has metadata) and the rest, which a single file carries in `__metadata__` and a sharded
+/// output in its index, as huggingface_hub does.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Meta {
+    pub format: Option<String>,
+    pub user: Vec<(String, serde_json::Value)>,
+}
+
+impl Meta {
+    /// Splits a folded metadata list into `format` and the rest.
+    pub(crate) fn from_folded(folded: Vec<(String, serde_json::Value)>) -> Meta {
+        let mut format = None;
+        let mut user = Vec::with_capacity(folded.len());
+        for (k, v) in folded {
+            if k == "format" {
+                format = Some(json_text(&v));
+            } else {
+                user.push((k, v));
+            }
+        }
+        Meta { format, user }
+    }
+
+    fn file(&self, with_user: bool) -> Vec<(String, String)> {
+        let format = self.format.iter().map(|f| ("format".to_string(), f.clone()));
+        let user = self.user.iter().filter(|_| with_user).map(|(k, v)| (k.clone(), json_text(v)));
+        format.chain(user).collect()
+    }
+}
+
+/// A JSON value as safetensors metadata text: strings as themselves, anything else as JSON.
+pub(crate) fn json_text(v: &serde_json::Value) -> String {
+    match v {
+        serde_json::Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// Assigns tensors to shards the way huggingface_hub's `split_state_dict_into_shards_factory`
+/// does. `items` are `(storage key, size)` in state-dict order; tensors sharing a storage key
+/// count once and follow the first of them into its shard, appended at its end.
+///
+/// The pass is greedy and single: a tensor larger than the limit gets a shard of its own,
+/// emitted immediately while the current shard stays open, so key order is not monotonic
+/// across shards (huggingface_hub behaves the same).
+pub(crate) fn assign_shards<K: Eq + std::hash::Hash + Clone>(items: &[(K, u64)], max: u64) -> (Vec<Vec<usize>>, u64) {
+    let mut groups: Vec<Vec<usize>> = Vec::new();
+    let mut group_of: HashMap<K, usize> = HashMap::new();
+    // The shard each group's first tensor landed in; `open` are the groups of the open shard.
+    let mut shard_of: Vec<usize> = Vec::new();
+    let mut open: Vec<usize> = Vec::new();
+    let mut shards: Vec<Vec<usize>> = Vec::new();
+    let mut current: Vec<usize> = Vec::new();
+    let mut current_size = 0u64;
+    let mut total = 0u64;
+    for (i, (key, size)) in items.iter().enumerate() {
+        if let Some(&g) = group_of.get(key) {
+            groups[g].push(i);
+            continue;
+        }
+        let g = groups.len();
+        group_of.insert(key.clone(), g);
+        groups.push(vec![i]);
+        shard_of.push(0);
+        total = total.saturating_add(*size);
+        if *size > max {
+            shard_of[g] = shards.len();
+            shards.push(vec![i]);
+            continue;
+        }
+        if current_size.saturating_add(*size) > max {
+            for og in open.drain(..) {
+                shard_of[og] = shards.len();
+            }
+            shards.push(std::mem::take(&mut current));
+            current_size = 0;
+        }
+        open.push(g);
+        current.push(i);
+        current_size += size;
+    }
+    if !current.is_empty() {
+        for og in open.drain(..) {
+            shard_of[og] = shards.len();
+        }
+        shards.push(current);
+    }
+    for (g, group) in groups.iter().enumerate().filter(|(_, g)| g.len() > 1) {
+        if let Some(shard) = shards.get_mut(shard_of[g]) {
+            shard.extend_from_slice(&group[1..]);
+        }
+    }
+    (shards, total)
+}
+
+/// The file names of `n` shards of a `stem`/`ext` checkpoint (`model-00001-of-00002.safetensors`),
+/// or the unsharded name when there is one.
+fn shard_names(dir: &Path, n: usize, single: &str, stem: &str, ext: &str) -> Vec<PathBuf> {
+    if n == 1 {
+        return vec![dir.join(single)];
+    }
+    (1..=n).map(|i| dir.join(format!("{stem}-{i:05}-of-{n:05}{ext}"))).collect()
+}
+
+fn file_name(p: &Path) -> String {
+    p.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default()
+}
+
+/// Cuts `outs` into the destination's files: `(path, members)` per file, and the total bytes.
+fn cut<'o>(outs: &'o [Out<'o>], dest: &Dest, single: &str, stem: &str, ext: &str) -> (Vec<(PathBuf, Vec<usize>)>, u64) {
+    let items: Vec<(usize, u64)> = outs.iter().map(|o| (o.key, o.byte_len())).collect();
+    let (shards, total) = match dest {
+        Dest::File(_) => {
+            let unique: u64 = items.iter().enumerate().filter(|(i, (k, _))| i == k).map(|(_, (_, s))| *s).sum();
+            (vec![(0..outs.len()).collect::<Vec<_>>()], unique)
+        }
+        Dest::Shards { max, .. } => assign_shards(&items, *max),
+    };
+    // A single file always exists; a folder of nothing holds nothing (as huggingface_hub's
+    // split of an empty state dict gives no shard).
+    let shards = if shards.is_empty() && matches!(dest, Dest::File(_)) { vec![Vec::new()] } else { shards };
+    let paths = match dest {
+        Dest::File(p) => vec![p.clone()],
+        Dest::Shards { dir, .. } => shard_names(dir, shards.len(), single, stem, ext),
+    };
+    (paths.into_iter().zip(shards).collect(), total)
+}
+
+/// The index of a sharded output, the previous checkpoint's files to sweep, and the outcome.
+fn finish_sharded(
+    plan: &mut Plan,
+    files: &[(PathBuf, Vec<usize>)],
+    outs: &[Out<'_>],
+    dest: &Dest,
+    meta: &Meta,
+    total: u64,
+    (stem, ext, index_name): (&str, &str, &str),
+) -> Result<Placed> {
+    let mut placed = Placed { files: files.iter().map(|(p, _)| p.clone()).collect(), index: None, bytes: total };
+    let Dest::Shards { dir, style, .. } = dest else { return Ok(placed) };
+    if files.len() > 1 {
+        let mut weight_map: Vec<(String, String)> = Vec::with_capacity(outs.len());
+        for (path, members) in files {
+            let name = file_name(path);
+            weight_map.extend(members.iter().map(|&i| (outs[i].tensor.name.clone(), name.clone())));
+        }
+        let mut index_meta = serde_json::Map::new();
+        index_meta.insert("total_size".into(), total.into());
+        for (k, v) in &meta.user {
+            index_meta.insert(k.clone(), v.clone());
+        }
+        if *style == IndexStyle::ZeroToFp32 {
+            weight_map.sort();
+        }
+        let mut text = hf_index::render(&index_meta, &weight_map);
+        if *style == IndexStyle::ZeroToFp32 {
+            text.push(b'\n');
+        }
+        let index = dir.join(index_name);
+        plan.trailers.push((index.clone(), text));
+        placed.index = Some(index);
+    }
+    plan.stale = write::stale_files(dir, |n| hf_index::is_managed_name(n, stem, ext), |n| n.ends_with(".index.json"))?;
+    Ok(placed)
+}
+
+/// Plans `outs` as safetensors files at `dest`.
+pub(crate) fn safetensors(outs: &[Out<'_>], meta: &Meta, dest: &Dest, plan: &mut Plan) -> Result<Placed> {
+    for o in outs {
+        if !o.dtype.in_safetensors() {
+            return Err(Error::NotInSafetensors { tensor: o.tensor.name.clone(), dtype: o.dtype.to_string() });
+        }
+    }
+    let (files, total) = cut(outs, dest, hf_index::SINGLE_NAME, "model", ".safetensors");
+    let one = files.len() == 1;
+    for (path, members) in &files {
+        let tensors: Vec<OutTensor> = members
+            .iter()
+            .map(|&i| {
+                let o = &outs[i];
+                OutTensor {
+                    name: o.tensor.name.clone(),
+                    dtype: o.dtype,
+                    shape: o.tensor.shape.clone(),
+                    len: o.byte_len(),
+                }
+            })
+            .collect();
+        let layout = st::layout(tensors, &meta.file(one), path)?;
+        let at: HashMap<&str, u64> = layout.tensors.iter().map(|(t, off)| (t.name.as_str(), *off)).collect();
+        let mut target = TargetFile::new(path.clone(), layout.head, layout.file_len);
+        for &i in members {
+            let o = &outs[i];
+            target.place(o.tensor, o.dtype, at.get(o.tensor.name.as_str()).copied().unwrap_or(0));
+        }
+        plan.targets.push(target);
+    }
+    finish_sharded(plan, &files, outs, dest, meta, total, ("model", ".safetensors", hf_index::INDEX_NAME))
+}
+
+/// Plans `outs` as `torch.save` files at `dest`, with the non-tensor `values` in the first
+/// file's pickle. A tensor tied to another in the same file shares its storage.
+pub(crate) fn torch(
+    outs: &[Out<'_>],
+    values: &[(String, Leaf)],
+    meta: &Meta,
+    dest: &Dest,
+    plan: &mut Plan,
+) -> Result<Placed> {
+    let (files, total) = cut(outs, dest, TORCH_SINGLE_NAME, "pytorch_model", ".bin");
+    for (si, (path, members)) in files.iter().enumerate() {
+        let mut storages: Vec<WStorage> = Vec::new();
+        let mut storage_of: HashMap<usize, usize> = HashMap::new();
+        let mut entries = Vec::with_capacity(members.len());
+        for &i in members {
+            let o = &outs[i];
+            let owner = o.tied_to.filter(|k| members.contains(k)).unwrap_or(i);
+            let sidx = *storage_of.entry(owner).or_insert_with(|| {
+                storages.push(WStorage { dtype: o.dtype, byte_len: o.byte_len() });
+                storages.len() - 1
+            });
+            let t = WTensor { dtype: o.dtype, shape: o.tensor.shape.clone(), storage: sidx, offset: 0 };
+            entries.push((o.tensor.name.clone(), WValue::Tensor(t)));
+        }
+        if si == 0 {
+            entries.extend(values.iter().map(|(k, v)| (k.clone(), WValue::Leaf(v.clone()))));
+        }
+        let layout = writer::layout(&writer::archive_name(path), &entries, &storages, path)?;
+        let mut target = TargetFile::new(path.clone(), Vec::new(), layout.file_len);
+        for &i in members {
+            let o = &outs[i];
+            if o.tied_to.is_some_and(|k| members.contains(&k)) {
+                continue;
+            }
+            let off = storage_of.get(&i).and_then(|&s| layout.storage_offsets.get(s)).copied().unwrap_or(0);
+            target.place(o.tensor, o.dtype, off);
+        }
+        target.seal = Some(Box::new(TorchSeal(vec![(0, layout)])));
+        plan.targets.push(target);
+    }
+    finish_sharded(plan, &files, outs, dest, meta, total, ("pytorch_model", ".bin", TORCH_INDEX_NAME))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::assign_shards;
+
+    fn gb(sizes: &[u64]) -> Vec<(usize, u64)> {
+        sizes.iter().enumerate().map(|(i, s)| (i, s * 1_000_000_000)).collect()
+    }
+
+    #[test]
+    fn greedy_in_key_order() {
+        // huggingface_hub's docstring example: [6,6,2,6,2,2] GB with a 10 GB limit.
+        let (shards, total) = assign_shards(&gb(&[6, 6, 2, 6, 2, 2]), 10_000_000_000);
+        assert_eq!(shards, vec![vec![0], vec![1, 2], vec![3, 4, 5]]);
+        assert_eq!(total, 24_000_000_000);
+    }
+
+    #[test]
+    fn oversized_tensor_is_emitted_before_the_open_shard() {
+        let (shards, _) = assign_shards(&gb(&[2, 12, 2]), 10_000_000_000);
+        assert_eq!(shards, vec![vec![1], vec![0, 2]]);
+    }
+
+    #[test]
+    fn shared_storage_follows_its_first_tensor_and_counts_once() {
+        let items = vec![("a", 5), ("b", 0), ("c", 6), ("b", 0)];
+        let (shards, total) = assign_shards(&items, 10);
+        assert_eq!(shards, vec![vec![0, 1, 3], vec![2]]);
+        assert_eq!(total, 11);
+    }
+
+    #[test]
+    fn follower_of_an_oversized_tensor_joins_its_shard() {
+        let items = vec![("a", 2), ("big", 12), ("c", 2), ("big", 12)];
+        let (shards, _) = assign_shards(&items, 10);
+        assert_eq!(shards, vec![vec![1, 3], vec![0, 2]]);
+    }
+
+    #[test]
+    fn empty_input_gives_no_shard() {
+        let (shards, total) = assign_shards::<u8>(&[], 10);
+        assert!(shards.is_empty());
+        assert_eq!(total, 0);
+    }
+}
