@@ -36,10 +36,25 @@ PY
                      "$fixtures"/hostile/dcp/*/.metadata; do
                 cp "$f" "$corpus/$(echo "$f" | sha1sum | cut -c1-16)"
             done ;;
+        hf_index)
+            find "$fixtures" -name '*.index.json' -size -64k -exec sh -c 'cp "$1" "$2/$(echo "$1" | sha1sum | cut -c1-16)"' _ {} "$corpus" \; ;;
+        safetensors_header)
+            # The length prefix and header of each fixture (the data is not parsed).
+            for f in $(find "$fixtures/safetensors" "$fixtures/hostile/safetensors" -name '*.safetensors' -size -256k); do
+                python3 - "$f" "$corpus" <<'PY' || true
+import sys, struct, pathlib, hashlib
+src, out = sys.argv[1], pathlib.Path(sys.argv[2])
+b = pathlib.Path(src).read_bytes()
+if len(b) >= 8:
+    n = struct.unpack("<Q", b[:8])[0]
+    head = b[: 8 + min(n, 65536)]
+    (out / hashlib.sha1(src.encode()).hexdigest()[:16]).write_bytes(head)
+PY
+            done ;;
     esac
 }
 
-for target in unpickle torch_zip dcp_metadata; do
+for target in unpickle torch_zip dcp_metadata hf_index safetensors_header; do
     seed "$target"
     cargo fuzz build --release "$target"
     cargo fuzz run --release "$target" "corpus/$target" -- \

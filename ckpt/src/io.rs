@@ -40,6 +40,20 @@ impl ReadAt for [u8] {
     }
 }
 
+/// The bytes of `file` from `base` on, seen as a source of their own (a DCP item: a zip
+/// archive whose offsets count from its own start).
+pub(crate) struct Window<'a> {
+    pub file: &'a File,
+    pub base: u64,
+}
+
+impl ReadAt for Window<'_> {
+    fn read_exact_at(&self, buf: &mut [u8], off: u64) -> std::io::Result<()> {
+        let at = self.base.checked_add(off).ok_or_else(|| std::io::Error::from(std::io::ErrorKind::UnexpectedEof))?;
+        FileExt::read_exact_at(self.file, buf, at)
+    }
+}
+
 /// Opens `path` for reading.
 pub(crate) fn open(path: &Path) -> Result<File> {
     File::open(path).at(path)

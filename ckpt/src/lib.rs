@@ -44,9 +44,8 @@ pub use size::{parse_size, DEFAULT_MAX_SHARD_SIZE};
 pub use verify::{verify, Report};
 pub use write::{CopyMethod, WriteOptions};
 
-/// Entry points for the fuzz targets (`ckpt/fuzz`): each parser on arbitrary bytes.
 #[doc(hidden)]
-pub use formats::torch::fuzz;
+pub mod fuzz;
 
 impl Error {
     /// True when the error describes a defective checkpoint (as opposed to a missing path, a

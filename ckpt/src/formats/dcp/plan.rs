@@ -21,6 +21,7 @@ use super::metadata::PathElem;
 use crate::catalog::{Chunk, SourceFile};
 use crate::dtype::Dtype;
 use crate::error::{Error, IoContext, Result};
+use crate::formats::torch::strided::numel;
 use crate::formats::torch::writer::{self, TorchSeal, WStorage, WTensor};
 use crate::ops::Outcome;
 use crate::write::{self, Plan, RangeCopy, TargetFile, WriteOptions};
@@ -201,7 +202,8 @@ pub(crate) fn write_dcp(
 
 /// Bytes in one dim-0 row (the whole value for a 0-d tensor).
 fn row_bytes(t: &SrcTensor) -> u64 {
-    t.shape.iter().skip(1).product::<u64>() * (t.dtype.bits() / 8)
+    // The source catalog checked that the whole tensor's size fits, so a row's does.
+    numel(t.shape.get(1..).unwrap_or_default()).map_or(0, |n| n.saturating_mul(t.dtype.bits() / 8))
 }
 
 /// Copies of bytes `[from, from + len)` of a tensor made of `chunks` to `dst_off` onwards.

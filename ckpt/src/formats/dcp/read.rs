@@ -2,18 +2,16 @@
 //! tensor's chunks checked to tile it.
 
 use std::collections::HashMap;
-use std::fs::File;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use super::metadata::{self, ChunkMeta, Kind, PathElem, StorageInfo};
 use crate::catalog::{Chunk, SourceFile};
 use crate::dtype::Dtype;
-use crate::error::{Error, IoContext, Result};
+use crate::error::{Error, Result};
 use crate::formats::torch::flatten::{self, Leaf};
 use crate::formats::torch::pickle::{self, Limits, Obj, Refusal};
 use crate::formats::torch::strided::{self, Runs};
-use crate::formats::torch::zip::{self, ReadAt};
+use crate::formats::torch::zip;
 
 /// The largest `.metadata` we read (a model with a million chunks stays well below).
 const MAX_METADATA_LEN: u64 = 1 << 30;
@@ -55,16 +53,7 @@ pub(crate) struct Dcp {
 /// Reads the DCP folder `dir`.
 pub(crate) fn read(dir: &Path) -> Result<Dcp> {
     let meta_path = dir.join(super::METADATA_NAME);
-    let file = File::open(&meta_path).at(&meta_path)?;
-    let len = file.metadata().at(&meta_path)?.len();
-    if len > MAX_METADATA_LEN {
-        return Err(Error::BadDcpMetadata {
-            path: meta_path,
-            reason: format!("{len} bytes is over the {MAX_METADATA_LEN}-byte limit"),
-        });
-    }
-    let mut data = vec![0u8; usize::try_from(len).unwrap_or(0)];
-    FileExt::read_exact_at(&file, &mut data, 0).at(&meta_path)?;
+    let data = crate::io::read_capped(&meta_path, MAX_METADATA_LEN)?;
     let md = metadata::parse(&data, &meta_path)?;
 
     let mut files = Files { dir, meta_path: &meta_path, list: Vec::new(), by_name: HashMap::new() };
@@ -162,19 +151,6 @@ fn rank_of(name: &str) -> Option<u64> {
     name.strip_prefix("__")?.split('_').next()?.parse().ok()
 }
 
-/// An item: a byte range of a data file, read as a zip archive of its own.
-struct Item<'a> {
-    file: &'a File,
-    base: u64,
-}
-
-impl ReadAt for Item<'_> {
-    fn read_exact_at(&self, buf: &mut [u8], off: u64) -> std::io::Result<()> {
-        let at = self.base.checked_add(off).ok_or_else(|| std::io::Error::from(std::io::ErrorKind::UnexpectedEof))?;
-        FileExt::read_exact_at(self.file, buf, at)
-    }
-}
-
 /// What an item's `data.pkl` holds, with the archive it came from.
 fn open_item(
     path: &Path,
@@ -183,8 +159,9 @@ fn open_item(
     storage: &StorageInfo,
 ) -> Result<(zip::Archive, String, pickle::Pickle)> {
     let bad = |reason: String| Error::BadDcpChunk { path: path.to_path_buf(), tensor: key.to_string(), rank, reason };
-    let file = File::open(path).at(path)?;
-    let item = Item { file: &file, base: storage.offset };
+    let file = crate::io::open(path)?;
+    // An item is a byte range of its data file, read as a zip archive of its own.
+    let item = crate::io::Window { file: &file, base: storage.offset };
     let archive = zip::Archive::open(&item, storage.length, path).map_err(|e| {
         bad(format!("item at byte {} is not a `torch.save` archive: {}", storage.offset, strip_path(&e, path)))
     })?;

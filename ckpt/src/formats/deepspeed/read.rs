@@ -9,6 +9,7 @@ use crate::catalog::{Chunk, SourceFile};
 use crate::dtype::Dtype;
 use crate::error::{Error, IoContext, Result};
 use crate::formats::torch::flatten::Leaf;
+use crate::formats::torch::strided::numel;
 use crate::formats::torch::{self, TorchFile, TorchTensor};
 
 /// The DeepSpeed classes an optim-states file may name (see the module docs for what each is).
@@ -239,7 +240,8 @@ impl ZeroCheckpoint {
             Some(t) => (dir.join(t), t.to_string()),
             None if dir.join("latest").is_file() => {
                 let latest = dir.join("latest");
-                let text = std::fs::read_to_string(&latest).at(&latest)?;
+                // `latest` holds a tag name; anything longer than a path is not one.
+                let text = String::from_utf8_lossy(&crate::io::read_capped(&latest, 4096)?).into_owned();
                 let t = text.trim().to_string();
                 if !crate::formats::hf_index::is_plain_file_name(&t) {
                     return Err(bad(&latest, 0, "latest", format!("`{t}` is not a tag folder name")));
@@ -434,10 +436,6 @@ fn read_tag(tag_dir: PathBuf, tag: String) -> Result<ZeroCheckpoint> {
 
 fn file_name(p: &Path) -> String {
     p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
-}
-
-fn numel(shape: &[u64]) -> Option<u64> {
-    shape.iter().try_fold(1u64, |a, &d| a.checked_mul(d))
 }
 
 /// `partition_count`: an int (stage 3) or one int per group (stage 1/2), the world size. With

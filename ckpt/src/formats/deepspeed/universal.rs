@@ -35,6 +35,7 @@ use crate::catalog::Chunk;
 use crate::dtype::Dtype;
 use crate::error::{Error, Result};
 use crate::formats::torch::flatten::Leaf;
+use crate::formats::torch::strided::numel;
 use crate::formats::torch::writer::{self, TorchLayout, TorchSeal, WNode, WStorage, WTensor, WValue};
 use crate::formats::torch::{self, TorchFile};
 use crate::ops::Outcome;
@@ -119,7 +120,7 @@ fn scalar(f: &TorchFile, key: &str) -> Result<Chunk> {
         reason: reason.to_string(),
     };
     let t = f.tensors.iter().find(|t| t.name == key).ok_or_else(|| bad("missing"))?;
-    if t.dtype != Dtype::F32 || t.shape.iter().product::<u64>() != 1 {
+    if t.dtype != Dtype::F32 || numel(&t.shape) != Some(1) {
         return Err(bad(&format!("expected a one-element fp32 tensor, found `{}` {:?}", t.dtype, t.shape)));
     }
     let s = f.storages.get(t.storage).ok_or_else(|| bad("names no storage"))?;
@@ -178,15 +179,16 @@ pub(crate) fn reshard_zero(ck: &ZeroCheckpoint, out: &Path, world: u64, opts: &W
             });
         }
         let pdir = zero.join(&p.name);
-        let numel: u64 = p.shape.iter().product();
+        let count = numel(&p.shape).unwrap_or(u64::MAX);
+        let want = count.checked_mul(4);
         for (key, chunks) in [("fp32", &p.fp32), ("exp_avg", &p.exp_avg), ("exp_avg_sq", &p.exp_avg_sq)] {
             let have: u64 = chunks.iter().map(|c| c.len).sum();
-            if have != numel * 4 {
+            if Some(have) != want {
                 return Err(Error::BadZeroCheckpoint {
                     path: r0_path.clone(),
                     rank: 0,
                     tensor: p.name.clone(),
-                    reason: format!("{key}: {have} bytes for {numel} fp32 elements"),
+                    reason: format!("{key}: {have} bytes for {count} fp32 elements"),
                 });
             }
             let path = pdir.join(format!("{key}.pt"));
@@ -196,9 +198,9 @@ pub(crate) fn reshard_zero(ck: &ZeroCheckpoint, out: &Path, world: u64, opts: &W
                     ("param".to_string(), WValue::Tensor(f32_tensor(p.shape.clone()))),
                     ("cat_dim".to_string(), WValue::Leaf(Leaf::Int(0))),
                 ];
-                writer::layout(&prefix, &entries, &[f32_storage(numel)], &path)?
+                writer::layout(&prefix, &entries, &[f32_storage(count)], &path)?
             } else {
-                writer::layout_tensor(&prefix, &f32_tensor(vec![numel]), f32_storage(numel), &path)?
+                writer::layout_tensor(&prefix, &f32_tensor(vec![count]), f32_storage(count), &path)?
             };
             bytes += have;
             TorchTarget { path, layout, sources: vec![chunks.clone()] }.push(&mut plan);

@@ -23,8 +23,6 @@
 //! entry is only ever inflated into a buffer capped by both its declared size and a limit, so a
 //! small file cannot expand without bound.
 
-use std::fs::File;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, IoContext, Result};
@@ -68,27 +66,7 @@ pub(crate) struct Archive {
 }
 
 /// Positional reads: a file, or bytes in memory (for tests and fuzzing).
-pub(crate) trait ReadAt {
-    fn read_exact_at(&self, buf: &mut [u8], off: u64) -> std::io::Result<()>;
-}
-
-impl ReadAt for File {
-    fn read_exact_at(&self, buf: &mut [u8], off: u64) -> std::io::Result<()> {
-        FileExt::read_exact_at(self, buf, off)
-    }
-}
-
-impl ReadAt for [u8] {
-    fn read_exact_at(&self, buf: &mut [u8], off: u64) -> std::io::Result<()> {
-        let start = usize::try_from(off).map_err(|_| std::io::Error::from(std::io::ErrorKind::UnexpectedEof))?;
-        let src = start
-            .checked_add(buf.len())
-            .and_then(|end| self.get(start..end))
-            .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::UnexpectedEof))?;
-        buf.copy_from_slice(src);
-        Ok(())
-    }
-}
+pub(crate) use crate::io::ReadAt;
 
 fn u16_at(b: &[u8], at: usize) -> Option<u16> {
     Some(u16::from_le_bytes(b.get(at..at + 2)?.try_into().ok()?))

@@ -1,0 +1,6 @@
+//! The Hugging Face index reader on arbitrary bytes: never a panic or an unbounded allocation.
+#![no_main]
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| {
+    ckpt::fuzz::hf_index(data);
+});
