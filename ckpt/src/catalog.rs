@@ -12,8 +12,10 @@
 //! [`Checkpoint`] through [`Checkpoint::new`], the one place that checks the catalog's
 //! invariants.
 
+use std::any::Any;
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use crate::dtype::Dtype;
 use crate::error::{Error, Result};
@@ -205,19 +207,18 @@ pub struct Checkpoint {
     pub(crate) index_metadata: Option<serde_json::Map<String, serde_json::Value>>,
     /// Non-tensor values (a torch file's `step`, a DCP optimizer's `param_groups`), by dotted name.
     pub(crate) values: Vec<(String, Leaf)>,
-    /// Format-specific state that some operations need beyond the catalog.
-    pub(crate) detail: Detail,
+    /// For sharded checkpoints: the number of ranks that saved it.
+    pub(crate) world_size: Option<u64>,
+    /// For DeepSpeed checkpoints: the ZeRO stage.
+    pub(crate) zero_stage: Option<u8>,
+    /// What the format keeps of its source for the operations that are more than copying the
+    /// catalog (resharding, the ZeRO optimizer states). Only the format that put it there looks
+    /// inside, so the catalog need not know the formats' types.
+    pub(crate) detail: Option<Detail>,
 }
 
-/// What a format keeps of its source for the operations that are more than copying the catalog
-/// (resharding, the ZeRO optimizer states).
-#[derive(Clone, Debug, Default)]
-pub(crate) enum Detail {
-    #[default]
-    None,
-    Dcp(std::sync::Arc<crate::formats::dcp::DcpSource>),
-    Zero(std::sync::Arc<crate::formats::deepspeed::ZeroCheckpoint>),
-}
+/// A format's own view of its source, see [`Checkpoint::detail`].
+pub(crate) type Detail = Arc<dyn Any + Send + Sync>;
 
 /// The parts a reader hands to [`Checkpoint::new`].
 #[derive(Debug)]
@@ -228,12 +229,24 @@ pub(crate) struct Parts {
     pub tensors: Vec<TensorInfo>,
     pub index_metadata: Option<serde_json::Map<String, serde_json::Value>>,
     pub values: Vec<(String, Leaf)>,
-    pub detail: Detail,
+    pub world_size: Option<u64>,
+    pub zero_stage: Option<u8>,
+    pub detail: Option<Detail>,
 }
 
 impl Parts {
     pub(crate) fn new(format: Format, root: PathBuf, files: Vec<SourceFile>, tensors: Vec<TensorInfo>) -> Parts {
-        Parts { format, root, files, tensors, index_metadata: None, values: Vec::new(), detail: Detail::None }
+        Parts {
+            format,
+            root,
+            files,
+            tensors,
+            index_metadata: None,
+            values: Vec::new(),
+            world_size: None,
+            zero_stage: None,
+            detail: None,
+        }
     }
 }
 
@@ -295,6 +308,8 @@ impl Checkpoint {
             tensors: p.tensors,
             index_metadata: p.index_metadata,
             values: p.values,
+            world_size: p.world_size,
+            zero_stage: p.zero_stage,
             detail: p.detail,
         })
     }
@@ -328,18 +343,16 @@ impl Checkpoint {
     /// The number of ranks a sharded checkpoint was saved by (DCP: its rank files; ZeRO: its
     /// data-parallel world).
     pub fn world_size(&self) -> Option<u64> {
-        match &self.detail {
-            Detail::Dcp(d) => Some(d.files.len() as u64),
-            Detail::Zero(z) => Some(z.world),
-            Detail::None => None,
-        }
+        self.world_size
     }
     /// The ZeRO stage (1, 2 or 3) of a DeepSpeed checkpoint.
     pub fn zero_stage(&self) -> Option<u8> {
-        match &self.detail {
-            Detail::Zero(z) => Some(z.stage),
-            _ => None,
-        }
+        self.zero_stage
+    }
+
+    /// The format's own view of its source, when it is a `T`.
+    pub(crate) fn detail<T: Any>(&self) -> Option<&T> {
+        self.detail.as_deref().and_then(|d| d.downcast_ref::<T>())
     }
     /// Sum of the tensors' byte sizes.
     pub fn total_bytes(&self) -> u64 {

@@ -12,7 +12,7 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use crate::catalog::{Checkpoint, Detail, Format, TensorInfo};
+use crate::catalog::{Checkpoint, TensorInfo};
 use crate::dtype::Dtype;
 use crate::error::{Error, Result};
 use crate::formats::{dcp, deepspeed};
@@ -109,10 +109,7 @@ pub fn split(ck: &Checkpoint, out_dir: &Path, max_shard_size: u64, opts: &WriteO
 /// `safetensors.torch.save_file` writes for its tensors, `__metadata__` kept and index metadata
 /// folded into it.
 pub fn merge(ck: &Checkpoint, out: &Path, options: &MergeOptions, opts: &WriteOptions<'_>) -> Result<Outcome> {
-    let zero = match &ck.detail {
-        Detail::Zero(z) => Some(z),
-        _ => None,
-    };
+    let zero = ck.detail::<deepspeed::ZeroCheckpoint>();
     if zero.is_none() && (options.optimizer || options.max_shard_size.is_some()) {
         return Err(bad(
             out,
@@ -307,10 +304,12 @@ fn name_of(f: TargetFormat) -> &'static str {
 /// stay whole, non-tensor values are carried byte for byte), or a ZeRO checkpoint as DeepSpeed's
 /// universal checkpoint, which DeepSpeed loads with `load_universal` on any world size.
 pub fn reshard(ck: &Checkpoint, out: &Path, world_size: u64, opts: &WriteOptions<'_>) -> Result<Outcome> {
-    match (&ck.detail, ck.format) {
-        (Detail::Zero(z), _) => deepspeed::reshard(z, out, world_size, opts),
-        (Detail::Dcp(_), Format::Dcp) => dcp::write(ck, out, world_size, opts),
-        _ => Err(bad(
+    if let Some(z) = ck.detail::<deepspeed::ZeroCheckpoint>() {
+        return deepspeed::reshard(z, out, world_size, opts);
+    }
+    match ck.detail::<dcp::DcpSource>() {
+        Some(_) => dcp::write(ck, out, world_size, opts),
+        None => Err(bad(
             out,
             format!(
                 "{} is not a DCP folder (no `.metadata`); hint: `ckpt convert SRC OUT --to dcp --world-size M`",

@@ -1,6 +1,6 @@
 //! What `inspect` and `verify` print, as text and as JSON.
 //!
-//! The JSON documents carry `"schema": "statekit.inspect/1"` or `"statekit.verify/1"`; fields are
+//! The JSON documents carry `"schema": "statekit.inspect/2"` or `"statekit.verify/1"`; fields are
 //! only ever added within a version. The README documents both.
 
 use std::io::Write;
@@ -27,7 +27,7 @@ pub fn inspect_json(out: &mut impl Write, ck: &ckpt::Checkpoint) -> anyhow::Resu
         })
         .collect();
     let doc = json!({
-        "schema": "statekit.inspect/1",
+        "schema": "statekit.inspect/2",
         "format": ck.format().name(),
         "path": ck.root(),
         "index_metadata": ck.index_metadata(),

@@ -23,7 +23,7 @@ fn inspect_json_follows_the_documented_schema() {
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(stderr(&out), "");
     let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(doc["schema"], "statekit.inspect/1");
+    assert_eq!(doc["schema"], "statekit.inspect/2");
     assert_eq!(doc["format"], "hf-sharded-safetensors");
     assert_eq!(doc["files"].as_array().unwrap().len(), 5);
     let tensors = doc["tensors"].as_array().unwrap();

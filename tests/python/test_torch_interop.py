@@ -225,8 +225,8 @@ def test_inspect_torch_json():
     assert doc["format"] == "torch"
     want = load_source("nested.pt")
     assert [t["name"] for t in doc["tensors"]] == [k for k, v in want.items() if isinstance(v, torch.Tensor)]
-    meta = doc["files"][0]["metadata"]
-    assert json.loads(meta["step"]) == want["step"] and json.loads(meta["name"]) == want["name"]
+    values = doc["values"]
+    assert values["step"] == want["step"] and values["name"] == want["name"]
 
 
 @pytest.mark.skipif(not os.environ.get("STATEKIT_SLOW_TESTS"), reason="writes 8.6 GB; set STATEKIT_SLOW_TESTS=1")

@@ -50,7 +50,7 @@ use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::catalog::{Checkpoint, Detail, Format, Parts, Scan, SourceFile, TensorInfo};
+use crate::catalog::{Checkpoint, Format, Parts, Scan, SourceFile, TensorInfo};
 use crate::error::Result;
 use crate::ops::Outcome;
 use crate::write::WriteOptions;
@@ -96,7 +96,8 @@ pub(crate) fn catalog(dir: PathBuf) -> Result<Scan> {
     }
     let mut parts = Parts::new(Format::Dcp, dir, files, tensors);
     parts.values = values;
-    parts.detail = Detail::Dcp(Arc::new(dcp));
+    parts.world_size = Some(dcp.files.len() as u64);
+    parts.detail = Some(Arc::new(dcp));
     Ok(Scan::clean(Checkpoint::new(parts)?))
 }
 
@@ -128,7 +129,7 @@ const MAX_VIEW_RUNS: u64 = 1 << 16;
 /// keys are the tensor names, tensors of one or more dimensions are sharded on dim 0, 0-d
 /// tensors are saved whole; its non-tensor values are not carried (the outcome counts none).
 pub(crate) fn write(ck: &Checkpoint, out: &Path, world_size: u64, opts: &WriteOptions<'_>) -> Result<Outcome> {
-    if let Detail::Dcp(dcp) = &ck.detail {
+    if let Some(dcp) = ck.detail::<DcpSource>() {
         // A tensor saved as several chunks was a DTensor. With one data file, everything is one
         // chunk and nothing tells a parameter from a buffer, so tensors are sharded as a plain
         // checkpoint's are.

@@ -59,7 +59,7 @@ mod universal;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::catalog::{Checkpoint, Detail, Format, Parts, Scan, TensorInfo};
+use crate::catalog::{Checkpoint, Format, Parts, Scan, TensorInfo};
 use crate::dtype::Dtype;
 use crate::error::Result;
 use crate::ops::Outcome;
@@ -103,7 +103,9 @@ pub(crate) fn catalog(dir: PathBuf, tag: Option<&str>) -> Result<Scan> {
         f.metadata = vec![("format".to_string(), "pt".to_string())];
     }
     let mut parts = Parts::new(Format::DeepSpeed, dir, files, tensors);
-    parts.detail = Detail::Zero(Arc::new(zero));
+    parts.world_size = Some(zero.world);
+    parts.zero_stage = Some(zero.stage);
+    parts.detail = Some(Arc::new(zero));
     Ok(Scan::clean(Checkpoint::new(parts)?))
 }
 
