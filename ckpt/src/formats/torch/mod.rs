@@ -22,10 +22,25 @@
 //! in that list, an 8-byte little-endian element count followed by the raw bytes. We read that
 //! too. The pre-1.0 tar format is refused as "legacy torch format".
 //!
+//! Files from older torch versions and other machines differ only inside the pickle, and we read
+//! them as `torch.load(f, weights_only=True, map_location="cpu")` does:
+//!
+//! - the device in a persistent id (`cuda:0`, `cuda:1`, `mps`, `xpu:0`, …) says where torch
+//!   would put the storage; the bytes in the file are the same wherever it was saved, so the
+//!   location is not consulted, and the `torch.cuda.*Storage` classes of very old files mean
+//!   the same as their CPU twins;
+//! - before 1.0 a tensor was `_rebuild_tensor(storage, offset, size, stride)`, and before 0.4 an
+//!   empty typed tensor (`torch.FloatTensor()`) given `(storage, offset, size, stride)` by
+//!   `BUILD`; both describe the same window on a storage as `_rebuild_tensor_v2`;
+//! - a tensor of a backend without storages (XLA, MTIA) is pickled as its CPU copy wrapped in
+//!   `_rebuild_device_tensor_from_cpu_tensor`.
+
+//!
 //! In the catalog view ([`crate::Checkpoint`]), non-tensor values appear as the file's metadata
 //! with their dotted name and their value as JSON, so `inspect` reports them and `merge`/`split`
 //! carry them into `__metadata__`.
 
+pub(crate) mod allow;
 pub(crate) mod flatten;
 pub(crate) mod pickle;
 pub(crate) mod strided;
