@@ -34,6 +34,10 @@
 //!   `BUILD`; both describe the same window on a storage as `_rebuild_tensor_v2`;
 //! - a tensor of a backend without storages (XLA, MTIA) is pickled as its CPU copy wrapped in
 //!   `_rebuild_device_tensor_from_cpu_tensor`.
+//!
+//! A TorchScript archive (`torch.jit.save`) is the same zip around a pickle of module objects
+//! and their compiled code; [`torchscript`] reads it and names its tensors the way its
+//! `state_dict()` does.
 
 //!
 //! In the catalog view ([`crate::Checkpoint`]), non-tensor values appear as the file's metadata
@@ -44,6 +48,7 @@ pub(crate) mod allow;
 pub(crate) mod flatten;
 pub(crate) mod pickle;
 pub(crate) mod strided;
+pub(crate) mod torchscript;
 pub(crate) mod writer;
 pub(crate) mod zip;
 
@@ -120,7 +125,7 @@ pub(crate) fn sniff(path: &Path) -> bool {
     head == *b"PK\x03\x04" || head[..3] == [0x80, 0x02, 0x8a]
 }
 
-fn refusal(path: &Path, record: &str, r: Refusal) -> Error {
+pub(crate) fn refusal(path: &Path, record: &str, r: Refusal) -> Error {
     match r {
         Refusal::Global(global) => Error::RefusedGlobal { path: path.to_path_buf(), global },
         Refusal::Bad { at, reason } => Error::BadPickle { path: path.to_path_buf(), record: record.into(), at, reason },
@@ -184,7 +189,8 @@ fn read_zip(file: &File, len: u64, path: &Path, classes: &'static [&'static str]
         return Err(bad_file(path, format!("record `{}` is outside the archive folder `{prefix}`", e.name)));
     }
     let has = |n: &str| archive.find(&format!("{prefix}{n}")).is_some();
-    if has("constants.pkl") {
+    let script = torchscript::is_torchscript(&archive, &prefix);
+    if script && !classes.is_empty() {
         return Err(bad_file(path, "a TorchScript archive (`torch.jit.save`), not a `torch.save` file"));
     }
     if !has("version") && !has(".data/version") {
@@ -200,9 +206,15 @@ fn read_zip(file: &File, len: u64, path: &Path, classes: &'static [&'static str]
     let Some(pkl) = archive.find(&pkl_name) else {
         return Err(bad_file(path, format!("no `{pkl_name}` record")));
     };
-    let data = archive.read_entry(file, pkl, MAX_PICKLE_LEN)?;
-    let p = pickle::load_with_classes(&data, Limits::default(), classes).map_err(|r| refusal(path, &pkl_name, r))?;
-    let flat = flatten::flatten(&p).map_err(|reason| bad_file(path, reason))?;
+    let flat = if script {
+        // A TorchScript archive: the state dict is what its module tree declares.
+        flatten::Flat { tensors: torchscript::tensors(file, &archive, &prefix, path)?, leaves: Vec::new() }
+    } else {
+        let data = archive.read_entry(file, pkl, MAX_PICKLE_LEN)?;
+        let p =
+            pickle::load_with_classes(&data, Limits::default(), classes).map_err(|r| refusal(path, &pkl_name, r))?;
+        flatten::flatten(&p).map_err(|reason| bad_file(path, reason))?
+    };
     let mut storages: Vec<Storage> = Vec::new();
     let mut by_key: HashMap<String, usize> = HashMap::new();
     let mut tensors = Vec::with_capacity(flat.tensors.len());

@@ -178,7 +178,6 @@ pub(crate) struct Pickle {
     /// Bytes consumed, up to and including `STOP`.
     pub end: usize,
     /// The TorchScript classes the pickle named, by full name.
-    #[allow(dead_code)] // TEMP: read by the TorchScript reader
     pub script_classes: Vec<String>,
 }
 
@@ -286,7 +285,6 @@ pub(crate) fn load_with_classes(data: &[u8], limits: Limits, classes: &'static [
 /// Like [`load`], for the object pickle of a TorchScript archive: classes under `__torch__.`
 /// become inert [`Obj::Script`] objects and TorchScript's list and type-tag helpers give back
 /// their argument. Nothing is imported or called here either.
-#[allow(dead_code)] // TEMP: called by the TorchScript reader
 pub(crate) fn load_script(data: &[u8], limits: Limits) -> R<Pickle> {
     run(data, limits, &[], true)
 }
