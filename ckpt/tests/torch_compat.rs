@@ -99,6 +99,11 @@ fn pre_0_4_tensor_classes_set_by_build() {
 }
 
 #[test]
+fn legacy_storage_views() {
+    check("legacy_storage_views.pt");
+}
+
+#[test]
 fn sets_counters_bytearrays_complex_devices_and_dtypes_as_values() {
     check("values.pt");
 }

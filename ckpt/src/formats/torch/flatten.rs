@@ -215,7 +215,7 @@ impl Walk<'_> {
                 }
                 Some(Obj::EmptyTensor(_)) => return Err("a legacy tensor was never given its storage".into()),
                 Some(Obj::Script { .. }) => return Err("a TorchScript object outside a TorchScript archive".into()),
-                Some(Obj::Storage(_)) => return Err("a bare storage is not supported".into()),
+                Some(Obj::Storage(_) | Obj::StorageView { .. }) => return Err("a bare storage is not supported".into()),
                 // An allow-listed object of a format's own class (a DeepSpeed enum, a DCP
                 // dataclass) is kept as data: its class, constructor arguments and state.
                 Some(Obj::Instance { class, args, state }) => {

@@ -18,7 +18,8 @@
 //!
 //! Before 1.6 (and with `_use_new_zipfile_serialization=False`) the file is a stream of pickles:
 //! a magic number, a protocol version (1001), a system-info dict, the object (whose persistent
-//! ids carry a sixth element, always `None` here), the list of storage keys; then, for each key
+//! ids carry a sixth element: `None`, or for a slice of a storage, as pre-0.4 torch wrote them,
+//! `(view key, offset, size)` in elements), the list of storage keys; then, for each key
 //! in that list, an 8-byte little-endian element count followed by the raw bytes. We read that
 //! too. The pre-1.0 tar format is refused as "legacy torch format".
 //!
@@ -326,7 +327,7 @@ fn read_legacy(file: &File, len: u64, path: &Path) -> Result<TorchFile> {
     let flat = flatten::flatten(&obj).map_err(|reason| bad_file(path, reason))?;
     let mut kinds: HashMap<&str, StorageKind> = HashMap::new();
     for o in &obj.objs {
-        if let Obj::Storage(s) = o {
+        if let Obj::Storage(s) | Obj::StorageView { storage: s, .. } = o {
             kinds.insert(&s.key, s.kind);
         }
     }

@@ -163,6 +163,12 @@ pub(crate) enum Obj {
         class: usize,
         state: Option<V>,
     },
+    /// A slice of a storage (legacy files: `offset` and `len` in elements of the storage).
+    StorageView {
+        storage: StorageRef,
+        offset: u64,
+        len: u64,
+    },
     /// `builtins.complex(real, imag)`.
     Complex(f64, f64),
     /// An empty legacy tensor (`torch.FloatTensor()`) waiting for the `BUILD` that sets its
@@ -261,6 +267,9 @@ struct Machine<'a> {
     /// Whether TorchScript's own globals are admitted (a `torch.jit.save` archive).
     script: bool,
     script_classes: Vec<String>,
+    /// Storage keys seen, and legacy storage views by key (offset and size, in elements).
+    root_keys: HashMap<String, ()>,
+    view_keys: HashMap<String, (u64, u64)>,
     objs: Vec<Obj>,
     depth: Vec<u32>,
     stack: Vec<V>,
@@ -298,6 +307,8 @@ fn run(data: &[u8], limits: Limits, classes: &'static [&'static str], script: bo
         classes,
         script,
         script_classes: Vec::new(),
+        root_keys: HashMap::new(),
+        view_keys: HashMap::new(),
         objs: Vec::new(),
         depth: Vec::new(),
         stack: Vec::new(),
@@ -500,7 +511,7 @@ impl Machine<'_> {
                 Some(Obj::List(_)) => "a list".into(),
                 Some(Obj::Dict(_)) => "a dict".into(),
                 Some(Obj::Global(g)) => format!("`{g:?}`"),
-                Some(Obj::Storage(_)) => "a storage".into(),
+                Some(Obj::Storage(_) | Obj::StorageView { .. }) => "a storage".into(),
                 Some(Obj::Tensor(_)) => "a tensor".into(),
                 Some(Obj::Instance { class, .. }) => format!("a `{class}`"),
                 Some(Obj::Script { class, .. }) => {
@@ -869,11 +880,15 @@ impl Machine<'_> {
 
     fn persistent(&mut self, pid: V) -> R<V> {
         let items = self.items_of(pid).map(<[V]>::to_vec).unwrap_or_default();
-        let (tag, cls, key, numel) = match items.as_slice() {
-            // ("storage", cls, key, location, numel) and the legacy form with a trailing None.
+        // The location (`cpu`, `cuda:1`, `mps`, …) is where torch would put the storage; its
+        // bytes in the file do not depend on it, so it is not read.
+        let (tag, cls, key, numel, view) = match items.as_slice() {
+            // ("storage", cls, key, location, numel) and the legacy form with a sixth element:
+            // `None`, or `(view key, offset, size)` for a slice of the storage.
             [tag, cls, key, _location, numel] | [tag, cls, key, _location, numel, V::None] => {
-                (*tag, *cls, *key, *numel)
+                (*tag, *cls, *key, *numel, None)
             }
+            [tag, cls, key, _location, numel, view] => (*tag, *cls, *key, *numel, Some(*view)),
             _ => return self.bad("persistent id is not a storage tuple"),
         };
         if self.str_of(tag) != Some("storage") {
@@ -892,7 +907,36 @@ impl Machine<'_> {
             },
         };
         let numel = self.int_of(numel, "storage size")?;
-        self.alloc(Obj::Storage(StorageRef { key, kind, numel }))
+        let storage = StorageRef { key, kind, numel };
+        if self.view_keys.contains_key(&storage.key) {
+            return self.bad(format!("storage key `{}` names both a storage and a view", storage.key));
+        }
+        self.root_keys.insert(storage.key.clone(), ());
+        let Some(view) = view else {
+            return self.alloc(Obj::Storage(storage));
+        };
+        let (vkey, offset, len) = match self.items_of(view) {
+            Some(&[k, o, n]) => {
+                (self.str_of(k).map(str::to_string), self.int_of(o, "view offset")?, self.int_of(n, "view size")?)
+            }
+            _ => return self.bad("storage view must be (key, offset, size)"),
+        };
+        let Some(vkey) = vkey else {
+            return self.bad("storage view key must be a string");
+        };
+        if matches!(kind, StorageKind::Untyped) {
+            return self.bad("a view of an untyped storage");
+        }
+        if self.root_keys.contains_key(&vkey) {
+            return self.bad(format!("storage key `{vkey}` names both a storage and a view"));
+        }
+        // torch keeps the first view made under a key and hands it out again for later ids.
+        let (offset, len) = *self.view_keys.entry(vkey).or_insert((offset, len));
+        if offset.checked_add(len).is_none_or(|end| end > numel) {
+            return self
+                .bad(format!("storage view of {len} elements at {offset} runs past its {numel}-element storage"));
+        }
+        self.alloc(Obj::StorageView { storage, offset, len })
     }
 
     fn call(&mut self, func: V, args: V) -> R<V> {
@@ -1069,14 +1113,25 @@ impl Machine<'_> {
     }
 
     fn tensor_ref(&self, storage: V, offset: V, size: V, stride: V, dtype: Option<Dtype>) -> R<TensorRef> {
-        let Some(Obj::Storage(s)) = self.obj_at(storage).cloned() else {
-            return self.bad(format!("tensor storage is {}", self.describe(storage)));
+        let (s, view) = match self.obj_at(storage) {
+            Some(Obj::Storage(s)) => (s.clone(), None),
+            Some(Obj::StorageView { storage, offset, len }) => (storage.clone(), Some((*offset, *len))),
+            _ => return self.bad(format!("tensor storage is {}", self.describe(storage))),
         };
-        let offset = self.int_of(offset, "storage offset")?;
+        let mut offset = self.int_of(offset, "storage offset")?;
         let shape = self.ints_of(size, "a size")?;
         let strides = self.ints_of(stride, "a stride")?;
         if shape.len() != strides.len() {
             return self.bad(format!("size has {} dims but stride has {}", shape.len(), strides.len()));
+        }
+        // A tensor on a storage view stays inside the view; from here on it is a tensor on the
+        // whole storage, further in.
+        if let Some((start, len)) = view {
+            let fits = super::strided::extent(offset, &shape, &strides).is_some_and(|e| e <= len);
+            if !fits {
+                return self.bad(format!("tensor reaches past its {len}-element storage view"));
+            }
+            offset += start;
         }
         let dtype = match (s.kind, dtype) {
             (StorageKind::Typed(d), None) => d,
@@ -1156,6 +1211,27 @@ mod tests {
             load(b"\x80\x04\x8c\x02os\x8c\x06system\x93.", Limits::default()).err(),
             Some(Refusal::Global("os.system".into()))
         );
+    }
+
+    #[test]
+    fn storage_views_stay_inside_their_storage() {
+        let pid = |view: &[u8]| {
+            [&b"\x80\x02(X\x07\x00\x00\x00storagectorch\nFloatStorage\nX\x01\x00\x00\x000X\x06\x00\x00\x00cuda:0K\x04"[..], view, b"tQ"].concat()
+        };
+        let past = [pid(b"X\x01\x00\x00\x001K\x02K\x03\x87"), b".".to_vec()].concat();
+        assert_eq!(bad(&past, Limits::default()), "storage view of 3 elements at 2 runs past its 4-element storage");
+        // `_rebuild_tensor(view, 1, (2,), (1,))` on a 2-element view: one element too far.
+        let t = [
+            &b"\x80\x02ctorch._utils\n_rebuild_tensor\n("[..],
+            &pid(b"X\x01\x00\x00\x001K\x01K\x02\x87"),
+            b"K\x01K\x02\x85K\x01\x85tR.",
+        ]
+        .concat();
+        assert_eq!(bad(&t, Limits::default()), "tensor reaches past its 2-element storage view");
+        let ok = [&t[..t.len() - 11], b"K\x00K\x02\x85K\x01\x85tR."].concat();
+        let p = load(&ok, Limits::default()).unwrap_or_else(|e| panic!("{e:?}"));
+        let Some(Obj::Tensor(t)) = p.obj(p.root) else { panic!("not a tensor") };
+        assert_eq!((t.offset, t.storage.numel), (1, 4), "offset into the whole storage");
     }
 
     #[test]
