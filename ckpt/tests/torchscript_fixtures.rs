@@ -66,6 +66,12 @@ fn scripted_module_with_nested_submodules_buffers_and_a_tied_parameter() {
 }
 
 #[test]
+fn scripted_module_saved_on_a_gpu() {
+    check("scripted_cuda.pt");
+    assert_eq!(expected("scripted_cuda.pt"), expected("scripted.pt"));
+}
+
+#[test]
 fn traced_sequential() {
     check("traced.pt");
 }

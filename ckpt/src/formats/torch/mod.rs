@@ -384,6 +384,13 @@ pub mod fuzz {
         }
     }
 
+    /// The reader of a TorchScript code record's `__parameters__`/`__buffers__` declarations.
+    pub fn torchscript_code(data: &[u8]) {
+        if let Ok(text) = std::str::from_utf8(data) {
+            let _ = torchscript::parse_code(text, "__torch__", &mut std::collections::HashMap::new());
+        }
+    }
+
     /// The DCP `.metadata` reader: the restricted unpickler with DCP's classes, then the walk
     /// over its dataclasses.
     pub fn dcp_metadata(data: &[u8]) {
@@ -398,6 +405,9 @@ pub mod fuzz {
             if let Ok(bytes) = archive.read_entry(data, e, 1 << 20) {
                 if e.name.ends_with("data.pkl") {
                     unpickle(&bytes);
+                    let _ = pickle::load_script(&bytes, Limits::default());
+                } else if e.name.ends_with(".py") {
+                    torchscript_code(&bytes);
                 }
             }
         }

@@ -52,7 +52,7 @@ pub(crate) fn is_torchscript(archive: &Archive, prefix: &str) -> bool {
 
 /// What the code declares about one class.
 #[derive(Debug, Default)]
-struct Class {
+pub(crate) struct Class {
     is_module: bool,
     parameters: Vec<String>,
     buffers: Vec<String>,
@@ -116,7 +116,11 @@ fn declarations(
 }
 
 /// Collects the class declarations of one code file into `out`, as `module.Class`.
-fn parse_code(text: &str, module: &str, out: &mut HashMap<String, Class>) -> std::result::Result<(), String> {
+pub(crate) fn parse_code(
+    text: &str,
+    module: &str,
+    out: &mut HashMap<String, Class>,
+) -> std::result::Result<(), String> {
     let mut current: Option<String> = None;
     for (n, line) in text.lines().enumerate() {
         if let Some(rest) = line.strip_prefix("class ") {
