@@ -510,6 +510,12 @@ impl Machine<'_> {
                 Some(Obj::Tuple(_)) => "a tuple".into(),
                 Some(Obj::List(_)) => "a list".into(),
                 Some(Obj::Dict(_)) => "a dict".into(),
+                Some(Obj::Global(Global::Script(c))) => {
+                    format!("`{}`", self.script_classes.get(*c).map_or("?", String::as_str))
+                }
+                Some(Obj::Global(Global::Unreadable(name, _) | Global::OtherDtype(name) | Global::QScheme(name))) => {
+                    format!("`{name}`")
+                }
                 Some(Obj::Global(g)) => format!("`{g:?}`"),
                 Some(Obj::Storage(_) | Obj::StorageView { .. }) => "a storage".into(),
                 Some(Obj::Tensor(_)) => "a tensor".into(),
