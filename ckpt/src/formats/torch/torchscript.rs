@@ -246,6 +246,12 @@ impl<'a> Walk<'a> {
                 match (val, p.obj(val)) {
                     (V::None, _) => {}
                     (_, Some(Obj::Tensor(t))) => {
+                        // Each name costs a visit: a module fetched from the memo under many
+                        // names must not multiply its tensors without bound.
+                        self.visits += 1;
+                        if self.visits > super::flatten::MAX_VISITS {
+                            return Err(format!("the module tree expands past {} values", super::flatten::MAX_VISITS));
+                        }
                         if !self.names.insert(name.clone()) {
                             return Err(format!("name `{name}` appears twice"));
                         }
