@@ -46,6 +46,9 @@ fixtures: setup
 	$(PY) fixtures/gen/safetensors_fixtures.py
 	python3 fixtures/gen/hostile_safetensors.py
 	$(PY) fixtures/gen/torch_fixtures.py
+	$(PY) fixtures/gen/torch_weights_only_globals.py
+	$(PY) fixtures/gen/torch_compat_fixtures.py
+	$(PY) fixtures/gen/torchscript_fixtures.py
 	$(PY) fixtures/gen/hostile_torch.py
 	$(PY) fixtures/gen/dataload_vectors.py
 	$(PY) fixtures/gen/dataload_sources.py

@@ -205,8 +205,17 @@ impl Walk<'_> {
                 Some(Obj::Global(super::pickle::Global::Dtype(d))) => {
                     Leaf::Str(format!("torch.{}", super::pickle::torch_dtype_name(*d).unwrap_or("unknown")))
                 }
+                Some(Obj::Global(super::pickle::Global::OtherDtype(name) | super::pickle::Global::QScheme(name))) => {
+                    Leaf::Str((*name).to_string())
+                }
                 Some(Obj::Global(g)) => return Err(format!("a bare `{g:?}` is not a value")),
-                Some(Obj::Storage(_)) => return Err("a bare storage is not supported".into()),
+                // JSON has no complex numbers; the two parts keep the value exact.
+                Some(Obj::Complex(re, im)) => {
+                    Leaf::Dict(vec![("real".into(), Leaf::Float(*re)), ("imag".into(), Leaf::Float(*im))])
+                }
+                Some(Obj::EmptyTensor(_)) => return Err("a legacy tensor was never given its storage".into()),
+                Some(Obj::Script { .. }) => return Err("a TorchScript object outside a TorchScript archive".into()),
+                Some(Obj::Storage(_) | Obj::StorageView { .. }) => return Err("a bare storage is not supported".into()),
                 // An allow-listed object of a format's own class (a DeepSpeed enum, a DCP
                 // dataclass) is kept as data: its class, constructor arguments and state.
                 Some(Obj::Instance { class, args, state }) => {

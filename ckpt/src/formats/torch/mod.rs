@@ -18,17 +18,38 @@
 //!
 //! Before 1.6 (and with `_use_new_zipfile_serialization=False`) the file is a stream of pickles:
 //! a magic number, a protocol version (1001), a system-info dict, the object (whose persistent
-//! ids carry a sixth element, always `None` here), the list of storage keys; then, for each key
+//! ids carry a sixth element: `None`, or for a slice of a storage, as pre-0.4 torch wrote them,
+//! `(view key, offset, size)` in elements), the list of storage keys; then, for each key
 //! in that list, an 8-byte little-endian element count followed by the raw bytes. We read that
 //! too. The pre-1.0 tar format is refused as "legacy torch format".
+//!
+//! Files from older torch versions and other machines differ only inside the pickle, and we read
+//! them as `torch.load(f, weights_only=True, map_location="cpu")` does:
+//!
+//! - the device in a persistent id (`cuda:0`, `cuda:1`, `mps`, `xpu:0`, …) says where torch
+//!   would put the storage; the bytes in the file are the same wherever it was saved, so the
+//!   location is not consulted, and the `torch.cuda.*Storage` classes of very old files mean
+//!   the same as their CPU twins;
+//! - before 1.0 a tensor was `_rebuild_tensor(storage, offset, size, stride)`, and before 0.4 an
+//!   empty typed tensor (`torch.FloatTensor()`) given `(storage, offset, size, stride)` by
+//!   `BUILD`; both describe the same window on a storage as `_rebuild_tensor_v2`;
+//! - a tensor of a backend without storages (XLA, MTIA) is pickled as its CPU copy wrapped in
+//!   `_rebuild_device_tensor_from_cpu_tensor`.
+//!
+//! A TorchScript archive (`torch.jit.save`) is the same zip around a pickle of module objects
+//! and their compiled code; [`torchscript`] reads it and names its tensors the way its
+//! `state_dict()` does.
+
 //!
 //! In the catalog view ([`crate::Checkpoint`]), non-tensor values appear as the file's metadata
 //! with their dotted name and their value as JSON, so `inspect` reports them and `merge`/`split`
 //! carry them into `__metadata__`.
 
+pub(crate) mod allow;
 pub(crate) mod flatten;
 pub(crate) mod pickle;
 pub(crate) mod strided;
+pub(crate) mod torchscript;
 pub(crate) mod writer;
 pub(crate) mod zip;
 
@@ -102,7 +123,7 @@ pub(crate) fn sniff(path: &Path) -> bool {
     head == *b"PK\x03\x04" || head[..3] == [0x80, 0x02, 0x8a]
 }
 
-fn refusal(path: &Path, record: &str, r: Refusal) -> Error {
+pub(crate) fn refusal(path: &Path, record: &str, r: Refusal) -> Error {
     match r {
         Refusal::Global(global) => Error::RefusedGlobal { path: path.to_path_buf(), global },
         Refusal::Bad { at, reason } => Error::BadPickle { path: path.to_path_buf(), record: record.into(), at, reason },
@@ -166,7 +187,8 @@ fn read_zip(file: &File, len: u64, path: &Path, classes: &'static [&'static str]
         return Err(bad_file(path, format!("record `{}` is outside the archive folder `{prefix}`", e.name)));
     }
     let has = |n: &str| archive.find(&format!("{prefix}{n}")).is_some();
-    if has("constants.pkl") {
+    let script = torchscript::is_torchscript(&archive, &prefix);
+    if script && !classes.is_empty() {
         return Err(bad_file(path, "a TorchScript archive (`torch.jit.save`), not a `torch.save` file"));
     }
     if !has("version") && !has(".data/version") {
@@ -182,9 +204,15 @@ fn read_zip(file: &File, len: u64, path: &Path, classes: &'static [&'static str]
     let Some(pkl) = archive.find(&pkl_name) else {
         return Err(bad_file(path, format!("no `{pkl_name}` record")));
     };
-    let data = archive.read_entry(file, pkl, MAX_PICKLE_LEN)?;
-    let p = pickle::load_with_classes(&data, Limits::default(), classes).map_err(|r| refusal(path, &pkl_name, r))?;
-    let flat = flatten::flatten(&p).map_err(|reason| bad_file(path, reason))?;
+    let flat = if script {
+        // A TorchScript archive: the state dict is what its module tree declares.
+        flatten::Flat { tensors: torchscript::tensors(file, &archive, &prefix, path)?, leaves: Vec::new() }
+    } else {
+        let data = archive.read_entry(file, pkl, MAX_PICKLE_LEN)?;
+        let p =
+            pickle::load_with_classes(&data, Limits::default(), classes).map_err(|r| refusal(path, &pkl_name, r))?;
+        flatten::flatten(&p).map_err(|reason| bad_file(path, reason))?
+    };
     let mut storages: Vec<Storage> = Vec::new();
     let mut by_key: HashMap<String, usize> = HashMap::new();
     let mut tensors = Vec::with_capacity(flat.tensors.len());
@@ -296,7 +324,7 @@ fn read_legacy(file: &File, len: u64, path: &Path) -> Result<TorchFile> {
     let flat = flatten::flatten(&obj).map_err(|reason| bad_file(path, reason))?;
     let mut kinds: HashMap<&str, StorageKind> = HashMap::new();
     for o in &obj.objs {
-        if let Obj::Storage(s) = o {
+        if let Obj::Storage(s) | Obj::StorageView { storage: s, .. } = o {
             kinds.insert(&s.key, s.kind);
         }
     }
@@ -353,6 +381,13 @@ pub mod fuzz {
         }
     }
 
+    /// The reader of a TorchScript code record's `__parameters__`/`__buffers__` declarations.
+    pub fn torchscript_code(data: &[u8]) {
+        if let Ok(text) = std::str::from_utf8(data) {
+            let _ = torchscript::parse_code(text, "__torch__", &mut std::collections::HashMap::new());
+        }
+    }
+
     /// The DCP `.metadata` reader: the restricted unpickler with DCP's classes, then the walk
     /// over its dataclasses.
     pub fn dcp_metadata(data: &[u8]) {
@@ -367,6 +402,9 @@ pub mod fuzz {
             if let Ok(bytes) = archive.read_entry(data, e, 1 << 20) {
                 if e.name.ends_with("data.pkl") {
                     unpickle(&bytes);
+                    let _ = pickle::load_script(&bytes, Limits::default());
+                } else if e.name.ends_with(".py") {
+                    torchscript_code(&bytes);
                 }
             }
         }

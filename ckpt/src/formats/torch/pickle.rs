@@ -5,10 +5,11 @@
 //! a memo, name a global (`GLOBAL module name`) and apply it to an argument tuple (`REDUCE`).
 //! Python's unpickler imports and calls whatever the pickle names, which is how a checkpoint can
 //! run `os.system`. Here a global is resolved against a fixed table of the names torch's own
-//! weights-only loader allows (`torch/_weights_only_unpickler.py`), restricted further to those a
-//! state dict needs; anything else is refused at the `GLOBAL` opcode, before anything else
+//! weights-only loader allows by default (`torch/_weights_only_unpickler.py`; the names are in
+//! [`super::allow`]); anything else is refused at the `GLOBAL` opcode, before anything else
 //! happens. Applying an allowed global builds a typed value (a tensor description, an ordered
-//! dict, a dtype) without running code.
+//! dict, a dtype) without running code; a global torch admits whose result has no plain bytes
+//! (a sparse or meta tensor) is refused when applied, by name.
 //!
 //! Objects live in an arena and values refer to them by index, so the memo shares containers the
 //! way Python does (a dict memoized before it is filled is the same dict when fetched later) and
@@ -64,25 +65,57 @@ impl StorageKind {
     }
 }
 
-/// The globals we accept, by meaning.
+/// The globals we accept, by meaning (the names are in [`super::allow`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Global {
     OrderedDict,
+    /// `collections.Counter`: a dict of counts.
+    Counter,
+    /// `builtins.set`: read as a list, in pickle order.
+    Set,
+    /// `builtins.bytearray`: read as bytes.
+    ByteArray,
+    /// `builtins.complex`.
+    Complex,
+    /// `torch._utils._rebuild_tensor`: the pre-1.0 form, `(storage, offset, size, stride)`.
+    RebuildTensor,
     RebuildTensorV2,
     RebuildTensorV3,
     RebuildParameter,
     RebuildParameterWithState,
     RebuildFromTypeV2,
+    /// `_rebuild_device_tensor_from_cpu_tensor(cpu_tensor, dtype, device, requires_grad)`:
+    /// tensors of backends without storages (XLA, MTIA) are pickled as a CPU copy.
+    RebuildFromCpuTensor,
     TensorClass,
+    /// A legacy typed tensor class (`torch.FloatTensor`, `torch.cuda.HalfTensor`): calling it
+    /// with no argument makes an empty tensor that `BUILD` then points at a storage.
+    LegacyTensor(Dtype),
     ParameterClass,
     Size,
     Device,
     CodecsEncode,
+    /// `torch.serialization._get_layout`: a layout by name, kept as that name.
+    GetLayout,
     Storage(StorageKind),
     Dtype(Dtype),
+    /// A torch dtype with no equivalent here (`torch.int4`, `torch.complex32`, `torch.qint8`):
+    /// a value only, by its full name; a tensor of it is refused.
+    OtherDtype(&'static str),
+    /// A quantization scheme (`torch.per_tensor_affine`), a value only.
+    QScheme(&'static str),
+    /// Admitted by torch, but what it builds has no bytes we can read: the full name, and
+    /// what it builds.
+    Unreadable(&'static str, &'static str),
     /// A class (or constructor function) from the caller's format-specific allow-list, by its
     /// `module.name`. Applying it builds an [`Obj::Instance`] and runs nothing.
     Class(&'static str),
+    /// A TorchScript class (`__torch__.…`), admitted only when reading a TorchScript archive:
+    /// an index into [`Pickle::script_classes`]. Applying it builds an [`Obj::Script`].
+    Script(usize),
+    /// TorchScript's pickle helpers (`torch.jit._pickle`): `restore_type_tag(value, type)`
+    /// and the `build_*list(list)` functions, each giving back its first argument.
+    ScriptIdentity,
 }
 
 /// A persistent storage reference (`BINPERSID` of `("storage", cls, key, location, numel)`).
@@ -124,6 +157,23 @@ pub(crate) enum Obj {
         args: Vec<V>,
         state: Option<V>,
     },
+    /// A TorchScript object: its class (an index into [`Pickle::script_classes`]) and the
+    /// attribute dict that `BUILD` gave it.
+    Script {
+        class: usize,
+        state: Option<V>,
+    },
+    /// A slice of a storage (legacy files: `offset` and `len` in elements of the storage).
+    StorageView {
+        storage: StorageRef,
+        offset: u64,
+        len: u64,
+    },
+    /// `builtins.complex(real, imag)`.
+    Complex(f64, f64),
+    /// An empty legacy tensor (`torch.FloatTensor()`) waiting for the `BUILD` that sets its
+    /// storage; the dtype it was made with.
+    EmptyTensor(Dtype),
 }
 
 /// A finished unpickling: the arena and the top value.
@@ -133,6 +183,8 @@ pub(crate) struct Pickle {
     pub root: V,
     /// Bytes consumed, up to and including `STOP`.
     pub end: usize,
+    /// The TorchScript classes the pickle named, by full name.
+    pub script_classes: Vec<String>,
 }
 
 impl Pickle {
@@ -155,72 +207,7 @@ pub(crate) enum Refusal {
 
 /// Resolves `module.name` against the allow-list.
 pub(crate) fn resolve_global(module: &str, name: &str) -> Option<Global> {
-    use Global as G;
-    Some(match (module, name) {
-        ("collections", "OrderedDict") => G::OrderedDict,
-        ("torch._utils", "_rebuild_tensor_v2") => G::RebuildTensorV2,
-        ("torch._utils", "_rebuild_tensor_v3") => G::RebuildTensorV3,
-        ("torch._utils", "_rebuild_parameter") => G::RebuildParameter,
-        ("torch._utils", "_rebuild_parameter_with_state") => G::RebuildParameterWithState,
-        ("torch._tensor", "_rebuild_from_type_v2") => G::RebuildFromTypeV2,
-        ("torch", "Tensor") => G::TensorClass,
-        ("torch.nn.parameter", "Parameter") => G::ParameterClass,
-        ("torch", "Size") => G::Size,
-        ("torch", "device") => G::Device,
-        ("_codecs", "encode") => G::CodecsEncode,
-        ("torch.storage", "UntypedStorage") => G::Storage(StorageKind::Untyped),
-        ("torch" | "torch.cuda", storage) if storage.ends_with("Storage") => {
-            G::Storage(StorageKind::Typed(storage_class_dtype(storage)?))
-        }
-        ("torch", dtype) => G::Dtype(torch_dtype(dtype)?),
-        _ => return None,
-    })
-}
-
-/// The dtype of a legacy typed storage class (`torch/storage.py`, `_dtype_to_storage_type_map`).
-fn storage_class_dtype(class: &str) -> Option<Dtype> {
-    Some(match class {
-        "DoubleStorage" => Dtype::F64,
-        "FloatStorage" => Dtype::F32,
-        "HalfStorage" => Dtype::F16,
-        "BFloat16Storage" => Dtype::BF16,
-        "LongStorage" => Dtype::I64,
-        "IntStorage" => Dtype::I32,
-        "ShortStorage" => Dtype::I16,
-        "CharStorage" => Dtype::I8,
-        "ByteStorage" => Dtype::U8,
-        "BoolStorage" => Dtype::Bool,
-        "ComplexFloatStorage" => Dtype::C64,
-        "ComplexDoubleStorage" => Dtype::C128,
-        _ => return None,
-    })
-}
-
-/// A `torch.<name>` dtype object, by the name and aliases torch pickles it under.
-pub(crate) fn torch_dtype(name: &str) -> Option<Dtype> {
-    Some(match name {
-        "float64" | "double" => Dtype::F64,
-        "float32" | "float" => Dtype::F32,
-        "float16" | "half" => Dtype::F16,
-        "bfloat16" => Dtype::BF16,
-        "int64" | "long" => Dtype::I64,
-        "int32" | "int" => Dtype::I32,
-        "int16" | "short" => Dtype::I16,
-        "int8" => Dtype::I8,
-        "uint8" => Dtype::U8,
-        "uint16" => Dtype::U16,
-        "uint32" => Dtype::U32,
-        "uint64" => Dtype::U64,
-        "bool" => Dtype::Bool,
-        "complex64" | "cfloat" => Dtype::C64,
-        "complex128" | "cdouble" => Dtype::C128,
-        "float8_e5m2" => Dtype::F8E5M2,
-        "float8_e4m3fn" => Dtype::F8E4M3,
-        "float8_e5m2fnuz" => Dtype::F8E5M2Fnuz,
-        "float8_e4m3fnuz" => Dtype::F8E4M3Fnuz,
-        "float8_e8m0fnu" => Dtype::F8E8M0,
-        _ => return None,
-    })
+    super::allow::resolve(module, name)
 }
 
 /// The name torch gives a dtype (`torch.<name>`).
@@ -277,6 +264,12 @@ struct Machine<'a> {
     op_at: usize,
     limits: Limits,
     classes: &'static [&'static str],
+    /// Whether TorchScript's own globals are admitted (a `torch.jit.save` archive).
+    script: bool,
+    script_classes: Vec<String>,
+    /// Storage keys seen, and legacy storage views by key (offset and size, in elements).
+    root_keys: HashMap<String, ()>,
+    view_keys: HashMap<String, (u64, u64)>,
     objs: Vec<Obj>,
     depth: Vec<u32>,
     stack: Vec<V>,
@@ -295,12 +288,27 @@ pub(crate) fn load(data: &[u8], limits: Limits) -> R<Pickle> {
 /// entries of a format that pickles its own types (DCP's metadata dataclasses, DeepSpeed's
 /// enums). Each is understood by the caller; none is ever imported or called.
 pub(crate) fn load_with_classes(data: &[u8], limits: Limits, classes: &'static [&'static str]) -> R<Pickle> {
+    run(data, limits, classes, false)
+}
+
+/// Like [`load`], for the object pickle of a TorchScript archive: classes under `__torch__.`
+/// become inert [`Obj::Script`] objects and TorchScript's list and type-tag helpers give back
+/// their argument. Nothing is imported or called here either.
+pub(crate) fn load_script(data: &[u8], limits: Limits) -> R<Pickle> {
+    run(data, limits, &[], true)
+}
+
+fn run(data: &[u8], limits: Limits, classes: &'static [&'static str], script: bool) -> R<Pickle> {
     let mut m = Machine {
         data,
         pos: 0,
         op_at: 0,
         limits,
         classes,
+        script,
+        script_classes: Vec::new(),
+        root_keys: HashMap::new(),
+        view_keys: HashMap::new(),
         objs: Vec::new(),
         depth: Vec::new(),
         stack: Vec::new(),
@@ -308,7 +316,7 @@ pub(crate) fn load_with_classes(data: &[u8], limits: Limits, classes: &'static [
         memo: HashMap::new(),
     };
     let root = m.run()?;
-    Ok(Pickle { objs: m.objs, root, end: m.pos })
+    Ok(Pickle { objs: m.objs, root, end: m.pos, script_classes: m.script_classes })
 }
 
 impl Machine<'_> {
@@ -425,7 +433,12 @@ impl Machine<'_> {
     fn global(&mut self, module: &str, name: &str) -> R<()> {
         let extra =
             self.classes.iter().find(|c| c.strip_prefix(module).and_then(|r| r.strip_prefix('.')) == Some(name));
-        match resolve_global(module, name).or(extra.map(|c| Global::Class(c))) {
+        let found = match resolve_global(module, name).or(extra.map(|c| Global::Class(c))) {
+            Some(g) => Some(g),
+            None if self.script => self.script_global(module, name)?,
+            None => None,
+        };
+        match found {
             Some(g) => {
                 let v = self.alloc(Obj::Global(g))?;
                 self.push(v)
@@ -433,6 +446,39 @@ impl Machine<'_> {
             None => Err(Refusal::Global(format!("{module}.{name}"))),
         }
     }
+    /// The globals a TorchScript object pickle adds: its own classes and two kinds of helper.
+    fn script_global(&mut self, module: &str, name: &str) -> R<Option<Global>> {
+        if module == "torch.jit._pickle"
+            && matches!(
+                name,
+                "restore_type_tag" | "build_intlist" | "build_doublelist" | "build_boollist" | "build_tensorlist"
+            )
+        {
+            return Ok(Some(Global::ScriptIdentity));
+        }
+        if module != "__torch__" && !module.starts_with("__torch__.") {
+            return Ok(None);
+        }
+        // Custom C++ classes (`torch.classes.…`, such as quantized packed weights) restore their
+        // state by running their own `__setstate__`: nothing we can read as data.
+        if module == "__torch__.torch.classes" || module.starts_with("__torch__.torch.classes.") {
+            return self
+                .bad(format!("`{module}.{name}` is a custom C++ class, whose state only its own code can restore"));
+        }
+        let full = format!("{module}.{name}");
+        let idx = match self.script_classes.iter().position(|c| *c == full) {
+            Some(i) => i,
+            None => {
+                if self.script_classes.len() >= self.limits.max_memo {
+                    return self.bad("too many TorchScript classes");
+                }
+                self.script_classes.push(full);
+                self.script_classes.len() - 1
+            }
+        };
+        Ok(Some(Global::Script(idx)))
+    }
+
     fn str_of(&self, v: V) -> Option<&str> {
         match v {
             V::Obj(i) => match self.objs.get(i) {
@@ -464,10 +510,21 @@ impl Machine<'_> {
                 Some(Obj::Tuple(_)) => "a tuple".into(),
                 Some(Obj::List(_)) => "a list".into(),
                 Some(Obj::Dict(_)) => "a dict".into(),
+                Some(Obj::Global(Global::Script(c))) => {
+                    format!("`{}`", self.script_classes.get(*c).map_or("?", String::as_str))
+                }
+                Some(Obj::Global(Global::Unreadable(name, _) | Global::OtherDtype(name) | Global::QScheme(name))) => {
+                    format!("`{name}`")
+                }
                 Some(Obj::Global(g)) => format!("`{g:?}`"),
-                Some(Obj::Storage(_)) => "a storage".into(),
+                Some(Obj::Storage(_) | Obj::StorageView { .. }) => "a storage".into(),
                 Some(Obj::Tensor(_)) => "a tensor".into(),
                 Some(Obj::Instance { class, .. }) => format!("a `{class}`"),
+                Some(Obj::Script { class, .. }) => {
+                    format!("a `{}`", self.script_classes.get(*class).map_or("?", String::as_str))
+                }
+                Some(Obj::Complex(..)) => "a complex".into(),
+                Some(Obj::EmptyTensor(_)) => "an empty legacy tensor".into(),
                 None => "nothing".into(),
             },
         }
@@ -684,11 +741,32 @@ impl Machine<'_> {
                             let v = self.alloc(Obj::Dict(Vec::new()))?;
                             self.push(v)?
                         }
+                        Some(Global::Counter) if self.items_of(args).is_some_and(<[V]>::is_empty) => {
+                            let v = self.alloc(Obj::Dict(Vec::new()))?;
+                            self.push(v)?
+                        }
+                        Some(Global::Set) if self.items_of(args).is_some_and(<[V]>::is_empty) => {
+                            let v = self.alloc(Obj::List(Vec::new()))?;
+                            self.push(v)?
+                        }
+                        // torch applies `Parameter(*args)`: the data tensor, requires_grad aside.
+                        Some(Global::ParameterClass) => match self.items_of(args) {
+                            Some(&[t, ..]) => {
+                                let v = self.expect_tensor(t)?;
+                                self.push(v)?
+                            }
+                            _ => return self.bad("NEWOBJ of `Parameter` needs a tensor"),
+                        },
+                        Some(Global::Unreadable(global, what)) => return self.unreadable(global, what),
                         Some(Global::Class(class)) => {
                             let Some(args) = self.items_of(args).map(<[V]>::to_vec) else {
                                 return self.bad("NEWOBJ arguments must be a tuple");
                             };
                             let v = self.alloc(Obj::Instance { class, args, state: None })?;
+                            self.push(v)?
+                        }
+                        Some(Global::Script(class)) if self.items_of(args).is_some_and(<[V]>::is_empty) => {
+                            let v = self.alloc(Obj::Script { class, state: None })?;
                             self.push(v)?
                         }
                         _ => return self.bad(format!("NEWOBJ of {} is not allowed", self.describe(cls))),
@@ -700,12 +778,32 @@ impl Machine<'_> {
                     // torch sets attributes of state dicts (`_metadata`) and of tensors this
                     // way; neither carries tensor data, so the state is dropped. An allow-listed
                     // instance keeps its state: that is where dataclasses keep their fields.
-                    match self.objs.get_mut(match target {
+                    let idx = match target {
                         V::Obj(i) => i,
                         _ => usize::MAX,
-                    }) {
+                    };
+                    // A legacy tensor gets its storage here: torch calls
+                    // `set_(storage, offset, size, stride)` with the state.
+                    if let Some(Obj::EmptyTensor(d)) = self.objs.get(idx) {
+                        let d = *d;
+                        let t = match self.items_of(state) {
+                            Some(&[storage, offset, size, stride]) => {
+                                self.tensor_ref(storage, offset, size, stride, Some(d))?
+                            }
+                            _ => return self.bad("a legacy tensor's state must be (storage, offset, size, stride)"),
+                        };
+                        if let Some(slot) = self.objs.get_mut(idx) {
+                            *slot = Obj::Tensor(t);
+                        }
+                        continue;
+                    }
+                    let dict_state = matches!(self.obj_at(state), Some(Obj::Dict(_)));
+                    match self.objs.get_mut(idx) {
                         Some(Obj::Dict(_) | Obj::Tensor(_)) => {}
                         Some(Obj::Instance { state: slot @ None, .. }) => *slot = Some(state),
+                        // A TorchScript object's state is its attribute dict, unless its class
+                        // defines `__getstate__`; that state only its own code understands.
+                        Some(Obj::Script { state: slot @ None, .. }) if dict_state => *slot = Some(state),
                         _ => return self.bad(format!("BUILD on {} is not allowed", self.describe(target))),
                     }
                 }
@@ -788,18 +886,24 @@ impl Machine<'_> {
 
     fn persistent(&mut self, pid: V) -> R<V> {
         let items = self.items_of(pid).map(<[V]>::to_vec).unwrap_or_default();
-        let (tag, cls, key, numel) = match items.as_slice() {
-            // ("storage", cls, key, location, numel) and the legacy form with a trailing None.
+        // The location (`cpu`, `cuda:1`, `mps`, …) is where torch would put the storage; its
+        // bytes in the file do not depend on it, so it is not read.
+        let (tag, cls, key, numel, view) = match items.as_slice() {
+            // ("storage", cls, key, location, numel) and the legacy form with a sixth element:
+            // `None`, or `(view key, offset, size)` for a slice of the storage.
             [tag, cls, key, _location, numel] | [tag, cls, key, _location, numel, V::None] => {
-                (*tag, *cls, *key, *numel)
+                (*tag, *cls, *key, *numel, None)
             }
+            [tag, cls, key, _location, numel, view] => (*tag, *cls, *key, *numel, Some(*view)),
             _ => return self.bad("persistent id is not a storage tuple"),
         };
         if self.str_of(tag) != Some("storage") {
             return self.bad("persistent id is not a storage tuple");
         }
-        let Some(Global::Storage(kind)) = self.global_of(cls) else {
-            return self.bad(format!("persistent id names {} instead of a storage class", self.describe(cls)));
+        let kind = match self.global_of(cls) {
+            Some(Global::Storage(kind)) => kind,
+            Some(Global::Unreadable(global, what)) => return self.unreadable(global, what),
+            _ => return self.bad(format!("persistent id names {} instead of a storage class", self.describe(cls))),
         };
         let key = match key {
             V::Int(i) => i.to_string(),
@@ -809,7 +913,36 @@ impl Machine<'_> {
             },
         };
         let numel = self.int_of(numel, "storage size")?;
-        self.alloc(Obj::Storage(StorageRef { key, kind, numel }))
+        let storage = StorageRef { key, kind, numel };
+        if self.view_keys.contains_key(&storage.key) {
+            return self.bad(format!("storage key `{}` names both a storage and a view", storage.key));
+        }
+        self.root_keys.insert(storage.key.clone(), ());
+        let Some(view) = view else {
+            return self.alloc(Obj::Storage(storage));
+        };
+        let (vkey, offset, len) = match self.items_of(view) {
+            Some(&[k, o, n]) => {
+                (self.str_of(k).map(str::to_string), self.int_of(o, "view offset")?, self.int_of(n, "view size")?)
+            }
+            _ => return self.bad("storage view must be (key, offset, size)"),
+        };
+        let Some(vkey) = vkey else {
+            return self.bad("storage view key must be a string");
+        };
+        if matches!(kind, StorageKind::Untyped) {
+            return self.bad("a view of an untyped storage");
+        }
+        if self.root_keys.contains_key(&vkey) {
+            return self.bad(format!("storage key `{vkey}` names both a storage and a view"));
+        }
+        // torch keeps the first view made under a key and hands it out again for later ids.
+        let (offset, len) = *self.view_keys.entry(vkey).or_insert((offset, len));
+        if offset.checked_add(len).is_none_or(|end| end > numel) {
+            return self
+                .bad(format!("storage view of {len} elements at {offset} runs past its {numel}-element storage"));
+        }
+        self.alloc(Obj::StorageView { storage, offset, len })
     }
 
     fn call(&mut self, func: V, args: V) -> R<V> {
@@ -821,7 +954,54 @@ impl Machine<'_> {
         };
         match (g, a.as_slice()) {
             (Global::Class(class), _) => self.alloc(Obj::Instance { class, args: a, state: None }),
-            (Global::OrderedDict, []) => self.alloc(Obj::Dict(Vec::new())),
+            (Global::Unreadable(global, what), _) => self.unreadable(global, what),
+            (Global::OrderedDict | Global::Counter, []) => self.alloc(Obj::Dict(Vec::new())),
+            // `Counter(mapping)`, the way a Counter pickles itself.
+            (Global::Counter, [items]) => match self.obj_at(*items) {
+                Some(Obj::Dict(d)) => {
+                    let d = d.clone();
+                    self.alloc(Obj::Dict(d))
+                }
+                _ => self.bad(format!("`Counter` of {}", self.describe(*items))),
+            },
+            (Global::Set, []) => self.alloc(Obj::List(Vec::new())),
+            (Global::Set, [items]) => match self.items_of(*items) {
+                Some(items) => {
+                    let items = items.to_vec();
+                    self.alloc(Obj::List(items))
+                }
+                None => self.bad(format!("`set` of {}", self.describe(*items))),
+            },
+            (Global::ByteArray, []) => self.alloc(Obj::Bytes(Vec::new())),
+            (Global::ByteArray, [b]) => match self.obj_at(*b) {
+                Some(Obj::Bytes(b)) => {
+                    let b = b.clone();
+                    self.alloc(Obj::Bytes(b))
+                }
+                _ => self.bad(format!("`bytearray` of {}", self.describe(*b))),
+            },
+            // Protocol 2 writes a bytearray as `bytearray(text, "latin-1")`.
+            (Global::ByteArray, [text, enc]) => self.latin1(*text, *enc, "bytearray"),
+            (Global::Complex, [re, im]) => {
+                let num = |v: V| match v {
+                    V::Float(f) => Some(f),
+                    V::Int(i) => Some(i as f64),
+                    _ => None,
+                };
+                match (num(*re), num(*im)) {
+                    (Some(re), Some(im)) => self.alloc(Obj::Complex(re, im)),
+                    _ => self.bad("`complex` needs two numbers"),
+                }
+            }
+            (Global::GetLayout, [name]) => match self.str_of(*name) {
+                Some(s) => {
+                    let s = s.to_string();
+                    self.alloc(Obj::Str(s))
+                }
+                None => self.bad("layout name must be a string"),
+            },
+            (Global::LegacyTensor(d), []) => self.alloc(Obj::EmptyTensor(d)),
+            (Global::ScriptIdentity, [v, ..]) => Ok(*v),
             (Global::OrderedDict, [items]) => {
                 let mut pairs = Vec::new();
                 for &p in self.items_of(*items).unwrap_or_default() {
@@ -836,22 +1016,18 @@ impl Machine<'_> {
                 let dims = self.ints_of(*dims, "a size")?;
                 self.alloc(Obj::Tuple(dims.into_iter().map(|d| V::Int(d as i64)).collect()))
             }
-            (Global::Device, [kind, ..]) => match self.str_of(*kind) {
-                Some(s) => {
-                    let s = s.to_string();
-                    self.alloc(Obj::Str(s))
-                }
-                None => self.bad("device name must be a string"),
-            },
-            (Global::CodecsEncode, [text, enc]) => {
-                let (Some(text), Some("latin1" | "latin-1")) = (self.str_of(*text), self.str_of(*enc)) else {
-                    return self.bad("`_codecs.encode` is only allowed on latin-1 text");
+            // `torch.device("cuda:1")` or `torch.device("cuda", 1)`: kept as its name.
+            (Global::Device, [kind, rest @ ..]) if rest.len() <= 1 => {
+                let name = match (self.str_of(*kind), rest) {
+                    (Some(s), []) | (Some(s), [V::None]) => s.to_string(),
+                    (Some(s), [V::Int(i)]) if *i >= 0 && !s.contains(':') => format!("{s}:{i}"),
+                    _ => return self.bad("device must be a name and an optional index"),
                 };
-                let bytes: Option<Vec<u8>> = text.chars().map(|c| u8::try_from(u32::from(c)).ok()).collect();
-                match bytes {
-                    Some(b) => self.alloc(Obj::Bytes(b)),
-                    None => self.bad("`_codecs.encode` text is not latin-1"),
-                }
+                self.alloc(Obj::Str(name))
+            }
+            (Global::CodecsEncode, [text, enc]) => self.latin1(*text, *enc, "_codecs.encode"),
+            (Global::RebuildTensor, [storage, offset, size, stride]) => {
+                self.tensor(*storage, *offset, *size, *stride, None)
             }
             (Global::RebuildTensorV2, [storage, offset, size, stride, _rg, _hooks, rest @ ..]) if rest.len() <= 1 => {
                 self.no_metadata(rest)?;
@@ -861,16 +1037,27 @@ impl Machine<'_> {
                 if rest.len() <= 1 =>
             {
                 self.no_metadata(rest)?;
-                let Some(Global::Dtype(d)) = self.global_of(*dtype) else {
-                    return self.bad(format!("tensor dtype is {}", self.describe(*dtype)));
-                };
+                let d = self.dtype_of(*dtype)?;
                 self.tensor(*storage, *offset, *size, *stride, Some(d))
+            }
+            // torch converts the CPU copy with `.to(dtype)`; it was written with that dtype, and a
+            // cast here would be a guess.
+            (Global::RebuildFromCpuTensor, [t, dtype, _device, _rg]) => {
+                let d = self.dtype_of(*dtype)?;
+                match self.obj_at(*t) {
+                    Some(Obj::Tensor(inner)) if inner.dtype == d => Ok(*t),
+                    Some(Obj::Tensor(_)) => self.bad("a device tensor's CPU copy has another dtype"),
+                    _ => self.bad(format!("expected a tensor, found {}", self.describe(*t))),
+                }
             }
             (Global::RebuildParameter, [t, _rg, _hooks]) | (Global::RebuildParameterWithState, [t, _rg, _hooks, _]) => {
                 self.expect_tensor(*t)
             }
             (Global::RebuildFromTypeV2, [f, ty, inner, _state]) => {
                 if !matches!(self.global_of(*ty), Some(Global::TensorClass | Global::ParameterClass)) {
+                    if let Some(Global::Unreadable(global, what)) = self.global_of(*ty) {
+                        return self.unreadable(global, what);
+                    }
                     return self.bad(format!("tensor subclass {} is not supported", self.describe(*ty)));
                 }
                 self.call(*f, *inner)
@@ -901,15 +1088,56 @@ impl Machine<'_> {
         }
     }
 
-    fn tensor(&mut self, storage: V, offset: V, size: V, stride: V, dtype: Option<Dtype>) -> R<V> {
-        let Some(Obj::Storage(s)) = self.obj_at(storage).cloned() else {
-            return self.bad(format!("tensor storage is {}", self.describe(storage)));
+    /// The refusal for a global that torch admits but whose result we cannot represent; the
+    /// message names it, so that a user knows what the file holds.
+    fn unreadable<T>(&self, global: &str, what: &str) -> R<T> {
+        self.bad(format!("`{global}` builds {what}; only tensors over plain storages can be read"))
+    }
+
+    fn dtype_of(&self, v: V) -> R<Dtype> {
+        match self.global_of(v) {
+            Some(Global::Dtype(d)) => Ok(d),
+            Some(Global::OtherDtype(name)) => self.bad(format!("tensors of dtype `{name}` are not supported")),
+            _ => self.bad(format!("tensor dtype is {}", self.describe(v))),
+        }
+    }
+
+    fn latin1(&mut self, text: V, enc: V, what: &str) -> R<V> {
+        let (Some(text), Some("latin1" | "latin-1")) = (self.str_of(text), self.str_of(enc)) else {
+            return self.bad(format!("`{what}` is only allowed on latin-1 text"));
         };
-        let offset = self.int_of(offset, "storage offset")?;
+        let bytes: Option<Vec<u8>> = text.chars().map(|c| u8::try_from(u32::from(c)).ok()).collect();
+        match bytes {
+            Some(b) => self.alloc(Obj::Bytes(b)),
+            None => self.bad(format!("`{what}` text is not latin-1")),
+        }
+    }
+
+    fn tensor(&mut self, storage: V, offset: V, size: V, stride: V, dtype: Option<Dtype>) -> R<V> {
+        let t = self.tensor_ref(storage, offset, size, stride, dtype)?;
+        self.alloc(Obj::Tensor(t))
+    }
+
+    fn tensor_ref(&self, storage: V, offset: V, size: V, stride: V, dtype: Option<Dtype>) -> R<TensorRef> {
+        let (s, view) = match self.obj_at(storage) {
+            Some(Obj::Storage(s)) => (s.clone(), None),
+            Some(Obj::StorageView { storage, offset, len }) => (storage.clone(), Some((*offset, *len))),
+            _ => return self.bad(format!("tensor storage is {}", self.describe(storage))),
+        };
+        let mut offset = self.int_of(offset, "storage offset")?;
         let shape = self.ints_of(size, "a size")?;
         let strides = self.ints_of(stride, "a stride")?;
         if shape.len() != strides.len() {
             return self.bad(format!("size has {} dims but stride has {}", shape.len(), strides.len()));
+        }
+        // A tensor on a storage view stays inside the view; from here on it is a tensor on the
+        // whole storage, further in.
+        if let Some((start, len)) = view {
+            let fits = super::strided::extent(offset, &shape, &strides).is_some_and(|e| e <= len);
+            if !fits {
+                return self.bad(format!("tensor reaches past its {len}-element storage view"));
+            }
+            offset += start;
         }
         let dtype = match (s.kind, dtype) {
             (StorageKind::Typed(d), None) => d,
@@ -917,7 +1145,7 @@ impl Machine<'_> {
             (StorageKind::Typed(d), Some(t)) if d == t => d,
             _ => return self.bad("tensor dtype does not match its storage"),
         };
-        self.alloc(Obj::Tensor(TensorRef { storage: s, dtype, offset, shape, strides }))
+        Ok(TensorRef { storage: s, dtype, offset, shape, strides })
     }
 }
 
@@ -989,6 +1217,27 @@ mod tests {
             load(b"\x80\x04\x8c\x02os\x8c\x06system\x93.", Limits::default()).err(),
             Some(Refusal::Global("os.system".into()))
         );
+    }
+
+    #[test]
+    fn storage_views_stay_inside_their_storage() {
+        let pid = |view: &[u8]| {
+            [&b"\x80\x02(X\x07\x00\x00\x00storagectorch\nFloatStorage\nX\x01\x00\x00\x000X\x06\x00\x00\x00cuda:0K\x04"[..], view, b"tQ"].concat()
+        };
+        let past = [pid(b"X\x01\x00\x00\x001K\x02K\x03\x87"), b".".to_vec()].concat();
+        assert_eq!(bad(&past, Limits::default()), "storage view of 3 elements at 2 runs past its 4-element storage");
+        // `_rebuild_tensor(view, 1, (2,), (1,))` on a 2-element view: one element too far.
+        let t = [
+            &b"\x80\x02ctorch._utils\n_rebuild_tensor\n("[..],
+            &pid(b"X\x01\x00\x00\x001K\x01K\x02\x87"),
+            b"K\x01K\x02\x85K\x01\x85tR.",
+        ]
+        .concat();
+        assert_eq!(bad(&t, Limits::default()), "tensor reaches past its 2-element storage view");
+        let ok = [&t[..t.len() - 11], b"K\x00K\x02\x85K\x01\x85tR."].concat();
+        let p = load(&ok, Limits::default()).unwrap_or_else(|e| panic!("{e:?}"));
+        let Some(Obj::Tensor(t)) = p.obj(p.root) else { panic!("not a tensor") };
+        assert_eq!((t.offset, t.storage.numel), (1, 4), "offset into the whole storage");
     }
 
     #[test]
