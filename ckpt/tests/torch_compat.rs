@@ -41,17 +41,19 @@ fn check(case: &str) {
     let ck = Checkpoint::open(src.to_str().unwrap()).unwrap();
     assert_eq!(ck.format().name(), "torch");
     assert_eq!(serde_json::Value::from(tensors(&ck)), want["tensors"], "{case}: tensors");
-    let leaves: serde_json::Map<String, serde_json::Value> = ck
-        .files()
-        .iter()
-        .flat_map(|f| f.metadata.iter())
-        .map(|(k, v)| (k.clone(), serde_json::from_str(v).unwrap()))
-        .collect();
+    let leaves: serde_json::Map<String, serde_json::Value> =
+        ck.values().into_iter().map(|(k, v)| (k.to_string(), v)).collect();
     assert_eq!(serde_json::Value::from(leaves), want["leaves"], "{case}: values");
 
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("model.safetensors");
-    ckpt::convert(src.to_str().unwrap(), &out, &ConvertOptions::default(), &WriteOptions::default()).unwrap();
+    ckpt::convert(
+        &ckpt::Checkpoint::open(src.to_str().unwrap()).unwrap(),
+        &out,
+        &ConvertOptions::default(),
+        &WriteOptions::default(),
+    )
+    .unwrap();
     let st = Checkpoint::open(out.to_str().unwrap()).unwrap();
     let by_name = |v: &serde_json::Value| v["name"].as_str().unwrap().to_string();
     let mut got = tensors(&st);
