@@ -11,7 +11,8 @@ dotted names becoming nested modules, `fully_shard` on a 1-D CPU mesh of M ranks
 (dims need not divide M; ranks may hold empty shards). The model starts filled with a sentinel,
 `torch.distributed.checkpoint.load` fills its SHARDED state dict (DTensor values) from DCP_DIR,
 `set_model_state_dict` puts it into the module, and each parameter/buffer is gathered with
-`full_tensor()` and compared with REF byte for byte. Exit 0 when everything is equal; exit 1 with
+`full_tensor()` and compared with REF's tensor byte for byte (dtype, shape and raw data: a DCP
+folder and a safetensors file have no bytes in common to compare). Exit 0 when everything is equal; exit 1 with
 one line per difference otherwise; exit 2 when torch itself failed (the message says where).
 
 Where the tensors sit in the checkpoint: under one top-level key (`model.<fqn>`, as accelerate's
