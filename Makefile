@@ -56,3 +56,4 @@ fixtures: setup
 	$(PY) fixtures/gen/hostile_dcp.py
 	PATH=$(VENV)/bin:$$PATH $(PY) fixtures/gen/deepspeed_fixtures.py
 	PATH=$(VENV)/bin:$$PATH $(PY) fixtures/gen/deepspeed_hostile.py
+	PATH=$(VENV)/bin:$$PATH $(PY) fixtures/gen/fsdp_layouts.py

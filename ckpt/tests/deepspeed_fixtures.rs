@@ -59,13 +59,17 @@ fn case(name: &str) {
     }
 }
 
+/// One test per case, and `COVERED`: the names of those tests, in the order listed.
 macro_rules! cases {
-    ($($name:ident),* $(,)?) => {$(
-        #[test]
-        fn $name() {
-            case(stringify!($name));
-        }
-    )*};
+    ($($name:ident),* $(,)?) => {
+        $(
+            #[test]
+            fn $name() {
+                case(stringify!($name));
+            }
+        )*
+        const COVERED: &[&str] = &[$(stringify!($name)),*];
+    };
 }
 
 cases!(
@@ -88,8 +92,13 @@ cases!(
     z3_fp32_ws4_untied,
 );
 
+/// The folders of `fixtures/deepspeed/` that hold a checkpoint and the cases of `expected.json`
+/// are exactly the cases tested above, so a fixture that the generator adds or drops cannot go
+/// untested.
 #[test]
 fn every_fixture_case_has_a_test() {
+    let mut covered = COVERED.to_vec();
+    covered.sort_unstable();
     let mut dirs: Vec<String> = std::fs::read_dir(root())
         .unwrap()
         .filter_map(|e| e.ok())
@@ -97,7 +106,13 @@ fn every_fixture_case_has_a_test() {
         .map(|e| e.file_name().to_string_lossy().into_owned())
         .collect();
     dirs.sort();
-    assert_eq!(dirs.len(), 17, "{dirs:?}");
+    assert_eq!(dirs, covered, "checkpoint folders in fixtures/deepspeed/");
+
+    let text = std::fs::read_to_string(root().join("expected.json")).unwrap();
+    let json: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let mut cases: Vec<&str> = json["cases"].as_object().unwrap().keys().map(String::as_str).collect();
+    cases.sort_unstable();
+    assert_eq!(cases, covered, "cases of fixtures/deepspeed/expected.json");
 }
 
 #[test]

@@ -157,8 +157,14 @@ fn mmap_and_kernel_copies_give_the_same_bytes() {
     ])
     .status
     .success());
-    for entry in std::fs::read_dir(&a).unwrap() {
-        let name = entry.unwrap().file_name();
+    let names = |d: &std::path::Path| {
+        let mut v: Vec<_> = std::fs::read_dir(d).unwrap().map(|e| e.unwrap().file_name()).collect();
+        v.sort();
+        v
+    };
+    assert_eq!(names(&a), names(&b), "the same files");
+    assert!(!names(&a).is_empty());
+    for name in names(&a) {
         assert_eq!(std::fs::read(a.join(&name)).unwrap(), std::fs::read(b.join(&name)).unwrap(), "{name:?}");
     }
 }

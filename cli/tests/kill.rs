@@ -4,12 +4,23 @@
 //! Each round starts `ckpt split` (or `merge`) over a folder that already holds a different,
 //! valid checkpoint, kills it after a varying delay, and then requires one of exactly three
 //! outcomes: the old checkpoint intact, the new one complete, or nothing `verify` accepts.
+//!
+//! The kill moments are fractions of how long the same command takes when left alone on this
+//! machine (the fastest undisturbed run so far; one more is timed before every round, so the
+//! estimate follows the machine's load as it changes), so they fall inside the operation on a
+//! fast laptop and on a loaded 2-core runner alike. The two tests take turns, so neither slows
+//! the other down between timing and killing. A round counts as killed mid-operation only when
+//! the process died of the SIGKILL (its exit status says so), not when it had already exited;
+//! each test requires that most rounds, including some in the second half of the operation,
+//! really were.
 #![allow(clippy::unwrap_used)]
 
 mod common;
 
+use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
-use std::time::Duration;
+use std::process::ExitStatus;
+use std::time::{Duration, Instant};
 
 use common::*;
 
@@ -26,13 +37,59 @@ fn accepted_content(path: &Path, scratch: &Path) -> Option<Vec<u8>> {
     Some(std::fs::read(&merged).unwrap())
 }
 
-fn kill_after(args: &[&str], delay: Duration) -> bool {
+const SIGKILL: i32 = 9;
+
+/// Kill moments, as fractions of an undisturbed run: from before `main` to the last writes,
+/// then two that usually come after the end (the new checkpoint must then be complete).
+const FRACTIONS: [f64; 14] = [0.0, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.5, 3.0];
+
+/// Starts `ckpt args`, sends SIGKILL after `delay`, and returns how the process ended.
+fn kill_after(args: &[&str], delay: Duration) -> ExitStatus {
     let mut child = ckpt().args(args).stdout(std::process::Stdio::null()).spawn().unwrap();
     std::thread::sleep(delay);
-    let finished = child.try_wait().unwrap().is_some();
-    let _ = child.kill(); // SIGKILL on Unix
-    child.wait().unwrap();
-    !finished
+    let _ = child.kill(); // SIGKILL on Unix; fails only if the child was already reaped
+    child.wait().unwrap()
+}
+
+/// One test at a time: a merge running beside a split would skew the timings of both.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// The fastest undisturbed run of a command seen so far.
+struct Fastest {
+    args: Vec<String>,
+    best: Option<Duration>,
+}
+
+impl Fastest {
+    fn new(args: &[&str]) -> Fastest {
+        Fastest { args: args.iter().map(|a| a.to_string()).collect(), best: None }
+    }
+
+    /// Runs the command to completion once more and returns the fastest run so far.
+    fn measure(&mut self) -> Duration {
+        let start = Instant::now();
+        let out = ckpt().args(&self.args).stdout(std::process::Stdio::null()).output().unwrap();
+        let took = start.elapsed();
+        assert!(out.status.success(), "{:?}: {}", self.args, stderr(&out));
+        *self.best.insert(self.best.map_or(took, |b| b.min(took)))
+    }
+}
+
+/// Requires that the kills really interrupted the operation: of the rounds killed before an
+/// undisturbed run would have ended, at least two thirds died of SIGKILL, among them one in
+/// the second half of the run. `killed[i]` is whether the round at `FRACTIONS[i]` did.
+fn assert_killed_mid_operation(what: &str, full: Duration, killed: &[bool]) {
+    let during: Vec<(f64, bool)> =
+        FRACTIONS.into_iter().zip(killed.iter().copied()).filter(|(f, _)| *f < 1.0).collect();
+    let count = during.iter().filter(|(_, k)| *k).count();
+    let late = during.iter().any(|&(f, k)| k && f >= 0.5);
+    eprintln!("{what}: {count} of {} kills landed while the process ran (undisturbed run: {full:?})", during.len());
+    assert!(
+        count * 3 >= during.len() * 2 && late,
+        "{what}: only {count} of {} kills landed while the process ran (undisturbed run: {full:?}); \
+         (fraction, killed) per round: {during:?}",
+        during.len()
+    );
 }
 
 #[test]
@@ -45,27 +102,34 @@ fn killed_split_leaves_old_or_new_never_a_mix() {
     let old_src = dir.path().join("old.safetensors");
     let old_bytes = write_checkpoint(&old_src, 6, 1000, 22);
     let out = dir.path().join("out");
-
-    let mut interrupted = 0;
-    for (round, ms) in [0u64, 1, 3, 6, 10, 15, 25, 40, 60, 90, 140, 200].into_iter().enumerate() {
+    let put_old_checkpoint = || {
         let _ = std::fs::remove_dir_all(&out);
         assert!(run(&["split", old_src.to_str().unwrap(), out.to_str().unwrap(), "--max-shard-size", "5KB"])
             .status
             .success());
-        let args = ["--quiet", "split", new_src.to_str().unwrap(), out.to_str().unwrap(), "--max-shard-size", "4MB"];
-        if kill_after(&args, Duration::from_millis(ms)) {
-            interrupted += 1;
-        }
+    };
+    let args = ["--quiet", "split", new_src.to_str().unwrap(), out.to_str().unwrap(), "--max-shard-size", "4MB"];
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let mut fastest = Fastest::new(&args);
+
+    let mut killed = Vec::new();
+    let mut full = Duration::ZERO;
+    for (round, fraction) in FRACTIONS.into_iter().enumerate() {
+        put_old_checkpoint();
+        full = fastest.measure();
+        put_old_checkpoint();
+        let delay = full.mul_f64(fraction);
+        killed.push(kill_after(&args, delay).signal() == Some(SIGKILL));
         match accepted_content(&out, &scratch) {
             None => {}
             Some(content) => assert!(
                 content == old_bytes || content == new_bytes,
-                "round {round} ({ms} ms): verify accepts a checkpoint that is neither the old nor the new one"
+                "round {round} ({delay:?}): verify accepts a checkpoint that is neither the old nor the new one"
             ),
         }
         assert_eq!(std::fs::read(&new_src).unwrap(), new_bytes, "source changed");
     }
-    eprintln!("{interrupted} of 12 rounds were killed mid-run");
+    assert_killed_mid_operation("split", full, &killed);
 }
 
 #[test]
@@ -80,13 +144,26 @@ fn killed_merge_leaves_no_accepted_partial_file() {
         .status
         .success());
     let out = dir.path().join("merged.safetensors");
-    for ms in [0u64, 2, 5, 10, 20, 40, 80, 150] {
+    let remove_out = || {
         let _ = std::fs::remove_file(&out);
-        kill_after(&["--quiet", "merge", shards.to_str().unwrap(), out.to_str().unwrap()], Duration::from_millis(ms));
+    };
+    let args = ["--quiet", "merge", shards.to_str().unwrap(), out.to_str().unwrap()];
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let mut fastest = Fastest::new(&args);
+
+    let mut killed = Vec::new();
+    let mut full = Duration::ZERO;
+    for fraction in FRACTIONS {
+        remove_out();
+        full = fastest.measure();
+        remove_out();
+        let delay = full.mul_f64(fraction);
+        killed.push(kill_after(&args, delay).signal() == Some(SIGKILL));
         if out.exists() {
             // The final name appears only by rename after fsync: it is complete.
-            assert_eq!(accepted_content(&out, &scratch), Some(bytes.clone()), "{ms} ms");
+            assert_eq!(accepted_content(&out, &scratch), Some(bytes.clone()), "{delay:?}");
         }
         assert!(ckpt::verify(shards.to_str().unwrap()).unwrap().is_valid(), "source shards changed");
     }
+    assert_killed_mid_operation("merge", full, &killed);
 }

@@ -11,7 +11,8 @@ dotted names becoming nested modules, `fully_shard` on a 1-D CPU mesh of M ranks
 (dims need not divide M; ranks may hold empty shards). The model starts filled with a sentinel,
 `torch.distributed.checkpoint.load` fills its SHARDED state dict (DTensor values) from DCP_DIR,
 `set_model_state_dict` puts it into the module, and each parameter/buffer is gathered with
-`full_tensor()` and compared with REF byte for byte. Exit 0 when everything is equal; exit 1 with
+`full_tensor()` and compared with REF's tensor byte for byte (dtype, shape and raw data: a DCP
+folder and a safetensors file have no bytes in common to compare). Exit 0 when everything is equal; exit 1 with
 one line per difference otherwise; exit 2 when torch itself failed (the message says where).
 
 Where the tensors sit in the checkpoint: under one top-level key (`model.<fqn>`, as accelerate's
@@ -23,8 +24,8 @@ only changes how the tensor is held on the ranks; DCP reshards either way.
 
 `merge` is the reference side for any DCP dir (for example a Rust-written one): torch's
 `dcp_to_torch_save`, then accelerate's naming (a single top-level key is unwrapped), nested dicts
-flattened to dotted keys with DCP's rules, tensors into OUT.safetensors and the non-tensor leaves
-as JSON in its `__metadata__["statekit.non_tensor"]`.
+flattened to dotted keys by DCP's own `flatten_state_dict`, tensors into OUT.safetensors and the
+non-tensor leaves as JSON in its `__metadata__["statekit.non_tensor"]`.
 """
 
 import argparse
@@ -135,25 +136,10 @@ def cmd_load(args):
     return 0
 
 
-def flatten(obj, prefix=""):
-    """DCP's flattening: every dict is descended; a list only if it holds tensors or dicts."""
-    import torch
-
-    out = {}
-    if isinstance(obj, dict):
-        for k, v in obj.items():
-            out.update(flatten(v, f"{prefix}{k}."))
-    elif isinstance(obj, list) and any(torch.is_tensor(x) or isinstance(x, dict) for x in obj):
-        for i, v in enumerate(obj):
-            out.update(flatten(v, f"{prefix}{i}."))
-    else:
-        out[prefix[:-1]] = obj
-    return out
-
-
 def cmd_merge(args):
     import torch
     from safetensors.torch import save_file
+    from torch.distributed.checkpoint._nested_dict import flatten_state_dict
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
     with tempfile.TemporaryDirectory(prefix="dcp_check.") as tmp:
@@ -163,7 +149,10 @@ def cmd_merge(args):
     if len(sd) == 1:  # accelerate's merge unwraps a single top-level key
         sd = next(iter(sd.values()))
     tensors, other = {}, {}
-    for k, v in flatten(sd).items():
+    # The dotted names are torch's own: DCP's `flatten_state_dict` is what names the keys of a
+    # checkpoint when `dcp.save` writes it (the default planners flatten with it).
+    flat, _ = flatten_state_dict(sd)
+    for k, v in flat.items():
         if torch.is_tensor(v):
             tensors[k] = v.contiguous()
         else:

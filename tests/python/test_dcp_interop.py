@@ -16,6 +16,8 @@ import sys
 import pytest
 import torch
 from safetensors import safe_open
+from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.metadata import BytesStorageMetadata
 
 from conftest import FIXTURES, ROOT, run_ckpt
 
@@ -42,6 +44,15 @@ def assert_same(got, want):
         assert got[k].reshape(-1).view(torch.uint8).equal(want[k].reshape(-1).view(torch.uint8)), k
 
 
+def torch_value_names(dcp_dir, strip=""):
+    """The names torch gave the non-tensor values of a checkpoint it saved: the keys its
+    `.metadata` lists as `BytesStorageMetadata` (DCP's own flattening), less `strip`."""
+    md = FileSystemReader(str(dcp_dir)).read_metadata()
+    names = {k for k, v in md.state_dict_metadata.items() if isinstance(v, BytesStorageMetadata)}
+    assert names and all(n.startswith(strip) for n in names), sorted(names)[:5]
+    return {n[len(strip):] for n in names}
+
+
 def files_for(out, m):
     names = sorted(p.name for p in out.iterdir())
     assert names[0] == ".metadata"
@@ -66,6 +77,7 @@ def test_reshard_model_and_optimizer(tmp_path, m):
     want.update(tensors(case / "expected_optim.safetensors", "optim.")[0])
     assert_same(got, want)
     values = json.loads(meta["statekit.non_tensor"])
+    assert set(values) == torch_value_names(case / "checkpoint")
     expected = json.loads((case / "expected_optim.json").read_text())["non_tensor_leaves"]
     assert values == {f"optim.{k}": v["value"] for k, v in expected.items()}
 
@@ -83,8 +95,11 @@ def test_reshard_accelerate_dirs(tmp_path):
     dcp_check("merge", optim, merged)
     got, meta = tensors(merged)
     assert_same(got, tensors(case / "expected_optim.safetensors")[0])
+    values = json.loads(meta["statekit.non_tensor"])
+    # accelerate saved `{"optimizer": ...}`; the merge unwraps the single top-level key.
+    assert set(values) == torch_value_names(case / "checkpoint" / "optimizer_0", strip="optimizer.")
     expected = json.loads((case / "expected_optim.json").read_text())["non_tensor_leaves"]
-    assert json.loads(meta["statekit.non_tensor"]) == {k: v["value"] for k, v in expected.items()}
+    assert values == {k: v["value"] for k, v in expected.items()}
 
 
 @pytest.mark.parametrize("case,m", [("fsdp2_w4_mixed_bare", 5), ("fsdp2_w3_bf16", 2)])
@@ -109,4 +124,5 @@ def test_merge_matches_torch_merge(tmp_path):
     want, their_meta = tensors(theirs)
     assert_same(got, want)
     values = {k: json.loads(v) for k, v in meta.items() if k != "format"}
+    assert set(values) == torch_value_names(src)
     assert values == json.loads(their_meta["statekit.non_tensor"])
