@@ -19,8 +19,8 @@ use std::sync::Arc;
 
 use crate::dtype::Dtype;
 use crate::error::{Error, Result};
-use crate::formats::torch::flatten::Leaf;
-use crate::formats::torch::strided::{self, Runs};
+use crate::value::Leaf;
+use crate::shape::{self, Runs};
 
 /// The on-disk layout a checkpoint was read from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -112,7 +112,7 @@ impl TensorInfo {
 
     /// Elements in the tensor (the catalog's constructor checked that this fits).
     pub fn numel(&self) -> u64 {
-        strided::numel(&self.shape).unwrap_or(0)
+        shape::numel(&self.shape).unwrap_or(0)
     }
 
     /// Bytes of the tensor in its dtype (what an operation writes, uncast).
@@ -264,10 +264,10 @@ impl Checkpoint {
                 return Err(Error::DuplicateTensor { path: p.root.clone(), tensor: t.name.clone() });
             }
             let elem = t.stored.bits() / 8;
-            let Some(need) = strided::numel(&t.shape).and_then(|n| n.checked_mul(elem)) else {
+            let Some(need) = shape::numel(&t.shape).and_then(|n| n.checked_mul(elem)) else {
                 return Err(where_(format!("shape {:?} overflows", t.shape)));
             };
-            if strided::numel(&t.shape).and_then(|n| n.checked_mul(t.dtype.bits() / 8)).is_none() {
+            if shape::numel(&t.shape).and_then(|n| n.checked_mul(t.dtype.bits() / 8)).is_none() {
                 return Err(where_(format!("shape {:?} overflows", t.shape)));
             }
             match &t.data {
@@ -294,7 +294,7 @@ impl Checkpoint {
                     if base.checked_add(*len).is_none_or(|end| end > f.len) {
                         return Err(where_("its storage lies past the end of the file".into()));
                     }
-                    let extent = strided::extent(*offset, &t.shape, strides).and_then(|e| e.checked_mul(elem));
+                    let extent = shape::extent(*offset, &t.shape, strides).and_then(|e| e.checked_mul(elem));
                     if need > 0 && extent.is_none_or(|e| e > *len) {
                         return Err(where_("its view reaches past its storage".into()));
                     }
@@ -362,7 +362,7 @@ impl Checkpoint {
     /// Reads a tensor's bytes into memory (row-major, little-endian, in its dtype). For
     /// inspection and tests; operations never hold whole tensors.
     pub fn read_tensor(&self, tensor: &TensorInfo) -> Result<Vec<u8>> {
-        let sources = crate::io::Sources::open(&self.files)?;
+        let sources = crate::io::Sources::open(self.files.iter().map(|f| f.path.as_path()))?;
         let mut raw = Vec::with_capacity(usize::try_from(tensor.stored_len()).unwrap_or(0));
         for (file, offset, len) in tensor.runs() {
             raw.extend_from_slice(sources.read(file, offset, len)?);

@@ -13,7 +13,6 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-use crate::catalog::SourceFile;
 use crate::error::{Error, IoContext, Result};
 use crate::sys::MappedFile;
 
@@ -52,6 +51,11 @@ impl ReadAt for Window<'_> {
         let at = self.base.checked_add(off).ok_or_else(|| std::io::Error::from(std::io::ErrorKind::UnexpectedEof))?;
         FileExt::read_exact_at(self.file, buf, at)
     }
+}
+
+/// Maps the whole of `file` (named `path` in errors) read-only.
+pub(crate) fn map(file: &File, path: &Path) -> Result<MappedFile> {
+    MappedFile::open(file).at(path)
 }
 
 /// Opens `path` for reading.
@@ -96,9 +100,9 @@ pub(crate) struct Sources {
 }
 
 impl Sources {
-    pub(crate) fn open(sources: &[SourceFile]) -> Result<Sources> {
-        let files = sources.iter().map(|s| Ok((s.path.clone(), open(&s.path)?))).collect::<Result<Vec<_>>>()?;
-        let maps = sources.iter().map(|_| OnceLock::new()).collect();
+    pub(crate) fn open<'p>(paths: impl IntoIterator<Item = &'p Path>) -> Result<Sources> {
+        let files = paths.into_iter().map(|p| Ok((p.to_path_buf(), open(p)?))).collect::<Result<Vec<_>>>()?;
+        let maps = files.iter().map(|_| OnceLock::new()).collect();
         Ok(Sources { files, maps })
     }
 

@@ -19,6 +19,8 @@
 //! Readers never execute anything from a checkpoint, and every error names its file and, where
 //! it applies, its tensor and rank.
 
+#![warn(missing_docs, unreachable_pub)]
+
 mod cast;
 mod catalog;
 mod dtype;
@@ -30,8 +32,10 @@ mod manifest;
 mod open;
 mod ops;
 mod plan;
+mod shape;
 mod size;
 mod sys;
+mod value;
 mod verify;
 mod write;
 

@@ -146,7 +146,7 @@ pub(crate) fn execute(plan: &Plan, sources: &[SourceFile], opts: &WriteOptions<'
         }
         temps.create(&t.path)?;
     }
-    let srcs = Sources::open(sources)?;
+    let srcs = Sources::open(sources.iter().map(|s| s.path.as_path()))?;
 
     // Size each target and write its header, then fill the data in parallel pieces.
     for (t, (tmp, f)) in plan.targets.iter().zip(&temps.files) {

@@ -24,7 +24,7 @@ use std::path::{Path, PathBuf};
 use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
 
-use super::torch::strided::numel;
+use crate::shape::numel;
 use crate::catalog::{Checkpoint, Chunk, Format, Parts, Scan, SourceFile, TensorInfo};
 use crate::dtype::Dtype;
 use crate::error::{Error, IoContext, Result};

@@ -10,7 +10,7 @@ use crate::dtype::Dtype;
 use crate::error::{Error, Result};
 use crate::formats::torch::flatten::{self, Leaf};
 use crate::formats::torch::pickle::{self, Limits, Obj, Refusal};
-use crate::formats::torch::strided::{self, Runs};
+use crate::shape::{self as strided, Runs};
 use crate::formats::torch::zip;
 
 /// The largest `.metadata` we read (a model with a million chunks stays well below).

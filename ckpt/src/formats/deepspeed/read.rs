@@ -9,7 +9,7 @@ use crate::catalog::{Chunk, SourceFile};
 use crate::dtype::Dtype;
 use crate::error::{Error, IoContext, Result};
 use crate::formats::torch::flatten::Leaf;
-use crate::formats::torch::strided::numel;
+use crate::shape::numel;
 use crate::formats::torch::{self, TorchFile, TorchTensor};
 
 /// The DeepSpeed classes an optim-states file may name (see the module docs for what each is).

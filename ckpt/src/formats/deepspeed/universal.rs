@@ -35,7 +35,7 @@ use crate::catalog::Chunk;
 use crate::dtype::Dtype;
 use crate::error::{Error, Result};
 use crate::formats::torch::flatten::Leaf;
-use crate::formats::torch::strided::numel;
+use crate::shape::numel;
 use crate::formats::torch::writer::{self, TorchLayout, TorchSeal, WNode, WStorage, WTensor, WValue};
 use crate::formats::torch::{self, TorchFile};
 use crate::ops::Outcome;

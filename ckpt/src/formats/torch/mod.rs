@@ -48,14 +48,14 @@
 pub(crate) mod allow;
 pub(crate) mod flatten;
 pub(crate) mod pickle;
-pub(crate) mod strided;
+use crate::shape as strided;
 pub(crate) mod torchscript;
 pub(crate) mod writer;
 pub(crate) mod zip;
 
 use std::collections::HashMap;
 use std::fs::File;
-use std::os::unix::fs::FileExt;
+use crate::io::ReadAt;
 use std::path::{Path, PathBuf};
 
 use crate::catalog::{Checkpoint, Format, Parts, Scan, SourceFile, TensorData, TensorInfo};
@@ -64,7 +64,7 @@ use crate::error::{Error, IoContext, Result};
 use crate::formats::hf_index::Index;
 use flatten::Leaf;
 use pickle::{Limits, Obj, Refusal, StorageKind};
-use strided::Runs;
+use crate::shape::Runs;
 
 /// The largest `data.pkl` we read.
 pub const MAX_PICKLE_LEN: u64 = 256 << 20;
@@ -115,9 +115,9 @@ pub(crate) struct TorchFile {
 
 /// True when `path` starts like a torch file (a zip, or a legacy pickle stream).
 pub(crate) fn sniff(path: &Path) -> bool {
-    let Ok(f) = File::open(path) else { return false };
+    let Ok(f) = crate::io::open(path) else { return false };
     let mut head = [0u8; 4];
-    if f.read_exact_at(&mut head, 0).is_err() {
+    if ReadAt::read_exact_at(&f, &mut head, 0).is_err() {
         return false;
     }
     head == *b"PK\x03\x04" || head[..3] == [0x80, 0x02, 0x8a]
@@ -136,11 +136,11 @@ fn bad_file(path: &Path, reason: impl Into<String>) -> Error {
 
 /// Reads a torch file.
 pub(crate) fn read(path: &Path) -> Result<TorchFile> {
-    let file = File::open(path).at(path)?;
+    let file = crate::io::open(path)?;
     let len = file.metadata().at(path)?.len();
     let mut head = [0u8; 8];
     let n = usize::try_from(len.min(8)).unwrap_or(0);
-    file.read_exact_at(head.get_mut(..n).unwrap_or_default(), 0).at(path)?;
+    ReadAt::read_exact_at(&file, head.get_mut(..n).unwrap_or_default(), 0).at(path)?;
     if head.starts_with(b"PK\x03\x04") {
         read_zip(&file, len, path, &[])
     } else if head.starts_with(&[0x80, 0x02, 0x8a]) {
@@ -149,7 +149,7 @@ pub(crate) fn read(path: &Path) -> Result<TorchFile> {
         Err(bad_file(path, "legacy torch format (the 1.x preview release) is not supported"))
     } else {
         let mut tar = [0u8; 5];
-        if file.read_exact_at(&mut tar, 257).is_ok() && &tar == b"ustar" {
+        if ReadAt::read_exact_at(&file, &mut tar, 257).is_ok() && &tar == b"ustar" {
             return Err(bad_file(
                 path,
                 "legacy torch format (pre-1.0 tar) is not supported; hint: load and re-save it with `torch.save`",
@@ -163,11 +163,11 @@ pub(crate) fn read(path: &Path) -> Result<TorchFile> {
 /// format's own allow-list, e.g. DeepSpeed's enums); they come out as inert instances among the
 /// leaves. Legacy (non-zip) files are refused: the formats that need this never wrote them.
 pub(crate) fn read_with_classes(path: &Path, classes: &'static [&'static str]) -> Result<TorchFile> {
-    let file = File::open(path).at(path)?;
+    let file = crate::io::open(path)?;
     let len = file.metadata().at(path)?.len();
     let mut head = [0u8; 4];
     let n = usize::try_from(len.min(4)).unwrap_or(0);
-    file.read_exact_at(head.get_mut(..n).unwrap_or_default(), 0).at(path)?;
+    ReadAt::read_exact_at(&file, head.get_mut(..n).unwrap_or_default(), 0).at(path)?;
     if head != *b"PK\x03\x04" {
         return Err(bad_file(path, "not a zip-format torch file"));
     }
@@ -292,7 +292,7 @@ fn check_tensor(
 
 fn read_legacy(file: &File, len: u64, path: &Path) -> Result<TorchFile> {
     let legacy = |reason: String| bad_file(path, format!("legacy torch format: {reason}"));
-    let map = crate::sys::MappedFile::open(file).at(path)?;
+    let map = crate::io::map(file, path)?;
     let all = map.get(0, len).ok_or_else(|| legacy("cannot map the file".into()))?;
     let mut pos = 0usize;
     let mut next = |what: &str| -> Result<pickle::Pickle> {
