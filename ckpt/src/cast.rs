@@ -17,13 +17,13 @@
 use crate::dtype::Dtype;
 
 /// True for the dtypes `--dtype` converts; everything else is copied as is.
-pub fn is_castable(d: Dtype) -> bool {
+pub(crate) fn is_castable(d: Dtype) -> bool {
     matches!(d, Dtype::F64 | Dtype::F32 | Dtype::F16 | Dtype::BF16)
 }
 
 /// Appends `src` (little-endian elements of `from`) converted to `to`. Both must be castable
 /// and `src` a whole number of elements.
-pub fn cast_into(src: &[u8], from: Dtype, to: Dtype, out: &mut Vec<u8>) {
+pub(crate) fn cast_into(src: &[u8], from: Dtype, to: Dtype, out: &mut Vec<u8>) {
     if from == to {
         out.extend_from_slice(src);
         return;

@@ -19,8 +19,8 @@ use std::sync::Arc;
 
 use crate::dtype::Dtype;
 use crate::error::{Error, Result};
-use crate::value::Leaf;
 use crate::shape::{self, Runs};
+use crate::value::Leaf;
 
 /// The on-disk layout a checkpoint was read from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -10,27 +10,49 @@ use std::fmt;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 #[non_exhaustive]
 pub enum Dtype {
+    /// `bool`, one byte.
     Bool,
+    /// 4-bit float (e2m1), packed two per byte.
     F4,
+    /// 6-bit float (e2m3).
     F6E2M3,
+    /// 6-bit float (e3m2).
     F6E3M2,
+    /// `uint8`.
     U8,
+    /// `int8`.
     I8,
+    /// `float8_e5m2`.
     F8E5M2,
+    /// `float8_e4m3fn`.
     F8E4M3,
+    /// `float8_e8m0fnu` (a power-of-two scale).
     F8E8M0,
+    /// `float8_e4m3fnuz`.
     F8E4M3Fnuz,
+    /// `float8_e5m2fnuz`.
     F8E5M2Fnuz,
+    /// `int16`.
     I16,
+    /// `uint16`.
     U16,
+    /// IEEE half, `float16`.
     F16,
+    /// `bfloat16`.
     BF16,
+    /// `int32`.
     I32,
+    /// `uint32`.
     U32,
+    /// `float32`.
     F32,
+    /// `complex64`: two `float32`.
     C64,
+    /// `float64`.
     F64,
+    /// `int64`.
     I64,
+    /// `uint64`.
     U64,
     /// complex128: a torch dtype that safetensors cannot store. Not in [`Dtype::ALL`], which
     /// lists the safetensors dtypes.

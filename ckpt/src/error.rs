@@ -8,6 +8,8 @@ use std::path::PathBuf;
 /// Everything that can go wrong while reading, planning or writing a checkpoint.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
+// Each variant's fields are named for what they hold; its message is its documentation.
+#[allow(missing_docs)]
 pub enum Error {
     #[error("{path}: {source}")]
     Io {
@@ -143,6 +145,7 @@ pub enum Error {
     BadDcpChunk { path: PathBuf, tensor: String, rank: Option<u64>, reason: String },
 }
 
+/// `Result` with this crate's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// ` (rank R)` for DCP errors whose data file is a rank's (`__R_0.distcp`).

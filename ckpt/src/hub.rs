@@ -14,7 +14,7 @@ use crate::formats::hf_index;
 
 /// A parsed `hf://` address.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct HubAddress {
+pub(crate) struct HubAddress {
     pub repo: String,
     pub revision: String,
     pub path: Option<String>,
@@ -22,7 +22,7 @@ pub struct HubAddress {
 
 impl HubAddress {
     /// Parses `hf://ORG/NAME[@REV][/PATH]`; `None` when `s` is not an `hf://` address at all.
-    pub fn parse(s: &str) -> Option<Result<HubAddress>> {
+    pub(crate) fn parse(s: &str) -> Option<Result<HubAddress>> {
         let rest = s.strip_prefix("hf://")?;
         let bad = |reason: &str| Error::BadHubUrl { input: s.to_string(), reason: reason.to_string() };
         let mut parts = rest.splitn(3, '/');
@@ -47,7 +47,7 @@ impl HubAddress {
 }
 
 /// The cache folder, from the same variables huggingface_hub reads.
-pub fn cache_dir() -> PathBuf {
+pub(crate) fn cache_dir() -> PathBuf {
     if let Some(dir) = std::env::var_os("HF_HUB_CACHE").filter(|v| !v.is_empty()) {
         return PathBuf::from(dir);
     }
@@ -55,7 +55,7 @@ pub fn cache_dir() -> PathBuf {
 }
 
 /// Turns `src` into a local path: `hf://` addresses through the cache, anything else as is.
-pub fn resolve(src: &str) -> Result<PathBuf> {
+pub(crate) fn resolve(src: &str) -> Result<PathBuf> {
     match HubAddress::parse(src) {
         None => Ok(PathBuf::from(src)),
         Some(addr) => resolve_in(&addr?, &cache_dir()),
@@ -64,7 +64,7 @@ pub fn resolve(src: &str) -> Result<PathBuf> {
 
 /// Resolves an address in the cache at `cache`. Without a path, the repo's index is preferred,
 /// then its `model.safetensors`.
-pub fn resolve_in(addr: &HubAddress, cache: &Path) -> Result<PathBuf> {
+pub(crate) fn resolve_in(addr: &HubAddress, cache: &Path) -> Result<PathBuf> {
     let hub = Cache::new(cache.to_path_buf());
     let repo = Repo::with_revision(addr.repo.clone(), RepoType::Model, addr.revision.clone());
     let folder = cache.join(repo.folder_name());

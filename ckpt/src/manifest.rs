@@ -9,12 +9,12 @@ use sha2::{Digest, Sha256};
 
 use crate::error::{Error, IoContext, Result};
 
-pub const MANIFEST_NAME: &str = "SHA256SUMS";
+pub(crate) const MANIFEST_NAME: &str = "SHA256SUMS";
 /// The largest manifest we read (a million files' lines).
 pub(crate) const MAX_MANIFEST_LEN: u64 = 128 << 20;
 
 /// The SHA-256 of a file as lowercase hex, read in fixed-size blocks.
-pub fn sha256_file(path: &Path) -> Result<String> {
+pub(crate) fn sha256_file(path: &Path) -> Result<String> {
     let mut f = crate::io::open(path)?;
     let mut hasher = Sha256::new();
     let mut buf = vec![0u8; 1 << 20];
@@ -29,14 +29,14 @@ pub fn sha256_file(path: &Path) -> Result<String> {
 }
 
 /// Renders entries `(file name, hex digest)` sorted by name.
-pub fn render(entries: &[(String, String)]) -> String {
+pub(crate) fn render(entries: &[(String, String)]) -> String {
     let mut sorted: Vec<&(String, String)> = entries.iter().collect();
     sorted.sort();
     sorted.iter().map(|(name, sum)| format!("{sum}  {name}\n")).collect()
 }
 
 /// Parses a manifest into `(file name, hex digest)` pairs.
-pub fn parse(text: &str, path: &Path) -> Result<Vec<(String, String)>> {
+pub(crate) fn parse(text: &str, path: &Path) -> Result<Vec<(String, String)>> {
     let mut out = Vec::new();
     for (i, line) in text.lines().enumerate() {
         if line.trim().is_empty() {

@@ -16,9 +16,9 @@ use crate::dtype::Dtype;
 use crate::error::{Error, Result};
 use crate::formats::hf_index;
 use crate::formats::safetensors::{self as st, OutTensor};
-use crate::value::Leaf;
 use crate::formats::torch::writer::{self, TorchSeal, WStorage, WTensor, WValue};
 use crate::formats::torch::{TORCH_INDEX_NAME, TORCH_SINGLE_NAME};
+use crate::value::Leaf;
 use crate::write::{self, Plan, TargetFile};
 
 /// One tensor to write.

@@ -39,7 +39,7 @@ pub(crate) fn extent(offset: u64, shape: &[u64], strides: &[u64]) -> Option<u64>
 impl Runs {
     /// The runs of a tensor; the caller has checked that [`extent`] fits the storage, so no
     /// arithmetic here overflows.
-    pub fn new(offset: u64, shape: &[u64], strides: &[u64], elem: u64) -> Runs {
+    pub(crate) fn new(offset: u64, shape: &[u64], strides: &[u64], elem: u64) -> Runs {
         let total = numel(shape).unwrap_or(0);
         let mut dims: Vec<(u64, u64)> =
             shape.iter().zip(strides).filter(|(&n, _)| n != 1).map(|(&n, &s)| (n, s)).collect();
@@ -71,7 +71,7 @@ impl Runs {
     }
 
     /// How many runs the walk yields.
-    pub fn total(&self) -> u64 {
+    pub(crate) fn total(&self) -> u64 {
         self.left
     }
 }

@@ -14,7 +14,7 @@ use memmap2::{Mmap, UncheckedAdvice};
 
 /// Copies up to `len` bytes from `src` at `src_off` to `dst` at `dst_off` inside the kernel.
 /// Returns the number of bytes copied, which may be less than `len`; 0 means end of `src`.
-pub fn copy_file_range(src: &File, src_off: u64, dst: &File, dst_off: u64, len: u64) -> io::Result<u64> {
+pub(crate) fn copy_file_range(src: &File, src_off: u64, dst: &File, dst_off: u64, len: u64) -> io::Result<u64> {
     let mut off_in = i64::try_from(src_off).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
     let mut off_out = i64::try_from(dst_off).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
     // The kernel caps a single call well below usize::MAX anyway; 1 GiB keeps each call short.
@@ -33,7 +33,7 @@ pub fn copy_file_range(src: &File, src_off: u64, dst: &File, dst_off: u64, len: 
 
 /// True for the errors that mean "this kernel or filesystem pair cannot do it", after which a
 /// user-space copy is the right answer.
-pub fn copy_unsupported(e: &io::Error) -> bool {
+pub(crate) fn copy_unsupported(e: &io::Error) -> bool {
     matches!(
         e.raw_os_error(),
         Some(libc::EXDEV | libc::ENOSYS | libc::EOPNOTSUPP | libc::EINVAL | libc::EBADF | libc::EPERM)
@@ -42,12 +42,12 @@ pub fn copy_unsupported(e: &io::Error) -> bool {
 
 /// A read-only memory map of a whole source file.
 #[derive(Debug)]
-pub struct MappedFile {
+pub(crate) struct MappedFile {
     map: Mmap,
 }
 
 impl MappedFile {
-    pub fn open(file: &File) -> io::Result<MappedFile> {
+    pub(crate) fn open(file: &File) -> io::Result<MappedFile> {
         // SAFETY: the map is read-only. A checkpoint being modified by another process while we
         // read it is outside what any reader can guard against (torch and safetensors map the
         // same way); we never hand out references that outlive `self`.
@@ -56,7 +56,7 @@ impl MappedFile {
     }
 
     /// The bytes at `[off, off + len)`, or `None` when out of bounds.
-    pub fn get(&self, off: u64, len: u64) -> Option<&[u8]> {
+    pub(crate) fn get(&self, off: u64, len: u64) -> Option<&[u8]> {
         let start = usize::try_from(off).ok()?;
         let end = start.checked_add(usize::try_from(len).ok()?)?;
         self.map.get(start..end)
@@ -64,7 +64,7 @@ impl MappedFile {
 
     /// Drops the resident pages of `[off, off + len)`; they are re-read from the file if touched
     /// again.
-    pub fn release(&self, off: u64, len: u64) {
+    pub(crate) fn release(&self, off: u64, len: u64) {
         let (Ok(off), Ok(len)) = (usize::try_from(off), usize::try_from(len)) else {
             return;
         };

@@ -16,7 +16,7 @@ pub(crate) enum Leaf {
 
 impl Leaf {
     /// The value as JSON (bytes as an array of numbers; non-finite floats as strings).
-    pub fn to_json(&self) -> serde_json::Value {
+    pub(crate) fn to_json(&self) -> serde_json::Value {
         use serde_json::Value as J;
         match self {
             Leaf::None => J::Null,
@@ -30,4 +30,3 @@ impl Leaf {
         }
     }
 }
-

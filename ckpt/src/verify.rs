@@ -14,10 +14,15 @@ use crate::open::{detect, scan};
 /// The result of [`verify`]. Valid when `problems` is empty.
 #[derive(Debug)]
 pub struct Report {
+    /// What was checked, after `hf://` resolution and detection.
     pub path: PathBuf,
+    /// Its format, when detection could tell.
     pub format: Option<Format>,
+    /// Source files read.
     pub files: usize,
+    /// Tensors catalogued.
     pub tensors: usize,
+    /// Everything an operation would refuse, each naming its file.
     pub problems: Vec<Error>,
     /// Things worth knowing that do not make the checkpoint invalid.
     pub warnings: Vec<String>,
@@ -26,6 +31,7 @@ pub struct Report {
 }
 
 impl Report {
+    /// True when there is no problem.
     pub fn is_valid(&self) -> bool {
         self.problems.is_empty()
     }

@@ -116,6 +116,7 @@ pub enum CopyMethod {
 /// Options for writing.
 #[derive(Default)]
 pub struct WriteOptions<'a> {
+    /// How tensor bytes are moved.
     pub copy: CopyMethod,
     /// Write a `SHA256SUMS` manifest of the produced files.
     pub checksums: bool,
@@ -384,7 +385,7 @@ pub(crate) fn stale_files(
 }
 
 /// Writes `bytes` to `path` atomically: temp beside it, fsync, rename, fsync the folder.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let mut temps = TempSet::default();
     temps.create(path)?;
     let (tmp, f) = &mut temps.files[0];

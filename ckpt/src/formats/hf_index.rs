@@ -20,15 +20,15 @@ use crate::catalog::{Checkpoint, Format, Parts, Scan, SourceFile};
 use crate::error::{Error, IoContext, Result};
 
 /// The name huggingface_hub gives the index of `model{suffix}.safetensors` shards.
-pub const INDEX_NAME: &str = "model.safetensors.index.json";
+pub(crate) const INDEX_NAME: &str = "model.safetensors.index.json";
 /// The name of an unsharded checkpoint.
-pub const SINGLE_NAME: &str = "model.safetensors";
+pub(crate) const SINGLE_NAME: &str = "model.safetensors";
 /// The largest index we read: a `weight_map` of a million long names is well under it.
-pub const MAX_INDEX_LEN: u64 = 256 << 20;
+pub(crate) const MAX_INDEX_LEN: u64 = 256 << 20;
 
 /// A parsed, validated index file.
 #[derive(Clone, Debug)]
-pub struct Index {
+pub(crate) struct Index {
     pub path: PathBuf,
     /// `metadata`, in file order (`total_size` included when present).
     pub metadata: serde_json::Map<String, serde_json::Value>,
@@ -39,13 +39,13 @@ pub struct Index {
 impl Index {
     /// Reads and validates the index at `path`, refusing one over [`MAX_INDEX_LEN`] bytes
     /// before reading it.
-    pub fn read(path: &Path) -> Result<Index> {
+    pub(crate) fn read(path: &Path) -> Result<Index> {
         let text = crate::io::read_capped(path, MAX_INDEX_LEN)?;
         Index::parse(&text, path)
     }
 
     /// Parses and validates index JSON.
-    pub fn parse(text: &[u8], path: &Path) -> Result<Index> {
+    pub(crate) fn parse(text: &[u8], path: &Path) -> Result<Index> {
         let bad = |reason: String| Error::BadIndex { path: path.to_path_buf(), reason };
         let root: serde_json::Value = serde_json::from_slice(text).map_err(|e| bad(format!("not JSON: {e}")))?;
         let serde_json::Value::Object(mut root) = root else {
@@ -84,12 +84,12 @@ impl Index {
     }
 
     /// The folder shard names are relative to.
-    pub fn dir(&self) -> &Path {
+    pub(crate) fn dir(&self) -> &Path {
         self.path.parent().unwrap_or(Path::new("."))
     }
 
     /// Distinct shard file names in order of first appearance.
-    pub fn shard_names(&self) -> Vec<&str> {
+    pub(crate) fn shard_names(&self) -> Vec<&str> {
         let mut seen = std::collections::HashSet::new();
         self.weight_map.iter().map(|(_, f)| f.as_str()).filter(|f| seen.insert(*f)).collect()
     }
@@ -215,7 +215,7 @@ pub(crate) fn catalog(index_path: PathBuf) -> Result<Scan> {
 /// True when `name` names a file directly inside a folder on every OS: no separators, no
 /// drive letter, no `..`, not empty. huggingface_hub applies the same rule (parsing the value as
 /// a Windows path on every OS) before it opens a shard.
-pub fn is_plain_file_name(name: &str) -> bool {
+pub(crate) fn is_plain_file_name(name: &str) -> bool {
     !name.is_empty()
         && name != "."
         && name != ".."
@@ -227,7 +227,7 @@ pub fn is_plain_file_name(name: &str) -> bool {
 /// file pattern `{stem}{suffix}{ext}`: `model.safetensors`, `model-XXXXX-of-XXXXX.safetensors`
 /// and the `.index.json` (`stem` = `model`, `ext` = `.safetensors`; `pytorch_model` and `.bin`
 /// for torch files).
-pub fn is_managed_name(name: &str, stem: &str, ext: &str) -> bool {
+pub(crate) fn is_managed_name(name: &str, stem: &str, ext: &str) -> bool {
     let Some(rest) = name.strip_prefix(stem) else {
         return false;
     };
@@ -249,7 +249,10 @@ pub fn is_managed_name(name: &str, stem: &str, ext: &str) -> bool {
 
 /// Renders an index the way huggingface_hub writes it: `json.dump(index, indent=2)`, which
 /// escapes every non-ASCII character and has no trailing newline.
-pub fn render(metadata: &serde_json::Map<String, serde_json::Value>, weight_map: &[(String, String)]) -> Vec<u8> {
+pub(crate) fn render(
+    metadata: &serde_json::Map<String, serde_json::Value>,
+    weight_map: &[(String, String)],
+) -> Vec<u8> {
     let weight_map: serde_json::Map<String, serde_json::Value> =
         weight_map.iter().map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone()))).collect();
     let root = serde_json::json!({ "metadata": metadata, "weight_map": weight_map });

@@ -24,18 +24,18 @@ use std::path::{Path, PathBuf};
 use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
 
-use crate::shape::numel;
 use crate::catalog::{Checkpoint, Chunk, Format, Parts, Scan, SourceFile, TensorInfo};
 use crate::dtype::Dtype;
 use crate::error::{Error, IoContext, Result};
 use crate::io::{self, ReadAt};
+use crate::shape::numel;
 
 /// The largest header the `safetensors` crate accepts; we refuse the same.
-pub const MAX_HEADER_LEN: u64 = 100_000_000;
+pub(crate) const MAX_HEADER_LEN: u64 = 100_000_000;
 
 /// One tensor entry of a parsed header.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct HeaderTensor {
+pub(crate) struct HeaderTensor {
     pub name: String,
     pub dtype: Dtype,
     pub shape: Vec<u64>,
@@ -46,7 +46,7 @@ pub struct HeaderTensor {
 
 /// A validated safetensors header.
 #[derive(Clone, Debug)]
-pub struct Header {
+pub(crate) struct Header {
     /// `N`: the length of the JSON header (including any padding).
     pub header_len: u64,
     /// `__metadata__`, in file order.
@@ -57,18 +57,18 @@ pub struct Header {
 
 impl Header {
     /// Absolute offset in the file where the data buffer starts.
-    pub fn data_start(&self) -> u64 {
+    pub(crate) fn data_start(&self) -> u64 {
         8 + self.header_len
     }
 
     /// Total file length the header describes.
-    pub fn file_len(&self) -> u64 {
+    pub(crate) fn file_len(&self) -> u64 {
         self.data_start() + self.tensors.last().map_or(0, |t| t.end)
     }
 }
 
 /// Reads and validates a header from an open file of length `len`.
-pub fn read_header_from(file: &File, len: u64, path: &Path) -> Result<Header> {
+pub(crate) fn read_header_from(file: &File, len: u64, path: &Path) -> Result<Header> {
     let path_buf = || path.to_path_buf();
     if len < 8 {
         return Err(Error::HeaderTooSmall { path: path_buf(), len });
@@ -139,7 +139,7 @@ pub(crate) fn header_tensors(header: &Header, file: usize) -> Vec<TensorInfo> {
 }
 
 /// Parses and validates header JSON; everything but the file-length check.
-pub fn parse_header(json: &[u8], header_len: u64, path: &Path) -> Result<Header> {
+pub(crate) fn parse_header(json: &[u8], header_len: u64, path: &Path) -> Result<Header> {
     let bad_json = |reason: String| Error::BadHeaderJson { path: path.to_path_buf(), reason };
     let text = std::str::from_utf8(json).map_err(|e| bad_json(format!("not UTF-8 ({e})")))?;
     let entries: Entries = serde_json::from_str(text).map_err(|e| bad_json(e.to_string()))?;
@@ -265,7 +265,7 @@ impl<'de> Deserialize<'de> for Entries {
 
 /// One tensor to be written: its name, dtype, shape and byte length.
 #[derive(Clone, Debug)]
-pub struct OutTensor {
+pub(crate) struct OutTensor {
     pub name: String,
     pub dtype: Dtype,
     pub shape: Vec<u64>,
@@ -274,7 +274,7 @@ pub struct OutTensor {
 
 /// The layout of a file to write: the encoded header, and each tensor's absolute file offset.
 #[derive(Clone, Debug)]
-pub struct Layout {
+pub(crate) struct Layout {
     /// `N` as 8 little-endian bytes followed by the padded JSON header.
     pub head: Vec<u8>,
     /// Tensors in on-disk order with their absolute offsets in the file.
@@ -284,7 +284,7 @@ pub struct Layout {
 
 /// Lays out a file the way the `safetensors` crate's `serialize` does: tensors sorted by dtype
 /// (widest first) then by name, the header compact JSON padded with spaces to a multiple of 8.
-pub fn layout(mut tensors: Vec<OutTensor>, metadata: &[(String, String)], out: &Path) -> Result<Layout> {
+pub(crate) fn layout(mut tensors: Vec<OutTensor>, metadata: &[(String, String)], out: &Path) -> Result<Layout> {
     tensors.sort_by(|a, b| b.dtype.cmp(&a.dtype).then_with(|| a.name.cmp(&b.name)));
     let mut obj = serde_json::Map::new();
     if !metadata.is_empty() {

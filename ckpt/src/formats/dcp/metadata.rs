@@ -51,7 +51,7 @@ pub(crate) enum PathElem {
 }
 
 impl PathElem {
-    pub fn text(&self) -> String {
+    pub(crate) fn text(&self) -> String {
         match self {
             PathElem::Key(k) => k.clone(),
             PathElem::Index(i) => i.to_string(),

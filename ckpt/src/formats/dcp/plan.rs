@@ -21,9 +21,9 @@ use super::metadata::PathElem;
 use crate::catalog::{Chunk, SourceFile};
 use crate::dtype::Dtype;
 use crate::error::{Error, IoContext, Result};
-use crate::shape::numel;
 use crate::formats::torch::writer::{self, TorchSeal, WStorage, WTensor};
 use crate::ops::Outcome;
+use crate::shape::numel;
 use crate::write::{self, Plan, RangeCopy, TargetFile, WriteOptions};
 
 /// A tensor to write.

@@ -10,8 +10,8 @@ use crate::dtype::Dtype;
 use crate::error::{Error, Result};
 use crate::formats::torch::flatten::{self, Leaf};
 use crate::formats::torch::pickle::{self, Limits, Obj, Refusal};
-use crate::shape::{self as strided, Runs};
 use crate::formats::torch::zip;
+use crate::shape::{self as strided, Runs};
 
 /// The largest `.metadata` we read (a model with a million chunks stays well below).
 const MAX_METADATA_LEN: u64 = 1 << 30;

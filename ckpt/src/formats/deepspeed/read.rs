@@ -9,8 +9,8 @@ use crate::catalog::{Chunk, SourceFile};
 use crate::dtype::Dtype;
 use crate::error::{Error, IoContext, Result};
 use crate::formats::torch::flatten::Leaf;
-use crate::shape::numel;
 use crate::formats::torch::{self, TorchFile, TorchTensor};
+use crate::shape::numel;
 
 /// The DeepSpeed classes an optim-states file may name (see the module docs for what each is).
 pub(super) const OPTIM_CLASSES: &[&str] = &[
@@ -24,7 +24,7 @@ const MAX_WORLD: u64 = 1 << 16;
 
 /// A tensor of the checkpoint: where its row-major bytes are in the rank files.
 #[derive(Clone, Debug)]
-pub struct ZeroTensor {
+pub(crate) struct ZeroTensor {
     pub name: String,
     pub dtype: Dtype,
     pub shape: Vec<u64>,
@@ -35,7 +35,7 @@ pub struct ZeroTensor {
 /// A trainable parameter: fp32 master weights and Adam moments, each as ranges of the rank
 /// optim files.
 #[derive(Clone, Debug)]
-pub struct ZeroParam {
+pub(crate) struct ZeroParam {
     pub name: String,
     pub shape: Vec<u64>,
     /// Optimizer param group.
@@ -48,7 +48,7 @@ pub struct ZeroParam {
 /// A ZeRO checkpoint (one tag), read and validated: every range lies in its storage record, the
 /// partitions add up to the params of `param_shapes`, and every rank is present.
 #[derive(Clone, Debug)]
-pub struct ZeroCheckpoint {
+pub(crate) struct ZeroCheckpoint {
     pub(crate) tag: String,
     pub(crate) stage: u8,
     pub(crate) world: u64,
@@ -65,7 +65,7 @@ pub struct ZeroCheckpoint {
 
 /// True when `dir` looks like a DeepSpeed checkpoint: a `latest` file beside a tag folder, or a
 /// tag folder itself holding `*_optim_states.pt`.
-pub fn is_zero_checkpoint(dir: &Path) -> bool {
+pub(crate) fn is_zero_checkpoint(dir: &Path) -> bool {
     if !dir.is_dir() {
         return false;
     }
@@ -235,7 +235,7 @@ fn rank_files(dir: &Path, suffix: &str) -> Result<Vec<(u64, PathBuf)>> {
 impl ZeroCheckpoint {
     /// Opens the checkpoint in `dir` at `tag` (default: the content of `dir/latest`). `dir` may
     /// also be the tag folder itself.
-    pub fn open(dir: &Path, tag: Option<&str>) -> Result<ZeroCheckpoint> {
+    pub(crate) fn open(dir: &Path, tag: Option<&str>) -> Result<ZeroCheckpoint> {
         let (tag_dir, tag) = match tag {
             Some(t) => (dir.join(t), t.to_string()),
             None if dir.join("latest").is_file() => {

@@ -35,14 +35,14 @@ use crate::catalog::Chunk;
 use crate::dtype::Dtype;
 use crate::error::{Error, Result};
 use crate::formats::torch::flatten::Leaf;
-use crate::shape::numel;
 use crate::formats::torch::writer::{self, TorchLayout, TorchSeal, WNode, WStorage, WTensor, WValue};
 use crate::formats::torch::{self, TorchFile};
 use crate::ops::Outcome;
+use crate::shape::numel;
 use crate::write::{self, Plan, RangeCopy, TargetFile, WriteOptions};
 
 /// The file naming the universal tag, beside it.
-pub const LATEST_UNIVERSAL: &str = "latest_universal";
+pub(super) const LATEST_UNIVERSAL: &str = "latest_universal";
 
 fn refuse(dst: &Path, reason: impl Into<String>) -> Error {
     Error::BadConvert { dst: dst.to_path_buf(), reason: reason.into() }

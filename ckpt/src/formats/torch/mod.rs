@@ -53,25 +53,25 @@ pub(crate) mod torchscript;
 pub(crate) mod writer;
 pub(crate) mod zip;
 
+use crate::io::ReadAt;
 use std::collections::HashMap;
 use std::fs::File;
-use crate::io::ReadAt;
 use std::path::{Path, PathBuf};
 
 use crate::catalog::{Checkpoint, Format, Parts, Scan, SourceFile, TensorData, TensorInfo};
 use crate::dtype::Dtype;
 use crate::error::{Error, IoContext, Result};
 use crate::formats::hf_index::Index;
+use crate::shape::Runs;
 use flatten::Leaf;
 use pickle::{Limits, Obj, Refusal, StorageKind};
-use crate::shape::Runs;
 
 /// The largest `data.pkl` we read.
-pub const MAX_PICKLE_LEN: u64 = 256 << 20;
+pub(crate) const MAX_PICKLE_LEN: u64 = 256 << 20;
 /// The name huggingface_hub and transformers give an unsharded torch checkpoint.
-pub const TORCH_SINGLE_NAME: &str = "pytorch_model.bin";
+pub(crate) const TORCH_SINGLE_NAME: &str = "pytorch_model.bin";
 /// The index of a sharded torch checkpoint.
-pub const TORCH_INDEX_NAME: &str = "pytorch_model.bin.index.json";
+pub(crate) const TORCH_INDEX_NAME: &str = "pytorch_model.bin.index.json";
 
 const LEGACY_MAGIC: [u8; 10] = [0x6c, 0xfc, 0x9c, 0x46, 0xf9, 0x20, 0x6a, 0xa8, 0x50, 0x19];
 
@@ -89,7 +89,7 @@ pub(crate) struct TorchTensor {
 }
 
 impl TorchTensor {
-    pub fn runs(&self) -> Runs {
+    pub(crate) fn runs(&self) -> Runs {
         Runs::new(self.offset, &self.shape, &self.strides, self.dtype.bits() / 8)
     }
 }
@@ -371,7 +371,7 @@ fn read_legacy(file: &File, len: u64, path: &Path) -> Result<TorchFile> {
 /// Entry points for the fuzz targets (`ckpt/fuzz`): run a parser on arbitrary bytes. Never panic,
 /// whatever the input; errors are the expected outcome.
 #[doc(hidden)]
-pub mod fuzz {
+pub(crate) mod fuzz {
     use super::*;
 
     /// The restricted unpickler, then the state-dict walk.
@@ -382,7 +382,7 @@ pub mod fuzz {
     }
 
     /// The reader of a TorchScript code record's `__parameters__`/`__buffers__` declarations.
-    pub fn torchscript_code(data: &[u8]) {
+    pub(crate) fn torchscript_code(data: &[u8]) {
         if let Ok(text) = std::str::from_utf8(data) {
             let _ = torchscript::parse_code(text, "__torch__", &mut std::collections::HashMap::new());
         }

@@ -57,7 +57,7 @@ pub(crate) enum StorageKind {
 }
 
 impl StorageKind {
-    pub fn elem_bytes(self) -> u64 {
+    pub(crate) fn elem_bytes(self) -> u64 {
         match self {
             StorageKind::Typed(d) => d.bits() / 8,
             StorageKind::Untyped => 1,
@@ -188,7 +188,7 @@ pub(crate) struct Pickle {
 }
 
 impl Pickle {
-    pub fn obj(&self, v: V) -> Option<&Obj> {
+    pub(crate) fn obj(&self, v: V) -> Option<&Obj> {
         match v {
             V::Obj(i) => self.objs.get(i),
             _ => None,

@@ -185,7 +185,7 @@ impl crate::write::Seal for TorchSeal {
 impl TorchLayout {
     /// Writes the plan-time bytes of an archive that starts at byte `base` of `file` (0 for a
     /// torch file; a DCP item's offset, since zip offsets stay relative to the archive's start).
-    pub fn write_fixed_at(&self, file: &File, path: &Path, base: u64) -> Result<()> {
+    pub(crate) fn write_fixed_at(&self, file: &File, path: &Path, base: u64) -> Result<()> {
         for (at, bytes) in &self.fixed {
             file.write_all_at(bytes, base + at).at(path)?;
         }
@@ -194,7 +194,7 @@ impl TorchLayout {
 
     /// Once storages are written: computes their CRC32 from the file, writes their descriptors
     /// and the central directory, for the archive at byte `base` of `file`.
-    pub fn finish_at(&self, file: &File, path: &Path, base: u64) -> Result<()> {
+    pub(crate) fn finish_at(&self, file: &File, path: &Path, base: u64) -> Result<()> {
         let mut done = Vec::with_capacity(self.records.len());
         let mut buf = vec![0u8; 8 << 20];
         for (r, crc) in self.records.iter().zip(&self.crcs) {

@@ -80,7 +80,7 @@ fn u64_at(b: &[u8], at: usize) -> Option<u64> {
 
 impl Archive {
     /// Reads the central directory of `file` (of length `len`) and locates every payload.
-    pub fn open(file: &(impl ReadAt + ?Sized), len: u64, path: &Path) -> Result<Archive> {
+    pub(crate) fn open(file: &(impl ReadAt + ?Sized), len: u64, path: &Path) -> Result<Archive> {
         let bad = |reason: String| Error::BadZip { path: path.to_path_buf(), reason };
         let read = |off: u64, n: u64| -> Result<Vec<u8>> {
             let end = off.checked_add(n).filter(|&e| e <= len).ok_or_else(|| {
@@ -176,13 +176,13 @@ impl Archive {
         Ok(Archive { path: path.to_path_buf(), entries: located })
     }
 
-    pub fn find(&self, name: &str) -> Option<&Entry> {
+    pub(crate) fn find(&self, name: &str) -> Option<&Entry> {
         self.entries.iter().find(|e| e.name == name)
     }
 
     /// Reads a whole entry into memory, inflating it if needed, refusing anything whose declared
     /// or actual plain size exceeds `limit`.
-    pub fn read_entry(&self, file: &(impl ReadAt + ?Sized), entry: &Entry, limit: u64) -> Result<Vec<u8>> {
+    pub(crate) fn read_entry(&self, file: &(impl ReadAt + ?Sized), entry: &Entry, limit: u64) -> Result<Vec<u8>> {
         let too_big =
             |size: u64| Error::RecordTooLarge { path: self.path.clone(), record: entry.name.clone(), size, limit };
         if entry.size > limit {
