@@ -211,6 +211,8 @@ pub struct Checkpoint {
     pub(crate) world_size: Option<u64>,
     /// For DeepSpeed checkpoints: the ZeRO stage.
     pub(crate) zero_stage: Option<u8>,
+    /// Every file the source consists of, which no operation may write, replace or delete.
+    pub(crate) members: Vec<PathBuf>,
     /// What the format keeps of its source for the operations that are more than copying the
     /// catalog (resharding, the ZeRO optimizer states). Only the format that put it there looks
     /// inside, so the catalog need not know the formats' types.
@@ -232,6 +234,9 @@ pub(crate) struct Parts {
     pub world_size: Option<u64>,
     pub zero_stage: Option<u8>,
     pub detail: Option<Detail>,
+    /// Files the source consists of beyond its data files and root (`.metadata`, `latest`,
+    /// helper files).
+    pub members: Vec<PathBuf>,
 }
 
 impl Parts {
@@ -246,6 +251,7 @@ impl Parts {
             world_size: None,
             zero_stage: None,
             detail: None,
+            members: Vec::new(),
         }
     }
 }
@@ -301,7 +307,16 @@ impl Checkpoint {
                 }
             }
         }
+        // Data files, the root, what the reader named, and a checksum manifest beside the root.
+        let mut members: Vec<PathBuf> = p.files.iter().map(|f| f.path.clone()).collect();
+        members.push(p.root.clone());
+        let folder = if p.root.is_dir() { Some(p.root.as_path()) } else { p.root.parent() };
+        if let Some(manifest) = folder.map(|d| d.join(crate::manifest::MANIFEST_NAME)).filter(|m| m.is_file()) {
+            members.push(manifest);
+        }
+        members.extend(p.members);
         Ok(Checkpoint {
+            members,
             format: p.format,
             root: p.root,
             files: p.files,
@@ -312,6 +327,12 @@ impl Checkpoint {
             zero_stage: p.zero_stage,
             detail: p.detail,
         })
+    }
+
+    /// Every file the checkpoint consists of (data files, index or metadata, manifests, helper
+    /// files): no operation writes, replaces or deletes any of them.
+    pub fn members(&self) -> &[PathBuf] {
+        &self.members
     }
 
     /// The format it was read as.

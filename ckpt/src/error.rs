@@ -91,6 +91,12 @@ pub enum Error {
     #[error("`{path}` is the source, refusing to overwrite it")]
     OutputIsSource { path: PathBuf },
 
+    #[error("{path}: is {kind}, not a regular file; refusing to read it")]
+    NotARegularFile { path: PathBuf, kind: &'static str },
+
+    #[error("`{path}` is a symlink that was not named as the output, refusing to replace it")]
+    PlantedLink { path: PathBuf },
+
     #[error("shards disagree on `__metadata__` key `{key}`: {first:?} in {first_file}, {second:?} in {second_file}")]
     MetadataConflict { key: String, first: String, first_file: PathBuf, second: String, second_file: PathBuf },
 

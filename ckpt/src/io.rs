@@ -58,8 +58,39 @@ pub(crate) fn map(file: &File, path: &Path) -> Result<MappedFile> {
     MappedFile::open(file).at(path)
 }
 
-/// Opens `path` for reading.
+/// The regular files directly inside `dir`, sorted.
+pub(crate) fn regular_files(dir: &Path) -> Result<Vec<PathBuf>> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).at(dir)? {
+        let entry = entry.at(dir)?;
+        if entry.file_type().at(entry.path())?.is_file() {
+            out.push(entry.path());
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// Opens `path` for reading, refusing anything but a regular file (after links) before it is
+/// opened: opening a FIFO or a device planted in place of a shard would block forever or read
+/// without end.
 pub(crate) fn open(path: &Path) -> Result<File> {
+    use std::os::unix::fs::FileTypeExt;
+    let kind = std::fs::metadata(path).at(path)?.file_type();
+    if !kind.is_file() {
+        let what = if kind.is_dir() {
+            "a folder"
+        } else if kind.is_fifo() {
+            "a FIFO"
+        } else if kind.is_socket() {
+            "a socket"
+        } else if kind.is_block_device() || kind.is_char_device() {
+            "a device"
+        } else {
+            "not a regular file"
+        };
+        return Err(Error::NotARegularFile { path: path.to_path_buf(), kind: what });
+    }
     File::open(path).at(path)
 }
 

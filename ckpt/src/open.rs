@@ -39,7 +39,11 @@ pub(crate) fn detect(src: &str) -> Result<(Format, PathBuf)> {
 }
 
 fn detect_path(path: &Path) -> Result<(Format, PathBuf)> {
-    std::fs::metadata(path).at(path)?;
+    let meta = std::fs::metadata(path).at(path)?;
+    if !meta.is_file() && !meta.is_dir() {
+        // A FIFO, socket or device: the one check that refuses it by name, before any open.
+        crate::io::open(path)?;
+    }
     for (format, detect) in formats::DETECTORS {
         if let Some(root) = detect(path)? {
             return Ok((*format, root));

@@ -156,8 +156,10 @@ pub fn merge(ck: &Checkpoint, out: &Path, options: &MergeOptions, opts: &WriteOp
         outcome.tensors += moments.len();
         outcome.bytes += moments.iter().map(TensorInfo::byte_len).sum::<u64>();
     }
-    plan.protected.push(ck.root.clone());
-    write::execute(&plan, &ck.files, opts)?;
+    if let Dest::File(p) = &dest {
+        plan.named.push(p.clone());
+    }
+    write::execute(&plan, ck, opts)?;
     outcome.files = files;
     Ok(outcome)
 }
@@ -176,8 +178,10 @@ fn write_state_dict(
         TargetFormat::Torch => plan::torch(outs, &ck.values, meta, dest, &mut plan)?,
         _ => plan::safetensors(outs, meta, dest, &mut plan)?,
     };
-    plan.protected.push(ck.root.clone());
-    write::execute(&plan, &ck.files, opts)?;
+    if let Dest::File(p) = dest {
+        plan.named.push(p.clone());
+    }
+    write::execute(&plan, ck, opts)?;
     let mut files = placed.files;
     files.extend(placed.index);
     Ok(Outcome { files, tensors: outs.len(), bytes: placed.bytes, ..Outcome::default() })
@@ -305,7 +309,7 @@ fn name_of(f: TargetFormat) -> &'static str {
 /// universal checkpoint, which DeepSpeed loads with `load_universal` on any world size.
 pub fn reshard(ck: &Checkpoint, out: &Path, world_size: u64, opts: &WriteOptions<'_>) -> Result<Outcome> {
     if let Some(z) = ck.detail::<deepspeed::ZeroCheckpoint>() {
-        return deepspeed::reshard(z, out, world_size, opts);
+        return deepspeed::reshard(ck, z, out, world_size, opts);
     }
     match ck.detail::<dcp::DcpSource>() {
         Some(_) => dcp::write(ck, out, world_size, opts),

@@ -12,13 +12,14 @@
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::os::unix::fs::FileExt;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use rayon::prelude::*;
 
 use crate::cast::cast_into;
-use crate::catalog::{SourceFile, TensorData, TensorInfo};
+use crate::catalog::{Checkpoint, TensorData, TensorInfo};
 use crate::dtype::Dtype;
 use crate::error::{Error, IoContext, Result};
 use crate::io::Sources;
@@ -91,9 +92,12 @@ pub(crate) struct Plan {
     /// Files to delete before the new ones take their place (a previous checkpoint's index and
     /// shards). Deleted in order, so put the index first.
     pub stale: Vec<PathBuf>,
-    /// Paths besides the source files that the plan must neither write nor delete (the index or
-    /// metadata a source was opened from).
+    /// Every file the source consists of (data files, indexes, `.metadata`, `latest`,
+    /// manifests, helper files): the plan must neither write, replace nor delete any of them.
     pub protected: Vec<PathBuf>,
+    /// Outputs the user named: the only paths that may be replaced even when they are symlinks
+    /// (replacing the link, never writing through it).
+    pub named: Vec<PathBuf>,
 }
 
 impl Plan {
@@ -138,14 +142,19 @@ const WINDOW: u64 = 8 << 20;
 
 /// Runs `plan`, reading from `sources`. On error, no target or temporary is left behind and
 /// nothing that existed before is touched.
-pub(crate) fn execute(plan: &Plan, sources: &[SourceFile], opts: &WriteOptions<'_>) -> Result<()> {
-    refuse_overwriting_sources(plan, sources)?;
+pub(crate) fn execute(plan: &Plan, source: &Checkpoint, opts: &WriteOptions<'_>) -> Result<()> {
+    refuse_overwriting_sources(plan, source)?;
+    let sources = source.files();
+    // A folder the plan creates is built under a temporary name and renamed into place once
+    // everything in it is complete, so a failure or a kill never leaves half of one behind.
+    let stage = Stage::new(plan)?;
     let mut temps = TempSet::default();
     for t in &plan.targets {
-        if let Some(dir) = t.path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        let path = stage.place(&t.path);
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir).at(dir)?;
         }
-        temps.create(&t.path)?;
+        temps.create(&path)?;
     }
     let srcs = Sources::open(sources.iter().map(|s| s.path.as_path()))?;
 
@@ -216,20 +225,131 @@ pub(crate) fn execute(plan: &Plan, sources: &[SourceFile], opts: &WriteOptions<'
         }
     }
     for (t, (tmp, _)) in plan.targets.iter().zip(&temps.files) {
-        std::fs::rename(tmp, &t.path).at(&t.path)?;
+        let path = stage.place(&t.path);
+        refuse_planted_link(&path, plan)?;
+        std::fs::rename(tmp, &path).at(&path)?;
     }
     temps.files.clear();
-    for (path, bytes) in &trailers {
-        write_atomic(path, bytes)?;
+    // Trailers inside a staged folder are part of it; the ones outside (a `latest` pointer)
+    // follow once it is in place, the commit marker last.
+    let (inside, outside): (Vec<_>, Vec<_>) = trailers.iter().partition(|(p, _)| stage.contains(p));
+    for (path, bytes) in inside {
+        write_atomic(&stage.place(path), bytes, plan)?;
     }
-    let mut dirs: Vec<&Path> = plan.targets.iter().filter_map(|t| t.path.parent()).collect();
-    dirs.extend(trailers.iter().filter_map(|(p, _)| p.parent()));
+    let mut dirs: Vec<PathBuf> =
+        plan.targets.iter().filter_map(|t| stage.place(&t.path).parent().map(Path::to_path_buf)).collect();
     dirs.sort();
     dirs.dedup();
-    for d in dirs {
+    for d in &dirs {
         sync_dir(d)?;
     }
+    stage.commit()?;
+    for (path, bytes) in outside {
+        write_atomic(path, bytes, plan)?;
+    }
     Ok(())
+}
+
+/// A folder that does not exist yet, built as `.<name>.<random>.tmp` beside it.
+#[derive(Debug, Default)]
+struct Stage {
+    /// `(final, temporary)`; `None` when every output folder already exists.
+    dirs: Option<(PathBuf, PathBuf)>,
+}
+
+impl Stage {
+    /// The one topmost missing folder that holds every output, if there is one.
+    fn new(plan: &Plan) -> Result<Stage> {
+        let outputs =
+            plan.targets.iter().map(|t| t.path.as_path()).chain(plan.trailers.iter().map(|(p, _)| p.as_path()));
+        let mut missing: Option<PathBuf> = None;
+        for out in outputs {
+            let mut top = None;
+            let mut dir = out.parent();
+            while let Some(d) = dir.filter(|d| !d.as_os_str().is_empty()) {
+                if std::fs::symlink_metadata(d).is_ok() {
+                    break;
+                }
+                top = Some(d.to_path_buf());
+                dir = d.parent();
+            }
+            match (&missing, top) {
+                (_, None) => {}
+                (None, Some(t)) => missing = Some(t),
+                (Some(m), Some(t)) if *m == t => {}
+                // Outputs spread over several new folders: created in place (not staged).
+                (Some(_), Some(_)) => return Ok(Stage::default()),
+            }
+        }
+        // Only worth staging when every target is inside it (trailers outside may follow).
+        let Some(dir) = missing.filter(|m| plan.targets.iter().all(|t| t.path.starts_with(m))) else {
+            return Ok(Stage::default());
+        };
+        let parent = dir.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        std::fs::create_dir_all(parent).at(parent)?;
+        let tmp = parent.join(format!(".{}.{}.tmp", file_name(&dir), random_hex()));
+        std::fs::create_dir(&tmp).at(&tmp)?;
+        Ok(Stage { dirs: Some((dir, tmp)) })
+    }
+
+    fn contains(&self, path: &Path) -> bool {
+        self.dirs.as_ref().is_some_and(|(dir, _)| path.starts_with(dir))
+    }
+
+    /// Where `path` is written while the plan runs.
+    fn place(&self, path: &Path) -> PathBuf {
+        match &self.dirs {
+            Some((dir, tmp)) => path.strip_prefix(dir).map_or_else(|_| path.to_path_buf(), |rest| tmp.join(rest)),
+            None => path.to_path_buf(),
+        }
+    }
+
+    /// Renames the finished folder into place (refusing if something appeared there meanwhile).
+    fn commit(mut self) -> Result<()> {
+        let Some((dir, tmp)) = self.dirs.take() else { return Ok(()) };
+        sync_dir(&tmp)?;
+        if std::fs::symlink_metadata(&dir).is_ok() {
+            let _ = std::fs::remove_dir_all(&tmp);
+            return Err(Error::Io {
+                path: dir,
+                source: std::io::Error::new(std::io::ErrorKind::AlreadyExists, "appeared while the output was written"),
+            });
+        }
+        std::fs::rename(&tmp, &dir).at(&dir)?;
+        sync_dir(dir.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new(".")))
+    }
+}
+
+impl Drop for Stage {
+    fn drop(&mut self) {
+        if let Some((_, tmp)) = self.dirs.take() {
+            let _ = std::fs::remove_dir_all(tmp);
+        }
+    }
+}
+
+/// Refuses to rename over a symlink the user did not name as the output: someone who can write
+/// to the output folder could plant one there to make us replace a file elsewhere's name.
+fn refuse_planted_link(path: &Path, plan: &Plan) -> Result<()> {
+    let is_link = std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink());
+    if is_link && !plan.named.iter().any(|n| n == path) {
+        return Err(Error::PlantedLink { path: path.to_path_buf() });
+    }
+    Ok(())
+}
+
+/// 64 random bits as hex, from the kernel: temporary names nobody can predict.
+fn random_hex() -> String {
+    let mut b = [0u8; 8];
+    let ok = File::open("/dev/urandom").and_then(|f| std::io::Read::read_exact(&mut &f, &mut b)).is_ok();
+    if !ok {
+        // No /dev/urandom (a sandbox): std's per-process random hash keys still differ per run.
+        use std::hash::{BuildHasher, Hasher};
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u32(std::process::id());
+        b = h.finish().to_le_bytes();
+    }
+    b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
 /// Reads a gathered tensor run by run into a bounded window, casts each full window and writes
@@ -341,16 +461,13 @@ fn mapped_copy(
     Ok(())
 }
 
-/// Refuses a plan that would replace or delete what it reads: writing a checkpoint over its own
-/// source files would destroy them mid-read. Paths are compared after resolving links.
-fn refuse_overwriting_sources(plan: &Plan, sources: &[SourceFile]) -> Result<()> {
+/// Refuses a plan that would write, replace or delete any file of its source: writing a
+/// checkpoint over its own files would destroy them mid-read. Paths are compared after
+/// resolving links.
+fn refuse_overwriting_sources(plan: &Plan, source: &Checkpoint) -> Result<()> {
     let canon = |p: &Path| std::fs::canonicalize(p).ok();
-    let read: Vec<PathBuf> = sources
-        .iter()
-        .map(|s| s.path.as_path())
-        .chain(plan.protected.iter().map(PathBuf::as_path))
-        .filter_map(canon)
-        .collect();
+    let read: std::collections::HashSet<PathBuf> =
+        source.members().iter().chain(&plan.protected).filter_map(|p| canon(p)).collect();
     let written = plan.targets.iter().map(|t| &t.path).chain(&plan.stale).chain(plan.trailers.iter().map(|(p, _)| p));
     for out in written {
         if canon(out).is_some_and(|c| read.contains(&c)) {
@@ -385,13 +502,14 @@ pub(crate) fn stale_files(
 }
 
 /// Writes `bytes` to `path` atomically: temp beside it, fsync, rename, fsync the folder.
-pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+fn write_atomic(path: &Path, bytes: &[u8], plan: &Plan) -> Result<()> {
     let mut temps = TempSet::default();
     temps.create(path)?;
     let (tmp, f) = &mut temps.files[0];
     let tmp = tmp.clone();
     f.write_all(bytes).at(&tmp)?;
     f.sync_all().at(&tmp)?;
+    refuse_planted_link(path, plan)?;
     std::fs::rename(&tmp, path).at(path)?;
     temps.files.clear();
     if let Some(dir) = path.parent() {
@@ -416,15 +534,33 @@ struct TempSet {
 }
 
 impl TempSet {
-    /// Creates `.<name>.tmp.<pid>` beside `target`. The leading dot and the `.tmp.` suffix keep
-    /// it from ever matching a checkpoint file name.
+    /// Creates `.<name>.<random>.tmp` beside `target`, exclusively and without following a
+    /// link: a name nobody can predict, and nothing planted there is ever written through. The
+    /// leading dot and the `.tmp` suffix keep it from ever matching a checkpoint file name.
     fn create(&mut self, target: &Path) -> Result<()> {
         let name = file_name(target);
-        let tmp = target.with_file_name(format!(".{name}.tmp.{}", std::process::id()));
-        // Readable too: finishing a target may read back what was copied (torch CRCs).
-        let f = OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&tmp).at(&tmp)?;
-        self.files.push((tmp, f));
-        Ok(())
+        let mut last = None;
+        for _ in 0..8 {
+            let tmp = target.with_file_name(format!(".{name}.{}.tmp", random_hex()));
+            // Readable too: finishing a target may read back what was copied (torch CRCs).
+            let opened = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create_new(true)
+                .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+                .mode(0o644)
+                .open(&tmp);
+            match opened {
+                Ok(f) => {
+                    self.files.push((tmp, f));
+                    return Ok(());
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => last = Some((tmp, e)),
+                Err(e) => return Err(Error::Io { path: tmp, source: e }),
+            }
+        }
+        let (path, source) = last.unwrap_or_else(|| (target.to_path_buf(), std::io::ErrorKind::AlreadyExists.into()));
+        Err(Error::Io { path, source })
     }
 }
 

@@ -97,6 +97,7 @@ pub(crate) fn catalog(dir: PathBuf) -> Result<Scan> {
     let mut parts = Parts::new(Format::Dcp, dir, files, tensors);
     parts.values = values;
     parts.world_size = Some(dcp.files.len() as u64);
+    parts.members = crate::io::regular_files(&parts.root)?;
     parts.detail = Some(Arc::new(dcp));
     Ok(Scan::clean(Checkpoint::new(parts)?))
 }
@@ -148,7 +149,7 @@ pub(crate) fn write(ck: &Checkpoint, out: &Path, world_size: u64, opts: &WriteOp
             .collect();
         let values: Vec<SrcBytes> =
             dcp.bytes.iter().map(|b| SrcBytes { key: b.key.clone(), path: b.path.clone(), chunk: b.chunk }).collect();
-        return plan::write_dcp(&dcp.files, &tensors, &values, out, world_size, opts);
+        return plan::write_dcp(ck, &tensors, &values, out, world_size, opts);
     }
     let mut tensors = Vec::with_capacity(ck.tensors.len());
     for t in &ck.tensors {
@@ -163,5 +164,5 @@ pub(crate) fn write(ck: &Checkpoint, out: &Path, world_size: u64, opts: &WriteOp
             sharded: !t.shape.is_empty(),
         });
     }
-    plan::write_dcp(&ck.files, &tensors, &[], out, world_size, opts)
+    plan::write_dcp(ck, &tensors, &[], out, world_size, opts)
 }

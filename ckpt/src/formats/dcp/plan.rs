@@ -18,7 +18,7 @@ use std::path::Path;
 
 use super::encode::{self, OutChunk, OutItem, OutKind};
 use super::metadata::PathElem;
-use crate::catalog::{Chunk, SourceFile};
+use crate::catalog::{Checkpoint, Chunk};
 use crate::dtype::Dtype;
 use crate::error::{Error, IoContext, Result};
 use crate::formats::torch::writer::{self, TorchSeal, WStorage, WTensor};
@@ -54,7 +54,7 @@ enum Placement {
 
 /// Writes `tensors` and `values` (reading from `files`) as a DCP folder `out` for `world` ranks.
 pub(crate) fn write_dcp(
-    files: &[SourceFile],
+    ck: &Checkpoint,
     tensors: &[SrcTensor],
     values: &[SrcBytes],
     out: &Path,
@@ -186,7 +186,7 @@ pub(crate) fn write_dcp(
     )?;
     plan.trailers.push((meta_path.clone(), encode::encode(&items, &abs, &encode::uuid4())));
 
-    write::execute(&plan, files, opts)?;
+    write::execute(&plan, ck, opts)?;
     let mut written = plan.outputs();
     written.retain(|p| p != &meta_path);
     written.push(meta_path);

@@ -104,6 +104,11 @@ pub(crate) fn catalog(dir: PathBuf, tag: Option<&str>) -> Result<Scan> {
     }
     let mut parts = Parts::new(Format::DeepSpeed, dir, files, tensors);
     parts.world_size = Some(zero.world);
+    // `latest`, DeepSpeed's `zero_to_fp32.py` beside it, and every file of the tag folder.
+    parts.members = crate::io::regular_files(&parts.root)?;
+    if let Some(tag_dir) = zero.files.first().and_then(|f| f.path.parent()).filter(|d| *d != parts.root) {
+        parts.members.extend(crate::io::regular_files(tag_dir)?);
+    }
     parts.zero_stage = Some(zero.stage);
     parts.detail = Some(Arc::new(zero));
     Ok(Scan::clean(Checkpoint::new(parts)?))
@@ -121,6 +126,12 @@ pub(crate) fn moments(zero: &ZeroCheckpoint) -> Vec<TensorInfo> {
 }
 
 /// Writes the checkpoint as DeepSpeed's universal checkpoint for `world_size` ranks.
-pub(crate) fn reshard(zero: &ZeroCheckpoint, out: &Path, world_size: u64, opts: &WriteOptions<'_>) -> Result<Outcome> {
-    universal::reshard_zero(zero, out, world_size, opts)
+pub(crate) fn reshard(
+    source: &Checkpoint,
+    zero: &ZeroCheckpoint,
+    out: &Path,
+    world_size: u64,
+    opts: &WriteOptions<'_>,
+) -> Result<Outcome> {
+    universal::reshard_zero(source, zero, out, world_size, opts)
 }

@@ -31,7 +31,7 @@
 use std::path::{Path, PathBuf};
 
 use super::read::{ZeroCheckpoint, OPTIM_CLASSES};
-use crate::catalog::Chunk;
+use crate::catalog::{Checkpoint, Chunk};
 use crate::dtype::Dtype;
 use crate::error::{Error, Result};
 use crate::formats::torch::flatten::Leaf;
@@ -132,7 +132,13 @@ fn scalar(f: &TorchFile, key: &str) -> Result<Chunk> {
 
 /// Writes `ck` as a universal checkpoint under `out` for resuming on `world` ranks (any world
 /// size loads the same files; `world` is checked, not encoded).
-pub(crate) fn reshard_zero(ck: &ZeroCheckpoint, out: &Path, world: u64, opts: &WriteOptions<'_>) -> Result<Outcome> {
+pub(crate) fn reshard_zero(
+    source: &Checkpoint,
+    ck: &ZeroCheckpoint,
+    out: &Path,
+    world: u64,
+    opts: &WriteOptions<'_>,
+) -> Result<Outcome> {
     if world == 0 {
         return Err(refuse(out, "`--world-size` must be at least 1"));
     }
@@ -257,7 +263,7 @@ pub(crate) fn reshard_zero(ck: &ZeroCheckpoint, out: &Path, world: u64, opts: &W
     TorchTarget { path, layout, sources }.push(&mut plan);
 
     plan.trailers.push((latest.clone(), tag.into_bytes()));
-    write::execute(&plan, &ck.files, opts)?;
+    write::execute(&plan, source, opts)?;
     let mut files: Vec<PathBuf> = plan.targets.iter().map(|t| t.path.clone()).collect();
     files.push(latest);
     Ok(Outcome { files, tensors: ck.params.len(), bytes, world_size: Some(world), ..Outcome::default() })
