@@ -10,7 +10,8 @@
 //! - [`Fsdp2`]: FSDP2 / DTensor `Shard(0)`, one local tensor per parameter, `torch.chunk` rules
 //!   (`ceil(n / world)` rows per rank, trailing ranks may hold less or nothing);
 //! - [`Fsdp1Flat`]: FSDP1 flat parameters, flattened in registration order, padded to a multiple
-//!   of the world size and cut into equal chunks;
+//!   of the world size and cut into equal chunks; with `use_orig_params=True` every parameter is
+//!   also aligned to 16 bytes by padding entries before it ([`Fsdp1Flat::with_alignment`]);
 //! - [`Zero12`]: DeepSpeed ZeRO stage 1/2 flat groups, optional per-parameter alignment padding,
 //!   each group padded to a multiple of `2 × world` and cut into equal partitions;
 //! - [`Zero3`]: DeepSpeed ZeRO stage 3, each parameter cut into `ceil(numel / world)` pieces,
@@ -24,7 +25,7 @@ mod layout;
 mod reshard;
 mod zero;
 
-pub use fsdp::{chunk_rows, FlatParamInfo, Fsdp1Flat, Fsdp2};
+pub use fsdp::{chunk_rows, FlatEntry, FlatParamInfo, Fsdp1Flat, Fsdp2};
 pub use layout::{Layout, LayoutError, Piece, TensorSpec};
 pub use reshard::{reshard, RangeCopy};
 pub use zero::{Zero12, Zero3};

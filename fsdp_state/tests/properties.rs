@@ -2,7 +2,7 @@
 //! slots without overlapping, and resharding N → M → N is the identity.
 #![allow(clippy::unwrap_used)]
 
-use fsdp_state::{reshard, Fsdp1Flat, Fsdp2, Layout, TensorSpec, Zero12, Zero3};
+use fsdp_state::{reshard, FlatEntry, Fsdp1Flat, Fsdp2, Layout, TensorSpec, Zero12, Zero3};
 use proptest::prelude::*;
 
 fn specs() -> impl Strategy<Value = Vec<TensorSpec>> {
@@ -14,6 +14,8 @@ fn specs() -> impl Strategy<Value = Vec<TensorSpec>> {
 enum Kind {
     Fsdp2,
     Fsdp1,
+    /// FSDP1 with `use_orig_params=True`: parameters aligned to this many elements.
+    Fsdp1Aligned(u64),
     Zero12,
     Zero3,
 }
@@ -23,6 +25,7 @@ fn build(kind: Kind, tensors: &[TensorSpec], world: u64) -> Box<dyn Layout> {
     match kind {
         Kind::Fsdp2 => Box::new(Fsdp2::new(t, world).unwrap()),
         Kind::Fsdp1 => Box::new(Fsdp1Flat::new(t, world).unwrap()),
+        Kind::Fsdp1Aligned(aligned_numel) => Box::new(Fsdp1Flat::with_alignment(t, world, aligned_numel).unwrap()),
         Kind::Zero12 => {
             // Two groups: even and odd tensors, with some alignment padding in the first.
             let even: Vec<usize> = (0..t.len()).step_by(2).collect();
@@ -35,7 +38,19 @@ fn build(kind: Kind, tensors: &[TensorSpec], world: u64) -> Box<dyn Layout> {
 }
 
 fn kind() -> impl Strategy<Value = Kind> {
-    prop_oneof![Just(Kind::Fsdp2), Just(Kind::Fsdp1), Just(Kind::Zero12), Just(Kind::Zero3)]
+    prop_oneof![
+        Just(Kind::Fsdp2),
+        Just(Kind::Fsdp1),
+        aligned_numel().prop_map(Kind::Fsdp1Aligned),
+        Just(Kind::Zero12),
+        Just(Kind::Zero3),
+    ]
+}
+
+/// FSDP1's alignments for 1-, 2-, 4- and 8-byte dtypes, and 3, which divides neither the
+/// others nor most world sizes.
+fn aligned_numel() -> impl Strategy<Value = u64> {
+    prop_oneof![Just(16u64), Just(8), Just(4), Just(2), Just(1), Just(3)]
 }
 
 /// Fills each rank's slots from the global tensors (element value = a tag of tensor and index),
@@ -99,6 +114,56 @@ proptest! {
         prop_assert_eq!(&there, &scatter(to.as_ref()), "N → M gives the M layout");
         let back = apply(&reshard(to.as_ref(), from.as_ref()).unwrap(), &there, from.as_ref());
         prop_assert_eq!(back, original);
+    }
+}
+
+proptest! {
+    /// The FSDP1 metadata agrees with itself in both layouts: entries follow each other without
+    /// gaps, aligned parameters start on their alignment, the aligned flat parameter divides by
+    /// the world size so no shard is padded, and parameter pieces plus padding tile every shard.
+    #[test]
+    fn fsdp1_entries_and_padding_tile_the_flat_parameter(
+        tensors in specs(),
+        world in 1u64..9,
+        aligned_numel in prop_oneof![Just(0u64), aligned_numel()],
+    ) {
+        let l = Fsdp1Flat::with_alignment(tensors.clone(), world, aligned_numel).unwrap();
+        let mut offset = 0u64;
+        let mut params = l.params().iter();
+        for e in l.entries() {
+            if let FlatEntry::Param { tensor, numel } = *e {
+                let p = params.next().unwrap();
+                prop_assert_eq!((p.offset, p.numel), (offset, numel));
+                prop_assert_eq!(&p.name, &tensors[tensor].name);
+                if aligned_numel > 0 {
+                    prop_assert_eq!(offset % aligned_numel, 0, "parameter `{}` misaligned", p.name);
+                }
+            } else {
+                prop_assert!(aligned_numel > 0 && e.numel() > 0, "padding entry {e:?} without alignment");
+            }
+            offset += e.numel();
+        }
+        prop_assert!(params.next().is_none());
+        prop_assert_eq!(l.unsharded_len(), offset);
+        prop_assert_eq!(l.chunk_len(), offset.div_ceil(world));
+        if aligned_numel > 0 {
+            prop_assert_eq!(offset % world, 0);
+            prop_assert!((0..world).all(|r| l.shard_numel_padded(r) == Some(0)));
+        }
+        let padded: u64 = (0..world).map(|r| l.shard_numel_padded(r).unwrap()).sum();
+        prop_assert_eq!(offset + padded, l.chunk_len() * world);
+        for r in 0..world {
+            let mut runs: Vec<(u64, u64)> = l.pieces(r).iter().map(|p| (p.local, p.local + p.len())).collect();
+            runs.extend(l.padding(r).into_iter().map(|x| (x.start, x.end)));
+            runs.retain(|(s, e)| s < e);
+            runs.sort_unstable();
+            let mut at = 0;
+            for (s, e) in runs {
+                prop_assert_eq!(s, at, "rank {}: gap or overlap in the shard", r);
+                at = e;
+            }
+            prop_assert_eq!(at, l.chunk_len(), "rank {}: shard not covered", r);
+        }
     }
 }
 

@@ -12,7 +12,7 @@
 
 use std::path::PathBuf;
 
-use fsdp_state::{chunk_rows, Fsdp1Flat, Fsdp2, Layout, Piece, TensorSpec, Zero12, Zero3};
+use fsdp_state::{chunk_rows, FlatEntry, Fsdp1Flat, Fsdp2, Layout, Piece, TensorSpec, Zero12, Zero3};
 use serde_json::Value;
 
 fn root() -> PathBuf {
@@ -105,12 +105,15 @@ fn fsdp2(case: &str) {
 }
 
 /// FSDP1: each FSDP unit's flat parameter, built by `Fsdp1Flat` from the unit's parameters in
-/// the order FSDP flattened them, has the same shard size, parameter offsets, unpadded length
-/// and per-rank pieces as the `FlatParameter` (`_shard_param_infos`) and its shard's contents.
+/// the order FSDP flattened them (aligned for the unit's dtype when `use_orig_params=True`), has
+/// the same entries (`_numels_with_padding`, `_is_padding_mask`), unsharded length, shard size,
+/// shard padding, parameter offsets and per-rank pieces as the `FlatParameter`
+/// (`_shard_param_infos`) and its shard's contents.
 fn fsdp1(case: &str) {
     let fixture = load(case);
     let world = u(&fixture["world"]);
     let all = tensors(&fixture);
+    let orig_params = fixture["spec"]["use_orig_params"].as_bool().unwrap();
     let first = &fixture["ranks"][0]["units"];
     for (unit_index, unit0) in first.as_array().unwrap().iter().enumerate() {
         let module = unit0["module"].as_str().unwrap();
@@ -121,8 +124,28 @@ fn fsdp1(case: &str) {
             .map(|p| TensorSpec::new(p["name"].as_str().unwrap(), u64s(&p["shape"])))
             .collect();
         let global: Vec<usize> = unit_tensors.iter().map(|t| index_of(&all, &t.name)).collect();
-        let layout = Fsdp1Flat::new(unit_tensors.clone(), world).unwrap();
         let at = format!("{case}: flat parameter of `{module}`");
+        // FSDP aligns only with `use_orig_params=True`, by the itemsize of its compute dtype.
+        let aligned_numel = if orig_params { Fsdp1Flat::aligned_numel_for(u(&unit0["itemsize"])).unwrap() } else { 0 };
+        assert_eq!(aligned_numel, u(&unit0["aligned_numel"]), "{at} ({}): `_aligned_numel`", unit0["dtype"]);
+        let layout = Fsdp1Flat::with_alignment(unit_tensors.clone(), world, aligned_numel).unwrap();
+
+        let entries: Vec<(u64, bool)> = layout.entries().iter().map(|e| (e.numel(), e.is_padding())).collect();
+        let torch_entries: Vec<(u64, bool)> = u64s(&unit0["numels_with_padding"])
+            .into_iter()
+            .zip(unit0["is_padding_mask"].as_array().unwrap().iter().map(|p| p.as_bool().unwrap()))
+            .collect();
+        assert_eq!(entries, torch_entries, "{at}: `_numels_with_padding` and `_is_padding_mask`");
+        let order: Vec<usize> = layout
+            .entries()
+            .iter()
+            .filter_map(|e| match e {
+                FlatEntry::Param { tensor, .. } => Some(*tensor),
+                FlatEntry::Padding { .. } => None,
+            })
+            .collect();
+        assert_eq!(order, (0..unit_tensors.len()).collect::<Vec<_>>(), "{at}: parameters in order");
+        assert_eq!(layout.unsharded_len(), u(&unit0["unpadded_unsharded_numel"]), "{at}: unsharded numel");
 
         // Where FSDP put each parameter in the unsharded flat vector: the running sum of
         // `_numels_with_padding`, skipping the entries `_is_padding_mask` marks as padding.
@@ -146,6 +169,7 @@ fn fsdp1(case: &str) {
             let at = format!("{at}, rank {rank}");
             assert_eq!(layout.chunk_len(), u(&unit["sharded_numel"]), "{at}: shard numel");
             assert_eq!(layout.slot_lens(rank), vec![u(&unit["sharded_numel"])], "{at}");
+            assert_eq!(layout.shard_numel_padded(rank), Some(u(&unit["shard_numel_padded"])), "{at}: shard padding");
             let pieces = layout.pieces(rank);
             let from_infos: Vec<_> = unit["shard_param_infos"]
                 .as_array()
@@ -163,6 +187,16 @@ fn fsdp1(case: &str) {
             assert_eq!(triples(&pieces), from_infos, "{at}: `_shard_param_infos`");
             let held = holds(&unit["holds"], |t| global.iter().position(|&g| g == t).unwrap());
             assert_eq!(triples(&pieces), held, "{at}: elements held");
+            // What the shard holds besides parameter elements is what `padding` says.
+            let mut free = vec![true; layout.chunk_len() as usize];
+            for (_, elems, local) in &held {
+                free[*local as usize..(*local + elems.end - elems.start) as usize].fill(false);
+            }
+            let mut ours = vec![false; free.len()];
+            for r in layout.padding(rank) {
+                ours[r.start as usize..r.end as usize].fill(true);
+            }
+            assert_eq!(ours, free, "{at}: padding in the shard");
         }
     }
 }
@@ -300,6 +334,12 @@ cases!(
         fsdp1_flat_tiny_w2,
         fsdp1_flat_tiny_w3,
         fsdp1_flat_tiny_w4,
+        fsdp1_orig_awkward_w2,
+        fsdp1_orig_awkward_w3,
+        fsdp1_orig_awkward_w4,
+        fsdp1_orig_tiny_w2,
+        fsdp1_orig_tiny_w3,
+        fsdp1_orig_tiny_w4,
     ],
     zero12: [
         zero1_awkward_w2,
@@ -325,42 +365,6 @@ cases!(
     ],
 );
 
-/// Fixtures where `fsdp_state` does not do what the tool does: one ignored test each (run them
-/// with `--ignored`), and `DISAGREEING`, their names.
-///
-/// FSDP1 with `use_orig_params=True` (what accelerate and the HF Trainer use by default) aligns
-/// every parameter of a flat parameter to 16 bytes: before each parameter but the first it
-/// inserts padding up to a multiple of `16 / itemsize` elements (4 for float32), and records
-/// the padding up to a multiple of the world size as a padding entry of `_numels_with_padding`
-/// instead of `_shard_numel_padded`. `Fsdp1Flat` concatenates the parameters with no padding
-/// between them, so every parameter after a misaligned one is placed too early (e.g.
-/// `fsdp1_orig_tiny_w2`: `b` after a 1-element `a` is at offset 4 in FSDP, at 1 in `Fsdp1Flat`),
-/// the shard length can differ, and so do the pieces. With `use_orig_params=False` (the
-/// `fsdp1_flat_*` cases above) the two agree.
-macro_rules! disagreements {
-    ($($check:ident: [$($name:ident),* $(,)?]),* $(,)?) => {
-        $($(
-            #[test]
-            #[ignore = "fsdp_state::Fsdp1Flat has no 16-byte parameter alignment (FSDP1 use_orig_params=True)"]
-            fn $name() {
-                $check(stringify!($name));
-            }
-        )*)*
-        const DISAGREEING: &[&str] = &[$($(stringify!($name)),*),*];
-    };
-}
-
-disagreements!(
-    fsdp1: [
-        fsdp1_orig_awkward_w2,
-        fsdp1_orig_awkward_w3,
-        fsdp1_orig_awkward_w4,
-        fsdp1_orig_tiny_w2,
-        fsdp1_orig_tiny_w3,
-        fsdp1_orig_tiny_w4,
-    ],
-);
-
 /// The fixtures in `fixtures/fsdp_state/` are exactly the cases tested above.
 #[test]
 fn every_fixture_has_a_test() {
@@ -370,7 +374,7 @@ fn every_fixture_has_a_test() {
         .filter_map(|f| f.strip_suffix(".json").map(str::to_owned))
         .collect();
     found.sort();
-    let mut covered: Vec<&str> = COVERED.iter().chain(DISAGREEING).copied().collect();
+    let mut covered = COVERED.to_vec();
     covered.sort_unstable();
     assert_eq!(found, covered);
 }
