@@ -160,6 +160,23 @@ impl TensorInfo {
         }
     }
 
+    /// For a view that reads its storage's bytes many times over (a broadcast), the bytes it
+    /// would write and the size of the storage behind it. Writing one costs time and space in
+    /// proportion to the output, which a tiny file can make arbitrarily large.
+    pub(crate) fn expansion(&self) -> Option<(u64, u64)> {
+        /// Views up to this size are written whatever their storage.
+        const SMALL: u64 = 64 << 20;
+        /// How much larger than its storage a view may be before it counts as a broadcast.
+        const FACTOR: u64 = 16;
+        match &self.data {
+            TensorData::Strided { len, .. } => {
+                let out = self.byte_len().max(self.stored_len());
+                (out > SMALL && out > len.saturating_mul(FACTOR)).then_some((out, *len))
+            }
+            TensorData::Ranges(_) => None,
+        }
+    }
+
     /// The stored bytes as ranges, for writers that slice tensors by byte (DCP rows). A view
     /// split into more than `max` runs is refused with a hint.
     pub(crate) fn byte_ranges(&self, path: &Path, max: u64) -> Result<Vec<Chunk>> {

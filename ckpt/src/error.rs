@@ -8,147 +8,432 @@ use std::path::PathBuf;
 /// Everything that can go wrong while reading, planning or writing a checkpoint.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-// Each variant's fields are named for what they hold; its message is its documentation.
+// Each variant's fields are named for what they hold; its message (`Error::raw`) says the rest.
 #[allow(missing_docs)]
 pub enum Error {
-    #[error("{path}: {source}")]
     Io {
         path: PathBuf,
         #[source]
         source: std::io::Error,
     },
+    HeaderTooSmall {
+        path: PathBuf,
+        len: u64,
+    },
+    HeaderTooLarge {
+        path: PathBuf,
+        header_len: u64,
+        max: u64,
+    },
+    HeaderBeyondFile {
+        path: PathBuf,
+        header_len: u64,
+        len: u64,
+    },
+    BadHeaderJson {
+        path: PathBuf,
+        reason: String,
+    },
+    BadTensorEntry {
+        path: PathBuf,
+        tensor: String,
+        reason: String,
+    },
+    UnknownDtype {
+        path: PathBuf,
+        tensor: String,
+        dtype: String,
+    },
+    DuplicateTensor {
+        path: PathBuf,
+        tensor: String,
+    },
+    DuplicateInFile {
+        path: PathBuf,
+        tensor: String,
+    },
+    SizeMismatch {
+        path: PathBuf,
+        tensor: String,
+        dtype: String,
+        shape: Vec<u64>,
+        expected: u64,
+        found: u64,
+    },
+    BadOffset {
+        path: PathBuf,
+        tensor: String,
+        expected: u64,
+        found: u64,
+    },
+    LengthMismatch {
+        path: PathBuf,
+        len: u64,
+        expected: u64,
+    },
+    BadMetadata {
+        path: PathBuf,
+        reason: String,
+    },
+    BadIndex {
+        path: PathBuf,
+        reason: String,
+    },
+    MissingShard {
+        index: PathBuf,
+        tensor: String,
+        file: String,
+    },
+    TensorNotInShard {
+        index: PathBuf,
+        tensor: String,
+        file: String,
+    },
+    DuplicateAcrossShards {
+        tensor: String,
+        first: PathBuf,
+        second: PathBuf,
+    },
+    UnlistedTensor {
+        index: PathBuf,
+        file: PathBuf,
+        tensor: String,
+    },
+    UnsafeShardPath {
+        index: PathBuf,
+        tensor: String,
+        file: String,
+    },
+    NotACheckpoint {
+        path: PathBuf,
+    },
+    BadSize {
+        input: String,
+        reason: String,
+    },
+    BadHubUrl {
+        input: String,
+        reason: String,
+    },
+    NotInHubCache {
+        repo: String,
+        revision: String,
+        file: String,
+        cache: PathBuf,
+    },
+    OutputIsSource {
+        path: PathBuf,
+    },
+    ExpandedView {
+        path: PathBuf,
+        tensor: String,
+        output: u64,
+        storage: u64,
+    },
+    NotARegularFile {
+        path: PathBuf,
+        kind: &'static str,
+    },
+    PlantedLink {
+        path: PathBuf,
+    },
+    MetadataConflict {
+        key: String,
+        first: String,
+        first_file: PathBuf,
+        second: String,
+        second_file: PathBuf,
+    },
+    ChecksumMismatch {
+        path: PathBuf,
+        file: String,
+        expected: String,
+        found: String,
+    },
+    BadManifest {
+        path: PathBuf,
+        line: usize,
+        reason: String,
+    },
+    BadZip {
+        path: PathBuf,
+        reason: String,
+    },
+    RecordBeyondFile {
+        path: PathBuf,
+        record: String,
+        offset: u64,
+        len: u64,
+        file_len: u64,
+    },
+    RecordTooLarge {
+        path: PathBuf,
+        record: String,
+        size: u64,
+        limit: u64,
+    },
+    InflateOverrun {
+        path: PathBuf,
+        record: String,
+        declared: u64,
+    },
+    RefusedGlobal {
+        path: PathBuf,
+        global: String,
+    },
+    BadPickle {
+        path: PathBuf,
+        record: String,
+        at: usize,
+        reason: String,
+    },
+    BadTorchFile {
+        path: PathBuf,
+        reason: String,
+    },
+    BadTorchTensor {
+        path: PathBuf,
+        tensor: String,
+        reason: String,
+    },
+    NotInSafetensors {
+        tensor: String,
+        dtype: String,
+    },
+    BadConvert {
+        dst: PathBuf,
+        reason: String,
+    },
+    BadZeroCheckpoint {
+        path: PathBuf,
+        rank: u64,
+        tensor: String,
+        reason: String,
+    },
+    MissingRankFile {
+        path: PathBuf,
+        rank: u64,
+        world: u64,
+    },
+    BadDcpMetadata {
+        path: PathBuf,
+        reason: String,
+    },
+    BadDcpChunk {
+        path: PathBuf,
+        tensor: String,
+        rank: Option<u64>,
+        reason: String,
+    },
+}
 
-    #[error("{path}: file is {len} bytes, too short for a safetensors header (8 bytes)")]
-    HeaderTooSmall { path: PathBuf, len: u64 },
+/// `Result` with this crate's [`Error`].
+impl Error {
+    /// The message as the fields make it, before control characters are escaped.
+    fn raw(&self) -> String {
+        match self {
+            Error::Io { path, source } => {
+                let path = path.display();
+                format!("{path}: {source}")
+            }
+            Error::HeaderTooSmall { path, len } => {
+                let path = path.display();
+                format!("{path}: file is {len} bytes, too short for a safetensors header (8 bytes)")
+            }
+            Error::HeaderTooLarge { path, header_len, max } => {
+                let path = path.display();
+                format!("{path}: header length {header_len} is larger than the {max} bytes allowed")
+            }
+            Error::HeaderBeyondFile { path, header_len, len } => {
+                let path = path.display();
+                format!("{path}: header length {header_len} runs past the end of the {len}-byte file")
+            }
+            Error::BadHeaderJson { path, reason } => {
+                let path = path.display();
+                format!("{path}: header is not valid JSON: {reason}")
+            }
+            Error::BadTensorEntry { path, tensor, reason } => {
+                let path = path.display();
+                format!("{path}: tensor `{tensor}`: {reason}")
+            }
+            Error::UnknownDtype { path, tensor, dtype } => {
+                let path = path.display();
+                format!("{path}: tensor `{tensor}` has unknown dtype `{dtype}`")
+            }
+            Error::DuplicateTensor { path, tensor } => {
+                let path = path.display();
+                format!("{path}: tensor `{tensor}` appears twice")
+            }
+            Error::DuplicateInFile { path, tensor } => {
+                let path = path.display();
+                format!("{path}: tensor `{tensor}` appears twice in the header")
+            }
+            Error::SizeMismatch { path, tensor, dtype, shape, expected, found } => {
+                let path = path.display();
+                format!("{path}: tensor `{tensor}`: shape {shape:?} of `{dtype}` needs {expected} bytes but its offsets span {found}")
+            }
+            Error::BadOffset { path, tensor, expected, found } => {
+                let path = path.display();
+                format!("{path}: tensor `{tensor}` starts at data offset {found}, expected {expected} (offsets overlap or leave a gap)")
+            }
+            Error::LengthMismatch { path, len, expected } => {
+                let path = path.display();
+                format!("{path}: file is {len} bytes but its header describes {expected} (truncated file or trailing bytes)")
+            }
+            Error::BadMetadata { path, reason } => {
+                let path = path.display();
+                format!("{path}: `__metadata__` must map strings to strings: {reason}")
+            }
+            Error::BadIndex { path, reason } => {
+                let path = path.display();
+                format!("{path}: index is invalid: {reason}")
+            }
+            Error::MissingShard { index, tensor, file } => {
+                let index = index.display();
+                format!("{index}: tensor `{tensor}` is mapped to `{file}`, which does not exist")
+            }
+            Error::TensorNotInShard { index, tensor, file } => {
+                let index = index.display();
+                format!("{index}: tensor `{tensor}` is mapped to `{file}`, which does not hold it")
+            }
+            Error::DuplicateAcrossShards { tensor, first, second } => {
+                let first = first.display();
+                let second = second.display();
+                format!("tensor `{tensor}` is in both {first} and {second}")
+            }
+            Error::UnlistedTensor { index, file, tensor } => {
+                let index = index.display();
+                let file = file.display();
+                format!("{index}: shard {file} holds tensor `{tensor}`, which the `weight_map` does not list")
+            }
+            Error::UnsafeShardPath { index, tensor, file } => {
+                let index = index.display();
+                format!("{index}: `weight_map` entry `{tensor}` points at `{file}`, which is not a plain file name in the index's folder")
+            }
+            Error::NotACheckpoint { path } => {
+                let path = path.display();
+                format!("{path}: no checkpoint found (expected a `.safetensors` file, a `model.safetensors.index.json`, or a folder holding one)")
+            }
+            Error::BadSize { input, reason } => format!("invalid size `{input}`: {reason}"),
+            Error::BadHubUrl { input, reason } => format!("invalid hub address `{input}`: {reason}"),
+            Error::NotInHubCache { repo, revision, file, cache } => {
+                let cache = cache.display();
+                format!("`{repo}` (revision `{revision}`) has no `{file}` in the local Hugging Face cache {cache}")
+            }
+            Error::OutputIsSource { path } => {
+                let path = path.display();
+                format!("`{path}` is the source, refusing to overwrite it")
+            }
+            Error::ExpandedView { path, tensor, output, storage } => {
+                let path = path.display();
+                format!(
+                    "{path}: tensor `{tensor}` is a broadcast view: writing it takes {output} bytes from a \
+                     {storage}-byte storage; hint: `--allow-expanded` writes it anyway"
+                )
+            }
+            Error::NotARegularFile { path, kind } => {
+                let path = path.display();
+                format!("{path}: is {kind}, not a regular file; refusing to read it")
+            }
+            Error::PlantedLink { path } => {
+                let path = path.display();
+                format!("`{path}` is a symlink that was not named as the output, refusing to replace it")
+            }
+            Error::MetadataConflict { key, first, first_file, second, second_file } => {
+                let first_file = first_file.display();
+                let second_file = second_file.display();
+                format!("shards disagree on `__metadata__` key `{key}`: {first:?} in {first_file}, {second:?} in {second_file}")
+            }
+            Error::ChecksumMismatch { path, file, expected, found } => {
+                let path = path.display();
+                format!("{path}: checksum mismatch for `{file}`: manifest says {expected}, file has {found}")
+            }
+            Error::BadManifest { path, line, reason } => {
+                let path = path.display();
+                format!("{path}: bad checksum manifest line {line}: {reason}")
+            }
+            Error::BadZip { path, reason } => {
+                let path = path.display();
+                format!("{path}: not a valid zip archive: {reason}")
+            }
+            Error::RecordBeyondFile { path, record, offset, len, file_len } => {
+                let path = path.display();
+                format!("{path}: record `{record}` declares {len} bytes at byte {offset}, past the end of the {file_len}-byte file")
+            }
+            Error::RecordTooLarge { path, record, size, limit } => {
+                let path = path.display();
+                format!("{path}: record `{record}` is {size} bytes, over the {limit}-byte limit")
+            }
+            Error::InflateOverrun { path, record, declared } => {
+                let path = path.display();
+                format!("{path}: record `{record}` inflates past its declared {declared} bytes (a zip bomb?)")
+            }
+            Error::RefusedGlobal { path, global } => {
+                let path = path.display();
+                format!("{path}: refusing global `{global}`: only the tensor-rebuilding globals of torch's weights-only loader are allowed")
+            }
+            Error::BadPickle { path, record, at, reason } => {
+                let path = path.display();
+                format!("{path}: `{record}` at byte {at}: {reason}")
+            }
+            Error::BadTorchFile { path, reason } => {
+                let path = path.display();
+                format!("{path}: {reason}")
+            }
+            Error::BadTorchTensor { path, tensor, reason } => {
+                let path = path.display();
+                format!("{path}: tensor `{tensor}`: {reason}")
+            }
+            Error::NotInSafetensors { tensor, dtype } => {
+                format!("tensor `{tensor}` has dtype `{dtype}`, which safetensors cannot store")
+            }
+            Error::BadConvert { dst, reason } => {
+                let dst = dst.display();
+                format!("cannot convert to {dst}: {reason}")
+            }
+            Error::BadZeroCheckpoint { path, rank, tensor, reason } => {
+                let path = path.display();
+                format!("{path}: rank {rank}, `{tensor}`: {reason}")
+            }
+            Error::MissingRankFile { path, rank, world } => {
+                let path = path.display();
+                format!("{path}: missing: the ZeRO checkpoint has {world} ranks but rank {rank} wrote no such file")
+            }
+            Error::BadDcpMetadata { path, reason } => {
+                let path = path.display();
+                format!("{path}: DCP metadata: {reason}")
+            }
+            Error::BadDcpChunk { path, tensor, rank, reason } => {
+                let path = path.display();
+                format!("{path}{}: tensor `{tensor}`: {reason}", rank_note(*rank))
+            }
+        }
+    }
+}
 
-    #[error("{path}: header length {header_len} is larger than the {max} bytes allowed")]
-    HeaderTooLarge { path: PathBuf, header_len: u64, max: u64 },
+/// Messages quote names and paths read from files: a tensor named with a newline must not forge
+/// a second line of output, nor a NUL or an escape sequence reach a terminal. Every control
+/// character is shown escaped (`\n`, `\u{1b}`); the message stays one line.
+impl std::fmt::Display for Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&escape_controls(&self.raw()))
+    }
+}
 
-    #[error("{path}: header length {header_len} runs past the end of the {len}-byte file")]
-    HeaderBeyondFile { path: PathBuf, header_len: u64, len: u64 },
-
-    #[error("{path}: header is not valid JSON: {reason}")]
-    BadHeaderJson { path: PathBuf, reason: String },
-
-    #[error("{path}: tensor `{tensor}`: {reason}")]
-    BadTensorEntry { path: PathBuf, tensor: String, reason: String },
-
-    #[error("{path}: tensor `{tensor}` has unknown dtype `{dtype}`")]
-    UnknownDtype { path: PathBuf, tensor: String, dtype: String },
-
-    #[error("{path}: tensor `{tensor}` appears twice")]
-    DuplicateTensor { path: PathBuf, tensor: String },
-
-    #[error("{path}: tensor `{tensor}` appears twice in the header")]
-    DuplicateInFile { path: PathBuf, tensor: String },
-
-    #[error(
-        "{path}: tensor `{tensor}`: shape {shape:?} of `{dtype}` needs {expected} bytes but its offsets span {found}"
-    )]
-    SizeMismatch { path: PathBuf, tensor: String, dtype: String, shape: Vec<u64>, expected: u64, found: u64 },
-
-    #[error(
-        "{path}: tensor `{tensor}` starts at data offset {found}, expected {expected} (offsets overlap or leave a gap)"
-    )]
-    BadOffset { path: PathBuf, tensor: String, expected: u64, found: u64 },
-
-    #[error("{path}: file is {len} bytes but its header describes {expected} (truncated file or trailing bytes)")]
-    LengthMismatch { path: PathBuf, len: u64, expected: u64 },
-
-    #[error("{path}: `__metadata__` must map strings to strings: {reason}")]
-    BadMetadata { path: PathBuf, reason: String },
-
-    #[error("{path}: index is invalid: {reason}")]
-    BadIndex { path: PathBuf, reason: String },
-
-    #[error("{index}: tensor `{tensor}` is mapped to `{file}`, which does not exist")]
-    MissingShard { index: PathBuf, tensor: String, file: String },
-
-    #[error("{index}: tensor `{tensor}` is mapped to `{file}`, which does not hold it")]
-    TensorNotInShard { index: PathBuf, tensor: String, file: String },
-
-    #[error("tensor `{tensor}` is in both {first} and {second}")]
-    DuplicateAcrossShards { tensor: String, first: PathBuf, second: PathBuf },
-
-    #[error("{index}: shard {file} holds tensor `{tensor}`, which the `weight_map` does not list")]
-    UnlistedTensor { index: PathBuf, file: PathBuf, tensor: String },
-
-    #[error("{index}: `weight_map` entry `{tensor}` points at `{file}`, which is not a plain file name in the index's folder")]
-    UnsafeShardPath { index: PathBuf, tensor: String, file: String },
-
-    #[error("{path}: no checkpoint found (expected a `.safetensors` file, a `model.safetensors.index.json`, or a folder holding one)")]
-    NotACheckpoint { path: PathBuf },
-
-    #[error("invalid size `{input}`: {reason}")]
-    BadSize { input: String, reason: String },
-
-    #[error("invalid hub address `{input}`: {reason}")]
-    BadHubUrl { input: String, reason: String },
-
-    #[error("`{repo}` (revision `{revision}`) has no `{file}` in the local Hugging Face cache {cache}")]
-    NotInHubCache { repo: String, revision: String, file: String, cache: PathBuf },
-
-    #[error("`{path}` is the source, refusing to overwrite it")]
-    OutputIsSource { path: PathBuf },
-
-    #[error("{path}: is {kind}, not a regular file; refusing to read it")]
-    NotARegularFile { path: PathBuf, kind: &'static str },
-
-    #[error("`{path}` is a symlink that was not named as the output, refusing to replace it")]
-    PlantedLink { path: PathBuf },
-
-    #[error("shards disagree on `__metadata__` key `{key}`: {first:?} in {first_file}, {second:?} in {second_file}")]
-    MetadataConflict { key: String, first: String, first_file: PathBuf, second: String, second_file: PathBuf },
-
-    #[error("{path}: checksum mismatch for `{file}`: manifest says {expected}, file has {found}")]
-    ChecksumMismatch { path: PathBuf, file: String, expected: String, found: String },
-
-    #[error("{path}: bad checksum manifest line {line}: {reason}")]
-    BadManifest { path: PathBuf, line: usize, reason: String },
-
-    #[error("{path}: not a valid zip archive: {reason}")]
-    BadZip { path: PathBuf, reason: String },
-
-    #[error(
-        "{path}: record `{record}` declares {len} bytes at byte {offset}, past the end of the {file_len}-byte file"
-    )]
-    RecordBeyondFile { path: PathBuf, record: String, offset: u64, len: u64, file_len: u64 },
-
-    #[error("{path}: record `{record}` is {size} bytes, over the {limit}-byte limit")]
-    RecordTooLarge { path: PathBuf, record: String, size: u64, limit: u64 },
-
-    #[error("{path}: record `{record}` inflates past its declared {declared} bytes (a zip bomb?)")]
-    InflateOverrun { path: PathBuf, record: String, declared: u64 },
-
-    #[error("{path}: refusing global `{global}`: only the tensor-rebuilding globals of torch's weights-only loader are allowed")]
-    RefusedGlobal { path: PathBuf, global: String },
-
-    #[error("{path}: `{record}` at byte {at}: {reason}")]
-    BadPickle { path: PathBuf, record: String, at: usize, reason: String },
-
-    #[error("{path}: {reason}")]
-    BadTorchFile { path: PathBuf, reason: String },
-
-    #[error("{path}: tensor `{tensor}`: {reason}")]
-    BadTorchTensor { path: PathBuf, tensor: String, reason: String },
-
-    #[error("tensor `{tensor}` has dtype `{dtype}`, which safetensors cannot store")]
-    NotInSafetensors { tensor: String, dtype: String },
-
-    #[error("cannot convert to {dst}: {reason}")]
-    BadConvert { dst: PathBuf, reason: String },
-
-    #[error("{path}: rank {rank}, `{tensor}`: {reason}")]
-    BadZeroCheckpoint { path: PathBuf, rank: u64, tensor: String, reason: String },
-
-    #[error("{path}: missing: the ZeRO checkpoint has {world} ranks but rank {rank} wrote no such file")]
-    MissingRankFile { path: PathBuf, rank: u64, world: u64 },
-
-    #[error("{path}: DCP metadata: {reason}")]
-    BadDcpMetadata { path: PathBuf, reason: String },
-
-    #[error("{path}{}: tensor `{tensor}`: {reason}", rank_note(*.rank))]
-    BadDcpChunk { path: PathBuf, tensor: String, rank: Option<u64>, reason: String },
+/// `text` with every control character escaped as Rust's `escape_debug` writes it.
+pub(crate) fn escape_controls(text: &str) -> std::borrow::Cow<'_, str> {
+    if !text.chars().any(char::is_control) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        if c.is_control() {
+            out.extend(c.escape_debug());
+        } else {
+            out.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(out)
 }
 
 /// `Result` with this crate's [`Error`].

@@ -43,7 +43,9 @@ pub use catalog::{Checkpoint, Chunk, Format, SourceFile, TensorInfo};
 pub use dtype::Dtype;
 pub use error::{Error, Result};
 pub use open::OpenOptions;
-pub use ops::{convert, merge, reshard, split, ConvertOptions, MergeOptions, Outcome, TargetFormat, OPTIMIZER_NAME};
+pub use ops::{
+    convert, merge, reshard, split, ConvertOptions, MergeOptions, Outcome, TargetFormat, MAX_WORLD_SIZE, OPTIMIZER_NAME,
+};
 pub use size::{parse_size, DEFAULT_MAX_SHARD_SIZE};
 pub use verify::{verify, Report};
 pub use write::{CopyMethod, WriteOptions};

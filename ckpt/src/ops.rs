@@ -78,6 +78,17 @@ pub struct ConvertOptions {
     pub world_size: Option<u64>,
 }
 
+/// The largest world size an operation lays a checkpoint out for (a million ranks): larger
+/// values are typos that would size per-rank tables by the billion.
+pub const MAX_WORLD_SIZE: u64 = 1 << 20;
+
+fn check_world(world: u64, out: &Path) -> Result<()> {
+    if world == 0 || world > MAX_WORLD_SIZE {
+        return Err(bad(out, format!("the world size must be from 1 to {MAX_WORLD_SIZE}, not {world}")));
+    }
+    Ok(())
+}
+
 /// The name of the merged optimizer file written beside the weights.
 pub const OPTIMIZER_NAME: &str = "optimizer.safetensors";
 
@@ -130,6 +141,7 @@ pub fn merge(ck: &Checkpoint, out: &Path, options: &MergeOptions, opts: &WriteOp
         Some(max) => Dest::Shards { dir: out.to_path_buf(), max, style: IndexStyle::ZeroToFp32 },
         None => Dest::File(out.to_path_buf()),
     };
+    plan::refuse_expanded(&outs, &ck.files, opts.allow_expanded)?;
     let mut plan = Plan::default();
     let placed = plan::safetensors(&outs, &meta, &dest, &mut plan)?;
     let mut files = placed.files;
@@ -173,6 +185,7 @@ fn write_state_dict(
     format: TargetFormat,
     opts: &WriteOptions<'_>,
 ) -> Result<Outcome> {
+    plan::refuse_expanded(outs, &ck.files, opts.allow_expanded)?;
     let mut plan = Plan::default();
     let placed = match format {
         TargetFormat::Torch => plan::torch(outs, &ck.values, meta, dest, &mut plan)?,
@@ -219,6 +232,7 @@ pub fn convert(ck: &Checkpoint, dst: &Path, options: &ConvertOptions, opts: &Wri
             return Err(bad(dst, "DCP output takes only a world size"));
         }
         let world = options.world_size.ok_or_else(|| bad(dst, "DCP output needs a world size"))?;
+        check_world(world, dst)?;
         return dcp::write(ck, dst, world, opts);
     }
     if options.world_size.is_some() {
@@ -308,6 +322,7 @@ fn name_of(f: TargetFormat) -> &'static str {
 /// stay whole, non-tensor values are carried byte for byte), or a ZeRO checkpoint as DeepSpeed's
 /// universal checkpoint, which DeepSpeed loads with `load_universal` on any world size.
 pub fn reshard(ck: &Checkpoint, out: &Path, world_size: u64, opts: &WriteOptions<'_>) -> Result<Outcome> {
+    check_world(world_size, out)?;
     if let Some(z) = ck.detail::<deepspeed::ZeroCheckpoint>() {
         return deepspeed::reshard(ck, z, out, world_size, opts);
     }

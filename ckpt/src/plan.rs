@@ -244,6 +244,21 @@ fn finish_sharded(
     Ok(placed)
 }
 
+/// Refuses a broadcast view (`expand`) that would be written far larger than its storage,
+/// unless asked: a file of a few kilobytes must not start a write of gigabytes.
+pub(crate) fn refuse_expanded(outs: &[Out<'_>], files: &[crate::catalog::SourceFile], allow: bool) -> Result<()> {
+    if allow {
+        return Ok(());
+    }
+    for o in outs {
+        if let Some((output, storage)) = o.tensor.expansion() {
+            let path = o.tensor.location().and_then(|(f, _)| files.get(f)).map(|f| f.path.clone()).unwrap_or_default();
+            return Err(Error::ExpandedView { path, tensor: o.tensor.name.clone(), output, storage });
+        }
+    }
+    Ok(())
+}
+
 /// Plans `outs` as safetensors files at `dest`.
 pub(crate) fn safetensors(outs: &[Out<'_>], meta: &Meta, dest: &Dest, plan: &mut Plan) -> Result<Placed> {
     for o in outs {

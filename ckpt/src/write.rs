@@ -126,11 +126,18 @@ pub struct WriteOptions<'a> {
     pub checksums: bool,
     /// Called with each number of tensor bytes copied, from any thread.
     pub progress: Option<&'a (dyn Fn(u64) + Sync)>,
+    /// Write views that read the same storage bytes many times over (a broadcast, as torch's
+    /// `expand` makes) at their full size, instead of refusing them.
+    pub allow_expanded: bool,
 }
 
 impl std::fmt::Debug for WriteOptions<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("WriteOptions").field("copy", &self.copy).field("checksums", &self.checksums).finish()
+        f.debug_struct("WriteOptions")
+            .field("copy", &self.copy)
+            .field("checksums", &self.checksums)
+            .field("allow_expanded", &self.allow_expanded)
+            .finish()
     }
 }
 

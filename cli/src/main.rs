@@ -21,12 +21,25 @@ pub struct Cli {
     #[arg(short, long, global = true)]
     pub quiet: bool,
 
+    /// Write broadcast views (`expand`) at full size instead of refusing them.
+    ///
+    /// A view that reads its storage many times over is refused when it would be written far
+    /// larger than that storage (a tiny file must not start a write of gigabytes).
+    #[arg(long, global = true)]
+    pub allow_expanded: bool,
+
     /// How tensor bytes are moved: `auto` (kernel copy, falling back to a memory map) or `mmap`.
     #[arg(long, global = true, value_enum, default_value_t = CopyArg::Auto, hide = true)]
     pub copy_method: CopyArg,
 
     #[command(subcommand)]
     pub command: Command,
+}
+
+/// A world size: from 1 to [`ckpt::MAX_WORLD_SIZE`], refused at the edge (exit 2) rather
+/// than sizing per-rank tables from a typo.
+pub fn world_size() -> clap::builder::RangedU64ValueParser<u64> {
+    clap::value_parser!(u64).range(1..=ckpt::MAX_WORLD_SIZE)
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -110,7 +123,7 @@ pub enum Command {
         #[arg(long)]
         dedupe: bool,
         /// With `--to dcp`: the number of ranks to lay the checkpoint out for (FSDP2's layout).
-        #[arg(long)]
+        #[arg(long, value_parser = world_size())]
         world_size: Option<u64>,
     },
     /// Rewrite a torch.distributed.checkpoint (DCP) folder for another number of ranks.
@@ -128,7 +141,7 @@ pub enum Command {
         /// The output folder (created if missing). A previous DCP checkpoint there is replaced.
         out: PathBuf,
         /// The number of ranks to lay the checkpoint out for.
-        #[arg(long)]
+        #[arg(long, value_parser = world_size())]
         world_size: u64,
     },
     /// Check headers, offsets, index completeness and checksums. Exit 0 valid, 1 problems, 2 error.
@@ -194,7 +207,12 @@ fn run(cli: &Cli) -> anyhow::Result<ExitCode> {
     // One progress bar and one set of write options for whichever operation runs.
     let bar = progress::Bar::new(0, !cli.quiet);
     let report = |n: u64| bar.inc(n);
-    let write = |checksums: bool| ckpt::WriteOptions { copy, checksums, progress: Some(&report) };
+    let write = |checksums: bool| ckpt::WriteOptions {
+        copy,
+        checksums,
+        progress: Some(&report),
+        allow_expanded: cli.allow_expanded,
+    };
     let done = match &cli.command {
         Command::Data { cmd } => return data::run(cmd.clone()),
         Command::Inspect { path, json } => {

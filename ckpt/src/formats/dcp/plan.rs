@@ -62,9 +62,6 @@ pub(crate) fn write_dcp(
     opts: &WriteOptions<'_>,
 ) -> Result<Outcome> {
     let bad = |reason: String| Error::BadConvert { dst: out.to_path_buf(), reason };
-    if world == 0 {
-        return Err(bad("the world size must be at least 1".into()));
-    }
     let world_len = usize::try_from(world).map_err(|_| bad(format!("world size {world} is too large")))?;
     for t in tensors {
         if !t.dtype.bits().is_multiple_of(8) {

@@ -139,9 +139,6 @@ pub(crate) fn reshard_zero(
     world: u64,
     opts: &WriteOptions<'_>,
 ) -> Result<Outcome> {
-    if world == 0 {
-        return Err(refuse(out, "`--world-size` must be at least 1"));
-    }
     let tag = format!("{}_universal", ck.tag);
     let dir = out.join(&tag);
     let latest = out.join(LATEST_UNIVERSAL);
