@@ -416,26 +416,25 @@ impl Checkpoint {
     /// The files' `__metadata__`, merged in file order. Shards that disagree on a key are refused.
     pub fn file_metadata(&self) -> Result<Vec<(String, String)>> {
         let mut out: Vec<(String, String)> = Vec::new();
-        let mut from: HashMap<&str, usize> = HashMap::new();
+        // First value and file of each key, so every shard's keys are checked in O(1).
+        let mut first: HashMap<&str, (&str, usize)> = HashMap::new();
         for (i, f) in self.files.iter().enumerate() {
             for (k, v) in &f.metadata {
-                match from.get(k.as_str()) {
+                match first.get(k.as_str()) {
                     None => {
-                        from.insert(k, i);
+                        first.insert(k, (v, i));
                         out.push((k.clone(), v.clone()));
                     }
-                    Some(&j) => {
-                        let first = self.files[j].metadata.iter().find(|(kk, _)| kk == k).map(|(_, vv)| vv.as_str());
-                        if first != Some(v.as_str()) {
-                            return Err(Error::MetadataConflict {
-                                key: k.clone(),
-                                first: first.unwrap_or_default().to_string(),
-                                first_file: self.files[j].path.clone(),
-                                second: v.clone(),
-                                second_file: f.path.clone(),
-                            });
-                        }
+                    Some(&(seen, j)) if seen != v => {
+                        return Err(Error::MetadataConflict {
+                            key: k.clone(),
+                            first: seen.to_string(),
+                            first_file: self.files[j].path.clone(),
+                            second: v.clone(),
+                            second_file: f.path.clone(),
+                        });
                     }
+                    Some(_) => {}
                 }
             }
         }
