@@ -101,7 +101,7 @@ impl JsonlDataset {
             let (index, saved) = load_or_build(&file, &placement)?;
             let bytes = map_file(&file.path)?;
             if bytes.len() as u64 != index.source_size {
-                return Err(DataloadError::Io { path: file.display(), reason: "the file changed while opened".into() });
+                return Err(DataloadError::FileChanged { path: file.path.clone() });
             }
             let n_frames = index.frames.len();
             files.push(JsonlFile { file, bytes, index, frame_base });
@@ -140,10 +140,9 @@ impl JsonlDataset {
         let (start, end) = f.index.lines[line];
         if !f.index.zstd {
             let range = usize::try_from(start).ok().zip(usize::try_from(end).ok());
-            let bytes = range.and_then(|(a, b)| f.bytes.get(a..b)).ok_or_else(|| DataloadError::Io {
-                path: f.file.display(),
-                reason: "the file is shorter than its index".into(),
-            })?;
+            let bytes = range
+                .and_then(|(a, b)| f.bytes.get(a..b))
+                .ok_or_else(|| DataloadError::ShorterThanIndex { path: f.file.path.clone() })?;
             out.extend_from_slice(bytes);
             return Ok(());
         }
@@ -155,7 +154,7 @@ impl JsonlDataset {
             let take = end.min(frame.text_start + text.len() as u64);
             if take <= p {
                 return Err(DataloadError::CorruptFrame {
-                    path: f.file.display(),
+                    path: f.file.path.clone(),
                     offset: frame.offset,
                     reason: "frame is shorter than its index says".into(),
                 });
@@ -170,7 +169,8 @@ impl JsonlDataset {
 fn decompress_frame(f: &JsonlFile, k: usize) -> Result<Vec<u8>> {
     use std::io::Read;
     let frame = f.index.frames[k];
-    let corrupt = |reason: String| DataloadError::CorruptFrame { path: f.file.display(), offset: frame.offset, reason };
+    let corrupt =
+        |reason: String| DataloadError::CorruptFrame { path: f.file.path.clone(), offset: frame.offset, reason };
     let range = usize::try_from(frame.offset).ok().zip(usize::try_from(frame.offset + frame.len).ok());
     let compressed = range.and_then(|(a, b)| f.bytes.get(a..b)).ok_or_else(|| corrupt("outside the file".into()))?;
     let expected = f.index.frame_text_len(k);
@@ -215,7 +215,7 @@ fn load_or_build(file: &DataFile, placement: &IndexPlacement) -> Result<(LineInd
         }
     }
     let data = map_file(&file.path)?;
-    let index = LineIndex::build(&data, file.name.ends_with(".zst"), now, &file.display())?;
+    let index = LineIndex::build(&data, file.name.ends_with(".zst"), now, &file.path)?;
     let saved = idx_path.is_some_and(|p| index.save(&p).is_ok());
     Ok((index, saved))
 }

@@ -78,7 +78,6 @@
 
 mod arrow_file;
 mod batch_shard;
-mod collective;
 mod config;
 mod dispatch;
 mod error;
@@ -101,7 +100,7 @@ mod torch_rng;
 
 pub use arrow_file::ArrowDataset;
 pub use batch_shard::{accelerate_shard_len, shard_batches, ShardParams};
-pub use collective::{Collective, InProcessCollective, InProcessGroup};
+pub use collective::{Collective, CollectiveError, InProcessCollective, InProcessGroup};
 pub use config::{DataLoaderConfiguration, DatasetKind, LoaderShape, ShardMode};
 pub use dispatch::{base_batches, gather_for_metrics, DispatchedBatch, Dispatcher};
 pub use error::{DataloadError, Result};

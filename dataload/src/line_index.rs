@@ -61,7 +61,7 @@ pub(crate) struct LineIndex {
 
 /// Size and modification time of `path`, what an index is checked against.
 pub(crate) fn stamp(path: &Path) -> Result<(u64, (u64, u32))> {
-    let meta = std::fs::metadata(path).map_err(|e| DataloadError::io(path, &e))?;
+    let meta = std::fs::metadata(path).map_err(|e| DataloadError::io(path, e))?;
     let mtime = meta
         .modified()
         .ok()
@@ -79,7 +79,7 @@ impl LineIndex {
     }
 
     /// Builds the index of `data` (the whole file), checking every record is JSON.
-    pub fn build(data: &[u8], zstd: bool, stamp: (u64, (u64, u32)), path: &str) -> Result<Self> {
+    pub fn build(data: &[u8], zstd: bool, stamp: (u64, (u64, u32)), path: &Path) -> Result<Self> {
         let mut scan = Scanner { path, pos: 0, line_start: 0, line_no: 1, carry: Vec::new(), lines: Vec::new() };
         let mut frames = Vec::new();
         if zstd {
@@ -220,7 +220,7 @@ impl LineIndex {
 
 /// Splits text fed in chunks into records, checking each is JSON.
 struct Scanner<'p> {
-    path: &'p str,
+    path: &'p Path,
     /// Text offset of the next byte fed.
     pos: u64,
     /// Text offset where the current line starts.
@@ -295,7 +295,7 @@ mod tests {
     #[test]
     fn round_trips_and_refuses_damage() {
         let text = b"{\"a\":1}\n\n{\"b\":2}\r\n[3]";
-        let idx = LineIndex::build(text, false, (text.len() as u64, (5, 6)), "t").unwrap();
+        let idx = LineIndex::build(text, false, (text.len() as u64, (5, 6)), Path::new("t")).unwrap();
         assert_eq!(idx.lines, vec![(0, 7), (9, 16), (18, 21)]);
         let bytes = idx.to_bytes();
         assert_eq!(LineIndex::from_bytes(&bytes).unwrap(), idx);

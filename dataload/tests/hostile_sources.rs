@@ -18,7 +18,7 @@ fn shown(name: &str) -> String {
 fn truncated_npy() {
     let err = TokenWindows::open(hostile("truncated.npy"), 16, TokenDtype::U16).unwrap_err();
     // numpy's header is 128 bytes; 1000 uint16 tokens need 2000 more; 600 are there.
-    assert_eq!(err, DataloadError::Truncated { path: shown("truncated.npy"), expected: 2128, found: 728 });
+    assert_eq!(err, DataloadError::Truncated { path: hostile("truncated.npy"), expected: 2128, found: 728 });
     assert_eq!(err.to_string(), format!("`{}` is truncated: 2128 bytes expected, 728 found", shown("truncated.npy")));
 }
 
@@ -57,7 +57,7 @@ fn missing_parquet_column() {
 fn truncated_parquet() {
     let err = ParquetDataset::open(hostile("truncated.parquet"), None, 2).unwrap_err();
     let DataloadError::BadFormat { path, format, reason } = &err else { panic!("{err}") };
-    assert_eq!((path.as_str(), *format), (shown("truncated.parquet").as_str(), "parquet"));
+    assert_eq!((path.as_path(), *format), (hostile("truncated.parquet").as_path(), "parquet"));
     assert_eq!(reason, "Parquet error: Invalid Parquet file. Corrupt footer");
 }
 
@@ -68,7 +68,7 @@ fn corrupt_zstd_frame() {
         JsonlDataset::open(hostile("corrupt_frame.jsonl.zst"), IndexPlacement::Dir(tmp.path().into()), 2).unwrap_err();
     // The second frame starts after the first (86 bytes, from the generator's expected.json).
     let DataloadError::CorruptFrame { path, offset, reason } = &err else { panic!("{err}") };
-    assert_eq!((path.as_str(), *offset), (shown("corrupt_frame.jsonl.zst").as_str(), 86));
+    assert_eq!((path.as_path(), *offset), (hostile("corrupt_frame.jsonl.zst").as_path(), 86));
     assert!(err
         .to_string()
         .starts_with(&format!("`{}`: corrupt zstd frame at byte 86: ", shown("corrupt_frame.jsonl.zst"))));
