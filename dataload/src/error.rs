@@ -298,6 +298,7 @@ pub enum DataloadError {
 
 impl DataloadError {
     /// An I/O error on `path`.
+    #[cfg(feature = "sources")]
     pub(crate) fn io(path: &std::path::Path, source: std::io::Error) -> Self {
         Self::Io { path: path.to_path_buf(), source }
     }
