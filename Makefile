@@ -34,6 +34,7 @@ test-python:
 FUZZ_SECONDS ?= 20
 fuzz:
 	bash ckpt/fuzz/run.sh $(FUZZ_SECONDS)
+	bash dataload/fuzz/run.sh $(FUZZ_SECONDS)
 
 demo: setup
 	$(CARGO) build --release --locked -p statekit-cli

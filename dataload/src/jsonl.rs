@@ -262,6 +262,42 @@ fn stored_index(
     Ok(Some(index))
 }
 
+/// The reader of [`crate::fuzz::line_index`]: `index` as a stored index of `data`, current by
+/// construction (its own time, the data's size), then every record it points at; or, when the
+/// index is stale, the index built from `data` and its records.
+pub(crate) fn fuzz_read(data: &[u8], index: &[u8], zstd: bool) {
+    let Some(stored) = LineIndex::stored_stamp(index) else { return };
+    let now = (data.len() as u64, stored.mtime);
+    let path = Path::new(if zstd { "fuzz.jsonl.zst" } else { "fuzz.jsonl" });
+    let index = match stored_index(index, data, zstd, now) {
+        Ok(Some(index)) => index,
+        Err(_) => return,
+        // Decompressing what the fuzzer writes can take memory out of proportion to the input;
+        // that is zstd's ratio, not a bug of ours, so only small compressed inputs are built.
+        Ok(None) if zstd && data.len() > 1024 => return,
+        Ok(None) => match LineIndex::build(data, zstd, now, path) {
+            Ok(index) => index,
+            Err(_) => return,
+        },
+    };
+    // Same reasoning: a text the index says is huge is only read when the data is real.
+    if index.text_len > 1 << 24 {
+        return;
+    }
+    let file = DataFile { path: path.to_path_buf(), name: path.display().to_string() };
+    let ds = JsonlDataset::from_files(
+        vec![JsonlFile { file, bytes: Bytes::copy_from_slice(data), index, frame_base: 0 }],
+        vec![false],
+        2,
+    );
+    let n = ds.len().min(256);
+    let all: Vec<u64> = (0..n).rev().collect();
+    if let Ok(batch) = ds.read_batch(&all) {
+        assert_eq!(batch.len() as u64, n);
+    }
+    let _ = ds.read_batch(&[n]);
+}
+
 impl Source for JsonlDataset {
     type Batch = TextBatch;
 
