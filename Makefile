@@ -21,8 +21,11 @@ test: setup
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
 	$(MAKE) --no-print-directory test-rust test-python fuzz
 
+# The second line checks that dataload's index side builds and passes without its `sources`
+# feature (no Arrow, Parquet or zstd).
 test-rust:
 	$(CARGO) test --workspace --locked
+	$(CARGO) test -p dataload --no-default-features --locked
 
 test-python:
 	$(CARGO) build --locked -p statekit-cli
@@ -31,6 +34,7 @@ test-python:
 FUZZ_SECONDS ?= 20
 fuzz:
 	bash ckpt/fuzz/run.sh $(FUZZ_SECONDS)
+	bash dataload/fuzz/run.sh $(FUZZ_SECONDS)
 
 demo: setup
 	$(CARGO) build --release --locked -p statekit-cli

@@ -18,7 +18,7 @@
 //! zero-copy: the columns point into the memory map. Opening therefore costs the metadata,
 //! not the data; a batch of rows is then gathered from the record batches it touches.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use arrow_array::RecordBatch;
@@ -50,14 +50,14 @@ impl ArrowDataset {
     /// keeping only `columns` (in that order) when given.
     pub fn open(spec: impl AsRef<Path>, columns: Option<&[String]>) -> Result<Self> {
         let files = resolve_files(spec.as_ref(), &[".arrow", ".arrows", ".ipc", ".feather"])?;
-        let mut schema: Option<(SchemaRef, String)> = None;
+        let mut schema: Option<(SchemaRef, PathBuf)> = None;
         let mut batches = Vec::new();
         let mut fps = Vec::new();
         for file in &files {
             let (file_schema, file_batches, size) = read_file(file, columns)?;
             match &schema {
-                None => schema = Some((file_schema, file.display())),
-                Some((first, first_path)) => check_same_schema(first, first_path, &file_schema, &file.display())?,
+                None => schema = Some((file_schema, file.path.clone())),
+                Some((first, first_path)) => check_same_schema(first, first_path, &file_schema, &file.path)?,
             }
             let rows = file_batches.iter().map(|b| b.num_rows() as u64).sum();
             fps.push(FileFingerprint { name: file.name.clone(), size, rows });
@@ -104,7 +104,7 @@ impl Source for ArrowDataset {
 fn read_file(file: &DataFile, columns: Option<&[String]>) -> Result<(SchemaRef, Vec<RecordBatch>, u64)> {
     let bytes = map_file(&file.path)?;
     let size = bytes.len() as u64;
-    let path = file.display();
+    let path = file.path.clone();
     let buffer = Buffer::from(bytes);
     let (schema, batches) = if buffer.starts_with(FILE_MAGIC) {
         read_ipc_file(&buffer, columns, &path)?
@@ -114,11 +114,11 @@ fn read_file(file: &DataFile, columns: Option<&[String]>) -> Result<(SchemaRef, 
     Ok((schema, batches, size))
 }
 
-fn bad(path: &str, reason: impl ToString) -> DataloadError {
+fn bad(path: &Path, reason: impl ToString) -> DataloadError {
     DataloadError::BadFormat { path: path.to_owned(), format: "arrow ipc", reason: reason.to_string() }
 }
 
-fn read_ipc_file(buffer: &Buffer, columns: Option<&[String]>, path: &str) -> Result<(SchemaRef, Vec<RecordBatch>)> {
+fn read_ipc_file(buffer: &Buffer, columns: Option<&[String]>, path: &Path) -> Result<(SchemaRef, Vec<RecordBatch>)> {
     let len = buffer.len();
     let trailer: [u8; 10] = len
         .checked_sub(10)
@@ -170,7 +170,7 @@ fn read_ipc_file(buffer: &Buffer, columns: Option<&[String]>, path: &str) -> Res
 fn read_ipc_stream(
     mut buffer: Buffer,
     columns: Option<&[String]>,
-    path: &str,
+    path: &Path,
 ) -> Result<(SchemaRef, Vec<RecordBatch>)> {
     let mut decoder = StreamDecoder::new();
     let mut batches = Vec::new();

@@ -12,7 +12,8 @@
 //! [`crate::EpochPlan`] computes the same slices without communication; tests check that both
 //! agree with each other and with real accelerate.
 
-use crate::collective::Collective;
+use collective::Collective;
+
 use crate::error::{DataloadError, Result};
 use crate::sampler::EpochOrder;
 
@@ -38,7 +39,7 @@ pub fn base_batches(order: EpochOrder, batch_size: u64, drop_last: bool) -> impl
 }
 
 /// The dispatcher of one rank.
-pub struct Dispatcher<'a, C: Collective> {
+pub struct Dispatcher<'a, C: Collective + ?Sized> {
     comm: &'a C,
     source: Option<Box<dyn Iterator<Item = Vec<u64>> + 'a>>,
     split_batches: bool,
@@ -50,7 +51,7 @@ pub struct Dispatcher<'a, C: Collective> {
     done: bool,
 }
 
-impl<C: Collective> std::fmt::Debug for Dispatcher<'_, C> {
+impl<C: Collective + ?Sized> std::fmt::Debug for Dispatcher<'_, C> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Dispatcher")
             .field("rank", &self.comm.rank())
@@ -75,8 +76,8 @@ impl Fetched {
         out
     }
 
-    fn decode(bytes: &[u8], rank: usize) -> Result<Self> {
-        let bad = || DataloadError::Collective {
+    fn decode(bytes: &[u8], rank: u64) -> Result<Self> {
+        let bad = || DataloadError::Dispatch {
             op: "broadcast",
             rank,
             reason: format!("malformed dispatch message of {} bytes", bytes.len()),
@@ -98,7 +99,7 @@ impl Fetched {
     }
 }
 
-impl<'a, C: Collective> Dispatcher<'a, C> {
+impl<'a, C: Collective + ?Sized> Dispatcher<'a, C> {
     /// `source` is the underlying loader's batches and is read on rank 0 only (other ranks
     /// may pass `None`). `skip_batches` steps are produced and discarded, as accelerate does
     /// for iterable datasets in `skip_first_batches`.
@@ -125,7 +126,7 @@ impl<'a, C: Collective> Dispatcher<'a, C> {
     fn fetch(&mut self) -> Result<Fetched> {
         let rank = self.comm.rank();
         let msg = if rank == 0 {
-            let source = self.source.as_mut().ok_or(DataloadError::Collective {
+            let source = self.source.as_mut().ok_or(DataloadError::Dispatch {
                 op: "broadcast",
                 rank,
                 reason: "rank 0 needs the underlying batches".into(),
@@ -179,9 +180,9 @@ impl<'a, C: Collective> Dispatcher<'a, C> {
             };
             let p = self.comm.world_size();
             if !self.drop_last && self.first_keep.is_none() {
-                self.first_keep = Some(batch.iter().take(p).copied().collect());
+                self.first_keep = Some(batch.iter().take(usize::try_from(p).unwrap_or(usize::MAX)).copied().collect());
             }
-            let obs = batch.len();
+            let obs = batch.len() as u64;
             let mut per = obs / p;
             let mut last = current.exhausted;
             if !last {
@@ -191,17 +192,17 @@ impl<'a, C: Collective> Dispatcher<'a, C> {
                 }
                 self.next = Some(ahead);
             }
-            if !self.drop_last && last && obs % p != 0 {
+            if !self.drop_last && last && !obs.is_multiple_of(p) {
                 batch.extend(self.first_keep.iter().flatten().copied());
                 per += 1;
             }
             let r = self.comm.rank();
-            let lo = (r * per).min(batch.len());
-            let hi = ((r + 1) * per).min(batch.len());
+            let at = |k: u64| usize::try_from(k.saturating_mul(per)).unwrap_or(usize::MAX).min(batch.len());
+            let (lo, hi) = (at(r), at(r.saturating_add(1)));
             let out = DispatchedBatch {
                 rows: batch[lo..hi].to_vec(),
                 end_of_dataloader: last,
-                remainder: last.then_some(obs as u64),
+                remainder: last.then_some(obs),
             };
             self.done = last;
             let step = self.step;
@@ -224,7 +225,7 @@ impl<'a, C: Collective> Dispatcher<'a, C> {
 
 /// accelerate's `gather_for_metrics` for index rows: gathers every rank's rows in rank
 /// order and, on the last step, keeps only the first `remainder` (dropping padding).
-pub fn gather_for_metrics<C: Collective>(
+pub fn gather_for_metrics<C: Collective + ?Sized>(
     comm: &C,
     rows: &[u64],
     end_of_dataloader: bool,
@@ -235,7 +236,7 @@ pub fn gather_for_metrics<C: Collective>(
     let mut all = Vec::new();
     for part in gathered {
         if part.len() % 8 != 0 {
-            return Err(DataloadError::Collective {
+            return Err(DataloadError::Dispatch {
                 op: "all_gather",
                 rank: comm.rank(),
                 reason: format!("a rank sent {} bytes, not whole indices", part.len()),

@@ -1,12 +1,24 @@
 //! The one error type of this crate.
+//!
+//! Paths stay [`PathBuf`]s and operating-system errors stay [`std::io::Error`]s (the
+//! `#[source]` of [`DataloadError::Io`]), so that a caller can match on the file and on
+//! [`std::io::Error::kind`] (the Python bindings map it to `FileNotFoundError` and friends)
+//! instead of parsing text. Messages show paths with [`Path::display`](std::path::Path::display).
 
+use std::path::PathBuf;
+
+use collective::CollectiveError;
 use thiserror::Error;
 
 /// Everything that can go wrong while configuring, running or restoring a loader.
 ///
 /// Messages are lowercase and name the offending values; they are part of the API and are
 /// pinned by tests.
-#[derive(Debug, Error, Clone, PartialEq, Eq)]
+///
+/// Two errors are equal when they are the same variant with the same message (every field
+/// is part of the message) and, for I/O errors, the same [`std::io::ErrorKind`]:
+/// `std::io::Error` itself has no equality.
+#[derive(Debug, Error)]
 #[non_exhaustive]
 pub enum DataloadError {
     /// A required builder field was never set.
@@ -108,29 +120,69 @@ pub enum DataloadError {
         /// What is inconsistent.
         reason: String,
     },
-    /// A collective operation failed.
-    #[error("collective `{op}` failed on rank {rank}: {reason}")]
+    /// A collective operation (broadcast, gather, barrier) did not complete.
+    #[error("{source}")]
     Collective {
-        /// The operation (`broadcast`, `all_gather`, `barrier`).
+        /// What the collective reported.
+        #[source]
+        source: CollectiveError,
+    },
+    /// A dispatcher got or was given something it cannot use: a malformed message from rank
+    /// 0, no underlying batches on rank 0, a gathered part that is not whole indices.
+    #[error("collective `{op}` failed on rank {rank}: {reason}")]
+    Dispatch {
+        /// The operation (`broadcast`, `all_gather`).
         op: &'static str,
         /// The calling rank.
-        rank: usize,
+        rank: u64,
         /// What went wrong.
         reason: String,
     },
-    /// A file could not be opened, read, mapped or written.
-    #[error("`{path}`: {reason}")]
+    /// A file could not be opened, read, mapped or listed.
+    #[error("`{path}`: {source}")]
     Io {
-        /// The file.
-        path: String,
+        /// The file or directory.
+        path: PathBuf,
         /// What the operating system said.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A glob does not parse.
+    #[error("`{pattern}`: {reason}")]
+    BadPattern {
+        /// The glob given.
+        pattern: PathBuf,
+        /// What the glob parser said.
+        reason: String,
+    },
+    /// A data file's size changed between indexing it and mapping it.
+    #[error("`{path}`: the file changed while opened")]
+    FileChanged {
+        /// The file.
+        path: PathBuf,
+    },
+    /// A data file ends before a record its index points at.
+    #[error("`{path}`: the file is shorter than its index")]
+    ShorterThanIndex {
+        /// The file.
+        path: PathBuf,
+    },
+    /// A stored line index matches its data file's size and modification time but not its
+    /// own rules; it is refused rather than trusted.
+    #[error("`{path}`: corrupt line index of `{data}`: {reason}\nhint: delete the index file; it is rebuilt on the next open")]
+    CorruptIndex {
+        /// The index file.
+        path: PathBuf,
+        /// The data file it indexes.
+        data: PathBuf,
+        /// Which check failed.
         reason: String,
     },
     /// A path, directory or glob names no data file.
     #[error("`{pattern}` matches no data files (looked for {wanted})")]
     NoFiles {
         /// The path, directory or glob given.
-        pattern: String,
+        pattern: PathBuf,
         /// The file name endings looked for.
         wanted: String,
     },
@@ -138,7 +190,7 @@ pub enum DataloadError {
     #[error("`{path}` is truncated: {expected} bytes expected, {found} found")]
     Truncated {
         /// The file.
-        path: String,
+        path: PathBuf,
         /// Bytes the header (or the element size) calls for.
         expected: u64,
         /// Bytes there are.
@@ -148,7 +200,7 @@ pub enum DataloadError {
     #[error("`{path}` holds `{found}`, but token files must hold one of {expected}")]
     WrongDtype {
         /// The file.
-        path: String,
+        path: PathBuf,
         /// The element type found.
         found: String,
         /// The element types accepted.
@@ -158,7 +210,7 @@ pub enum DataloadError {
     #[error("`{path}`: malformed {format}: {reason}")]
     BadFormat {
         /// The file.
-        path: String,
+        path: PathBuf,
         /// Which format was expected (`npy`, `arrow ipc`, `parquet`, `line index`).
         format: &'static str,
         /// What is wrong.
@@ -168,7 +220,7 @@ pub enum DataloadError {
     #[error("`{path}` has no column `{column}` (it has: {available})")]
     MissingColumn {
         /// The file.
-        path: String,
+        path: PathBuf,
         /// The column asked for.
         column: String,
         /// The columns there are, comma-separated.
@@ -178,9 +230,9 @@ pub enum DataloadError {
     #[error("`{path}` does not match the first shard `{first}`: {reason}")]
     SchemaMismatch {
         /// The shard that differs.
-        path: String,
+        path: PathBuf,
         /// The first shard.
-        first: String,
+        first: PathBuf,
         /// How it differs.
         reason: String,
     },
@@ -188,7 +240,7 @@ pub enum DataloadError {
     #[error("`{path}`, row {row}, column `{column}`: {reason}")]
     BadRecord {
         /// The file.
-        path: String,
+        path: PathBuf,
         /// The first row (in the file) of the unit that failed to decode.
         row: u64,
         /// The column (`*` when the failure is not in one column).
@@ -200,7 +252,7 @@ pub enum DataloadError {
     #[error("`{path}`: corrupt zstd frame at byte {offset}: {reason}")]
     CorruptFrame {
         /// The file.
-        path: String,
+        path: PathBuf,
         /// Offset of the frame in the compressed file.
         offset: u64,
         /// What zstd said.
@@ -210,7 +262,7 @@ pub enum DataloadError {
     #[error("`{path}`, line {line}, column {column}: not JSON: {reason}")]
     NotJson {
         /// The file.
-        path: String,
+        path: PathBuf,
         /// Line number in the (decompressed) file, from 1.
         line: u64,
         /// Column in that line, from 1.
@@ -246,10 +298,29 @@ pub enum DataloadError {
 
 impl DataloadError {
     /// An I/O error on `path`.
-    pub(crate) fn io(path: &std::path::Path, e: &std::io::Error) -> Self {
-        Self::Io { path: path.display().to_string(), reason: e.to_string() }
+    #[cfg(feature = "sources")]
+    pub(crate) fn io(path: &std::path::Path, source: std::io::Error) -> Self {
+        Self::Io { path: path.to_path_buf(), source }
     }
 }
+
+impl From<CollectiveError> for DataloadError {
+    fn from(source: CollectiveError) -> Self {
+        Self::Collective { source }
+    }
+}
+
+impl PartialEq for DataloadError {
+    fn eq(&self, other: &Self) -> bool {
+        let kinds = match (self, other) {
+            (Self::Io { source: a, .. }, Self::Io { source: b, .. }) => a.kind() == b.kind(),
+            _ => true,
+        };
+        std::mem::discriminant(self) == std::mem::discriminant(other) && kinds && self.to_string() == other.to_string()
+    }
+}
+
+impl Eq for DataloadError {}
 
 /// Shorthand used throughout the crate.
 pub type Result<T, E = DataloadError> = std::result::Result<T, E>;

@@ -11,7 +11,8 @@
 //! A [line index](crate::line_index) gives each record's byte range in the text. It is built
 //! on the first open, stored beside the file (or in a chosen directory, or only in memory:
 //! [`IndexPlacement`]), and reused while the file keeps the size and modification time it was
-//! built from; a stale or damaged index is rebuilt. A plain file is memory-mapped and a
+//! built from and the index passes its checks; a stale index is rebuilt, a current one that
+//! fails its checks is refused with an error naming it. A plain file is memory-mapped and a
 //! record is a slice of it. In a compressed file a record is read by decompressing the frames
 //! it lies in, kept in a small bounded cache of decompressed frames: zstd cannot start in the
 //! middle of a frame, so the frame is the unit of access. A file written as one frame (what
@@ -98,16 +99,22 @@ impl JsonlDataset {
         let mut persisted = Vec::new();
         let mut frame_base = 0usize;
         for file in resolve_files(spec.as_ref(), &[".jsonl", ".jsonl.zst", ".ndjson"])? {
-            let (index, saved) = load_or_build(&file, &placement)?;
+            let now = stamp(&file.path)?;
             let bytes = map_file(&file.path)?;
-            if bytes.len() as u64 != index.source_size {
-                return Err(DataloadError::Io { path: file.display(), reason: "the file changed while opened".into() });
+            if bytes.len() as u64 != now.0 {
+                return Err(DataloadError::FileChanged { path: file.path.clone() });
             }
+            let (index, saved) = load_or_build(&file, &bytes, now, &placement)?;
             let n_frames = index.frames.len();
             files.push(JsonlFile { file, bytes, index, frame_base });
             persisted.push(saved);
             frame_base += n_frames;
         }
+        Ok(Self::from_files(files, persisted, cache_frames))
+    }
+
+    /// The dataset of files already mapped and indexed.
+    fn from_files(files: Vec<JsonlFile>, persisted: Vec<bool>, cache_frames: usize) -> Self {
         let fingerprint = Fingerprint {
             format: "jsonl",
             options: String::new(),
@@ -120,13 +127,13 @@ impl JsonlDataset {
                 })
                 .collect(),
         };
-        Ok(Self {
+        Self {
             index: ShardIndex::new(files.iter().map(|f| f.index.lines.len() as u64)),
             files,
             cache: UnitCache::new(cache_frames),
             fingerprint,
             persisted,
-        })
+        }
     }
 
     /// For each file, whether its index is stored on disk (false: kept in memory only).
@@ -140,10 +147,9 @@ impl JsonlDataset {
         let (start, end) = f.index.lines[line];
         if !f.index.zstd {
             let range = usize::try_from(start).ok().zip(usize::try_from(end).ok());
-            let bytes = range.and_then(|(a, b)| f.bytes.get(a..b)).ok_or_else(|| DataloadError::Io {
-                path: f.file.display(),
-                reason: "the file is shorter than its index".into(),
-            })?;
+            let bytes = range
+                .and_then(|(a, b)| f.bytes.get(a..b))
+                .ok_or_else(|| DataloadError::ShorterThanIndex { path: f.file.path.clone() })?;
             out.extend_from_slice(bytes);
             return Ok(());
         }
@@ -155,7 +161,7 @@ impl JsonlDataset {
             let take = end.min(frame.text_start + text.len() as u64);
             if take <= p {
                 return Err(DataloadError::CorruptFrame {
-                    path: f.file.display(),
+                    path: f.file.path.clone(),
                     offset: frame.offset,
                     reason: "frame is shorter than its index says".into(),
                 });
@@ -170,20 +176,31 @@ impl JsonlDataset {
 fn decompress_frame(f: &JsonlFile, k: usize) -> Result<Vec<u8>> {
     use std::io::Read;
     let frame = f.index.frames[k];
-    let corrupt = |reason: String| DataloadError::CorruptFrame { path: f.file.display(), offset: frame.offset, reason };
+    let corrupt =
+        |reason: String| DataloadError::CorruptFrame { path: f.file.path.clone(), offset: frame.offset, reason };
     let range = usize::try_from(frame.offset).ok().zip(usize::try_from(frame.offset + frame.len).ok());
     let compressed = range.and_then(|(a, b)| f.bytes.get(a..b)).ok_or_else(|| corrupt("outside the file".into()))?;
     let expected = f.index.frame_text_len(k);
-    let mut out = Vec::with_capacity(usize::try_from(expected).unwrap_or(0));
+    // The index's numbers are only a hint for the allocation (an index may lie within its
+    // rules), and the decoder stops one byte past them, so a frame bigger than its index says
+    // costs no more memory than the index promised.
+    let mut out = Vec::with_capacity(capacity_hint(expected));
     zstd::stream::read::Decoder::with_buffer(compressed)
         .map_err(|e| corrupt(e.to_string()))?
         .single_frame()
+        .take(expected.saturating_add(1))
         .read_to_end(&mut out)
         .map_err(|e| corrupt(e.to_string()))?;
     if out.len() as u64 != expected {
         return Err(corrupt(format!("{} bytes decompressed where the index says {expected}", out.len())));
     }
     Ok(out)
+}
+
+/// An allocation size for `n` bytes the index announces, capped: memory grows with what is
+/// actually read, not with what a damaged index claims.
+fn capacity_hint(n: u64) -> usize {
+    usize::try_from(n).unwrap_or(usize::MAX).min(1 << 24)
 }
 
 /// Where the index of `file` lives under `placement`.
@@ -199,25 +216,86 @@ fn index_path(file: &DataFile, placement: &IndexPlacement) -> Option<PathBuf> {
     }
 }
 
-/// The file's index from disk when it is valid and current, otherwise built (and stored when
-/// the placement allows); and whether it is stored.
-fn load_or_build(file: &DataFile, placement: &IndexPlacement) -> Result<(LineIndex, bool)> {
-    let now = stamp(&file.path)?;
+/// The index of `file` (whose bytes are `data` and whose size and modification time are
+/// `now`): from disk when it is current, otherwise built (and stored when the placement
+/// allows); and whether it is stored. A stored index that is current but fails validation
+/// is refused (see [`crate::line_index`]).
+fn load_or_build(
+    file: &DataFile,
+    data: &[u8],
+    now: (u64, (u64, u32)),
+    placement: &IndexPlacement,
+) -> Result<(LineIndex, bool)> {
+    let zstd = file.name.ends_with(".zst");
     let idx_path = index_path(file, placement);
     if let Some(p) = &idx_path {
+        // An index that cannot be read is treated like a missing one: it is a cache.
         if let Ok(bytes) = std::fs::read(p) {
-            if let Ok(index) = LineIndex::from_bytes(&bytes) {
-                let zstd = file.name.ends_with(".zst");
-                if (index.source_size, index.mtime) == now && index.zstd == zstd {
-                    return Ok((index, true));
-                }
+            if let Some(index) = stored_index(&bytes, data, zstd, now)
+                .map_err(|reason| DataloadError::CorruptIndex { path: p.clone(), data: file.path.clone(), reason })?
+            {
+                return Ok((index, true));
             }
         }
     }
-    let data = map_file(&file.path)?;
-    let index = LineIndex::build(&data, file.name.ends_with(".zst"), now, &file.display())?;
+    let index = LineIndex::build(data, zstd, now, &file.path)?;
     let saved = idx_path.is_some_and(|p| index.save(&p).is_ok());
     Ok((index, saved))
+}
+
+/// The stored index `bytes` of `data`: `None` when it is stale (not an index, or built from
+/// another size, time or kind of file), an error when it is current but corrupt.
+fn stored_index(
+    bytes: &[u8],
+    data: &[u8],
+    zstd: bool,
+    now: (u64, (u64, u32)),
+) -> std::result::Result<Option<LineIndex>, String> {
+    match LineIndex::stored_stamp(bytes) {
+        Some(s) if (s.source_size, s.mtime) == now && s.zstd == zstd => {}
+        _ => return Ok(None),
+    }
+    let index = LineIndex::from_bytes(bytes)?;
+    if !zstd {
+        index.check_text(data)?;
+    }
+    Ok(Some(index))
+}
+
+/// The reader of [`crate::fuzz::line_index`]: `index` as a stored index of `data`, current by
+/// construction (its own time, the data's size), then every record it points at; or, when the
+/// index is stale, the index built from `data` and its records.
+pub(crate) fn fuzz_read(data: &[u8], index: &[u8], zstd: bool) {
+    let Some(stored) = LineIndex::stored_stamp(index) else { return };
+    let now = (data.len() as u64, stored.mtime);
+    let path = Path::new(if zstd { "fuzz.jsonl.zst" } else { "fuzz.jsonl" });
+    let index = match stored_index(index, data, zstd, now) {
+        Ok(Some(index)) => index,
+        Err(_) => return,
+        // Decompressing what the fuzzer writes can take memory out of proportion to the input;
+        // that is zstd's ratio, not a bug of ours, so only small compressed inputs are built.
+        Ok(None) if zstd && data.len() > 1024 => return,
+        Ok(None) => match LineIndex::build(data, zstd, now, path) {
+            Ok(index) => index,
+            Err(_) => return,
+        },
+    };
+    // Same reasoning: a text the index says is huge is only read when the data is real.
+    if index.text_len > 1 << 24 {
+        return;
+    }
+    let file = DataFile { path: path.to_path_buf(), name: path.display().to_string() };
+    let ds = JsonlDataset::from_files(
+        vec![JsonlFile { file, bytes: Bytes::copy_from_slice(data), index, frame_base: 0 }],
+        vec![false],
+        2,
+    );
+    let n = ds.len().min(256);
+    let all: Vec<u64> = (0..n).rev().collect();
+    if let Ok(batch) = ds.read_batch(&all) {
+        assert_eq!(batch.len() as u64, n);
+    }
+    let _ = ds.read_batch(&[n]);
 }
 
 impl Source for JsonlDataset {
@@ -233,14 +311,11 @@ impl Source for JsonlDataset {
 
     fn read_batch(&self, indices: &[u64]) -> Result<TextBatch> {
         let located = indices.iter().map(|&i| self.index.locate(i)).collect::<Result<Vec<_>>>()?;
-        let total: u64 = located
-            .iter()
-            .map(|&(k, l)| {
-                let (a, b) = self.files[k].index.lines[l as usize];
-                b - a
-            })
-            .sum();
-        let mut data = Vec::with_capacity(usize::try_from(total).unwrap_or(0));
+        let total = located.iter().fold(0u64, |sum, &(k, l)| {
+            let (a, b) = self.files[k].index.lines[l as usize];
+            sum.saturating_add(b - a)
+        });
+        let mut data = Vec::with_capacity(capacity_hint(total));
         let mut offsets = Vec::with_capacity(indices.len() + 1);
         offsets.push(0);
         for (k, l) in located {

@@ -63,6 +63,9 @@
 //!
 //! # Reading the samples
 //!
+//! This part is the `sources` cargo feature, on by default. Without it the crate is the index
+//! side alone (everything above), which builds without Arrow, Parquet, zstd or memory maps.
+//!
 //! A [`Source`] reads and collates a batch of samples by index: [`TokenWindows`]
 //! (nanoGPT `.bin` and `.npy` token files cut in fixed windows), [`ArrowDataset`] (Arrow IPC
 //! files and streams), [`ParquetDataset`] (by row, through a row-group index and a bounded
@@ -76,44 +79,61 @@
 //! workers, and a state saved while batches are read ahead resumes at the first batch not
 //! handed out.
 
+#[cfg(feature = "sources")]
 mod arrow_file;
 mod batch_shard;
-mod collective;
 mod config;
 mod dispatch;
 mod error;
+#[doc(hidden)]
+pub mod fuzz;
 mod iterable_shard;
+#[cfg(feature = "sources")]
 mod jsonl;
+#[cfg(feature = "sources")]
 mod line_index;
 mod loader;
+#[cfg(feature = "sources")]
 mod mmap;
+#[cfg(feature = "sources")]
 mod npy;
+#[cfg(feature = "sources")]
 mod parquet_rows;
 mod plan;
+#[cfg(feature = "sources")]
 mod prefetch;
 mod randperm;
 mod sampler;
+#[cfg(feature = "sources")]
 mod source;
 mod state;
+#[cfg(feature = "sources")]
 mod table;
+#[cfg(feature = "sources")]
 mod tokens;
 mod torch_rng;
 
+#[cfg(feature = "sources")]
 pub use arrow_file::ArrowDataset;
 pub use batch_shard::{accelerate_shard_len, shard_batches, ShardParams};
-pub use collective::{Collective, InProcessCollective, InProcessGroup};
+pub use collective::{Collective, CollectiveError, InProcessCollective, InProcessGroup};
 pub use config::{DataLoaderConfiguration, DatasetKind, LoaderShape, ShardMode};
 pub use dispatch::{base_batches, gather_for_metrics, DispatchedBatch, Dispatcher};
 pub use error::{DataloadError, Result};
 pub use iterable_shard::IterableDatasetShard;
+#[cfg(feature = "sources")]
 pub use jsonl::{IndexPlacement, JsonlDataset, TextBatch, DEFAULT_FRAME_CACHE};
 pub use loader::{ShardedSampler, ShardedSamplerBuilder};
+#[cfg(feature = "sources")]
 pub use parquet_rows::{ParquetDataset, DEFAULT_ROW_GROUP_CACHE};
 pub use plan::{BatchGeometry, EpochPlan};
+#[cfg(feature = "sources")]
 pub use prefetch::{DataLoader, DataLoaderBuilder};
 pub use randperm::{randperm, randperm_with, Permutation, RandpermAlgorithm, TorchVersion, INSIDE_OUT_THRESHOLD};
 pub use sampler::{EpochOrder, IndexSampler, SeedableRandomSampler, SequentialSampler, MAX_SEED, MIN_SEED};
+#[cfg(feature = "sources")]
 pub use source::{FileFingerprint, Fingerprint, Source};
 pub use state::{LoaderState, SamplerSpec, STATE_FORMAT, STATE_VERSION};
+#[cfg(feature = "sources")]
 pub use tokens::{TokenBatch, TokenDtype, TokenFile, TokenWindows};
 pub use torch_rng::TorchGenerator;

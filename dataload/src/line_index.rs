@@ -20,10 +20,16 @@
 //! A frame is a zstd frame of the file: where it is in the compressed file and where its
 //! output starts in the text. A line is a record: its byte range in the text, without the
 //! newline (and without a `\r` before it). Blank lines are not records. Frames are contiguous
-//! and cover the file exactly; lines are in order and inside the text; the file's length is
-//! exactly what the counts call for. An index that fails any of these checks, or whose size
-//! or modification time is not the data file's, is rebuilt: it is a cache, never trusted over
-//! the data.
+//! and cover the file exactly, the first starting the text; lines are in order, never empty,
+//! separated, and inside the text; the file's length is exactly what the counts call for. In a
+//! plain file each line must also start after a newline and end at one, which two byte reads
+//! per line check against the data itself.
+//!
+//! An index whose header is not one (wrong magic, version or kind), or whose size or
+//! modification time is not the data file's, is stale: it is rebuilt. An index whose header
+//! matches the data file but whose contents fail a check is corrupt: opening the dataset fails
+//! with an error naming the index, rather than trusting it because its size and time match, or
+//! silently rebuilding over what may be a bug or tampering worth knowing about.
 //!
 //! Building reads the whole file once (decompressing frame by frame, in bounded memory) and
 //! checks that every record is JSON, so a bad line is reported with its line and column when
@@ -48,6 +54,14 @@ pub(crate) struct Frame {
     pub text_start: u64,
 }
 
+/// What a stored index was built from: the kind of file, its size and modification time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Stamp {
+    pub zstd: bool,
+    pub source_size: u64,
+    pub mtime: (u64, u32),
+}
+
 /// The index of one file.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct LineIndex {
@@ -61,7 +75,7 @@ pub(crate) struct LineIndex {
 
 /// Size and modification time of `path`, what an index is checked against.
 pub(crate) fn stamp(path: &Path) -> Result<(u64, (u64, u32))> {
-    let meta = std::fs::metadata(path).map_err(|e| DataloadError::io(path, &e))?;
+    let meta = std::fs::metadata(path).map_err(|e| DataloadError::io(path, e))?;
     let mtime = meta
         .modified()
         .ok()
@@ -79,7 +93,7 @@ impl LineIndex {
     }
 
     /// Builds the index of `data` (the whole file), checking every record is JSON.
-    pub fn build(data: &[u8], zstd: bool, stamp: (u64, (u64, u32)), path: &str) -> Result<Self> {
+    pub fn build(data: &[u8], zstd: bool, stamp: (u64, (u64, u32)), path: &Path) -> Result<Self> {
         let mut scan = Scanner { path, pos: 0, line_start: 0, line_no: 1, carry: Vec::new(), lines: Vec::new() };
         let mut frames = Vec::new();
         if zstd {
@@ -141,6 +155,23 @@ impl LineIndex {
         out
     }
 
+    /// What the header of a stored index says about the file it indexes, or `None` when the
+    /// bytes are not a line index of this version at all. This is what tells a stale index
+    /// (rebuilt) from a corrupt one (refused): only the header is read.
+    pub fn stored_stamp(b: &[u8]) -> Option<Stamp> {
+        let u64_at = |at: usize| Some(u64::from_le_bytes(b.get(at..at + 8)?.try_into().ok()?));
+        let u32_at = |at: usize| Some(u32::from_le_bytes(b.get(at..at + 4)?.try_into().ok()?));
+        if b.len() < HEADER || b.get(..8)? != MAGIC || u32_at(8)? != VERSION {
+            return None;
+        }
+        let zstd = match u32_at(12)? {
+            0 => false,
+            1 => true,
+            _ => return None,
+        };
+        Some(Stamp { zstd, source_size: u64_at(16)?, mtime: (u64_at(24)?, u32_at(32)?) })
+    }
+
     /// Parses and validates a serialized index (see the module docs for what is checked).
     pub fn from_bytes(b: &[u8]) -> std::result::Result<Self, String> {
         let u64_at = |at: usize| b.get(at..at + 8).map(|s| u64::from_le_bytes(s.try_into().unwrap_or([0; 8])));
@@ -166,12 +197,16 @@ impl LineIndex {
             .and_then(|f| f.checked_mul(FRAME))
             .zip(usize::try_from(n_lines).ok().and_then(|l| l.checked_mul(LINE)))
             .and_then(|(f, l)| f.checked_add(l)?.checked_add(HEADER));
-        if expected != Some(b.len()) {
-            return Err(format!("{} bytes where the counts call for {expected:?}", b.len()));
+        match expected {
+            Some(n) if n == b.len() => {}
+            Some(n) => return Err(format!("{} bytes where the counts call for {n}", b.len())),
+            None => return Err(format!("{} bytes where the counts call for more than memory holds", b.len())),
         }
-        let mut frames = Vec::with_capacity(n_frames as usize);
+        // The length check above bounds both counts by the size of the index.
+        let (n_frames, n_lines) = (n_frames as usize, n_lines as usize);
+        let mut frames = Vec::with_capacity(n_frames);
         let (mut next_offset, mut last_start) = (0u64, 0u64);
-        for k in 0..n_frames as usize {
+        for k in 0..n_frames {
             let at = HEADER + k * FRAME;
             let f = Frame { offset: field(at)?, len: field(at + 8)?, text_start: field(at + 16)? };
             if f.offset != next_offset || f.text_start < last_start || f.text_start > text_len || f.len == 0 {
@@ -184,21 +219,58 @@ impl LineIndex {
         if zstd && next_offset != source_size {
             return Err("frames do not cover the file".into());
         }
+        // A reader finds the frame of a text offset by the frames' starts: the first frame must
+        // start the text, and text without any frame has nowhere to come from.
+        if zstd && frames.first().map_or(text_len != 0, |f| f.text_start != 0) {
+            return Err(if frames.is_empty() {
+                format!("no frames, but {text_len} bytes of text")
+            } else {
+                "frame 0 does not start the text".into()
+            });
+        }
         if !zstd && (n_frames != 0 || text_len != source_size) {
             return Err("a plain-text index has frames or another length".into());
         }
-        let mut lines = Vec::with_capacity(n_lines as usize);
+        let mut lines = Vec::with_capacity(n_lines);
         let mut prev_end = 0u64;
-        let base = HEADER + n_frames as usize * FRAME;
-        for k in 0..n_lines as usize {
+        let base = HEADER + n_frames * FRAME;
+        for k in 0..n_lines {
             let (a, e) = (field(base + k * LINE)?, field(base + k * LINE + 8)?);
-            if a < prev_end || e < a || e > text_len {
+            // Records are never blank and a newline separates each from the next.
+            if a < prev_end || (k > 0 && a == prev_end) || e < a {
                 return Err(format!("line {k} is out of order"));
+            }
+            if e == a {
+                return Err(format!("line {k} is empty"));
+            }
+            if e > text_len {
+                return Err(format!("line {k} ends at byte {e}, past the end of the {text_len}-byte text"));
             }
             prev_end = e;
             lines.push((a, e));
         }
         Ok(Self { zstd, source_size, mtime: (secs, nanos), text_len, frames, lines })
+    }
+
+    /// Checks a plain-text index against the text itself: every record starts the file or
+    /// follows a newline, and ends the file or a line (before its `\n` or `\r\n`). This
+    /// costs two byte reads per record, not a scan, and catches an index whose numbers are
+    /// well-formed but belong to other data.
+    pub fn check_text(&self, text: &[u8]) -> std::result::Result<(), String> {
+        let at = |i: u64| usize::try_from(i).ok().and_then(|i| text.get(i)).copied();
+        let end = text.len() as u64;
+        for (k, &(a, e)) in self.lines.iter().enumerate() {
+            if a > 0 && at(a - 1) != Some(b'\n') {
+                return Err(format!("line {k} does not start after a newline"));
+            }
+            let ends_line = e == end
+                || at(e) == Some(b'\n')
+                || (at(e) == Some(b'\r') && (e + 1 == end || at(e + 1) == Some(b'\n')));
+            if !ends_line {
+                return Err(format!("line {k} does not end at a newline"));
+            }
+        }
+        Ok(())
     }
 
     /// Writes the index to `path` atomically: a temporary file beside it, fsynced, renamed.
@@ -220,7 +292,7 @@ impl LineIndex {
 
 /// Splits text fed in chunks into records, checking each is JSON.
 struct Scanner<'p> {
-    path: &'p str,
+    path: &'p Path,
     /// Text offset of the next byte fed.
     pos: u64,
     /// Text offset where the current line starts.
@@ -295,7 +367,7 @@ mod tests {
     #[test]
     fn round_trips_and_refuses_damage() {
         let text = b"{\"a\":1}\n\n{\"b\":2}\r\n[3]";
-        let idx = LineIndex::build(text, false, (text.len() as u64, (5, 6)), "t").unwrap();
+        let idx = LineIndex::build(text, false, (text.len() as u64, (5, 6)), Path::new("t")).unwrap();
         assert_eq!(idx.lines, vec![(0, 7), (9, 16), (18, 21)]);
         let bytes = idx.to_bytes();
         assert_eq!(LineIndex::from_bytes(&bytes).unwrap(), idx);
@@ -306,5 +378,16 @@ mod tests {
         let at = HEADER;
         swapped[at] = 50; // the first line now starts after its end
         assert_eq!(LineIndex::from_bytes(&swapped).unwrap_err(), "line 0 is out of order");
+    }
+
+    #[test]
+    fn every_line_ending_the_scanner_accepts_passes_the_text_check() {
+        let text = b"  {\"a\":1}\r\n \t \n[2]\r\r\n\n\"x\"\n{}\r";
+        let idx = LineIndex::build(text, false, (text.len() as u64, (0, 0)), Path::new("t")).unwrap();
+        assert_eq!(idx.lines.len(), 4);
+        idx.check_text(text).unwrap();
+        let mut shifted = idx.clone();
+        shifted.lines[3].1 -= 1;
+        assert_eq!(shifted.check_text(text).unwrap_err(), "line 3 does not end at a newline");
     }
 }

@@ -378,16 +378,14 @@ impl ShardedSampler {
             return Err(DataloadError::UnsupportedVersion { found: state.version, supported: STATE_VERSION });
         }
         state.check_consistent()?;
-        fn differ<T: PartialEq + std::fmt::Debug>(field: &'static str, saved: &T, current: &T) -> Result<()> {
+        // Values are shown as the state file writes them (JSON), so the message can be read
+        // against the file.
+        fn differ<T: PartialEq + serde::Serialize>(field: &'static str, saved: &T, current: &T) -> Result<()> {
             if saved == current {
-                Ok(())
-            } else {
-                Err(DataloadError::StateMismatch {
-                    field,
-                    saved: format!("{saved:?}"),
-                    current: format!("{current:?}"),
-                })
+                return Ok(());
             }
+            let shown = |v: &T| serde_json::to_string(v).unwrap_or_else(|e| format!("<{e}>"));
+            Err(DataloadError::StateMismatch { field, saved: shown(saved), current: shown(current) })
         }
         differ("dataset_len", &state.dataset_len, &self.dataset_len)?;
         differ("fingerprint", &state.fingerprint, &self.fingerprint)?;

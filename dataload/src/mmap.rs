@@ -22,14 +22,14 @@ use crate::error::{DataloadError, Result};
 /// The bytes of a whole file, memory-mapped (empty files are not mapped: a zero-length map is
 /// an error on some systems).
 pub(crate) fn map_file(path: &Path) -> Result<Bytes> {
-    let file = File::open(path).map_err(|e| DataloadError::io(path, &e))?;
-    let len = file.metadata().map_err(|e| DataloadError::io(path, &e))?.len();
+    let file = File::open(path).map_err(|e| DataloadError::io(path, e))?;
+    let len = file.metadata().map_err(|e| DataloadError::io(path, e))?.len();
     if len == 0 {
         return Ok(Bytes::new());
     }
     // SAFETY: the map is read-only and private to this process; nothing in this crate writes
     // to a mapped file. See the module docs for files changed by other processes while
     // mapped, the one case no reader can guard against.
-    let map = unsafe { Mmap::map(&file) }.map_err(|e| DataloadError::io(path, &e))?;
+    let map = unsafe { Mmap::map(&file) }.map_err(|e| DataloadError::io(path, e))?;
     Ok(Bytes::from_owner(map))
 }

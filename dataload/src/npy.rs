@@ -7,6 +7,8 @@
 //! the array's elements, back to back, in the byte order `descr` names (`<` little-endian,
 //! `|` for one-byte types). Only what token files need is accepted: one dimension, C order.
 
+use std::path::Path;
+
 use crate::error::{DataloadError, Result};
 
 const MAGIC: &[u8] = b"\x93NUMPY";
@@ -24,7 +26,7 @@ pub(crate) struct NpyHeader {
     pub data_offset: usize,
 }
 
-pub(crate) fn parse_header(bytes: &[u8], path: &str) -> Result<NpyHeader> {
+pub(crate) fn parse_header(bytes: &[u8], path: &Path) -> Result<NpyHeader> {
     let bad = |reason: String| DataloadError::BadFormat { path: path.to_owned(), format: "npy", reason };
     if bytes.len() < 10 || !bytes.starts_with(MAGIC) {
         return Err(bad("missing the `\\x93NUMPY` magic".into()));
@@ -99,15 +101,17 @@ mod tests {
 
     #[test]
     fn parses_what_numpy_writes() {
-        let h = parse_header(&file("{'descr': '<u2', 'fortran_order': False, 'shape': (1000,), }\n"), "x").unwrap();
+        let h = parse_header(&file("{'descr': '<u2', 'fortran_order': False, 'shape': (1000,), }\n"), Path::new("x"))
+            .unwrap();
         assert_eq!(h, NpyHeader { descr: "<u2".into(), len: 1000, data_offset: 71 });
     }
 
     #[test]
     fn refuses_two_dimensions_and_bad_magic() {
-        let err = parse_header(&file("{'descr': '<u2', 'fortran_order': False, 'shape': (3, 4), }"), "x").unwrap_err();
+        let err = parse_header(&file("{'descr': '<u2', 'fortran_order': False, 'shape': (3, 4), }"), Path::new("x"))
+            .unwrap_err();
         assert_eq!(err.to_string(), "`x`: malformed npy: shape (3, 4) is not one-dimensional");
-        let err = parse_header(b"PK\x03\x04 not numpy", "y").unwrap_err();
+        let err = parse_header(b"PK\x03\x04 not numpy", Path::new("y")).unwrap_err();
         assert_eq!(err.to_string(), "`y`: malformed npy: missing the `\\x93NUMPY` magic");
     }
 }

@@ -19,7 +19,7 @@
 //! shuffled batch touches at most `batch size` of them. The cache holds row groups, not
 //! bytes: row groups of a few hundred MB need a small cache.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use arrow_array::{RecordBatch, RecordBatchReader};
@@ -66,12 +66,12 @@ impl ParquetDataset {
     /// that order) when given, with a cache of `cache_row_groups` decoded row groups.
     pub fn open(spec: impl AsRef<Path>, columns: Option<&[String]>, cache_row_groups: usize) -> Result<Self> {
         let mut files = Vec::new();
-        let mut schema: Option<(SchemaRef, String)> = None;
+        let mut schema: Option<(SchemaRef, PathBuf)> = None;
         let mut groups = Vec::new();
         let mut counts = Vec::new();
         let mut fps = Vec::new();
         for file in resolve_files(spec.as_ref(), &[".parquet", ".pq"])? {
-            let path = file.display();
+            let path = file.path.clone();
             let bytes = map_file(&file.path)?;
             let metadata = ArrowReaderMetadata::load(&bytes, ArrowReaderOptions::new()).map_err(|e| {
                 DataloadError::BadFormat { path: path.clone(), format: "parquet", reason: e.to_string() }
@@ -137,11 +137,11 @@ impl ParquetDataset {
                         .find(|&&c| decode(file, rg, &[c]).is_err())
                         .map(|&c| file.metadata.schema().field(c).name().clone())
                         .unwrap_or_else(|| "*".into());
-                    DataloadError::BadRecord { path: file.file.display(), row: first_row, column, reason }
+                    DataloadError::BadRecord { path: file.file.path.clone(), row: first_row, column, reason }
                 })
                 .and_then(|batch| {
                     batch.project(&file.order).map_err(|e| DataloadError::BadRecord {
-                        path: file.file.display(),
+                        path: file.file.path.clone(),
                         row: first_row,
                         column: "*".into(),
                         reason: e.to_string(),

@@ -101,12 +101,6 @@ pub(crate) struct DataFile {
     pub name: String,
 }
 
-impl DataFile {
-    pub fn display(&self) -> String {
-        self.path.display().to_string()
-    }
-}
-
 /// The files `spec` names (a file, a directory searched recursively, or a glob), sorted; in a
 /// directory or a glob only names ending with one of `extensions` count.
 pub(crate) fn resolve_files(spec: &Path, extensions: &[&str]) -> Result<Vec<DataFile>> {
@@ -118,11 +112,11 @@ pub(crate) fn resolve_files(spec: &Path, extensions: &[&str]) -> Result<Vec<Data
     };
     let (root, mut paths) = if text.contains(['*', '?', '[']) {
         let root = glob_root(spec);
-        let entries =
-            glob::glob(&text).map_err(|e| DataloadError::Io { path: text.to_string(), reason: e.to_string() })?;
+        let entries = glob::glob(&text)
+            .map_err(|e| DataloadError::BadPattern { pattern: spec.to_path_buf(), reason: e.to_string() })?;
         let mut paths = Vec::new();
         for entry in entries {
-            let p = entry.map_err(|e| DataloadError::io(e.path(), e.error()))?;
+            let p = entry.map_err(|e| DataloadError::Io { path: e.path().to_path_buf(), source: e.into() })?;
             if p.is_file() && matches_ext(&p) {
                 paths.push(p);
             }
@@ -137,12 +131,12 @@ pub(crate) fn resolve_files(spec: &Path, extensions: &[&str]) -> Result<Vec<Data
         })?;
         (spec.to_path_buf(), paths)
     } else {
-        std::fs::metadata(spec).map_err(|e| DataloadError::io(spec, &e))?;
+        std::fs::metadata(spec).map_err(|e| DataloadError::io(spec, e))?;
         (spec.parent().map(Path::to_path_buf).unwrap_or_default(), vec![spec.to_path_buf()])
     };
     paths.sort();
     if paths.is_empty() {
-        return Err(DataloadError::NoFiles { pattern: text.into_owned(), wanted: wanted() });
+        return Err(DataloadError::NoFiles { pattern: spec.to_path_buf(), wanted: wanted() });
     }
     Ok(paths
         .into_iter()
@@ -168,8 +162,8 @@ fn glob_root(spec: &Path) -> PathBuf {
 
 fn walk(dir: &Path, f: &mut dyn FnMut(&Path)) -> Result<()> {
     let mut entries: Vec<PathBuf> = std::fs::read_dir(dir)
-        .map_err(|e| DataloadError::io(dir, &e))?
-        .map(|e| e.map(|e| e.path()).map_err(|e| DataloadError::io(dir, &e)))
+        .map_err(|e| DataloadError::io(dir, e))?
+        .map(|e| e.map(|e| e.path()).map_err(|e| DataloadError::io(dir, e)))
         .collect::<Result<_>>()?;
     entries.sort();
     for p in entries {

@@ -1,6 +1,8 @@
 //! What the Arrow and Parquet sources share: column selection, shard schema checks, and the
 //! collation of rows from several record batches into one.
 
+use std::path::{Path, PathBuf};
+
 use arrow_array::RecordBatch;
 use arrow_schema::{Schema, SchemaRef};
 use arrow_select::interleave::interleave_record_batch;
@@ -10,7 +12,7 @@ use crate::source::ShardIndex;
 
 /// Indices in `schema` of the `columns` asked for (all columns when `None`), in the order
 /// asked for.
-pub(crate) fn resolve_columns(schema: &Schema, columns: Option<&[String]>, path: &str) -> Result<Vec<usize>> {
+pub(crate) fn resolve_columns(schema: &Schema, columns: Option<&[String]>, path: &Path) -> Result<Vec<usize>> {
     match columns {
         None => Ok((0..schema.fields().len()).collect()),
         Some(cols) => cols
@@ -27,7 +29,7 @@ pub(crate) fn resolve_columns(schema: &Schema, columns: Option<&[String]>, path:
 }
 
 /// Refuses a shard whose (selected) schema differs from the first shard's in names or types.
-pub(crate) fn check_same_schema(first: &Schema, first_path: &str, other: &Schema, path: &str) -> Result<()> {
+pub(crate) fn check_same_schema(first: &Schema, first_path: &Path, other: &Schema, path: &Path) -> Result<()> {
     let mismatch =
         |reason: String| DataloadError::SchemaMismatch { path: path.to_owned(), first: first_path.to_owned(), reason };
     if first.fields().len() != other.fields().len() {
@@ -53,7 +55,7 @@ fn collate(schema: &SchemaRef, units: &[RecordBatch], rows: &[(usize, usize)]) -
     }
     let refs: Vec<&RecordBatch> = units.iter().collect();
     interleave_record_batch(&refs, rows).map_err(|e| DataloadError::BadRecord {
-        path: "<batch>".into(),
+        path: PathBuf::from("<batch>"),
         row: 0,
         column: "*".into(),
         reason: e.to_string(),

@@ -112,7 +112,7 @@ impl TokenFile {
 
     fn open_file(file: DataFile, bin_dtype: TokenDtype) -> Result<Self> {
         let bytes = map_file(&file.path)?;
-        let shown = file.display();
+        let shown = file.path.clone();
         let (offset, dtype, len) = if file.path.extension().is_some_and(|e| e == "npy") {
             let header = parse_header(&bytes, &shown)?;
             let dtype = TokenDtype::from_descr(&header.descr).ok_or_else(|| DataloadError::WrongDtype {

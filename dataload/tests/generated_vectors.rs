@@ -141,7 +141,7 @@ fn dispatch_vectors() {
         // The communicating dispatcher, threads as ranks, epoch 0, with gather_for_metrics.
         let probe = loader(n, bs, dl, world, 0, split, true, true, s);
         let order = probe.order(0).unwrap();
-        let comms = InProcessGroup::new(world as usize);
+        let comms = InProcessGroup::new(world);
         std::thread::scope(|scope| {
             for comm in comms {
                 let order = order.clone();
@@ -152,7 +152,7 @@ fn dispatch_vectors() {
                     let source = (rank == 0)
                         .then(|| Box::new(base_batches(order, bs, dl)) as Box<dyn Iterator<Item = Vec<u64>>>);
                     let mut d = Dispatcher::new(&comm, source, split, dl, 0);
-                    let steps = c["ranks"][rank]["epochs"][0].as_array().unwrap();
+                    let steps = c["ranks"][rank as usize]["epochs"][0].as_array().unwrap();
                     for step in steps {
                         let got = d.next_batch().unwrap().unwrap();
                         assert_eq!(got.rows, row(&step["rows"]), "{c}");

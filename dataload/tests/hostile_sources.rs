@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 
-use dataload::{DataloadError, IndexPlacement, JsonlDataset, ParquetDataset, TokenDtype, TokenWindows};
+use dataload::{DataloadError, IndexPlacement, JsonlDataset, ParquetDataset, Source, TokenDtype, TokenWindows};
 
 fn hostile(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../fixtures/hostile/dataload").join(name)
@@ -18,7 +18,7 @@ fn shown(name: &str) -> String {
 fn truncated_npy() {
     let err = TokenWindows::open(hostile("truncated.npy"), 16, TokenDtype::U16).unwrap_err();
     // numpy's header is 128 bytes; 1000 uint16 tokens need 2000 more; 600 are there.
-    assert_eq!(err, DataloadError::Truncated { path: shown("truncated.npy"), expected: 2128, found: 728 });
+    assert_eq!(err, DataloadError::Truncated { path: hostile("truncated.npy"), expected: 2128, found: 728 });
     assert_eq!(err.to_string(), format!("`{}` is truncated: 2128 bytes expected, 728 found", shown("truncated.npy")));
 }
 
@@ -57,7 +57,7 @@ fn missing_parquet_column() {
 fn truncated_parquet() {
     let err = ParquetDataset::open(hostile("truncated.parquet"), None, 2).unwrap_err();
     let DataloadError::BadFormat { path, format, reason } = &err else { panic!("{err}") };
-    assert_eq!((path.as_str(), *format), (shown("truncated.parquet").as_str(), "parquet"));
+    assert_eq!((path.as_path(), *format), (hostile("truncated.parquet").as_path(), "parquet"));
     assert_eq!(reason, "Parquet error: Invalid Parquet file. Corrupt footer");
 }
 
@@ -68,7 +68,7 @@ fn corrupt_zstd_frame() {
         JsonlDataset::open(hostile("corrupt_frame.jsonl.zst"), IndexPlacement::Dir(tmp.path().into()), 2).unwrap_err();
     // The second frame starts after the first (86 bytes, from the generator's expected.json).
     let DataloadError::CorruptFrame { path, offset, reason } = &err else { panic!("{err}") };
-    assert_eq!((path.as_str(), *offset), (shown("corrupt_frame.jsonl.zst").as_str(), 86));
+    assert_eq!((path.as_path(), *offset), (hostile("corrupt_frame.jsonl.zst").as_path(), 86));
     assert!(err
         .to_string()
         .starts_with(&format!("`{}`: corrupt zstd frame at byte 86: ", shown("corrupt_frame.jsonl.zst"))));
@@ -95,4 +95,77 @@ fn nothing_to_read() {
     );
     let err = TokenWindows::open(tmp.path().join("absent.bin"), 4, TokenDtype::U16).unwrap_err();
     assert!(matches!(err, DataloadError::Io { .. }), "{err}");
+}
+
+/// Writes `text` as `name` in a fresh directory and opens it once, which stores its line index
+/// beside it; returns the directory, the data file and the index file.
+fn indexed(name: &str, text: &[u8]) -> (tempfile::TempDir, PathBuf, PathBuf) {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join(name);
+    std::fs::write(&data, text).unwrap();
+    let ds = JsonlDataset::open(&data, IndexPlacement::Beside, 2).unwrap();
+    assert_eq!(ds.index_persisted(), [true]);
+    let idx = tmp.path().join(format!("{name}.lines.idx"));
+    (tmp, data, idx)
+}
+
+/// Sets the little-endian `u64` at `at` (offsets from the layout in `line_index.rs`).
+fn put_u64(bytes: &mut [u8], at: usize, v: u64) {
+    bytes[at..at + 8].copy_from_slice(&v.to_le_bytes());
+}
+
+/// The header of a line index is 64 bytes; then frames (24 bytes each), then lines (16).
+const HEADER: usize = 64;
+
+fn corrupt_index_message(idx: &std::path::Path, data: &std::path::Path, reason: &str) -> String {
+    format!(
+        "`{}`: corrupt line index of `{}`: {reason}\nhint: delete the index file; it is rebuilt on the next open",
+        idx.display(),
+        data.display()
+    )
+}
+
+#[test]
+fn line_index_with_a_current_stamp_but_shifted_records() {
+    // Well-formed numbers that belong to other data: the size and the time match, every
+    // offset is in order and inside the file, but the second record starts one byte late.
+    let (_tmp, data, idx) = indexed("data.jsonl", b"{\"a\": 1}\n{\"b\": 2}\n{\"c\": 3}\n");
+    let mut bytes = std::fs::read(&idx).unwrap();
+    put_u64(&mut bytes, HEADER + 16, 10);
+    std::fs::write(&idx, &bytes).unwrap();
+    let err = JsonlDataset::open(&data, IndexPlacement::Beside, 2).unwrap_err();
+    assert_eq!(err.to_string(), corrupt_index_message(&idx, &data, "line 1 does not start after a newline"));
+    assert!(matches!(&err, DataloadError::CorruptIndex { path, .. } if path == &idx), "{err}");
+    assert_eq!(std::fs::read(&idx).unwrap(), bytes, "a refused index is left for inspection");
+    // Deleting it is the way out.
+    std::fs::remove_file(&idx).unwrap();
+    let ds = JsonlDataset::open(&data, IndexPlacement::Beside, 2).unwrap();
+    assert_eq!(ds.read_batch(&[1]).unwrap().get(0), Some("{\"b\": 2}"));
+}
+
+#[test]
+fn line_index_with_a_current_stamp_but_overlapping_records() {
+    let (_tmp, data, idx) = indexed("data.jsonl", b"{\"a\": 1}\n{\"b\": 2}\n");
+    let mut bytes = std::fs::read(&idx).unwrap();
+    // The second record now starts inside the first.
+    put_u64(&mut bytes, HEADER + 16, 3);
+    std::fs::write(&idx, &bytes).unwrap();
+    let err = JsonlDataset::open(&data, IndexPlacement::Beside, 2).unwrap_err();
+    assert_eq!(err.to_string(), corrupt_index_message(&idx, &data, "line 1 is out of order"));
+}
+
+#[test]
+fn zstd_line_index_without_frames() {
+    // An empty `.jsonl.zst` has no frames; its index, told it has text and a record, used to
+    // send the reader looking for frame 0 of none.
+    let (_tmp, data, idx) = indexed("empty.jsonl.zst", b"");
+    let mut bytes = std::fs::read(&idx).unwrap();
+    assert_eq!(bytes.len(), HEADER);
+    put_u64(&mut bytes, 40, 10); // text_len
+    put_u64(&mut bytes, 56, 1); // n_lines
+    bytes.extend_from_slice(&0u64.to_le_bytes());
+    bytes.extend_from_slice(&5u64.to_le_bytes());
+    std::fs::write(&idx, &bytes).unwrap();
+    let err = JsonlDataset::open(&data, IndexPlacement::Beside, 2).unwrap_err();
+    assert_eq!(err.to_string(), corrupt_index_message(&idx, &data, "no frames, but 10 bytes of text"));
 }

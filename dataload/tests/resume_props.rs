@@ -183,7 +183,7 @@ proptest! {
         prop_assume!(c.dispatch);
         let probe = c.loader(c.world, 0);
         let order = probe.order(0).unwrap();
-        let comms = InProcessGroup::new(c.world as usize);
+        let comms = InProcessGroup::new(c.world);
         let results: Vec<Vec<Vec<u64>>> = std::thread::scope(|scope| {
             let handles: Vec<_> = comms
                 .into_iter()
