@@ -151,6 +151,13 @@ const WINDOW: u64 = 8 << 20;
 /// nothing that existed before is touched.
 pub(crate) fn execute(plan: &Plan, source: &Checkpoint, opts: &WriteOptions<'_>) -> Result<()> {
     refuse_overwriting_sources(plan, source)?;
+    // Checked before anything is written (and again at each rename, for links planted while
+    // the plan runs), so a refusal leaves nothing behind.
+    let manifest = plan.targets.first().and_then(|t| t.path.parent()).map(|d| d.join(crate::manifest::MANIFEST_NAME));
+    let manifest = manifest.filter(|_| opts.checksums);
+    for out in plan.targets.iter().map(|t| &t.path).chain(plan.trailers.iter().map(|(p, _)| p)).chain(&manifest) {
+        refuse_planted_link(out, plan)?;
+    }
     let sources = source.files();
     // A folder the plan creates is built under a temporary name and renamed into place once
     // everything in it is complete, so a failure or a kill never leaves half of one behind.
@@ -219,9 +226,9 @@ pub(crate) fn execute(plan: &Plan, source: &Checkpoint, opts: &WriteOptions<'_>)
             .zip(&temps.files)
             .map(|(t, (p, _))| Ok((file_name(&t.path), crate::manifest::sha256_file(p)?)))
             .collect::<Result<_>>()?;
-        let dir = plan.targets.first().and_then(|t| t.path.parent()).unwrap_or(Path::new("."));
+        let path = manifest.clone().unwrap_or_else(|| PathBuf::from(crate::manifest::MANIFEST_NAME));
         // The manifest goes before the index: the index stays the last thing written.
-        trailers.insert(0, (dir.join(crate::manifest::MANIFEST_NAME), crate::manifest::render(&sums).into_bytes()));
+        trailers.insert(0, (path, crate::manifest::render(&sums).into_bytes()));
     }
 
     for stale in &plan.stale {

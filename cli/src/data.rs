@@ -36,7 +36,7 @@ pub struct PlanArgs {
     #[arg(long, value_name = "B")]
     pub batch_size: u64,
     /// Number of ranks.
-    #[arg(long, value_name = "W")]
+    #[arg(long, value_name = "W", value_parser = clap::value_parser!(u64).range(1..=dataload::MAX_WORLD_SIZE))]
     pub world_size: u64,
     /// Only this rank (default: all).
     #[arg(long, value_name = "R")]

@@ -21,13 +21,6 @@ pub struct Cli {
     #[arg(short, long, global = true)]
     pub quiet: bool,
 
-    /// Write broadcast views (`expand`) at full size instead of refusing them.
-    ///
-    /// A view that reads its storage many times over is refused when it would be written far
-    /// larger than that storage (a tiny file must not start a write of gigabytes).
-    #[arg(long, global = true)]
-    pub allow_expanded: bool,
-
     /// How tensor bytes are moved: `auto` (kernel copy, falling back to a memory map) or `mmap`.
     #[arg(long, global = true, value_enum, default_value_t = CopyArg::Auto, hide = true)]
     pub copy_method: CopyArg,
@@ -75,6 +68,10 @@ pub enum Command {
         /// Also write a `SHA256SUMS` manifest that `ckpt verify` checks.
         #[arg(long)]
         checksums: bool,
+        /// Write broadcast views (`expand`) at full size instead of refusing ones far larger
+        /// than the storage they read (a tiny file must not start a write of gigabytes).
+        #[arg(long)]
+        allow_expanded: bool,
     },
     /// Merge a sharded or DeepSpeed ZeRO checkpoint into one `.safetensors` file, bit-exact.
     ///
@@ -99,6 +96,10 @@ pub enum Command {
         /// DeepSpeed: shard into OUT (a folder) like huggingface_hub, files of at most this size.
         #[arg(long)]
         max_shard_size: Option<String>,
+        /// Write broadcast views (`expand`) at full size instead of refusing ones far larger
+        /// than the storage they read (a tiny file must not start a write of gigabytes).
+        #[arg(long)]
+        allow_expanded: bool,
     },
     /// Convert between safetensors and torch files (`.bin`/`.pt`/`.pth`), one file or sharded.
     ///
@@ -125,6 +126,10 @@ pub enum Command {
         /// With `--to dcp`: the number of ranks to lay the checkpoint out for (FSDP2's layout).
         #[arg(long, value_parser = world_size())]
         world_size: Option<u64>,
+        /// Write broadcast views (`expand`) at full size instead of refusing ones far larger
+        /// than the storage they read (a tiny file must not start a write of gigabytes).
+        #[arg(long)]
+        allow_expanded: bool,
     },
     /// Rewrite a torch.distributed.checkpoint (DCP) folder for another number of ranks.
     ///
@@ -207,11 +212,11 @@ fn run(cli: &Cli) -> anyhow::Result<ExitCode> {
     // One progress bar and one set of write options for whichever operation runs.
     let bar = progress::Bar::new(0, !cli.quiet);
     let report = |n: u64| bar.inc(n);
-    let write = |checksums: bool| ckpt::WriteOptions {
+    let write = |checksums: bool, allow_expanded: bool| ckpt::WriteOptions {
         copy,
         checksums,
         progress: Some(&report),
-        allow_expanded: cli.allow_expanded,
+        allow_expanded,
     };
     let done = match &cli.command {
         Command::Data { cmd } => return data::run(cmd.clone()),
@@ -234,14 +239,15 @@ fn run(cli: &Cli) -> anyhow::Result<ExitCode> {
             out.flush()?;
             return Ok(if report.is_valid() { ExitCode::SUCCESS } else { ExitCode::from(1) });
         }
-        Command::Split { src, out_dir, max_shard_size, checksums } => {
+        Command::Split { src, out_dir, max_shard_size, checksums, allow_expanded } => {
             let max = ckpt::parse_size(max_shard_size)?;
             let ck = ckpt::Checkpoint::open(src)?;
             bar.set_total(ck.total_bytes());
-            let done = ckpt::split(&ck, out_dir, max, &write(*checksums)).or_else(|e| named(e, "splitting", src))?;
+            let done = ckpt::split(&ck, out_dir, max, &write(*checksums, *allow_expanded))
+                .or_else(|e| named(e, "splitting", src))?;
             Some((ck, done, "split"))
         }
-        Command::Merge { src, out: dst, checksums, tag, optimizer, max_shard_size } => {
+        Command::Merge { src, out: dst, checksums, tag, optimizer, max_shard_size, allow_expanded } => {
             let open = ckpt::OpenOptions { tag: tag.clone() };
             let ck = ckpt::Checkpoint::open_with(src, &open)?;
             if ck.format() != ckpt::Format::DeepSpeed && (tag.is_some() || *optimizer || max_shard_size.is_some()) {
@@ -255,10 +261,11 @@ fn run(cli: &Cli) -> anyhow::Result<ExitCode> {
                 optimizer: *optimizer,
             };
             bar.set_total(ck.total_bytes());
-            let done = ckpt::merge(&ck, dst, &options, &write(*checksums)).or_else(|e| named(e, "merging", src))?;
+            let done = ckpt::merge(&ck, dst, &options, &write(*checksums, *allow_expanded))
+                .or_else(|e| named(e, "merging", src))?;
             Some((ck, done, "merged"))
         }
-        Command::Convert { src, dst, dtype, max_shard_size, to, dedupe, world_size } => {
+        Command::Convert { src, dst, dtype, max_shard_size, to, dedupe, world_size, allow_expanded } => {
             let to = to.map(|t| match t {
                 ToArg::Safetensors => ckpt::TargetFormat::Safetensors,
                 ToArg::Torch => ckpt::TargetFormat::Torch,
@@ -286,7 +293,8 @@ fn run(cli: &Cli) -> anyhow::Result<ExitCode> {
                 world_size: *world_size,
             };
             let ck = ckpt::Checkpoint::open(src).or_else(|e| named(e, "converting", src))?;
-            let done = ckpt::convert(&ck, dst, &options, &write(false)).or_else(|e| named(e, "converting", src))?;
+            let done = ckpt::convert(&ck, dst, &options, &write(false, *allow_expanded))
+                .or_else(|e| named(e, "converting", src))?;
             if !cli.quiet {
                 // safetensors output drops an alias; torch output ties it to the kept storage.
                 let dropped = done.files.iter().any(|p| p.extension().is_some_and(|e| e == "safetensors"));
@@ -302,7 +310,8 @@ fn run(cli: &Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Reshard { src, out: dst, world_size } => {
             let ck = ckpt::Checkpoint::open(src)?;
-            let done = ckpt::reshard(&ck, dst, *world_size, &write(false)).or_else(|e| named(e, "resharding", src))?;
+            let done =
+                ckpt::reshard(&ck, dst, *world_size, &write(false, false)).or_else(|e| named(e, "resharding", src))?;
             Some((ck, done, "resharded"))
         }
     };

@@ -229,8 +229,26 @@ fn load_or_build(
     let zstd = file.name.ends_with(".zst");
     let idx_path = index_path(file, placement);
     if let Some(p) = &idx_path {
-        // An index that cannot be read is treated like a missing one: it is a cache.
-        if let Ok(bytes) = std::fs::read(p) {
+        // An index that cannot be read is treated like a missing one: it is a cache. Only a
+        // regular file of a size an index of this file can have is read at all (a FIFO would
+        // block, a sparse giant would be read into memory).
+        let size = std::fs::metadata(p).ok().filter(|m| m.is_file()).map(|m| m.len());
+        let oversized = size.filter(|&n| n > crate::line_index::max_index_len(data.len() as u64, zstd));
+        if let Some(n) = oversized {
+            // Its header says whether it claims to be this file's index (corrupt) or another's
+            // (stale, rebuilt below).
+            let head = read_head(p).unwrap_or_default();
+            let current =
+                LineIndex::stored_stamp(&head).is_some_and(|s| (s.source_size, s.mtime) == now && s.zstd == zstd);
+            if current {
+                return Err(DataloadError::CorruptIndex {
+                    path: p.clone(),
+                    data: file.path.clone(),
+                    reason: format!("{n} bytes, more than any index of this file can hold"),
+                });
+            }
+        }
+        if let Some(bytes) = size.filter(|_| oversized.is_none()).and_then(|_| std::fs::read(p).ok()) {
             if let Some(index) = stored_index(&bytes, data, zstd, now)
                 .map_err(|reason| DataloadError::CorruptIndex { path: p.clone(), data: file.path.clone(), reason })?
             {
@@ -241,6 +259,14 @@ fn load_or_build(
     let index = LineIndex::build(data, zstd, now, &file.path)?;
     let saved = idx_path.is_some_and(|p| index.save(&p).is_ok());
     Ok((index, saved))
+}
+
+/// The first bytes of a file (an index's header), without reading the rest.
+fn read_head(p: &Path) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let mut head = Vec::with_capacity(64);
+    std::fs::File::open(p)?.take(64).read_to_end(&mut head)?;
+    Ok(head)
 }
 
 /// The stored index `bytes` of `data`: `None` when it is stale (not an index, or built from

@@ -43,6 +43,17 @@ use crate::error::{DataloadError, Result};
 const MAGIC: &[u8; 8] = b"SKLINES\0";
 const VERSION: u32 = 1;
 const HEADER: usize = 64;
+/// The largest index of a data file of `n` bytes (plain or compressed): each record holds at
+/// least one byte and a newline (so at most `n / 2 + 1` records of the text), and a zstd file
+/// of `n` bytes decodes to at most 128 KiB per byte of frames. Anything larger is not an index
+/// of that file, and is not read.
+pub(crate) fn max_index_len(data_len: u64, zstd: bool) -> u64 {
+    let text = if zstd { data_len.saturating_mul(128 << 10) } else { data_len };
+    let frames = if zstd { data_len / 9 + 1 } else { 0 };
+    (HEADER as u64)
+        .saturating_add(frames.saturating_mul(FRAME as u64))
+        .saturating_add((text / 2 + 1).saturating_mul(LINE as u64))
+}
 const FRAME: usize = 24;
 const LINE: usize = 16;
 

@@ -110,6 +110,13 @@ impl ShardedSamplerBuilder {
                 reason: "at least one rank is needed",
             });
         }
+        if world_size > crate::MAX_WORLD_SIZE {
+            return Err(DataloadError::InvalidValue {
+                field: "world_size",
+                value: world_size.to_string(),
+                reason: "more ranks than any run has (the limit is 2^20)",
+            });
+        }
         if self.rank >= world_size {
             return Err(DataloadError::RankOutOfRange {
                 rank: usize::try_from(self.rank).unwrap_or(usize::MAX),
