@@ -60,4 +60,5 @@ fixtures: setup
 	$(PY) fixtures/gen/hostile_dcp.py
 	PATH=$(VENV)/bin:$$PATH $(PY) fixtures/gen/deepspeed_fixtures.py
 	PATH=$(VENV)/bin:$$PATH $(PY) fixtures/gen/deepspeed_hostile.py
+	python3 fixtures/gen/hostile_outputs.py
 	PATH=$(VENV)/bin:$$PATH $(PY) fixtures/gen/fsdp_layouts.py

@@ -421,7 +421,7 @@ impl std::fmt::Display for Error {
 }
 
 /// `text` with every control character escaped as Rust's `escape_debug` writes it.
-pub(crate) fn escape_controls(text: &str) -> std::borrow::Cow<'_, str> {
+pub fn escape_controls(text: &str) -> std::borrow::Cow<'_, str> {
     if !text.chars().any(char::is_control) {
         return std::borrow::Cow::Borrowed(text);
     }

@@ -41,7 +41,7 @@ mod write;
 
 pub use catalog::{Checkpoint, Chunk, Format, SourceFile, TensorInfo};
 pub use dtype::Dtype;
-pub use error::{Error, Result};
+pub use error::{escape_controls, Error, Result};
 pub use open::OpenOptions;
 pub use ops::{
     convert, merge, reshard, split, ConvertOptions, MergeOptions, Outcome, TargetFormat, MAX_WORLD_SIZE, OPTIMIZER_NAME,

@@ -585,3 +585,62 @@ impl Drop for TempSet {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    /// A one-tensor checkpoint to read from, written by the `safetensors` crate.
+    fn source(dir: &Path) -> Checkpoint {
+        let data = vec![7u8; 64];
+        let view = safetensors::tensor::TensorView::new(safetensors::Dtype::U8, vec![64], &data).unwrap();
+        let path = dir.join("src.safetensors");
+        safetensors::serialize_to_file([("t", view)], None, &path).unwrap();
+        Checkpoint::open(path.to_str().unwrap()).unwrap()
+    }
+
+    #[test]
+    fn a_new_folder_appears_complete_or_not_at_all() {
+        let tmp = tempfile::tempdir().unwrap();
+        let ck = source(tmp.path());
+        let out = tmp.path().join("new/deeper");
+        let mut plan = Plan::default();
+        let mut good = TargetFile::new(out.join("a.bin"), b"head".to_vec(), 68);
+        let (_, at) = ck.tensors()[0].location().unwrap();
+        good.copies.push(RangeCopy { src: 0, src_off: at, dst_off: 4, len: 64 });
+        // The second file reads past the end of its source: the copy fails midway.
+        let mut bad = TargetFile::new(out.join("b.bin"), Vec::new(), 64);
+        bad.copies.push(RangeCopy { src: 0, src_off: 1 << 20, dst_off: 0, len: 64 });
+        plan.targets = vec![good, bad];
+        plan.trailers.push((out.join("index.json"), b"{}".to_vec()));
+        let err = execute(&plan, &ck, &WriteOptions::default()).unwrap_err();
+        assert!(err.to_string().contains("while copying"), "{err}");
+        let left: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(left, vec![std::ffi::OsString::from("src.safetensors")], "no folder, no temporary left");
+
+        // The same plan without the bad file: the folder appears whole.
+        plan.targets.pop();
+        execute(&plan, &ck, &WriteOptions::default()).unwrap();
+        assert_eq!(std::fs::read(out.join("a.bin")).unwrap(), [b"head".as_slice(), &[7u8; 64]].concat());
+        assert_eq!(std::fs::read(out.join("index.json")).unwrap(), b"{}");
+        let mut names: Vec<_> = std::fs::read_dir(&out).unwrap().map(|e| e.unwrap().file_name()).collect();
+        names.sort();
+        assert_eq!(names, ["a.bin", "index.json"].map(std::ffi::OsString::from));
+    }
+
+    #[test]
+    fn temporaries_are_unpredictable_and_never_follow_a_link() {
+        let tmp = tempfile::tempdir().unwrap();
+        let target = tmp.path().join("x.bin");
+        let mut a = TempSet::default();
+        a.create(&target).unwrap();
+        a.create(&target).unwrap();
+        let (p0, p1) = (&a.files[0].0, &a.files[1].0);
+        assert_ne!(p0, p1, "two temporaries of one target never share a name");
+        let name = p0.file_name().unwrap().to_string_lossy().into_owned();
+        assert!(name.starts_with(".x.bin.") && name.ends_with(".tmp") && name.len() == ".x.bin.".len() + 16 + 4);
+        drop(a);
+        assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0, "dropped temporaries are removed");
+    }
+}

@@ -43,7 +43,7 @@ pub fn inspect_json(out: &mut impl Write, ck: &ckpt::Checkpoint) -> anyhow::Resu
 
 pub fn inspect_text(out: &mut impl Write, ck: &ckpt::Checkpoint) -> anyhow::Result<()> {
     writeln!(out, "format:  {}", ck.format().name())?;
-    writeln!(out, "path:    {}", ck.root().display())?;
+    writeln!(out, "path:    {}", ckpt::escape_controls(&ck.root().display().to_string()))?;
     writeln!(out, "files:   {}", ck.files().len())?;
     writeln!(out, "tensors: {}", ck.tensors().len())?;
     writeln!(out, "bytes:   {} ({})", ck.total_bytes(), human(ck.total_bytes()))?;
@@ -57,7 +57,10 @@ pub fn inspect_text(out: &mut impl Write, ck: &ckpt::Checkpoint) -> anyhow::Resu
                 .and_then(|(f, _)| ck.files()[f].path.file_name())
                 .map(|n| n.to_string_lossy().into_owned())
                 .unwrap_or_default();
-            [t.name.clone(), t.dtype.to_string(), format!("{:?}", t.shape), file, t.byte_len().to_string()]
+            // Names come from the file: a newline in one must not forge a row.
+            let name = ckpt::escape_controls(&t.name).into_owned();
+            let file = ckpt::escape_controls(&file).into_owned();
+            [name, t.dtype.to_string(), format!("{:?}", t.shape), file, t.byte_len().to_string()]
         })
         .collect();
     let header = ["NAME", "DTYPE", "SHAPE", "FILE", "BYTES"].map(String::from);
@@ -99,7 +102,7 @@ pub fn verify_json(out: &mut impl Write, r: &ckpt::Report) -> anyhow::Result<()>
 pub fn verify_text(out: &mut impl Write, r: &ckpt::Report) -> anyhow::Result<()> {
     let what = format!(
         "{} ({}, {} file(s), {} tensor(s), {} checksum(s) matched)",
-        r.path.display(),
+        ckpt::escape_controls(&r.path.display().to_string()),
         r.format.map_or("unknown format", |f| f.name()),
         r.files,
         r.tensors,
@@ -114,7 +117,7 @@ pub fn verify_text(out: &mut impl Write, r: &ckpt::Report) -> anyhow::Result<()>
         }
     }
     for w in &r.warnings {
-        writeln!(out, "  warning: {w}")?;
+        writeln!(out, "  warning: {}", ckpt::escape_controls(w))?;
     }
     Ok(())
 }

@@ -69,7 +69,9 @@ pub(crate) fn is_zero_checkpoint(dir: &Path) -> bool {
     if !dir.is_dir() {
         return false;
     }
-    if dir.join("latest").is_file() {
+    // Any `latest`, not only a regular file: one planted as a FIFO must be refused by name
+    // when it is read, not make the folder unrecognisable.
+    if dir.join("latest").exists() {
         return true;
     }
     std::fs::read_dir(dir)
@@ -238,7 +240,7 @@ impl ZeroCheckpoint {
     pub(crate) fn open(dir: &Path, tag: Option<&str>) -> Result<ZeroCheckpoint> {
         let (tag_dir, tag) = match tag {
             Some(t) => (dir.join(t), t.to_string()),
-            None if dir.join("latest").is_file() => {
+            None if dir.join("latest").exists() => {
                 let latest = dir.join("latest");
                 // `latest` holds a tag name; anything longer than a path is not one.
                 let text = String::from_utf8_lossy(&crate::io::read_capped(&latest, 4096)?).into_owned();

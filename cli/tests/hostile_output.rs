@@ -1,0 +1,341 @@
+//! The output side under attack: one test per class of the hardening issue, each pinning the
+//! refusal. Small hostile files come from `fixtures/gen/hostile_outputs.py`; large, sparse and
+//! special files (FIFOs, planted links, gigabyte indexes) are made here at run time. Commands
+//! that read hostile input run under a 1 GiB address-space limit, so a memory regression fails
+//! instead of swapping.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::os::unix::fs::symlink;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use common::*;
+
+/// Runs `ckpt args` under `ulimit -v` (1 GiB) with a wall-clock limit, so neither an
+/// allocation blow-up nor a hang can pass.
+fn bounded(args: &[&str]) -> Output {
+    let exe = env!("CARGO_BIN_EXE_ckpt");
+    let mut child = Command::new("sh")
+        .arg("-c")
+        .arg("ulimit -v 1048576; exec \"$0\" \"$@\"")
+        .arg(exe)
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    for _ in 0..300 {
+        if child.try_wait().unwrap().is_some() {
+            return child.wait_with_output().unwrap();
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let _ = child.kill();
+    panic!("`ckpt {}` did not finish within 30 s", args.join(" "));
+}
+
+/// A copy of a fixture folder (or file) in a fresh temporary folder.
+fn copy_fixture(rel: &str, dir: &Path) -> PathBuf {
+    let src = fixtures().join(rel);
+    let dst = dir.join(src.file_name().unwrap());
+    let status = Command::new("cp").arg("-r").arg(&src).arg(&dst).status().unwrap();
+    assert!(status.success());
+    dst
+}
+
+/// Every file under `dir` with its bytes, to show nothing changed.
+fn snapshot(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            let meta = std::fs::symlink_metadata(&p).unwrap();
+            if meta.is_dir() {
+                todo.push(p);
+            } else if meta.is_file() {
+                out.push((p.clone(), std::fs::read(&p).unwrap()));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+// 1. An operation never damages its source.
+
+#[test]
+fn merge_refuses_to_write_over_the_files_that_make_a_folder_a_checkpoint() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ds = copy_fixture("deepspeed/z2_fp32_ws2", tmp.path());
+    let dcp = copy_fixture("dcp/fsdp2_w2_f32/checkpoint", tmp.path());
+    for (src, member) in [(&ds, ds.join("latest")), (&dcp, dcp.join(".metadata"))] {
+        let before = snapshot(src);
+        let out = bounded(&["merge", s(src), s(&member)]);
+        assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+        assert_eq!(
+            stderr(&out),
+            format!("error: `{}` is the source, refusing to overwrite it\n", member.display()),
+            "the refusal names the source file"
+        );
+        assert_eq!(snapshot(src), before, "{}: the source is untouched", src.display());
+    }
+    // A sharded folder converted into itself would sweep its own index and shards.
+    let sharded = copy_fixture("safetensors/model_sharded", tmp.path());
+    let before = snapshot(&sharded);
+    let out = bounded(&["convert", s(&sharded), s(&sharded), "--max-shard-size", "4KB"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).ends_with("is the source, refusing to overwrite it\n"), "{}", stderr(&out));
+    assert_eq!(snapshot(&sharded), before);
+}
+
+#[test]
+fn a_refused_reshard_leaves_nothing_behind_and_can_be_run_again() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = fixtures().join("deepspeed/z2_fp32_ws2");
+    let out_dir = tmp.path().join("universal");
+    std::fs::create_dir(&out_dir).unwrap();
+    // A planted link where the commit marker goes: refused before anything is written.
+    symlink(tmp.path().join("victim"), out_dir.join("latest_universal")).unwrap();
+    for _ in 0..2 {
+        let out = bounded(&["reshard", s(&src), s(&out_dir), "--world-size", "3"]);
+        assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+        assert_eq!(
+            stderr(&out),
+            format!(
+                "error: resharding {}: `{}` is a symlink that was not named as the output, refusing to replace it\n",
+                src.display(),
+                out_dir.join("latest_universal").display()
+            )
+        );
+        let left: Vec<_> = std::fs::read_dir(&out_dir).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(left, vec![std::ffi::OsString::from("latest_universal")], "nothing else was left");
+        assert!(!tmp.path().join("victim").exists(), "nothing was written through the link");
+    }
+    std::fs::remove_file(out_dir.join("latest_universal")).unwrap();
+    let out = bounded(&["reshard", s(&src), s(&out_dir), "--world-size", "3"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+}
+
+// 2. Never follow a planted path.
+
+#[test]
+fn a_planted_symlink_in_the_output_folder_is_never_written_through() {
+    let tmp = tempfile::tempdir().unwrap();
+    let victim = tmp.path().join("victim.txt");
+    std::fs::write(&victim, b"precious").unwrap();
+    let out_dir = tmp.path().join("shards");
+    std::fs::create_dir(&out_dir).unwrap();
+    symlink(&victim, out_dir.join("SHA256SUMS")).unwrap();
+    let src = fixtures().join("safetensors/model_single/model.safetensors");
+    let out = bounded(&["split", s(&src), s(&out_dir), "--max-shard-size", "4KB", "--checksums"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert_eq!(
+        stderr(&out),
+        format!(
+            "error: splitting {}: `{}` is a symlink that was not named as the output, refusing to replace it\n",
+            src.display(),
+            out_dir.join("SHA256SUMS").display()
+        )
+    );
+    assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
+    // Temporaries never had a predictable name to plant: no `.NAME.tmp.PID` is ever used.
+    let names: Vec<String> =
+        std::fs::read_dir(&out_dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    assert_eq!(names, vec!["SHA256SUMS".to_string()], "nothing left behind");
+}
+
+#[test]
+fn a_symlink_the_user_named_as_the_output_is_replaced_not_followed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let victim = tmp.path().join("victim.txt");
+    std::fs::write(&victim, b"precious").unwrap();
+    let named = tmp.path().join("merged.safetensors");
+    symlink(&victim, &named).unwrap();
+    let src = fixtures().join("safetensors/model_sharded");
+    let out = bounded(&["merge", s(&src), s(&named)]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(!std::fs::symlink_metadata(&named).unwrap().file_type().is_symlink());
+    assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
+}
+
+#[test]
+fn a_fifo_in_place_of_a_shard_or_latest_is_refused_by_name_without_blocking() {
+    let tmp = tempfile::tempdir().unwrap();
+    let sharded = copy_fixture("safetensors/model_sharded", tmp.path());
+    let shard = sharded.join("model-00002-of-00005.safetensors");
+    std::fs::remove_file(&shard).unwrap();
+    assert!(Command::new("mkfifo").arg(&shard).status().unwrap().success());
+    let out = bounded(&["inspect", s(&sharded)]);
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(
+        stderr(&out),
+        format!("error: {}: is a FIFO, not a regular file; refusing to read it\n", shard.display())
+    );
+
+    let ds = copy_fixture("deepspeed/z2_fp32_ws2", tmp.path());
+    std::fs::remove_file(ds.join("latest")).unwrap();
+    assert!(Command::new("mkfifo").arg(ds.join("latest")).status().unwrap().success());
+    let out = bounded(&["merge", s(&ds), s(&tmp.path().join("m.safetensors"))]);
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(
+        stderr(&out),
+        format!("error: {}: is a FIFO, not a regular file; refusing to read it\n", ds.join("latest").display())
+    );
+}
+
+// 3. Resources are bounded by the input, and refused past a limit.
+
+/// Replaces `path` with a sparse file of `len` bytes (no disk, but a size that a read-it-whole
+/// reader would try to hold).
+fn sparse(path: &Path, len: u64) {
+    let f = std::fs::File::create(path).unwrap();
+    f.set_len(len).unwrap();
+}
+
+#[test]
+fn gigabyte_indexes_metadata_and_latest_are_refused_before_they_are_read() {
+    let tmp = tempfile::tempdir().unwrap();
+    let sharded = copy_fixture("safetensors/model_sharded", tmp.path());
+    let index = sharded.join("model.safetensors.index.json");
+    sparse(&index, 1 << 30);
+    let out = bounded(&["inspect", s(&sharded)]);
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(
+        stderr(&out),
+        format!(
+            "error: {}: record `the whole file` is 1073741824 bytes, over the 268435456-byte limit\n",
+            index.display()
+        )
+    );
+
+    let dcp = copy_fixture("dcp/fsdp2_w2_f32/checkpoint", tmp.path());
+    sparse(&dcp.join(".metadata"), 3 << 30);
+    let out = bounded(&["inspect", s(&dcp)]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("is 3221225472 bytes, over the 1073741824-byte limit"), "{}", stderr(&out));
+
+    let ds = copy_fixture("deepspeed/z2_fp32_ws2", tmp.path());
+    sparse(&ds.join("latest"), 1 << 30);
+    let out = bounded(&["inspect", s(&ds)]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("is 1073741824 bytes, over the 4096-byte limit"), "{}", stderr(&out));
+}
+
+#[test]
+fn a_broadcast_view_is_refused_with_its_name_and_both_sizes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = fixtures().join("hostile/torch/expanded_view.pt");
+    let dst = tmp.path().join("x.safetensors");
+    let out = bounded(&["convert", s(&src), s(&dst)]);
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(
+        stderr(&out),
+        format!(
+            "error: {}: tensor `x` is a broadcast view: writing it takes 1073741824 bytes from a 4-byte storage; \
+             hint: `--allow-expanded` writes it anyway\n",
+            src.display()
+        )
+    );
+    assert!(!dst.exists());
+    // Reading it costs nothing: the catalog describes the view without walking it.
+    let out = bounded(&["inspect", s(&src)]);
+    assert!(out.status.success(), "{}", stderr(&out));
+}
+
+#[test]
+fn world_sizes_past_the_limit_are_usage_errors() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dcp = fixtures().join("dcp/fsdp2_w2_f32/checkpoint");
+    let model = fixtures().join("safetensors/model_single/model.safetensors");
+    let out_dir = tmp.path().join("out");
+    let runs: [&[&str]; 3] = [
+        &["reshard", s(&dcp), s(&out_dir), "--world-size", "10000000000000"],
+        &["convert", s(&model), s(&out_dir), "--to", "dcp", "--world-size", "1000000000"],
+        &["data", "plan", "--len", "10", "--batch-size", "2", "--world-size", "100000000000"],
+    ];
+    for args in runs {
+        let out = bounded(args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let value = args.last().unwrap();
+        assert!(
+            stderr(&out).starts_with(&format!("error: invalid value '{value}' for '--world-size")),
+            "{}",
+            stderr(&out)
+        );
+        assert!(stderr(&out).contains("is not in 1..=1048576"), "{}", stderr(&out));
+    }
+    assert!(!out_dir.exists());
+}
+
+#[test]
+fn a_loader_state_claiming_a_huge_world_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let state = tmp.path().join("state.json");
+    let mut sampler =
+        dataload::ShardedSampler::builder().dataset_len(100).batch_size(4).world_size(2).rank(0).build().unwrap();
+    sampler.next_batch().unwrap();
+    let mut doc: serde_json::Value = serde_json::from_str(&sampler.state_dict().to_json().unwrap()).unwrap();
+    doc["world_size"] = serde_json::json!(1_000_000_000_000u64);
+    std::fs::write(&state, serde_json::to_vec(&doc).unwrap()).unwrap();
+    let out = bounded(&["data", "state", s(&state)]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("world size 1000000000000 is more than the 1048576 ranks any run has"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+// 4. One verdict, clean messages.
+
+#[test]
+fn names_with_control_characters_are_escaped_in_every_message() {
+    let src = fixtures().join("hostile/safetensors/control_chars_name.safetensors");
+    let out = bounded(&["verify", s(&src)]);
+    assert_eq!(out.status.code(), Some(1));
+    let text = stdout(&out);
+    assert_eq!(text.lines().count(), 2, "no forged line: {text}");
+    assert!(text.contains(r"tensor `w\nok: forged\0\u{1b}[2J`"), "{text}");
+    let out = bounded(&["inspect", s(&src)]);
+    assert_eq!(stderr(&out).lines().count(), 1);
+    assert!(stderr(&out).contains(r"w\nok: forged\0\u{1b}[2J"), "{}", stderr(&out));
+}
+
+#[test]
+fn verify_reports_exactly_what_merge_refuses() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut cases: Vec<PathBuf> = Vec::new();
+    for kind in ["safetensors", "dcp", "deepspeed"] {
+        for e in std::fs::read_dir(fixtures().join("hostile").join(kind)).unwrap() {
+            let p = e.unwrap().path();
+            let name = p.file_name().unwrap().to_string_lossy().into_owned();
+            if !name.ends_with(".md") && !name.ends_with(".json") && !name.starts_with('.') {
+                cases.push(p);
+            }
+        }
+    }
+    assert!(cases.len() > 20, "the hostile folders hold the cases: {}", cases.len());
+    for (i, case) in cases.iter().enumerate() {
+        let verify = bounded(&["verify", s(case)]);
+        let merged = tmp.path().join(format!("{i}.safetensors"));
+        let merge = bounded(&["merge", s(case), s(&merged)]);
+        let refused = !merge.status.success();
+        let invalid = verify.status.code() != Some(0);
+        assert_eq!(
+            invalid,
+            refused,
+            "{}: verify says {:?}, merge says {:?}",
+            case.display(),
+            stdout(&verify),
+            stderr(&merge)
+        );
+    }
+}
