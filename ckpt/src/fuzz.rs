@@ -22,6 +22,6 @@ pub fn safetensors_header(data: &[u8]) {
     let path = Path::new("fuzz.safetensors");
     let Some(json) = json.get(..header_len as usize) else { return };
     if let Ok(header) = crate::formats::safetensors::parse_header(json, header_len, path) {
-        let _ = crate::formats::safetensors::header_tensors(&header, 0);
+        let _ = crate::formats::safetensors::header_tensors(header, 0);
     }
 }

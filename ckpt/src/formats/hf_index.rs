@@ -63,7 +63,7 @@ impl Index {
         // duplicates kept, to refuse them as safetensors headers refuse repeated names.
         #[derive(serde::Deserialize)]
         struct Raw {
-            weight_map: Entries,
+            weight_map: Entries<serde_json::Value>,
         }
         let raw: Raw = serde_json::from_slice(text).map_err(|e| bad(format!("not JSON: {e}")))?;
         let mut weight_map = Vec::with_capacity(raw.weight_map.0.len());
@@ -173,7 +173,7 @@ pub(crate) fn catalog(index_path: PathBuf) -> Result<Scan> {
         };
         let fi = files.len();
         file_of_name.insert(name, fi);
-        for t in st::header_tensors(&header, fi) {
+        for t in st::header_tensors(header, fi) {
             if let Some(&prev) = holder.get(&t.name) {
                 problems.push(Error::DuplicateAcrossShards {
                     tensor: t.name.clone(),

@@ -112,7 +112,7 @@ pub(crate) fn detect(path: &Path) -> Result<Option<PathBuf>> {
 /// The catalog of one safetensors file.
 pub(crate) fn catalog(root: PathBuf) -> Result<Scan> {
     let (file, header) = read_file(&root)?;
-    let tensors = header_tensors(&header, 0);
+    let tensors = header_tensors(header, 0);
     Ok(Scan::clean(Checkpoint::new(Parts::new(Format::Safetensors, root, vec![file], tensors))?))
 }
 
@@ -120,20 +120,20 @@ pub(crate) fn catalog(root: PathBuf) -> Result<Scan> {
 pub(crate) fn read_file(path: &Path) -> Result<(SourceFile, Header)> {
     let file = io::open(path)?;
     let len = file.metadata().at(path)?.len();
-    let header = read_header_from(&file, len, path)?;
-    let metadata = header.metadata.clone().unwrap_or_default();
+    let mut header = read_header_from(&file, len, path)?;
+    let metadata = header.metadata.take().unwrap_or_default();
     Ok((SourceFile { path: path.to_path_buf(), len, metadata }, header))
 }
 
 /// The header's tensors as catalog entries of source file `file`.
-pub(crate) fn header_tensors(header: &Header, file: usize) -> Vec<TensorInfo> {
+pub(crate) fn header_tensors(header: Header, file: usize) -> Vec<TensorInfo> {
     let start = header.data_start();
     header
         .tensors
-        .iter()
+        .into_iter()
         .map(|t| {
             let chunk = Chunk { file, offset: start + t.begin, len: t.end - t.begin };
-            TensorInfo::ranges(t.name.clone(), t.dtype, t.shape.clone(), vec![chunk])
+            TensorInfo::ranges(t.name, t.dtype, t.shape, vec![chunk])
         })
         .collect()
 }
@@ -142,15 +142,25 @@ pub(crate) fn header_tensors(header: &Header, file: usize) -> Vec<TensorInfo> {
 pub(crate) fn parse_header(json: &[u8], header_len: u64, path: &Path) -> Result<Header> {
     let bad_json = |reason: String| Error::BadHeaderJson { path: path.to_path_buf(), reason };
     let text = std::str::from_utf8(json).map_err(|e| bad_json(format!("not UTF-8 ({e})")))?;
-    let entries: Entries = serde_json::from_str(text).map_err(|e| bad_json(e.to_string()))?;
+    let entries: Entries<&serde_json::value::RawValue> = serde_json::from_str(text).map_err(|_| {
+        // The raw pass stops at the same byte; the message of a full parse names what it
+        // expected there more precisely (an object, not any value).
+        let full = serde_json::from_str::<Entries<serde_json::Value>>(text).err();
+        bad_json(full.map_or_else(|| "invalid JSON".to_string(), |e| e.to_string()))
+    })?;
 
     let mut metadata = None;
     let mut tensors = Vec::with_capacity(entries.0.len());
     let mut seen = std::collections::HashSet::with_capacity(entries.0.len());
-    for (name, value) in entries.0 {
-        if !seen.insert(name.clone()) {
-            return Err(Error::DuplicateInFile { path: path.to_path_buf(), tensor: name });
+    for (name, _) in &entries.0 {
+        if !seen.insert(name.as_str()) {
+            return Err(Error::DuplicateInFile { path: path.to_path_buf(), tensor: name.clone() });
         }
+    }
+    drop(seen);
+    for (name, raw) in entries.0 {
+        // Each entry is parsed only now, one at a time.
+        let value: serde_json::Value = serde_json::from_str(raw.get()).map_err(|e| bad_json(e.to_string()))?;
         if name == "__metadata__" {
             metadata = Some(parse_metadata(value, path)?);
         } else {
@@ -240,26 +250,28 @@ fn json_kind(v: &serde_json::Value) -> &'static str {
 }
 
 /// A JSON object read as its entries in file order, duplicates kept, so that we can refuse them
-/// (a plain map would silently keep one).
-pub(crate) struct Entries(pub Vec<(String, serde_json::Value)>);
+/// (a plain map would silently keep one). Values stay what `V` makes of them: a header keeps
+/// each entry as its raw JSON text and parses it only when it is validated, so a header of a
+/// million tensors never holds a million parsed JSON trees at once.
+pub(crate) struct Entries<V>(pub Vec<(String, V)>);
 
-impl<'de> Deserialize<'de> for Entries {
+impl<'de, V: Deserialize<'de>> Deserialize<'de> for Entries<V> {
     fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = Entries;
+        struct Walk<V>(std::marker::PhantomData<V>);
+        impl<'de, V: Deserialize<'de>> Visitor<'de> for Walk<V> {
+            type Value = Entries<V>;
             fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
                 f.write_str("a JSON object of tensor entries")
             }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> std::result::Result<Entries, A::Error> {
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> std::result::Result<Entries<V>, A::Error> {
                 let mut out = Vec::with_capacity(map.size_hint().unwrap_or(0));
-                while let Some((k, v)) = map.next_entry::<String, serde_json::Value>()? {
+                while let Some((k, v)) = map.next_entry::<String, V>()? {
                     out.push((k, v));
                 }
                 Ok(Entries(out))
             }
         }
-        d.deserialize_map(V).map_err(de::Error::custom)
+        d.deserialize_map(Walk(std::marker::PhantomData)).map_err(de::Error::custom)
     }
 }
 
