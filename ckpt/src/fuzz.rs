@@ -3,7 +3,13 @@
 
 use std::path::Path;
 
-pub use crate::formats::torch::fuzz::{dcp_metadata, torch_zip, unpickle};
+pub use crate::formats::torch::fuzz::*;
+
+/// The DCP `.metadata` reader: the restricted unpickler with DCP's classes, then the walk over
+/// its dataclasses.
+pub fn dcp_metadata(data: &[u8]) {
+    let _ = crate::formats::dcp::metadata::parse(data, Path::new("fuzz/.metadata"));
+}
 
 /// A Hugging Face index (`model.safetensors.index.json`): JSON, `metadata`, `weight_map`
 /// entries and their file-name check.

@@ -58,6 +58,17 @@ pub(crate) fn map(file: &File, path: &Path) -> Result<MappedFile> {
     MappedFile::open(file).at(path)
 }
 
+/// True when `name` names a file directly inside a folder on every OS: no separators, no
+/// drive letter, no `..`, not empty. huggingface_hub applies the same rule (parsing the value as
+/// a Windows path on every OS) before it opens a shard.
+pub(crate) fn is_plain_file_name(name: &str) -> bool {
+    !name.is_empty()
+        && name != "."
+        && name != ".."
+        && !name.contains(['/', '\\', '\0'])
+        && !(name.len() >= 2 && name.as_bytes()[1] == b':')
+}
+
 /// The regular files directly inside `dir`, sorted.
 pub(crate) fn regular_files(dir: &Path) -> Result<Vec<PathBuf>> {
     let mut out = Vec::new();

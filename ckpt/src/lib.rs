@@ -31,6 +31,7 @@ mod io;
 mod manifest;
 mod open;
 mod ops;
+mod outcome;
 mod plan;
 mod shape;
 mod size;

@@ -51,7 +51,7 @@ pub(crate) fn parse(text: &str, path: &Path) -> Result<Vec<(String, String)>> {
             .strip_prefix("  ")
             .or_else(|| rest.strip_prefix(" *"))
             .ok_or_else(|| bad("expected two spaces or ` *` after the checksum"))?;
-        if !crate::formats::hf_index::is_plain_file_name(name) {
+        if !crate::io::is_plain_file_name(name) {
             return Err(bad("the file name must be a plain name in the manifest's folder"));
         }
         out.push((name.to_string(), sum.to_ascii_lowercase()));

@@ -24,7 +24,13 @@ impl Checkpoint {
     /// [`Checkpoint::open`] with options.
     pub fn open_with(src: &str, options: &OpenOptions) -> Result<Checkpoint> {
         let (format, root) = detect(src)?;
-        let scan = formats::catalog(format, root, options)?;
+        if options.tag.is_some() && format != Format::DeepSpeed {
+            return Err(Error::BadConvert {
+                dst: root,
+                reason: format!("a tag applies to DeepSpeed checkpoints only; this is {}", format.name()),
+            });
+        }
+        let scan = formats::catalog(format, root, options.tag.as_deref())?;
         match scan.problems.into_iter().next() {
             Some(first) => Err(first),
             None => Ok(scan.checkpoint),
@@ -54,5 +60,5 @@ fn detect_path(path: &Path) -> Result<(Format, PathBuf)> {
 
 /// Reads a detected checkpoint, collecting the problems `verify` reports.
 pub(crate) fn scan(format: Format, root: PathBuf) -> Result<Scan> {
-    formats::catalog(format, root, &OpenOptions::default())
+    formats::catalog(format, root, None)
 }

@@ -10,33 +10,15 @@
 //!   DeepSpeed's universal checkpoint.
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use crate::catalog::{Checkpoint, TensorInfo};
 use crate::dtype::Dtype;
 use crate::error::{Error, Result};
 use crate::formats::{dcp, deepspeed};
+pub use crate::outcome::Outcome;
 use crate::plan::{self, Dest, IndexStyle, Meta, Out};
 use crate::write::{self, Plan, WriteOptions};
-
-/// What an operation wrote.
-#[derive(Clone, Debug, Default)]
-#[non_exhaustive]
-pub struct Outcome {
-    /// Every file written, in order; the commit marker (the index, `.metadata`, `latest`) last.
-    pub files: Vec<PathBuf>,
-    /// Tensors written.
-    pub tensors: usize,
-    /// Tensor bytes written (each storage once).
-    pub bytes: u64,
-    /// Names of the non-tensor values carried over.
-    pub values: Vec<String>,
-    /// `(alias, kept)`: tied tensors dropped (safetensors, with `dedupe`) or sharing the kept
-    /// tensor's storage (torch).
-    pub aliases: Vec<(String, String)>,
-    /// For sharded outputs (DCP, universal): the world size they were laid out for.
-    pub world_size: Option<u64>,
-}
 
 /// Options for [`merge`].
 #[derive(Clone, Debug, Default)]
@@ -125,8 +107,8 @@ pub fn merge(ck: &Checkpoint, out: &Path, options: &MergeOptions, opts: &WriteOp
         return Err(bad(
             out,
             format!(
-                "`optimizer` and `max_shard_size` apply to DeepSpeed checkpoints only; {} is {} \
-                 (hint: `ckpt split` shards a checkpoint)",
+                "merging the optimizer states and sharding the output apply to DeepSpeed checkpoints only; \
+                 {} is {} (hint: `ckpt split` shards a checkpoint)",
                 ck.root.display(),
                 ck.format.name()
             ),

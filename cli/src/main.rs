@@ -250,12 +250,6 @@ fn run(cli: &Cli) -> anyhow::Result<ExitCode> {
         Command::Merge { src, out: dst, checksums, tag, optimizer, max_shard_size, allow_expanded } => {
             let open = ckpt::OpenOptions { tag: tag.clone() };
             let ck = ckpt::Checkpoint::open_with(src, &open)?;
-            if ck.format() != ckpt::Format::DeepSpeed && (tag.is_some() || *optimizer || max_shard_size.is_some()) {
-                anyhow::bail!(
-                    "`--tag`, `--optimizer` and `--max-shard-size` apply to DeepSpeed checkpoints only; {src} is not one \
-                     (hint: `ckpt split` shards a checkpoint)"
-                );
-            }
             let options = ckpt::MergeOptions {
                 max_shard_size: max_shard_size.as_deref().map(ckpt::parse_size).transpose()?,
                 optimizer: *optimizer,

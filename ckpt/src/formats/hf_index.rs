@@ -17,12 +17,12 @@ use std::path::{Path, PathBuf};
 
 use super::safetensors::{self as st, Entries};
 use crate::catalog::{Checkpoint, Format, Parts, Scan, SourceFile};
-use crate::error::{Error, IoContext, Result};
+use crate::error::{Error, Result};
+use crate::io::is_plain_file_name;
 
 /// The name huggingface_hub gives the index of `model{suffix}.safetensors` shards.
 pub(crate) const INDEX_NAME: &str = "model.safetensors.index.json";
-/// The name of an unsharded checkpoint.
-pub(crate) const SINGLE_NAME: &str = "model.safetensors";
+pub(crate) use super::safetensors::{folder_files, SINGLE_NAME};
 /// The largest index we read: a `weight_map` of a million long names is well under it.
 pub(crate) const MAX_INDEX_LEN: u64 = 256 << 20;
 
@@ -117,24 +117,6 @@ pub(crate) fn detect(path: &Path) -> Result<Option<PathBuf>> {
     })
 }
 
-/// The `*.safetensors.index.json` and `*.safetensors` files of a folder.
-pub(crate) fn folder_files(dir: &Path) -> Result<(Vec<PathBuf>, Vec<PathBuf>)> {
-    let mut indexes = Vec::new();
-    let mut singles = Vec::new();
-    for entry in std::fs::read_dir(dir).at(dir)? {
-        let entry = entry.at(dir)?;
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if name.ends_with(".safetensors.index.json") {
-            indexes.push(entry.path());
-        } else if name.ends_with(".safetensors") {
-            singles.push(entry.path());
-        }
-    }
-    indexes.sort();
-    singles.sort();
-    Ok((indexes, singles))
-}
-
 /// The catalog of a sharded checkpoint, with every disagreement between the index and its
 /// shards collected as a problem (so `verify` lists them all) rather than stopping at the first.
 pub(crate) fn catalog(index_path: PathBuf) -> Result<Scan> {
@@ -210,17 +192,6 @@ pub(crate) fn catalog(index_path: PathBuf) -> Result<Scan> {
     let mut parts = Parts::new(Format::HfSharded, index_path, files, tensors);
     parts.index_metadata = Some(index.metadata);
     Ok(Scan { checkpoint: Checkpoint::new(parts)?, problems })
-}
-
-/// True when `name` names a file directly inside a folder on every OS: no separators, no
-/// drive letter, no `..`, not empty. huggingface_hub applies the same rule (parsing the value as
-/// a Windows path on every OS) before it opens a shard.
-pub(crate) fn is_plain_file_name(name: &str) -> bool {
-    !name.is_empty()
-        && name != "."
-        && name != ".."
-        && !name.contains(['/', '\\', '\0'])
-        && !(name.len() >= 2 && name.as_bytes()[1] == b':')
 }
 
 /// True for names that huggingface_hub's `save_torch_state_dict` deletes before writing with the

@@ -13,7 +13,6 @@ use std::path::{Path, PathBuf};
 
 use crate::catalog::{Format, Scan};
 use crate::error::Result;
-use crate::open::OpenOptions;
 
 /// A format's detector: the checkpoint root `path` names, if it is one of the format's.
 type Detect = fn(&Path) -> Result<Option<PathBuf>>;
@@ -33,12 +32,12 @@ pub(crate) const DETECTORS: &[(Format, Detect)] = &[
 ];
 
 /// Reads a checkpoint whose format detection decided.
-pub(crate) fn catalog(format: Format, root: PathBuf, options: &OpenOptions) -> Result<Scan> {
+pub(crate) fn catalog(format: Format, root: PathBuf, tag: Option<&str>) -> Result<Scan> {
     match format {
         Format::Safetensors => safetensors::catalog(root),
         Format::HfSharded => hf_index::catalog(root),
         Format::Torch | Format::TorchSharded => torch::catalog(root, format),
         Format::Dcp => dcp::catalog(root),
-        Format::DeepSpeed => deepspeed::catalog(root, options.tag.as_deref()),
+        Format::DeepSpeed => deepspeed::catalog(root, tag),
     }
 }

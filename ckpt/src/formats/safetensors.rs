@@ -92,17 +92,38 @@ pub(crate) fn read_header_from(file: &File, len: u64, path: &Path) -> Result<Hea
     Ok(header)
 }
 
+/// The name huggingface_hub gives an unsharded checkpoint.
+pub(crate) const SINGLE_NAME: &str = "model.safetensors";
+
+/// The `*.safetensors.index.json` and `*.safetensors` files of a folder.
+pub(crate) fn folder_files(dir: &Path) -> Result<(Vec<PathBuf>, Vec<PathBuf>)> {
+    let mut indexes = Vec::new();
+    let mut singles = Vec::new();
+    for entry in std::fs::read_dir(dir).at(dir)? {
+        let entry = entry.at(dir)?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.ends_with(".safetensors.index.json") {
+            indexes.push(entry.path());
+        } else if name.ends_with(".safetensors") {
+            singles.push(entry.path());
+        }
+    }
+    indexes.sort();
+    singles.sort();
+    Ok((indexes, singles))
+}
+
 /// A safetensors checkpoint root: any file not claimed by an earlier format, or a folder holding
 /// `model.safetensors` or, with no index beside it, exactly one `.safetensors` file.
 pub(crate) fn detect(path: &Path) -> Result<Option<PathBuf>> {
     if path.is_file() {
         return Ok(Some(path.to_path_buf()));
     }
-    let single = path.join(super::hf_index::SINGLE_NAME);
+    let single = path.join(SINGLE_NAME);
     if single.is_file() {
         return Ok(Some(single));
     }
-    let (indexes, singles) = super::hf_index::folder_files(path)?;
+    let (indexes, singles) = folder_files(path)?;
     Ok(match (indexes.as_slice(), singles.as_slice()) {
         ([], [one]) => Some(one.clone()),
         _ => None,

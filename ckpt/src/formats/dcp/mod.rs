@@ -52,7 +52,7 @@ use std::sync::Arc;
 
 use crate::catalog::{Checkpoint, Format, Parts, Scan, SourceFile, TensorInfo};
 use crate::error::Result;
-use crate::ops::Outcome;
+use crate::outcome::Outcome;
 use crate::write::WriteOptions;
 use metadata::PathElem;
 use plan::{SrcBytes, SrcTensor};

@@ -22,7 +22,7 @@ use crate::catalog::{Checkpoint, Chunk};
 use crate::dtype::Dtype;
 use crate::error::{Error, IoContext, Result};
 use crate::formats::torch::writer::{self, TorchSeal, WStorage, WTensor};
-use crate::ops::Outcome;
+use crate::outcome::Outcome;
 use crate::shape::numel;
 use crate::write::{self, Plan, RangeCopy, TargetFile, WriteOptions};
 

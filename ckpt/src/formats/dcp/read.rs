@@ -97,7 +97,7 @@ impl Files<'_> {
             None => {
                 // torch joins `relative_path` to the folder; anything but a plain file name
                 // there could reach outside it.
-                if !crate::formats::hf_index::is_plain_file_name(name) {
+                if !crate::io::is_plain_file_name(name) {
                     return Err(Error::BadDcpMetadata {
                         path: self.meta_path.to_path_buf(),
                         reason: format!(

@@ -62,7 +62,7 @@ use std::sync::Arc;
 use crate::catalog::{Checkpoint, Format, Parts, Scan, TensorInfo};
 use crate::dtype::Dtype;
 use crate::error::Result;
-use crate::ops::Outcome;
+use crate::outcome::Outcome;
 use crate::write::WriteOptions;
 pub(crate) use read::is_zero_checkpoint;
 pub(crate) use read::ZeroCheckpoint;

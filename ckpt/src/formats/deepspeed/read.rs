@@ -245,7 +245,7 @@ impl ZeroCheckpoint {
                 // `latest` holds a tag name; anything longer than a path is not one.
                 let text = String::from_utf8_lossy(&crate::io::read_capped(&latest, 4096)?).into_owned();
                 let t = text.trim().to_string();
-                if !crate::formats::hf_index::is_plain_file_name(&t) {
+                if !crate::io::is_plain_file_name(&t) {
                     return Err(bad(&latest, 0, "latest", format!("`{t}` is not a tag folder name")));
                 }
                 (dir.join(&t), t)

@@ -37,7 +37,7 @@ use crate::error::{Error, Result};
 use crate::formats::torch::flatten::Leaf;
 use crate::formats::torch::writer::{self, TorchLayout, TorchSeal, WNode, WStorage, WTensor, WValue};
 use crate::formats::torch::{self, TorchFile};
-use crate::ops::Outcome;
+use crate::outcome::Outcome;
 use crate::shape::numel;
 use crate::write::{self, Plan, RangeCopy, TargetFile, WriteOptions};
 
@@ -173,7 +173,7 @@ pub(crate) fn reshard_zero(
         }
     };
     for p in &ck.params {
-        if !crate::formats::hf_index::is_plain_file_name(&p.name) {
+        if !crate::io::is_plain_file_name(&p.name) {
             return Err(Error::BadZeroCheckpoint {
                 path: r0_path.clone(),
                 rank: 0,

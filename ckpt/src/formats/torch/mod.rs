@@ -388,12 +388,6 @@ pub(crate) mod fuzz {
         }
     }
 
-    /// The DCP `.metadata` reader: the restricted unpickler with DCP's classes, then the walk
-    /// over its dataclasses.
-    pub fn dcp_metadata(data: &[u8]) {
-        let _ = crate::formats::dcp::metadata::parse(data, Path::new("fuzz/.metadata"));
-    }
-
     /// The zip reader on an in-memory archive, then every record it would read.
     pub fn torch_zip(data: &[u8]) {
         let path = Path::new("fuzz.pt");
