@@ -74,3 +74,8 @@ fn a_real_checkpoint_reads_within_the_same_limit() {
     let o = limited(&["inspect", "--json", src.to_str().unwrap()]);
     assert!(o.status.success(), "{}", stderr(&o));
 }
+
+#[test]
+fn dcp_bytes_items_that_all_name_one_item() {
+    refused_within_limit("dcp_shared_item", "need more than 18729216 bytes");
+}

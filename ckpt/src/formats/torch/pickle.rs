@@ -31,6 +31,7 @@
 use std::cell::Cell;
 use std::collections::HashMap;
 use std::mem::size_of;
+use std::rc::Rc;
 
 use crate::dtype::Dtype;
 
@@ -68,33 +69,45 @@ impl Default for Limits {
 /// `budget_cap` bytes. The unpickler charges what it builds, and so does every walk over the
 /// result ([`Pickle::charge`]); charges are never given back, so what the walks build and
 /// throw away also counts, which bounds their time as well.
+///
+/// Pickles whose values are kept together (the bytes items of one DCP checkpoint, which may
+/// all name the same bytes) share one budget ([`Budget::shared`], [`load_shared`]): it grows
+/// with each pickle's length, and its floor and cap count once.
 #[derive(Debug)]
 pub(crate) struct Budget {
-    limit: usize,
-    len: usize,
+    limits: Limits,
+    /// Bytes of pickle read under this budget.
+    len: Cell<usize>,
     used: Cell<usize>,
 }
 
 impl Budget {
-    fn new(len: usize, limits: &Limits) -> Budget {
-        let limit = len.saturating_mul(limits.budget_per_byte).saturating_add(limits.budget_floor);
-        Budget { limit: limit.min(limits.budget_cap), len, used: Cell::new(0) }
+    /// A budget for pickles read with `limits`, before any is read.
+    pub(crate) fn shared(limits: Limits) -> Rc<Budget> {
+        Rc::new(Budget { limits, len: Cell::new(0), used: Cell::new(0) })
+    }
+
+    fn limit(&self) -> usize {
+        let l = &self.limits;
+        self.len.get().saturating_mul(l.budget_per_byte).saturating_add(l.budget_floor).min(l.budget_cap)
     }
 
     /// Charges `bytes`; the error is the reason, naming the budget.
     pub(crate) fn charge(&self, bytes: usize) -> std::result::Result<(), String> {
         let used = self.used.get().saturating_add(bytes);
         self.used.set(used);
-        if used > self.limit {
+        if used > self.limit() {
             return Err(format!(
-                "memory budget exceeded: the objects and values of this {}-byte pickle need more than {} bytes",
-                self.len, self.limit
+                "memory budget exceeded: the objects and values of {} bytes of pickle need more than {} bytes",
+                self.len.get(),
+                self.limit()
             ));
         }
         Ok(())
     }
 
     /// Bytes charged so far.
+    #[cfg(test)]
     pub(crate) fn used(&self) -> usize {
         self.used.get()
     }
@@ -249,7 +262,7 @@ pub(crate) struct Pickle {
     /// The TorchScript classes the pickle named, by full name.
     pub script_classes: Vec<String>,
     /// What is left of the memory budget, for the walks over the arena.
-    pub budget: Budget,
+    pub budget: Rc<Budget>,
 }
 
 impl Pickle {
@@ -363,7 +376,7 @@ struct Machine<'a> {
     stack: Vec<V>,
     marks: Vec<usize>,
     memo: HashMap<u32, V>,
-    budget: Budget,
+    budget: Rc<Budget>,
 }
 
 type R<T> = std::result::Result<T, Refusal>;
@@ -373,21 +386,36 @@ pub(crate) fn load(data: &[u8], limits: Limits) -> R<Pickle> {
     load_with_classes(data, limits, &[])
 }
 
+/// Like [`load`], charging `budget`, which other pickles share (see [`Budget`]); `limits`
+/// other than the budget's own apply to this pickle.
+pub(crate) fn load_shared(data: &[u8], limits: Limits, budget: &Rc<Budget>) -> R<Pickle> {
+    run(data, limits, &[], false, Some(budget))
+}
+
 /// Like [`load`], with extra classes allowed as opaque data: `classes` lists `module.name`
 /// entries of a format that pickles its own types (DCP's metadata dataclasses, DeepSpeed's
 /// enums). Each is understood by the caller; none is ever imported or called.
 pub(crate) fn load_with_classes(data: &[u8], limits: Limits, classes: &'static [&'static str]) -> R<Pickle> {
-    run(data, limits, classes, false)
+    run(data, limits, classes, false, None)
 }
 
 /// Like [`load`], for the object pickle of a TorchScript archive: classes under `__torch__.`
 /// become inert [`Obj::Script`] objects and TorchScript's list and type-tag helpers give back
 /// their argument. Nothing is imported or called here either.
 pub(crate) fn load_script(data: &[u8], limits: Limits) -> R<Pickle> {
-    run(data, limits, &[], true)
+    run(data, limits, &[], true, None)
 }
 
-fn run(data: &[u8], limits: Limits, classes: &'static [&'static str], script: bool) -> R<Pickle> {
+fn run(
+    data: &[u8],
+    limits: Limits,
+    classes: &'static [&'static str],
+    script: bool,
+    shared: Option<&Rc<Budget>>,
+) -> R<Pickle> {
+    let budget = shared.map_or_else(|| Budget::shared(limits), Rc::clone);
+    let before = budget.len.get();
+    budget.len.set(before.saturating_add(data.len()));
     let mut m = Machine {
         data,
         pos: 0,
@@ -403,13 +431,12 @@ fn run(data: &[u8], limits: Limits, classes: &'static [&'static str], script: bo
         stack: Vec::new(),
         marks: Vec::new(),
         memo: HashMap::new(),
-        budget: Budget::new(data.len(), &limits),
+        budget,
     };
     let root = m.run()?;
     // A pickle read from a stream (a legacy file) is only as long as what was consumed: the
     // walks over it get the budget of that length.
-    let end = Budget::new(m.pos, &limits);
-    m.budget = Budget { used: Cell::new(m.budget.used()), ..end };
+    m.budget.len.set(before.saturating_add(m.pos));
     m.charge(0)?;
     Ok(Pickle { objs: m.objs, root, end: m.pos, script_classes: m.script_classes, budget: m.budget })
 }
@@ -1311,7 +1338,7 @@ mod tests {
         assert!(load(&lists(64), tiny).is_ok());
         assert_eq!(
             bad(&lists(65), tiny),
-            "memory budget exceeded: the objects and values of this 68-byte pickle need more than 10136 bytes"
+            "memory budget exceeded: the objects and values of 68 bytes of pickle need more than 10136 bytes"
         );
         // A memo fetch shares the object: a 4 KiB string fetched 3 000 times costs its index.
         let s = [&b"\x80\x02]X\x00\x10\x00\x00"[..], &[b'a'; 4096], b"q\x00a(", &b"h\x00".repeat(3000), b"e."].concat();
