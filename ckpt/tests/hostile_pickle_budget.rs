@@ -108,3 +108,14 @@ fn dcp_bytes_items_that_all_name_one_item() {
          bytes of pickle need more than 18729216 bytes",
     );
 }
+
+#[test]
+fn torch_shards_each_within_budget_but_not_together() {
+    // 64 shards of one tensor and a 10 MB value each: the shards of one checkpoint share one
+    // budget, so the second shard's value runs out of it.
+    refused(
+        "sharded_values",
+        "pytorch_model-00002-of-00064.bin",
+        ": memory budget exceeded: the objects and values of 30780 bytes of pickle need more than 18747136 bytes",
+    );
+}

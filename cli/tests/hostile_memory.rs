@@ -79,3 +79,8 @@ fn a_real_checkpoint_reads_within_the_same_limit() {
 fn dcp_bytes_items_that_all_name_one_item() {
     refused_within_limit("dcp_shared_item", "need more than 18729216 bytes");
 }
+
+#[test]
+fn torch_shards_each_within_budget_but_not_together() {
+    refused_within_limit("sharded_values", "need more than 18747136 bytes");
+}

@@ -180,7 +180,7 @@ fn open_item(
     };
     let data = archive.read_entry(&item, pkl, MAX_ITEM_PICKLE).map_err(|e| bad(strip_path(&e, path)))?;
     let p = match budget {
-        Some(b) => pickle::load_shared(&data, Limits::default(), b),
+        Some(b) => pickle::load_shared(&data, Limits::default(), &[], b),
         None => pickle::load(&data, Limits::default()),
     };
     let p = p.map_err(|r| match r {

@@ -70,8 +70,8 @@ impl Default for Limits {
 /// result ([`Pickle::charge`]); charges are never given back, so what the walks build and
 /// throw away also counts, which bounds their time as well.
 ///
-/// Pickles whose values are kept together (the bytes items of one DCP checkpoint, which may
-/// all name the same bytes) share one budget ([`Budget::shared`], [`load_shared`]): it grows
+/// Pickles whose values are kept together (the shards of one torch checkpoint, the bytes items
+/// of one DCP checkpoint, which may all name the same bytes) share one budget ([`Budget::shared`], [`load_shared`]): it grows
 /// with each pickle's length, and its floor and cap count once.
 #[derive(Debug)]
 pub(crate) struct Budget {
@@ -386,10 +386,15 @@ pub(crate) fn load(data: &[u8], limits: Limits) -> R<Pickle> {
     load_with_classes(data, limits, &[])
 }
 
-/// Like [`load`], charging `budget`, which other pickles share (see [`Budget`]); `limits`
-/// other than the budget's own apply to this pickle.
-pub(crate) fn load_shared(data: &[u8], limits: Limits, budget: &Rc<Budget>) -> R<Pickle> {
-    run(data, limits, &[], false, Some(budget))
+/// Like [`load_with_classes`], charging `budget`, which other pickles share (see [`Budget`]);
+/// `limits` other than the budget's own apply to this pickle.
+pub(crate) fn load_shared(
+    data: &[u8],
+    limits: Limits,
+    classes: &'static [&'static str],
+    budget: &Rc<Budget>,
+) -> R<Pickle> {
+    run(data, limits, classes, false, Some(budget))
 }
 
 /// Like [`load`], with extra classes allowed as opaque data: `classes` lists `module.name`
