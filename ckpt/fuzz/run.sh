@@ -3,6 +3,8 @@
 # Needs cargo-fuzz (`cargo install cargo-fuzz --locked`) and runs on the stable toolchain with
 # RUSTC_BOOTSTRAP=1 (libFuzzer's sanitizer flags are nightly-only otherwise).
 # Exits non-zero when a target finds a crash; the reproducer is in ckpt/fuzz/artifacts/.
+# Each target runs under a 512 MiB memory limit (resident, and any single allocation): every
+# parser bounds what an input makes it hold, so going past it is a finding too.
 set -euo pipefail
 seconds="${1:-20}"
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -10,15 +12,19 @@ fixtures="$here/../../fixtures"
 cd "$here"
 export RUSTC_BOOTSTRAP=1
 export CARGO_TARGET_DIR="${FUZZ_TARGET_DIR:-$here/target}"
+# AddressSanitizer keeps 256 MiB of freed memory in quarantine by default, which alone puts a
+# target near the limit; 64 MiB still catches a use after free and leaves the rest to us.
+export ASAN_OPTIONS="${ASAN_OPTIONS:-quarantine_size_mb=64}"
 
 seed() { # seed TARGET: copy a starting corpus from the fixtures
     local corpus="$here/corpus/$1"
     mkdir -p "$corpus"
     case "$1" in
         torch_zip)
-            find "$fixtures/torch" "$fixtures/hostile/torch" -name '*.pt' -size -80k ! -name memo_abuse.pt -exec cp {} "$corpus/" \; ;;
+            find "$fixtures/torch" "$fixtures/hostile/torch" "$fixtures/hostile/pickle_budget" -name '*.pt' -size -80k \
+                ! -name memo_abuse.pt -exec cp {} "$corpus/" \; ;;
         unpickle)
-                for f in "$fixtures"/torch/*.pt; do
+                for f in "$fixtures"/torch/*.pt "$fixtures"/hostile/pickle_budget/*.pt; do
                 python3 - "$f" "$corpus" <<'PY' || true
 import sys, zipfile, pathlib
 src, out = sys.argv[1], pathlib.Path(sys.argv[2])
@@ -33,7 +39,7 @@ PY
             done ;;
         dcp_metadata)
             for f in "$fixtures"/dcp/*/checkpoint/.metadata "$fixtures"/dcp/*/checkpoint/*/.metadata \
-                     "$fixtures"/hostile/dcp/*/.metadata; do
+                     "$fixtures"/hostile/dcp/*/.metadata "$fixtures"/hostile/pickle_budget/*/.metadata; do
                 cp "$f" "$corpus/$(echo "$f" | sha1sum | cut -c1-16)"
             done ;;
         hf_index)
@@ -58,5 +64,5 @@ for target in unpickle torch_zip dcp_metadata hf_index safetensors_header; do
     seed "$target"
     cargo fuzz build --release "$target"
     cargo fuzz run --release "$target" "corpus/$target" -- \
-        -max_total_time="$seconds" -max_len=65536 -rss_limit_mb=2048 -timeout=10 -print_final_stats=1
+        -max_total_time="$seconds" -max_len=65536 -rss_limit_mb=512 -malloc_limit_mb=512 -timeout=10 -print_final_stats=1
 done

@@ -11,6 +11,7 @@ no file of the real tools to compare with. Where such a file exists (split/merge
 safetensors and huggingface_hub, DeepSpeed's `zero_to_fp32`, accelerate's merge), the other
 interop tests compare the bytes."""
 
+import base64
 import json
 import os
 import struct
@@ -103,6 +104,13 @@ def test_torch_to_torch_loads_in_torch(tmp_path, case):
         assert z.read("out/version") == b"3\n"
 
 
+def bytes_json(v):
+    """A byte string the way `ckpt` renders it in JSON: one base64 string (ckpt/src/value.rs)."""
+    if isinstance(v, (bytes, bytearray)):
+        return {"__bytes__": base64.b64encode(bytes(v)).decode("ascii")}
+    raise TypeError(f"not JSON: {type(v).__name__}")
+
+
 @pytest.mark.parametrize("case", CASES)
 def test_torch_to_safetensors(tmp_path, case):
     out = tmp_path / "out.safetensors"
@@ -118,7 +126,7 @@ def test_torch_to_safetensors(tmp_path, case):
     leaves = {k: v for k, v in want.items() if not isinstance(v, torch.Tensor)}
     for k, v in leaves.items():
         # Strings as they are, everything else as JSON text.
-        assert (meta[k] == v) if isinstance(v, str) else json.loads(meta[k]) == json.loads(json.dumps(v, default=list)), k
+        assert (meta[k] == v) if isinstance(v, str) else json.loads(meta[k]) == json.loads(json.dumps(v, default=bytes_json)), k
     if leaves:
         assert "non-tensor value" in proc.stderr
 

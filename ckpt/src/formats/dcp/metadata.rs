@@ -18,8 +18,13 @@
 //!   storage is matched on `(fqn, offset)` as torch's `__eq__` does).
 //! - `_StorageInfo`: `relative_path`, `offset`, `length`, and since 2.7 an optional list of
 //!   `transform_descriptors` (stream transforms such as zstd), which we refuse when non-empty.
+//!
+//! Everything built here (strings, int lists, paths, items, chunks) is charged to the pickle's
+//! memory budget as it is built, so that objects shared through the memo (one chunk list or
+//! path under many keys) cannot be copied into more memory than the pickle is allowed.
 
 use std::collections::HashMap;
+use std::mem::size_of;
 use std::path::Path;
 
 use crate::dtype::Dtype;
@@ -128,6 +133,20 @@ impl Reader<'_> {
         Err(Error::BadDcpMetadata { path: self.path.to_path_buf(), reason: reason.into() })
     }
 
+    /// Charges `bytes` built from the pickle to its memory budget.
+    fn charge(&self, bytes: usize) -> Result<()> {
+        self.p.charge(bytes).or_else(|reason| self.bad(reason))
+    }
+
+    /// Charges a copy of `s`.
+    fn charge_str(&self, s: &str) -> Result<()> {
+        self.charge(size_of::<String>() + s.len())
+    }
+
+    fn storage_bytes(&self, s: &StorageInfo) -> Result<()> {
+        self.charge(size_of::<StorageInfo>() + s.relative_path.len())
+    }
+
     /// The `BUILD` state of an instance of `class` (the short name after the module).
     fn instance(&self, v: V, class: &str, what: &str) -> Result<Option<V>> {
         match self.p.obj(v) {
@@ -144,10 +163,14 @@ impl Reader<'_> {
         let Some(Obj::Dict(items)) = self.p.obj(state) else {
             return self.bad(format!("{what}: the `{class}` state is not a dict"));
         };
+        self.charge(what.len() + items.len() * size_of::<(String, V)>())?;
         let mut out = Vec::with_capacity(items.len());
         for &(k, val) in items {
             match self.p.obj(k) {
-                Some(Obj::Str(s)) => out.push((s.clone(), val)),
+                Some(Obj::Str(s)) => {
+                    self.charge(s.len())?;
+                    out.push((s.clone(), val))
+                }
                 _ => return self.bad(format!("{what}: a `{class}` field name is not a string")),
             }
         }
@@ -156,7 +179,10 @@ impl Reader<'_> {
 
     fn str_of(&self, v: V, what: &str) -> Result<String> {
         match self.p.obj(v) {
-            Some(Obj::Str(s)) => Ok(s.clone()),
+            Some(Obj::Str(s)) => {
+                self.charge_str(s)?;
+                Ok(s.clone())
+            }
             _ => self.bad(format!("{what} is not a string")),
         }
     }
@@ -170,7 +196,10 @@ impl Reader<'_> {
 
     fn ints(&self, v: V, what: &str) -> Result<Vec<u64>> {
         match self.p.obj(v) {
-            Some(Obj::Tuple(items) | Obj::List(items)) => items.iter().map(|&i| self.uint(i, what)).collect(),
+            Some(Obj::Tuple(items) | Obj::List(items)) => {
+                self.charge(what.len() + size_of::<Vec<u64>>() + items.len() * size_of::<u64>())?;
+                items.iter().map(|&i| self.uint(i, what)).collect()
+            }
             _ => self.bad(format!("{what} is not a sequence of ints")),
         }
     }
@@ -200,6 +229,10 @@ impl Reader<'_> {
             }
             let kind = self.entry(&key, v, &storage)?;
             let path = planner.get(&key).cloned().unwrap_or_else(|| vec![PathElem::Key(key.clone())]);
+            self.charge(size_of::<Item>())?;
+            for e in &path {
+                self.charge(size_of::<PathElem>() + if let PathElem::Key(k) = e { k.len() } else { 0 })?;
+            }
             items.push(Item { key, path, kind });
         }
         Ok(Metadata { items })
@@ -213,7 +246,10 @@ impl Reader<'_> {
         let find = |offsets: Option<Vec<u64>>| storage.get(&(key.to_string(), offsets));
         match class {
             "BytesStorageMetadata" => match find(None) {
-                Some(s) => Ok(Kind::Bytes { storage: s.clone() }),
+                Some(s) => {
+                    self.storage_bytes(s)?;
+                    Ok(Kind::Bytes { storage: s.clone() })
+                }
                 None => self.bad(format!("bytes entry `{key}` has no `storage_data` entry")),
             },
             "TensorStorageMetadata" => {
@@ -230,6 +266,7 @@ impl Reader<'_> {
                 };
                 let mut out = Vec::with_capacity(list.len());
                 for (i, &c) in list.iter().enumerate() {
+                    self.charge(size_of::<ChunkMeta>() + what.len())?;
                     let cw = format!("{what}: chunk {i}");
                     let cf = self.fields(c, "ChunkStorageMetadata", &cw)?;
                     let get = |n: &str| cf.iter().find(|(k, _)| k == n).map(|(_, v)| *v);
@@ -241,6 +278,7 @@ impl Reader<'_> {
                     let Some(st) = find(Some(offsets.clone())) else {
                         return self.bad(format!("{cw} at offsets {offsets:?} has no `storage_data` entry"));
                     };
+                    self.storage_bytes(st)?;
                     out.push(ChunkMeta { offsets, sizes, storage: st.clone() });
                 }
                 Ok(Kind::Tensor { dtype, size, chunks: out })
@@ -304,6 +342,8 @@ impl Reader<'_> {
                 offset: self.uint(off, &format!("{what}: `offset`"))?,
                 length: self.uint(len, &format!("{what}: `length`"))?,
             };
+            self.charge_str(&fqn)?;
+            self.charge(2 * size_of::<((String, Option<Vec<u64>>), StorageInfo)>())?;
             if out.insert((fqn.clone(), offset.clone()), s).is_some() {
                 return self.bad(format!("`{fqn}` at offsets {offset:?} has two `storage_data` entries"));
             }
@@ -321,11 +361,16 @@ impl Reader<'_> {
         for &(k, v) in entries {
             let Some(Obj::Str(key)) = self.p.obj(k) else { continue };
             let Some(Obj::Tuple(elems) | Obj::List(elems)) = self.p.obj(v) else { continue };
+            self.charge_str(key)?;
+            self.charge(elems.len() * size_of::<PathElem>())?;
             let mut path = Vec::with_capacity(elems.len());
             for &e in elems {
                 match (e, self.p.obj(e)) {
                     (V::Int(i), _) => path.push(PathElem::Index(i)),
-                    (_, Some(Obj::Str(s))) => path.push(PathElem::Key(s.clone())),
+                    (_, Some(Obj::Str(s))) => {
+                        self.charge(s.len())?;
+                        path.push(PathElem::Key(s.clone()))
+                    }
                     _ => return self.bad(format!("`planner_data` path of `{key}` holds a non-str, non-int element")),
                 }
             }

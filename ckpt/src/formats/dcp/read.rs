@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::rc::Rc;
 
 use super::metadata::{self, ChunkMeta, Kind, PathElem, StorageInfo};
 use crate::catalog::{Chunk, SourceFile};
@@ -59,6 +60,9 @@ pub(crate) fn read(dir: &Path) -> Result<Dcp> {
     let mut files = Files { dir, meta_path: &meta_path, list: Vec::new(), by_name: HashMap::new() };
     let mut tensors = Vec::new();
     let mut bytes = Vec::new();
+    // The values of all bytes items are kept together, and many items may name the same bytes:
+    // they share one memory budget.
+    let values_budget = pickle::Budget::shared(Limits::default());
     for item in md.items {
         match item.kind {
             Kind::Tensor { dtype, size, chunks } => {
@@ -69,7 +73,7 @@ pub(crate) fn read(dir: &Path) -> Result<Dcp> {
             Kind::Bytes { storage } => {
                 let (fi, rank) = files.get(&item.key, &storage)?;
                 let f = &files.list[fi];
-                let value = read_bytes_item(&f.path, rank, &item.key, &storage)?;
+                let value = read_bytes_item(&f.path, rank, &item.key, &storage, &values_budget)?;
                 let chunk = Chunk { file: fi, offset: storage.offset, len: storage.length };
                 bytes.push(DcpBytes { key: item.key, path: item.path, chunk, value });
             }
@@ -157,6 +161,7 @@ fn open_item(
     rank: Option<u64>,
     key: &str,
     storage: &StorageInfo,
+    budget: Option<&Rc<pickle::Budget>>,
 ) -> Result<(zip::Archive, String, pickle::Pickle)> {
     let bad = |reason: String| Error::BadDcpChunk { path: path.to_path_buf(), tensor: key.to_string(), rank, reason };
     let file = crate::io::open(path)?;
@@ -174,7 +179,11 @@ fn open_item(
         return Err(bad(format!("item at byte {} has no `data.pkl` record", storage.offset)));
     };
     let data = archive.read_entry(&item, pkl, MAX_ITEM_PICKLE).map_err(|e| bad(strip_path(&e, path)))?;
-    let p = pickle::load(&data, Limits::default()).map_err(|r| match r {
+    let p = match budget {
+        Some(b) => pickle::load_shared(&data, Limits::default(), &[], b),
+        None => pickle::load(&data, Limits::default()),
+    };
+    let p = p.map_err(|r| match r {
         Refusal::Global(global) => Error::RefusedGlobal { path: path.to_path_buf(), global },
         Refusal::Bad { at, reason } => {
             bad(format!("`{}` of the item at byte {}: byte {at}: {reason}", pkl.name, storage.offset))
@@ -189,8 +198,14 @@ fn strip_path(e: &Error, path: &Path) -> String {
     text.strip_prefix(&format!("{}: ", path.display())).map(str::to_string).unwrap_or(text)
 }
 
-fn read_bytes_item(path: &Path, rank: Option<u64>, key: &str, storage: &StorageInfo) -> Result<Leaf> {
-    let (_, _, p) = open_item(path, rank, key, storage)?;
+fn read_bytes_item(
+    path: &Path,
+    rank: Option<u64>,
+    key: &str,
+    storage: &StorageInfo,
+    budget: &Rc<pickle::Budget>,
+) -> Result<Leaf> {
+    let (_, _, p) = open_item(path, rank, key, storage, Some(budget))?;
     flatten::leaf_of(&p).map_err(|reason| Error::BadDcpChunk {
         path: path.to_path_buf(),
         tensor: key.to_string(),
@@ -204,7 +219,7 @@ fn read_bytes_item(path: &Path, rank: Option<u64>, key: &str, storage: &StorageI
 fn tensor_item(path: &Path, rank: Option<u64>, key: &str, dtype: Dtype, c: &ChunkMeta) -> Result<Chunk> {
     let bad = |reason: String| Error::BadDcpChunk { path: path.to_path_buf(), tensor: key.to_string(), rank, reason };
     let at = c.storage.offset;
-    let (archive, prefix, p) = open_item(path, rank, key, &c.storage)?;
+    let (archive, prefix, p) = open_item(path, rank, key, &c.storage, None)?;
     let Some(Obj::Tensor(t)) = p.obj(p.root) else {
         return Err(bad(format!("the item at byte {at} does not hold a tensor")));
     };

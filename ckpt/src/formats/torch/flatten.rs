@@ -5,11 +5,15 @@
 //! holds tensors is numbered the same way. Everything else is a leaf value (a `step`, a config,
 //! `param_groups`), kept with its dotted name. The walk is budgeted: a pickle that fetches the
 //! same memoized list over and over (each level of a "billion laughs" doubling the last) is
-//! refused once it has cost more nodes than a real state dict could.
+//! refused once it has cost more nodes than a real state dict could, and every name, leaf and
+//! tensor entry it builds is charged to the pickle's memory budget ([`Pickle::charge`]) as it is
+//! built, so that copies of one memoized string or bytes object cannot add up to more memory
+//! than the pickle is allowed.
 
 use std::collections::HashSet;
+use std::mem::size_of;
 
-use super::pickle::{Obj, Pickle, TensorRef, V};
+use super::pickle::{tensor_bytes, Obj, Pickle, TensorRef, V};
 
 /// Nodes the walk may visit in total.
 pub(crate) const MAX_VISITS: u64 = 1 << 23;
@@ -50,15 +54,13 @@ pub(crate) fn flatten(p: &Pickle) -> Result<Flat, String> {
     Ok(w.out)
 }
 
-fn join(prefix: &str, key: &str) -> String {
-    if prefix.is_empty() {
-        key.to_string()
-    } else {
-        format!("{prefix}.{key}")
-    }
-}
-
 impl Walk<'_> {
+    /// `prefix.key`, charged to the budget.
+    fn join(&self, prefix: &str, key: &str) -> Result<String, String> {
+        self.p.charge(size_of::<String>() + prefix.len() + 1 + key.len())?;
+        Ok(if prefix.is_empty() { key.to_string() } else { format!("{prefix}.{key}") })
+    }
+
     fn tick(&mut self) -> Result<(), String> {
         self.visits += 1;
         if self.visits > MAX_VISITS {
@@ -68,6 +70,8 @@ impl Walk<'_> {
     }
 
     fn claim(&mut self, name: &str) -> Result<(), String> {
+        // The copy in `names` (a set entry) and the one kept with the value.
+        self.p.charge(3 * size_of::<String>() + 2 * name.len())?;
         if self.names.insert(name.to_string()) {
             Ok(())
         } else {
@@ -83,19 +87,20 @@ impl Walk<'_> {
         match self.p.obj(v) {
             Some(Obj::Tensor(t)) => {
                 self.claim(name)?;
+                self.p.charge(size_of::<TensorRef>() + tensor_bytes(t))?;
                 self.out.tensors.push((name.to_string(), t.clone()));
                 Ok(())
             }
             Some(Obj::Dict(items)) if !items.is_empty() => {
                 for &(k, val) in items {
                     let key = self.key(k)?;
-                    self.node(&join(name, &key), val, depth + 1)?;
+                    self.node(&self.join(name, &key)?, val, depth + 1)?;
                 }
                 Ok(())
             }
             Some(Obj::List(items) | Obj::Tuple(items)) if self.holds_tensor(v, 0)? => {
                 for (i, &val) in items.iter().enumerate() {
-                    self.node(&join(name, &i.to_string()), val, depth + 1)?;
+                    self.node(&self.join(name, &i.to_string())?, val, depth + 1)?;
                 }
                 Ok(())
             }
@@ -112,7 +117,10 @@ impl Walk<'_> {
         match k {
             V::Int(i) => Ok(i.to_string()),
             _ => match self.p.obj(k) {
-                Some(Obj::Str(s)) => Ok(s.clone()),
+                Some(Obj::Str(s)) => {
+                    self.p.charge(size_of::<String>() + s.len())?;
+                    Ok(s.clone())
+                }
                 _ => Err("dict keys must be strings or ints".into()),
             },
         }
@@ -150,6 +158,12 @@ impl Walk<'_> {
         if depth > MAX_NESTING {
             return Err(format!("a value is nested deeper than {MAX_NESTING} levels"));
         }
+        let payload = match self.p.obj(v) {
+            Some(Obj::Str(s)) => s.len(),
+            Some(Obj::Bytes(b)) => b.len(),
+            _ => 0,
+        };
+        self.p.charge(size_of::<Leaf>() + payload)?;
         Ok(match v {
             V::None => Leaf::None,
             V::Bool(b) => Leaf::Bool(b),

@@ -57,6 +57,7 @@ use crate::io::ReadAt;
 use std::collections::HashMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
+use std::rc::Rc;
 
 use crate::catalog::{Checkpoint, Format, Parts, Scan, SourceFile, TensorData, TensorInfo};
 use crate::dtype::Dtype;
@@ -64,7 +65,7 @@ use crate::error::{Error, IoContext, Result};
 use crate::formats::hf_index::Index;
 use crate::shape::Runs;
 use flatten::Leaf;
-use pickle::{Limits, Obj, Refusal, StorageKind};
+use pickle::{Budget, Limits, Obj, Refusal, StorageKind};
 
 /// The largest `data.pkl` we read.
 pub(crate) const MAX_PICKLE_LEN: u64 = 256 << 20;
@@ -136,15 +137,21 @@ fn bad_file(path: &Path, reason: impl Into<String>) -> Error {
 
 /// Reads a torch file.
 pub(crate) fn read(path: &Path) -> Result<TorchFile> {
+    read_sharing(path, &Budget::shared(Limits::default()))
+}
+
+/// Reads a torch file whose pickles charge `budget`, which the other files of its checkpoint
+/// share: their values are kept together.
+fn read_sharing(path: &Path, budget: &Rc<Budget>) -> Result<TorchFile> {
     let file = crate::io::open(path)?;
     let len = file.metadata().at(path)?.len();
     let mut head = [0u8; 8];
     let n = usize::try_from(len.min(8)).unwrap_or(0);
     ReadAt::read_exact_at(&file, head.get_mut(..n).unwrap_or_default(), 0).at(path)?;
     if head.starts_with(b"PK\x03\x04") {
-        read_zip(&file, len, path, &[])
+        read_zip(&file, len, path, &[], budget)
     } else if head.starts_with(&[0x80, 0x02, 0x8a]) {
-        read_legacy(&file, len, path)
+        read_legacy(&file, len, path, budget)
     } else if head.starts_with(b"PYTORCH1") {
         Err(bad_file(path, "legacy torch format (the 1.x preview release) is not supported"))
     } else {
@@ -171,10 +178,16 @@ pub(crate) fn read_with_classes(path: &Path, classes: &'static [&'static str]) -
     if head != *b"PK\x03\x04" {
         return Err(bad_file(path, "not a zip-format torch file"));
     }
-    read_zip(&file, len, path, classes)
+    read_zip(&file, len, path, classes, &Budget::shared(Limits::default()))
 }
 
-fn read_zip(file: &File, len: u64, path: &Path, classes: &'static [&'static str]) -> Result<TorchFile> {
+fn read_zip(
+    file: &File,
+    len: u64,
+    path: &Path,
+    classes: &'static [&'static str],
+    budget: &Rc<Budget>,
+) -> Result<TorchFile> {
     let archive = zip::Archive::open(file, len, path)?;
     let Some(first) = archive.entries.first() else {
         return Err(bad_file(path, "empty archive"));
@@ -210,7 +223,7 @@ fn read_zip(file: &File, len: u64, path: &Path, classes: &'static [&'static str]
     } else {
         let data = archive.read_entry(file, pkl, MAX_PICKLE_LEN)?;
         let p =
-            pickle::load_with_classes(&data, Limits::default(), classes).map_err(|r| refusal(path, &pkl_name, r))?;
+            pickle::load_shared(&data, Limits::default(), classes, budget).map_err(|r| refusal(path, &pkl_name, r))?;
         flatten::flatten(&p).map_err(|reason| bad_file(path, reason))?
     };
     let mut storages: Vec<Storage> = Vec::new();
@@ -290,7 +303,7 @@ fn check_tensor(
     Ok(TorchTensor { name, dtype: t.dtype, shape: t.shape, strides: t.strides, offset: t.offset, storage: si })
 }
 
-fn read_legacy(file: &File, len: u64, path: &Path) -> Result<TorchFile> {
+fn read_legacy(file: &File, len: u64, path: &Path, budget: &Rc<Budget>) -> Result<TorchFile> {
     let legacy = |reason: String| bad_file(path, format!("legacy torch format: {reason}"));
     let map = crate::io::map(file, path)?;
     let all = map.get(0, len).ok_or_else(|| legacy("cannot map the file".into()))?;
@@ -298,7 +311,7 @@ fn read_legacy(file: &File, len: u64, path: &Path) -> Result<TorchFile> {
     let mut next = |what: &str| -> Result<pickle::Pickle> {
         let rest = all.get(pos..).unwrap_or_default();
         let window = rest.get(..usize::try_from(MAX_PICKLE_LEN).unwrap_or(usize::MAX)).unwrap_or(rest);
-        let p = pickle::load(window, Limits::default()).map_err(|r| refusal(path, what, r))?;
+        let p = pickle::load_shared(window, Limits::default(), &[], budget).map_err(|r| refusal(path, what, r))?;
         pos += p.end;
         Ok(p)
     };
@@ -420,6 +433,8 @@ pub(crate) fn read_set(path: &Path, format: Format) -> Result<TorchSet> {
     }
     let index = Index::read(path)?;
     let dir = index.dir().to_path_buf();
+    // The shards' values are kept together: one memory budget for all their pickles.
+    let budget = Budget::shared(Limits::default());
     let mut names = index.shard_names();
     names.sort_unstable();
     let mut files = Vec::with_capacity(names.len());
@@ -430,7 +445,7 @@ pub(crate) fn read_set(path: &Path, format: Format) -> Result<TorchSet> {
             let tensor = index.weight_map.iter().find(|(_, f)| f == name).map(|(t, _)| t.clone()).unwrap_or_default();
             return Err(Error::MissingShard { index: path.to_path_buf(), tensor, file: name.to_string() });
         }
-        let f = read(&shard)?;
+        let f = read_sharing(&shard, &budget)?;
         for t in &f.tensors {
             if let Some(&prev) = holder.get(&t.name) {
                 let first: &TorchFile = &files[prev];

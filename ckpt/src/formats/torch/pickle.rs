@@ -16,10 +16,22 @@
 //! a hostile cycle costs nothing. Limits: the pickle length, the memo size, the stack size, the
 //! nesting depth of containers, and every declared length checked against the bytes left.
 //!
+//! One memory budget bounds everything a pickle makes us hold ([`Budget`]): it grows with the
+//! pickle's length ([`Limits::budget_per_byte`] bytes per byte, plus a floor) up to a hard cap.
+//! Every arena slot and stack slot (as the arena and the stack grow), every string and bytes
+//! payload, every container element and memo entry is charged once, when it is created; a memo
+//! fetch (`BINGET`) of an existing object pushes its index and costs nothing new. The walks that turn the arena into state-dict entries,
+//! leaf values or DCP metadata charge what they build to the same budget as they build it, so a
+//! DAG of memo references expanded into a tree ("billion laughs") runs out of budget instead of
+//! memory.
+//!
 //! Opcodes of protocols 2 to 5 are understood (torch writes protocol 2; `pickle_protocol=4`
 //! adds `FRAME`, `SHORT_BINUNICODE`, `MEMOIZE`, `STACK_GLOBAL`).
 
+use std::cell::Cell;
 use std::collections::HashMap;
+use std::mem::size_of;
+use std::rc::Rc;
 
 use crate::dtype::Dtype;
 
@@ -29,11 +41,75 @@ pub(crate) struct Limits {
     pub max_memo: usize,
     pub max_stack: usize,
     pub max_depth: u32,
+    /// Memory budget per byte of pickle (see [`Budget`]).
+    pub budget_per_byte: usize,
+    /// Memory budget of any pickle, however short.
+    pub budget_floor: usize,
+    /// Memory budget of the longest pickle.
+    pub budget_cap: usize,
 }
 
 impl Default for Limits {
     fn default() -> Self {
-        Limits { max_memo: 1 << 24, max_stack: 1 << 24, max_depth: 256 }
+        Limits {
+            max_memo: 1 << 24,
+            max_stack: 1 << 24,
+            max_depth: 256,
+            // The pickles torch writes for the fixtures build 15 to 31 bytes of objects per byte
+            // (tensor records, names, small tuples; arena slots reserved by doubling). The
+            // floor covers small files of large values.
+            budget_per_byte: 64,
+            budget_floor: 16 << 20,
+            budget_cap: 1 << 30,
+        }
+    }
+}
+
+/// The memory budget of one pickle: `budget_per_byte` × its length + `budget_floor`, at most
+/// `budget_cap` bytes. The unpickler charges what it builds, and so does every walk over the
+/// result ([`Pickle::charge`]); charges are never given back, so what the walks build and
+/// throw away also counts, which bounds their time as well.
+///
+/// Pickles whose values are kept together (the shards of one torch checkpoint, the bytes items
+/// of one DCP checkpoint, which may all name the same bytes) share one budget ([`Budget::shared`], [`load_shared`]): it grows
+/// with each pickle's length, and its floor and cap count once.
+#[derive(Debug)]
+pub(crate) struct Budget {
+    limits: Limits,
+    /// Bytes of pickle read under this budget.
+    len: Cell<usize>,
+    used: Cell<usize>,
+}
+
+impl Budget {
+    /// A budget for pickles read with `limits`, before any is read.
+    pub(crate) fn shared(limits: Limits) -> Rc<Budget> {
+        Rc::new(Budget { limits, len: Cell::new(0), used: Cell::new(0) })
+    }
+
+    fn limit(&self) -> usize {
+        let l = &self.limits;
+        self.len.get().saturating_mul(l.budget_per_byte).saturating_add(l.budget_floor).min(l.budget_cap)
+    }
+
+    /// Charges `bytes`; the error is the reason, naming the budget.
+    pub(crate) fn charge(&self, bytes: usize) -> std::result::Result<(), String> {
+        let used = self.used.get().saturating_add(bytes);
+        self.used.set(used);
+        if used > self.limit() {
+            return Err(format!(
+                "memory budget exceeded: the objects and values of {} bytes of pickle need more than {} bytes",
+                self.len.get(),
+                self.limit()
+            ));
+        }
+        Ok(())
+    }
+
+    /// Bytes charged so far.
+    #[cfg(test)]
+    pub(crate) fn used(&self) -> usize {
+        self.used.get()
     }
 }
 
@@ -185,6 +261,8 @@ pub(crate) struct Pickle {
     pub end: usize,
     /// The TorchScript classes the pickle named, by full name.
     pub script_classes: Vec<String>,
+    /// What is left of the memory budget, for the walks over the arena.
+    pub budget: Rc<Budget>,
 }
 
 impl Pickle {
@@ -193,6 +271,29 @@ impl Pickle {
             V::Obj(i) => self.objs.get(i),
             _ => None,
         }
+    }
+
+    /// Charges `bytes` that a walk over the arena builds to the pickle's memory budget.
+    pub(crate) fn charge(&self, bytes: usize) -> std::result::Result<(), String> {
+        self.budget.charge(bytes)
+    }
+}
+
+/// The memory a tensor description holds besides its slot: its storage key and dims.
+pub(crate) fn tensor_bytes(t: &TensorRef) -> usize {
+    t.storage.key.len() + size_of::<u64>() * (t.shape.len() + t.strides.len())
+}
+
+/// The memory an arena object holds besides its slot.
+fn heap_bytes(o: &Obj) -> usize {
+    match o {
+        Obj::Str(s) => s.len(),
+        Obj::Bytes(b) | Obj::BigInt(b) => b.len(),
+        Obj::Tuple(items) | Obj::List(items) | Obj::Instance { args: items, .. } => items.len() * size_of::<V>(),
+        Obj::Dict(items) => items.len() * size_of::<(V, V)>(),
+        Obj::Storage(s) | Obj::StorageView { storage: s, .. } => s.key.len(),
+        Obj::Tensor(t) => tensor_bytes(t),
+        Obj::Global(_) | Obj::Script { .. } | Obj::Complex(..) | Obj::EmptyTensor(_) => 0,
     }
 }
 
@@ -275,6 +376,7 @@ struct Machine<'a> {
     stack: Vec<V>,
     marks: Vec<usize>,
     memo: HashMap<u32, V>,
+    budget: Rc<Budget>,
 }
 
 type R<T> = std::result::Result<T, Refusal>;
@@ -284,21 +386,41 @@ pub(crate) fn load(data: &[u8], limits: Limits) -> R<Pickle> {
     load_with_classes(data, limits, &[])
 }
 
+/// Like [`load_with_classes`], charging `budget`, which other pickles share (see [`Budget`]);
+/// `limits` other than the budget's own apply to this pickle.
+pub(crate) fn load_shared(
+    data: &[u8],
+    limits: Limits,
+    classes: &'static [&'static str],
+    budget: &Rc<Budget>,
+) -> R<Pickle> {
+    run(data, limits, classes, false, Some(budget))
+}
+
 /// Like [`load`], with extra classes allowed as opaque data: `classes` lists `module.name`
 /// entries of a format that pickles its own types (DCP's metadata dataclasses, DeepSpeed's
 /// enums). Each is understood by the caller; none is ever imported or called.
 pub(crate) fn load_with_classes(data: &[u8], limits: Limits, classes: &'static [&'static str]) -> R<Pickle> {
-    run(data, limits, classes, false)
+    run(data, limits, classes, false, None)
 }
 
 /// Like [`load`], for the object pickle of a TorchScript archive: classes under `__torch__.`
 /// become inert [`Obj::Script`] objects and TorchScript's list and type-tag helpers give back
 /// their argument. Nothing is imported or called here either.
 pub(crate) fn load_script(data: &[u8], limits: Limits) -> R<Pickle> {
-    run(data, limits, &[], true)
+    run(data, limits, &[], true, None)
 }
 
-fn run(data: &[u8], limits: Limits, classes: &'static [&'static str], script: bool) -> R<Pickle> {
+fn run(
+    data: &[u8],
+    limits: Limits,
+    classes: &'static [&'static str],
+    script: bool,
+    shared: Option<&Rc<Budget>>,
+) -> R<Pickle> {
+    let budget = shared.map_or_else(|| Budget::shared(limits), Rc::clone);
+    let before = budget.len.get();
+    budget.len.set(before.saturating_add(data.len()));
     let mut m = Machine {
         data,
         pos: 0,
@@ -314,14 +436,24 @@ fn run(data: &[u8], limits: Limits, classes: &'static [&'static str], script: bo
         stack: Vec::new(),
         marks: Vec::new(),
         memo: HashMap::new(),
+        budget,
     };
     let root = m.run()?;
-    Ok(Pickle { objs: m.objs, root, end: m.pos, script_classes: m.script_classes })
+    // A pickle read from a stream (a legacy file) is only as long as what was consumed: the
+    // walks over it get the budget of that length.
+    m.budget.len.set(before.saturating_add(m.pos));
+    m.charge(0)?;
+    Ok(Pickle { objs: m.objs, root, end: m.pos, script_classes: m.script_classes, budget: m.budget })
 }
 
 impl Machine<'_> {
     fn bad<T>(&self, reason: impl Into<String>) -> R<T> {
         Err(Refusal::Bad { at: self.op_at, reason: reason.into() })
+    }
+
+    /// Charges `bytes` to the memory budget, refusing the pickle once it is spent.
+    fn charge(&self, bytes: usize) -> R<()> {
+        self.budget.charge(bytes).map_err(|reason| Refusal::Bad { at: self.op_at, reason })
     }
 
     fn take(&mut self, n: usize) -> R<&[u8]> {
@@ -384,6 +516,14 @@ impl Machine<'_> {
         if d > self.limits.max_depth {
             return self.bad(format!("nesting deeper than {} levels", self.limits.max_depth));
         }
+        if self.objs.len() == self.objs.capacity() {
+            // The arena grows by doubling; its slots are charged when they are reserved.
+            let more = self.objs.capacity().max(64);
+            self.charge(more * (size_of::<Obj>() + size_of::<u32>()))?;
+            self.objs.reserve_exact(more);
+            self.depth.reserve_exact(more);
+        }
+        self.charge(heap_bytes(&o))?;
         self.objs.push(o);
         self.depth.push(d);
         Ok(V::Obj(self.objs.len() - 1))
@@ -391,6 +531,11 @@ impl Machine<'_> {
     fn push(&mut self, v: V) -> R<()> {
         if self.stack.len() >= self.limits.max_stack {
             return self.bad(format!("stack grows past {} values", self.limits.max_stack));
+        }
+        if self.stack.len() == self.stack.capacity() {
+            let more = self.stack.capacity().max(64);
+            self.charge(more * size_of::<V>())?;
+            self.stack.reserve_exact(more);
         }
         self.stack.push(v);
         Ok(())
@@ -420,6 +565,10 @@ impl Machine<'_> {
         let v = self.top()?;
         if self.memo.len() >= self.limits.max_memo && !self.memo.contains_key(&idx) {
             return self.bad(format!("memo grows past {} entries", self.limits.max_memo));
+        }
+        if !self.memo.contains_key(&idx) {
+            // A hash map entry, with its control byte and spare capacity.
+            self.charge(2 * size_of::<(u32, V)>())?;
         }
         self.memo.insert(idx, v);
         Ok(())
@@ -472,6 +621,7 @@ impl Machine<'_> {
                 if self.script_classes.len() >= self.limits.max_memo {
                     return self.bad("too many TorchScript classes");
                 }
+                self.charge(size_of::<String>() + full.len())?;
                 self.script_classes.push(full);
                 self.script_classes.len() - 1
             }
@@ -792,6 +942,7 @@ impl Machine<'_> {
                             }
                             _ => return self.bad("a legacy tensor's state must be (storage, offset, size, stride)"),
                         };
+                        self.charge(tensor_bytes(&t))?;
                         if let Some(slot) = self.objs.get_mut(idx) {
                             *slot = Obj::Tensor(t);
                         }
@@ -830,6 +981,9 @@ impl Machine<'_> {
         if d > self.limits.max_depth {
             return self.bad(format!("nesting deeper than {} levels", self.limits.max_depth));
         }
+        if matches!(self.obj_at(target), Some(Obj::List(_))) {
+            self.charge(items.len() * size_of::<V>())?;
+        }
         if let V::Obj(i) = target {
             if let Some(Obj::List(list)) = self.objs.get_mut(i) {
                 list.extend(items);
@@ -846,6 +1000,9 @@ impl Machine<'_> {
         let d = items.iter().map(|&(_, v)| self.depth_of(v) + 1).max().unwrap_or(0);
         if d > self.limits.max_depth {
             return self.bad(format!("nesting deeper than {} levels", self.limits.max_depth));
+        }
+        if matches!(self.obj_at(target), Some(Obj::Dict(_))) {
+            self.charge(items.len() * size_of::<(V, V)>())?;
         }
         if let V::Obj(i) = target {
             if let Some(Obj::Dict(dict)) = self.objs.get_mut(i) {
@@ -917,6 +1074,9 @@ impl Machine<'_> {
         if self.view_keys.contains_key(&storage.key) {
             return self.bad(format!("storage key `{}` names both a storage and a view", storage.key));
         }
+        if !self.root_keys.contains_key(&storage.key) {
+            self.charge(2 * size_of::<(String, ())>() + storage.key.len())?;
+        }
         self.root_keys.insert(storage.key.clone(), ());
         let Some(view) = view else {
             return self.alloc(Obj::Storage(storage));
@@ -937,6 +1097,9 @@ impl Machine<'_> {
             return self.bad(format!("storage key `{vkey}` names both a storage and a view"));
         }
         // torch keeps the first view made under a key and hands it out again for later ids.
+        if !self.view_keys.contains_key(&vkey) {
+            self.charge(2 * size_of::<(String, (u64, u64))>() + vkey.len())?;
+        }
         let (offset, len) = *self.view_keys.entry(vkey).or_insert((offset, len));
         if offset.checked_add(len).is_none_or(|end| end > numel) {
             return self
@@ -1170,6 +1333,26 @@ mod tests {
             Err(Refusal::Bad { reason, .. }) => reason,
             other => panic!("expected a refusal, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn one_memory_budget_scaled_to_the_pickle() {
+        let tiny = Limits { budget_per_byte: 2, budget_floor: 10_000, budget_cap: 1 << 20, ..Limits::default() };
+        // 64 arena slots fit in 10 000 bytes, 128 do not: the arena is charged as it grows.
+        let lists = |n: usize| [&b"\x80\x02"[..], &vec![b']'; n], b"."].concat();
+        assert!(load(&lists(64), tiny).is_ok());
+        assert_eq!(
+            bad(&lists(65), tiny),
+            "memory budget exceeded: the objects and values of 68 bytes of pickle need more than 10136 bytes"
+        );
+        // A memo fetch shares the object: a 4 KiB string fetched 3 000 times costs its index.
+        let s = [&b"\x80\x02]X\x00\x10\x00\x00"[..], &[b'a'; 4096], b"q\x00a(", &b"h\x00".repeat(3000), b"e."].concat();
+        let p = load(&s, Limits::default()).unwrap_or_else(|e| panic!("{e:?}"));
+        // Its index in the list and on the stack, and slots: not 3 000 copies (12 MB).
+        assert!(p.budget.used() < 4096 + 3000 * 48 + 64 * 108, "{}", p.budget.used());
+        // The cap holds whatever the length.
+        let capped = Limits { budget_cap: 5_000, ..tiny };
+        assert!(bad(&lists(64), capped).ends_with("need more than 5000 bytes"));
     }
 
     #[test]

@@ -225,6 +225,7 @@ impl<'a> Walk<'a> {
         if let Some(Obj::Script { state: None, .. }) = p.obj(v) {
             return Err(format!("{what} has no attributes"));
         }
+        p.charge(attrs.len() * std::mem::size_of::<(&str, V)>())?;
         let mut named: Vec<(&str, V)> = Vec::with_capacity(attrs.len());
         for &(k, val) in attrs {
             let Some(Obj::Str(key)) = p.obj(k) else {
@@ -246,6 +247,9 @@ impl<'a> Walk<'a> {
                 match (val, p.obj(val)) {
                     (V::None, _) => {}
                     (_, Some(Obj::Tensor(t))) => {
+                        // The name twice (the set and the entry) and the tensor description.
+                        let size = 2 * name.len() + std::mem::size_of::<(String, TensorRef)>();
+                        p.charge(size + pickle::tensor_bytes(t))?;
                         // Each name costs a visit: a module fetched from the memo under many
                         // names must not multiply its tensors without bound.
                         self.visits += 1;
@@ -264,7 +268,9 @@ impl<'a> Walk<'a> {
         for &(key, val) in &named {
             let child = object(p, val).and_then(|(c, _)| classes.get(c));
             if child.is_some_and(|c| c.is_module) {
-                self.module(&join(prefix, key), val, depth + 1)?;
+                let name = join(prefix, key);
+                p.charge(name.len())?;
+                self.module(&name, val, depth + 1)?;
             }
         }
         Ok(())
