@@ -77,6 +77,15 @@ pub fn verify(src: &str) -> Result<Report> {
             ));
         }
     }
+    for t in ck.tensors() {
+        if let Some((output, storage)) = t.expansion() {
+            report.warnings.push(format!(
+                "tensor `{}` is a broadcast view: writing it takes {output} bytes from a {storage}-byte storage, \
+                 which split, merge and convert refuse without `--allow-expanded`",
+                crate::escape_controls(&t.name)
+            ));
+        }
+    }
     // The manifest sits beside the file or the index.
     let manifest_path = ck.root().parent().map(|d| d.join(manifest::MANIFEST_NAME));
     if let Some(mp) = manifest_path.filter(|p| p.is_file()) {

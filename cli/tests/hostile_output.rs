@@ -232,7 +232,7 @@ fn gigabyte_indexes_metadata_and_latest_are_refused_before_they_are_read() {
 #[test]
 fn a_broadcast_view_is_refused_with_its_name_and_both_sizes() {
     let tmp = tempfile::tempdir().unwrap();
-    let src = fixtures().join("hostile/torch/expanded_view.pt");
+    let src = fixtures().join("hostile/output/expanded_view.pt");
     let dst = tmp.path().join("x.safetensors");
     let out = bounded(&["convert", s(&src), s(&dst)]);
     assert_eq!(out.status.code(), Some(2));
@@ -298,7 +298,7 @@ fn a_loader_state_claiming_a_huge_world_is_refused() {
 
 #[test]
 fn names_with_control_characters_are_escaped_in_every_message() {
-    let src = fixtures().join("hostile/safetensors/control_chars_name.safetensors");
+    let src = fixtures().join("hostile/output/control_chars_name.safetensors");
     let out = bounded(&["verify", s(&src)]);
     assert_eq!(out.status.code(), Some(1));
     let text = stdout(&out);
