@@ -391,6 +391,9 @@ def report(results, pairs, warmup):
         "once from the rank's `*_optim_states.pt` (the optimizer files also hold Adam's two moments, twice as many "
         "bytes, which the merge never reads). See the docstring of `bench/vs_cp.py`.",
         "",
+        "On this shared machine whole invocations differ from each other by more than the 10% margin (the "
+        "quartiles show the spread within one); judge the target on the ratios of several invocations.",
+        "",
     ]
     return "\n".join(lines)
 
