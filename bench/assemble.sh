@@ -6,11 +6,12 @@ cd "$(dirname "$0")"
   echo "# Benchmark results"
   echo
   echo "Each section is written by its benchmark (\`make bench\` runs them all, then this file is"
-  echo "assembled by \`bench/assemble.sh\`). Every row compares statekit with the tool a user would"
-  echo "otherwise run, in the same session on the same input; the safetensors section also compares"
-  echo "with \`cp\` of the same bytes, the disk's limit. Timings come from a 2-core machine shared"
-  echo "with other work, so single runs are noisy; ratios are the point."
-  for area in safetensors torch dcp deepspeed dataload dataload-sources; do
+  echo "assembled by \`bench/assemble.sh\`). The first section times each copy-shaped operation against"
+  echo "a durable \`cp\` of the same bytes (the disk's limit), in alternated pairs; every other row"
+  echo "compares statekit with the tool a user would otherwise run, in the same session on the same"
+  echo "input. Timings come from a 2-core machine shared with other work, so single runs are noisy;"
+  echo "ratios are the point."
+  for area in vs-cp safetensors torch dcp deepspeed dataload dataload-sources; do
     f="RESULTS-$area.md"
     [ -f "$f" ] || continue
     echo
