@@ -31,6 +31,17 @@ pub(crate) fn copy_file_range(src: &File, src_off: u64, dst: &File, dst_off: u64
     }
 }
 
+/// Starts write-back of `[off, off + len)` of `file` without waiting for it
+/// (`sync_file_range(SYNC_FILE_RANGE_WRITE)`), so that the final fsync finds little left to
+/// write: copying and flushing then overlap instead of running one after the other. A hint
+/// only; errors are ignored, the fsync that follows is what makes the data durable.
+pub(crate) fn start_writeback(file: &File, off: u64, len: u64) {
+    let (Ok(off), Ok(len)) = (i64::try_from(off), i64::try_from(len)) else { return };
+    // SAFETY: the descriptor is open for the duration of the call (a borrowed `File`); the call
+    // takes plain integers and touches no memory of ours.
+    let _ = unsafe { libc::sync_file_range(file.as_raw_fd(), off, len, libc::SYNC_FILE_RANGE_WRITE) };
+}
+
 /// True for the errors that mean "this kernel or filesystem pair cannot do it", after which a
 /// user-space copy is the right answer.
 pub(crate) fn copy_unsupported(e: &io::Error) -> bool {

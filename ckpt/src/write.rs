@@ -74,7 +74,11 @@ impl TargetFile {
         if plain {
             let mut at = dst_off;
             for (src, src_off, len) in tensor.runs() {
-                self.copies.push(RangeCopy { src, src_off, dst_off: at, len });
+                // Back-to-back tensors of one source become one copy (one kernel call).
+                match self.copies.last_mut() {
+                    Some(c) if c.src == src && c.src_off + c.len == src_off && c.dst_off + c.len == at => c.len += len,
+                    _ => self.copies.push(RangeCopy { src, src_off, dst_off: at, len }),
+                }
                 at += len;
             }
         } else if tensor.numel() > 0 {
@@ -205,6 +209,7 @@ pub(crate) fn execute(plan: &Plan, source: &Checkpoint, opts: &WriteOptions<'_>)
                 RangeCopy { src: c.src, src_off: c.src_off + copied, dst_off: c.dst_off + copied, len: c.len - copied };
             mapped_copy(&srcs, dst, dst_path, &rest, opts.progress)?;
         }
+        sys::start_writeback(dst, c.dst_off, c.len);
         Ok::<(), Error>(())
     })?;
     let gathers: Vec<(usize, &Gather)> =
@@ -391,6 +396,7 @@ fn gather(
             &outbuf
         };
         dst.write_all_at(out, *at).at(dst_path)?;
+        sys::start_writeback(dst, *at, out.len() as u64);
         *at += out.len() as u64;
         if let Some(p) = progress {
             p(out.len() as u64);
