@@ -1,0 +1,99 @@
+//! The shape of the crate, checked: no two modules of `ckpt/src` import each other, directly or
+//! through others (the catalog is a leaf, formats never import the operations), and no module
+//! but `sys.rs` uses `unsafe`.
+#![allow(clippy::unwrap_used)]
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+fn src() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("src")
+}
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            rust_files(&p, out);
+        } else if p.extension().is_some_and(|x| x == "rs") {
+            out.push(p);
+        }
+    }
+}
+
+/// The module a file belongs to, at the granularity the rule is about: `catalog`, `write`,
+/// `formats::dcp`, … (`lib` and `fuzz` are the crate's face and are left out).
+fn module_of(file: &Path) -> String {
+    let rel = file.strip_prefix(src()).unwrap().with_extension("");
+    let parts: Vec<String> = rel.iter().map(|p| p.to_string_lossy().into_owned()).collect();
+    match parts.as_slice() {
+        [f, m, ..] if f == "formats" && m != "mod" => format!("formats::{m}"),
+        [first, ..] => first.clone(),
+        [] => String::new(),
+    }
+}
+
+/// Every `crate::…` module a file names, at the same granularity.
+fn imports(text: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    let mut rest = text;
+    while let Some(i) = rest.find("crate::") {
+        rest = &rest[i + "crate::".len()..];
+        let path: String = rest.chars().take_while(|c| c.is_alphanumeric() || *c == '_' || *c == ':').collect();
+        let mut segs = path.split("::").filter(|s| !s.is_empty());
+        let Some(first) = segs.next() else { continue };
+        let module = match (first, segs.next()) {
+            ("formats", Some(m)) if m.chars().next().is_some_and(char::is_lowercase) => format!("formats::{m}"),
+            (m, _) => m.to_string(),
+        };
+        // Re-exported names at the root (`crate::Error`) are not modules.
+        if module.chars().next().is_some_and(char::is_lowercase) {
+            out.insert(module);
+        }
+    }
+    out
+}
+
+#[test]
+fn no_module_imports_itself_through_another() {
+    let mut files = Vec::new();
+    rust_files(&src(), &mut files);
+    let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for f in &files {
+        let m = module_of(f);
+        if m == "lib" || m == "fuzz" {
+            continue;
+        }
+        let text = std::fs::read_to_string(f).unwrap();
+        let deps = graph.entry(m.clone()).or_default();
+        deps.extend(imports(&text).into_iter().filter(|d| *d != m && d != "formats"));
+    }
+    assert!(graph.len() > 15, "the scan found the modules: {:?}", graph.keys());
+    for (m, deps) in &graph {
+        for d in deps {
+            // Is `m` reachable from `d`?
+            let mut seen = BTreeSet::new();
+            let mut todo = vec![d.clone()];
+            while let Some(x) = todo.pop() {
+                assert_ne!(&x, m, "`{m}` imports `{d}`, which leads back to `{m}`");
+                if seen.insert(x.clone()) {
+                    todo.extend(graph.get(&x).into_iter().flatten().cloned());
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn only_sys_uses_unsafe() {
+    let mut files = Vec::new();
+    rust_files(&src(), &mut files);
+    for f in files {
+        let text = std::fs::read_to_string(&f).unwrap();
+        let uses = text.lines().any(|l| {
+            let code = l.split("//").next().unwrap_or_default();
+            code.contains("unsafe {") || code.contains("unsafe fn") || code.contains("allow(unsafe_code)")
+        });
+        assert_eq!(uses, f.ends_with("sys.rs"), "{}", f.display());
+    }
+}
