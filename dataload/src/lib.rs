@@ -113,11 +113,11 @@ mod table;
 mod tokens;
 mod torch_rng;
 
-#[cfg(feature = "sources")]
 /// The largest world size a loader or a saved state may have (a million ranks): larger values
 /// are typos or forgeries that would size per-rank work by the billion.
 pub const MAX_WORLD_SIZE: u64 = 1 << 20;
 
+#[cfg(feature = "sources")]
 pub use arrow_file::ArrowDataset;
 pub use batch_shard::{accelerate_shard_len, shard_batches, ShardParams};
 pub use collective::{Collective, CollectiveError, InProcessCollective, InProcessGroup};
