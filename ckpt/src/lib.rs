@@ -13,6 +13,7 @@
 //! ```
 //!
 //! - [`split`], [`merge`], [`convert`], [`reshard`]: the operations, each returning an [`Outcome`];
+//! - [`save_sharded`]: a DCP folder written by the ranks of a running job, each from memory;
 //! - [`verify`]: every defect a reader would trip on, in a [`Report`];
 //! - [`WriteOptions`]: progress, checksums and the copy method, shared by every operation.
 //!
@@ -33,6 +34,7 @@ mod open;
 mod ops;
 mod plan;
 mod shape;
+mod sharded;
 mod size;
 mod sys;
 mod value;
@@ -46,6 +48,7 @@ pub use open::OpenOptions;
 pub use ops::{
     convert, merge, reshard, split, ConvertOptions, MergeOptions, Outcome, TargetFormat, MAX_WORLD_SIZE, OPTIMIZER_NAME,
 };
+pub use sharded::{save_sharded, KeyPart, LocalTensor, LocalValue};
 pub use size::{parse_size, DEFAULT_MAX_SHARD_SIZE};
 pub use verify::{verify, Report};
 pub use write::{CopyMethod, WriteOptions};
@@ -67,6 +70,8 @@ impl Error {
                 | Error::OutputIsSource { .. }
                 | Error::BadConvert { .. }
                 | Error::NotInSafetensors { .. }
+                | Error::Collective { .. }
+                | Error::ShardedSave { .. }
         )
     }
 }

@@ -41,7 +41,7 @@
 //! Writing ([`plan`]) lays out FSDP2's layout for M ranks and writes the `.metadata` pickle last
 //! ([`encode`]).
 
-mod encode;
+pub(crate) mod encode;
 pub(crate) mod metadata;
 mod plan;
 mod read;
