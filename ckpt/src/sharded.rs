@@ -529,6 +529,18 @@ mod tests {
     }
 
     #[test]
+    fn a_save_state_folder_opens_as_its_model() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let dir = tmp.path().join("pytorch_model_fsdp_0");
+        for out in save(&dir, 2, false) {
+            out.expect("save");
+        }
+        let ck = crate::Checkpoint::open(&tmp.path().to_string_lossy()).expect("open");
+        assert_eq!(ck.root(), dir.as_path());
+        assert_eq!(ck.tensors().len(), 2);
+    }
+
+    #[test]
     fn overlapping_rows_fail_on_every_rank_and_leave_nothing() {
         let tmp = tempfile::tempdir().expect("tempdir");
         let dir = tmp.path().join("d");
