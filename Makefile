@@ -39,7 +39,9 @@ test-train:
 
 test-python:
 	$(CARGO) build --locked -p statekit-cli
-	CKPT_BIN=$(CURDIR)/target/debug/ckpt $(PY) -m pytest -q -p no:cacheprovider tests/python
+	$(TORCH_ENV) $(CARGO) build --locked -p train
+	CKPT_BIN=$(CURDIR)/target/debug/ckpt TRAIN_BIN=$(CURDIR)/target/debug/statekit-train \
+		$(PY) -m pytest -q -p no:cacheprovider tests/python
 
 FUZZ_SECONDS ?= 20
 fuzz:

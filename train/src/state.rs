@@ -172,6 +172,8 @@ pub fn save(dir: &Path, snap: &Snapshot, keep_last: usize, comm: &dyn Collective
     let mut values = Vec::new();
     if rank == 0 {
         let a = &snap.state.adamw;
+        // The decimal the flag gave (0.9), not the f32 nearest to it widened (0.8999999761…).
+        let dec = |x: f32| x.to_string().parse::<f64>().unwrap_or(f64::from(x));
         let group = |k: &str| {
             vec![
                 KeyPart::Key("optimizer".into()),
@@ -183,10 +185,10 @@ pub fn save(dir: &Path, snap: &Snapshot, keep_last: usize, comm: &dyn Collective
         values.push((group("lr"), LocalValue::Float(snap.lr)));
         values.push((
             group("betas"),
-            LocalValue::List(vec![LocalValue::Float(f64::from(a.beta1)), LocalValue::Float(f64::from(a.beta2))]),
+            LocalValue::List(vec![LocalValue::Float(dec(a.beta1)), LocalValue::Float(dec(a.beta2))]),
         ));
-        values.push((group("eps"), LocalValue::Float(f64::from(a.eps))));
-        values.push((group("weight_decay"), LocalValue::Float(f64::from(a.weight_decay))));
+        values.push((group("eps"), LocalValue::Float(dec(a.eps))));
+        values.push((group("weight_decay"), LocalValue::Float(dec(a.weight_decay))));
         values.push((group("amsgrad"), LocalValue::Bool(false)));
         values.push((group("maximize"), LocalValue::Bool(false)));
         values.push((group("foreach"), LocalValue::None));
