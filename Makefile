@@ -48,13 +48,15 @@ fuzz:
 	bash ckpt/fuzz/run.sh $(FUZZ_SECONDS)
 	bash dataload/fuzz/run.sh $(FUZZ_SECONDS)
 
+# The training run: 2 ranks, interrupted by a SIGTERM, resumed, merged, verified, reported.
+# (`demo/run.sh` is the CLI tour on a bundled checkpoint.)
 demo: setup
-	$(CARGO) build --release --locked -p statekit-cli
-	@bash demo/run.sh target/release/ckpt fixtures/safetensors/model_single/model.safetensors
+	$(TORCH_ENV) $(CARGO) build --release --locked -p statekit-cli -p train
+	@$(TORCH_ENV) bash demo/train.sh target/release/ckpt target/release/statekit-train
 
 bench: setup
-	$(CARGO) build --release --locked -p statekit-cli
-	@bash bench/all.sh
+	$(TORCH_ENV) $(CARGO) build --release --locked -p statekit-cli -p train
+	@$(TORCH_ENV) bash bench/all.sh
 
 # Regenerates every fixture with the real tools (several minutes: DCP and DeepSpeed cases run
 # multi-rank jobs under torchrun).

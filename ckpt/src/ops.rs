@@ -120,12 +120,28 @@ pub fn split(ck: &Checkpoint, out_dir: &Path, max_shard_size: u64, opts: &WriteO
 /// `safetensors.torch.save_file` writes for its tensors, `__metadata__` kept and index metadata
 /// folded into it.
 pub fn merge(ck: &Checkpoint, out: &Path, options: &MergeOptions, opts: &WriteOptions<'_>) -> Result<Outcome> {
+    if let (Some(optim), true, None) = (dcp::save_state_optimizer(ck), options.optimizer, options.max_shard_size) {
+        // accelerate's `save_state` folder: the model to `out`, the optimizer folder beside it
+        // to `optimizer.safetensors`, its `param_groups` in the metadata.
+        let path = out.parent().map_or_else(|| PathBuf::from(OPTIMIZER_NAME), |d| d.join(OPTIMIZER_NAME));
+        if path == out {
+            return Err(bad(&path, format!("the weights and the optimizer states would both be `{OPTIMIZER_NAME}`")));
+        }
+        let mut done = merge(ck, out, &MergeOptions::default(), opts)?;
+        let ock = Checkpoint::open(&optim.to_string_lossy())?;
+        let o = merge(&ock, &path, &MergeOptions::default(), opts)?;
+        done.files.extend(o.files);
+        done.tensors += o.tensors;
+        done.bytes += o.bytes;
+        return Ok(done);
+    }
     let zero = ck.detail::<deepspeed::ZeroCheckpoint>();
     if zero.is_none() && (options.optimizer || options.max_shard_size.is_some()) {
         return Err(bad(
             out,
             format!(
-                "`optimizer` and `max_shard_size` apply to DeepSpeed checkpoints only; {} is {} \
+                "`optimizer` applies to DeepSpeed checkpoints and accelerate `save_state` folders, \
+                 `max_shard_size` to DeepSpeed checkpoints only; {} is {} \
                  (hint: `ckpt split` shards a checkpoint)",
                 ck.root.display(),
                 ck.format.name()

@@ -541,6 +541,25 @@ mod tests {
     }
 
     #[test]
+    fn merging_a_save_state_folder_with_its_optimizer_writes_both() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        for sub in ["pytorch_model_fsdp_0", "optimizer_0"] {
+            for out in save(&tmp.path().join("state").join(sub), 2, false) {
+                out.expect("save");
+            }
+        }
+        let ck = crate::Checkpoint::open(&tmp.path().join("state").to_string_lossy()).expect("open");
+        let out = tmp.path().join("out").join("model.safetensors");
+        std::fs::create_dir(tmp.path().join("out")).expect("mkdir");
+        let opts = crate::MergeOptions { optimizer: true, ..Default::default() };
+        let done = crate::merge(&ck, &out, &opts, &Default::default()).expect("merge");
+        assert_eq!(done.tensors, 4);
+        let optim = std::fs::read(tmp.path().join("out").join(crate::OPTIMIZER_NAME)).expect("optimizer file");
+        let st = safetensors::SafeTensors::deserialize(&optim).expect("safetensors");
+        assert_eq!(st.tensor("w").expect("w").shape(), &[5, 3]);
+    }
+
+    #[test]
     fn overlapping_rows_fail_on_every_rank_and_leave_nothing() {
         let tmp = tempfile::tempdir().expect("tempdir");
         let dir = tmp.path().join("d");

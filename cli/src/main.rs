@@ -93,7 +93,8 @@ pub enum Command {
         /// DeepSpeed: the tag folder to merge (default: the one named in `latest`).
         #[arg(long)]
         tag: Option<String>,
-        /// DeepSpeed: also write the merged Adam moments to `optimizer.safetensors` beside OUT.
+        /// DeepSpeed, or an accelerate `save_state` folder: also write the merged optimizer
+        /// state (Adam moments) to `optimizer.safetensors` beside OUT.
         #[arg(long)]
         optimizer: bool,
         /// DeepSpeed: shard into OUT (a folder) like huggingface_hub, files of at most this size.
@@ -244,9 +245,15 @@ fn run(cli: &Cli) -> anyhow::Result<ExitCode> {
         Command::Merge { src, out: dst, checksums, tag, optimizer, max_shard_size } => {
             let open = ckpt::OpenOptions { tag: tag.clone() };
             let ck = ckpt::Checkpoint::open_with(src, &open)?;
-            if ck.format() != ckpt::Format::DeepSpeed && (tag.is_some() || *optimizer || max_shard_size.is_some()) {
+            let save_state =
+                ck.format() == ckpt::Format::Dcp && *optimizer && tag.is_none() && max_shard_size.is_none();
+            if ck.format() != ckpt::Format::DeepSpeed
+                && !save_state
+                && (tag.is_some() || *optimizer || max_shard_size.is_some())
+            {
                 anyhow::bail!(
-                    "`--tag`, `--optimizer` and `--max-shard-size` apply to DeepSpeed checkpoints only; {src} is not one \
+                    "`--tag` and `--max-shard-size` apply to DeepSpeed checkpoints only, `--optimizer` to those and to \
+                     accelerate `save_state` folders; {src} is neither \
                      (hint: `ckpt split` shards a checkpoint)"
                 );
             }

@@ -91,3 +91,14 @@ def test_optimizer_folder_is_torch_optimizer_state(run_dir, tmp_path):
     assert w["exp_avg"].shape == (64, 32) and w["exp_avg_sq"].shape == (64, 32)
     assert w["step"].item() == 6.0
     assert (w["exp_avg_sq"] >= 0).all() and w["exp_avg_sq"].abs().sum() > 0
+
+
+def test_ckpt_merge_optimizer_writes_the_moments_beside_the_model(run_dir, tmp_path):
+    run_ckpt("merge", run_dir / "latest", tmp_path / "model.safetensors", "--optimizer")
+    optim = tensors(tmp_path / "optimizer.safetensors")
+    ref = tmp_path / "ref.pt"
+    dcp_to_torch_save(str(run_dir / "latest" / "optimizer_0"), str(ref))
+    state = torch.load(str(ref), weights_only=True)["optimizer"]["state"]
+    for fqn, moments in state.items():
+        for k in ("exp_avg", "exp_avg_sq"):
+            assert torch.equal(optim[f"state.{fqn}.{k}"], moments[k]), (fqn, k)

@@ -149,26 +149,33 @@ impl Collective for Comm {
         let mut len = if mine { data.as_ref().map_or(0, Vec::len) as u64 } else { 0 };
         proc.broadcast_into(&mut len);
         let mut buf = if mine { data.unwrap_or_default() } else { vec![0u8; len as usize] };
-        proc.broadcast_into(&mut buf[..]);
+        if len > 0 {
+            proc.broadcast_into(&mut buf[..]);
+        }
         Ok(buf)
     }
     fn all_gather(&self, data: Vec<u8>) -> collective::Result<Vec<Vec<u8>>> {
         let n = self.world.size() as usize;
-        let mut lens = vec![0i32; n];
-        let len = i32::try_from(data.len()).map_err(|_| CollectiveError::Failed {
+        // Every part is sent with one leading byte, so that no rank passes MPI an empty buffer
+        // (OpenMPI refuses an `MPI_Allgatherv` whose buffers are all empty).
+        let mut sent = Vec::with_capacity(data.len() + 1);
+        sent.push(0u8);
+        sent.extend_from_slice(&data);
+        let len = i32::try_from(sent.len()).map_err(|_| CollectiveError::Failed {
             op: "all_gather",
             rank: self.world.rank() as u64,
             reason: format!("{} bytes are more than MPI counts", data.len()),
         })?;
+        let mut lens = vec![0i32; n];
         self.world.all_gather_into(&len, &mut lens[..]);
         let displs: Vec<i32> = lens.iter().scan(0i32, |acc, &l| Some(std::mem::replace(acc, *acc + l))).collect();
         let total: usize = lens.iter().map(|&l| l as usize).sum();
         let mut all = vec![0u8; total];
         {
             let mut part = PartitionMut::new(&mut all[..], &lens[..], &displs[..]);
-            self.world.all_gather_varcount_into(&data[..], &mut part);
+            self.world.all_gather_varcount_into(&sent[..], &mut part);
         }
-        Ok(lens.iter().zip(&displs).map(|(&l, &d)| all[d as usize..(d + l) as usize].to_vec()).collect())
+        Ok(lens.iter().zip(&displs).map(|(&l, &d)| all[d as usize + 1..(d + l) as usize].to_vec()).collect())
     }
     fn barrier(&self) -> collective::Result<()> {
         self.world.barrier();

@@ -585,13 +585,24 @@ fn train(args: &Args, mpi: &Mpi, comm: &Comm) -> anyhow::Result<()> {
             times.stall
         );
         eprintln!(
-            "memory: parameters + moments {} bytes on this rank ({} mode, {} elements of {numel})",
+            "memory: parameters + moments {} bytes on this rank ({} mode, {} elements of {numel}); peak RSS {} KiB",
             own_len * 12,
             args.mode.name(),
-            own_len
+            own_len,
+            peak_rss_kib()
         );
     }
     Ok(())
+}
+
+/// This process' peak resident set (`VmHWM`), 0 where `/proc` does not say.
+fn peak_rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines().find(|l| l.starts_with("VmHWM:")).and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        })
+        .unwrap_or(0)
 }
 
 #[derive(Default, Debug)]

@@ -297,3 +297,15 @@ fn async_save_writes_the_same_bytes_as_sync_save() {
     assert_eq!(losses(&a.stdout), losses(&b.stdout));
     assert_eq!(state_files(&dir.join("sync")), state_files(&dir.join("async")));
 }
+
+#[test]
+fn dispatched_batches_train_like_per_rank_batches() {
+    // accelerate's dispatcher hands rank p the p-th slice of the same global batch that per-rank
+    // sharding gives it, so the runs agree step for step; here rank 0 reads and broadcasts.
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let base = ["--steps", "5", "--mode", "sharded"];
+    let a = run(2, tmp.path(), &base);
+    let b = run(2, tmp.path(), &[&base[..], &["--dispatch-batches"]].concat());
+    assert!(a.ok && b.ok, "{}{}", a.stderr, b.stderr);
+    assert_eq!(losses(&a.stdout), losses(&b.stdout));
+}
