@@ -36,11 +36,11 @@ use crate::error::{Error, IoContext, Result};
 use crate::formats::dcp::encode::{self, OutChunk, OutItem, OutKind};
 use crate::formats::dcp::metadata::PathElem;
 use crate::formats::dcp::METADATA_NAME;
-use crate::formats::torch::writer::{self, TorchLayout, TorchSeal, WStorage, WTensor};
+use crate::formats::torch::writer::{self, TorchLayout, WStorage, WTensor};
 use crate::ops::Outcome;
 use crate::shape::numel;
 use crate::value::Leaf;
-use crate::write::{Seal, WriteOptions};
+use crate::write::WriteOptions;
 
 /// One element of a state-dict path: a dict key or a list index. The DCP key of an entry is
 /// its path joined with `.` (`model.embed.weight`, `optimizer.param_groups.0.lr`).
@@ -220,6 +220,8 @@ fn write_rank(
     let mut descs = Vec::new();
     let mut layouts: Vec<(u64, TorchLayout)> = Vec::new();
     let mut payloads: Vec<(u64, &[u8])> = Vec::new();
+    // Per item, in layout order: its storage bytes (a tensor) or none (a value).
+    let mut payloads_of: Vec<Option<&[u8]>> = Vec::new();
     let mut pos = 0u64;
     let path_of = |p: &[KeyPart]| {
         p.iter()
@@ -264,6 +266,7 @@ fn write_rank(
         let wt = WTensor { dtype: t.dtype, shape: sizes.clone(), storage: 0, offset: 0 };
         let layout = writer::layout_tensor("archive", &wt, WStorage { dtype: t.dtype, byte_len: len }, &path)?;
         payloads.push((pos + layout.storage_offsets.first().copied().unwrap_or(0), t.bytes));
+        payloads_of.push(Some(t.bytes));
         descs.push(Desc {
             key,
             path: path_of(&t.path),
@@ -281,6 +284,7 @@ fn write_rank(
     }
     for (p, v) in values {
         let layout = writer::layout_value("archive", &v.leaf(), &path)?;
+        payloads_of.push(None);
         descs.push(Desc {
             key: key_of(p),
             path: path_of(p),
@@ -310,7 +314,16 @@ fn write_rank(
             progress(bytes.len() as u64);
         }
     }
-    TorchSeal(layouts).seal(&file, &path)?;
+    // The CRCs come from the bytes in memory, not from reading the file back.
+    let mut payload = payloads_of.iter();
+    for (base, layout) in &layouts {
+        layout.write_fixed_at(&file, &path, *base)?;
+        let storages: Vec<&[u8]> = match payload.next() {
+            Some(Some(b)) => vec![*b],
+            _ => Vec::new(),
+        };
+        layout.finish_from(&file, &path, *base, &storages)?;
+    }
     file.sync_all().at(&path)?;
     Ok(descs)
 }

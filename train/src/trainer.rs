@@ -377,6 +377,7 @@ fn train(args: &Args, mpi: &Mpi, comm: &Comm) -> anyhow::Result<()> {
     let mut gathered = vec![0f32; if args.mode == Mode::Sharded { shards.max * world as usize } else { 0 }];
     let mut grads = vec![0f32; numel];
     let mut times = Times::default();
+    let mut spare: Option<Buffers> = None;
     while step < args.steps {
         let t_step = Instant::now();
         if args.mode == Mode::Sharded {
@@ -501,11 +502,28 @@ fn train(args: &Args, mpi: &Mpi, comm: &Comm) -> anyhow::Result<()> {
         if let Some(dir) = &args.ckpt_dir {
             if due || signalled || step == args.steps {
                 let t = Instant::now();
+                // The copy into host buffers, the only part an async save stalls for: into the
+                // buffers of the previous snapshot once it is committed, so no page is new.
+                if let Some(sv) = &saver {
+                    sv.wait()?;
+                    if let Some(b) = sv.spare.take() {
+                        spare = Some(b);
+                    }
+                }
+                let (mut bp, mut bm, mut bv) = spare.take().unwrap_or_default();
+                for (dst, src) in [(&mut bp, &p), (&mut bm, &m), (&mut bv, &v)] {
+                    dst.clear();
+                    match args.mode {
+                        // A ddp rank keeps the whole model; it saves FSDP2's chunk of it.
+                        Mode::Ddp => shards.cut(src, rank, dst),
+                        Mode::Sharded => dst.extend_from_slice(src),
+                    }
+                }
                 let snap = Snapshot {
                     step,
-                    p: p.clone(),
-                    m: m.clone(),
-                    v: v.clone(),
+                    p: bp,
+                    m: bm,
+                    v: bv,
                     lr,
                     state: TrainState {
                         format: state::STATE_FORMAT.into(),
@@ -524,19 +542,6 @@ fn train(args: &Args, mpi: &Mpi, comm: &Comm) -> anyhow::Result<()> {
                         rank_rng: vec![args.seed; world as usize],
                     },
                 };
-                let snap = match args.mode {
-                    // A ddp rank keeps the whole model; it saves FSDP2's chunk of it.
-                    Mode::Ddp => {
-                        let mut s = snap;
-                        let (mut pp, mut mm, mut vv) = (Vec::new(), Vec::new(), Vec::new());
-                        shards.cut(&s.p, rank, &mut pp);
-                        shards.cut(&s.m, rank, &mut mm);
-                        shards.cut(&s.v, rank, &mut vv);
-                        (s.p, s.m, s.v) = (pp, mm, vv);
-                        s
-                    }
-                    Mode::Sharded => snap,
-                };
                 let final_step = signalled || step == args.steps;
                 match &saver {
                     Some(sv) => {
@@ -552,6 +557,7 @@ fn train(args: &Args, mpi: &Mpi, comm: &Comm) -> anyhow::Result<()> {
                     }
                     None => {
                         let out = state::save(dir, &snap, args.keep_last, comm)?;
+                        spare = Some((snap.p, snap.m, snap.v));
                         let took = t.elapsed().as_secs_f64();
                         times.stall += took;
                         if rank == 0 {
@@ -627,12 +633,17 @@ fn write_params(gpt: &Gpt, params: &[ParamMeta], full: &[f32]) {
     });
 }
 
+/// Host buffers of a snapshot: parameters, first and second moments.
+type Buffers = (Vec<f32>, Vec<f32>, Vec<f32>);
+
 /// The background writer of `--async-save`: a thread with its own duplicate of the world
 /// communicator (made at start, while the main thread waits, so the two never run a
 /// collective on one communicator at once), taking one snapshot at a time.
 struct Saver {
     tx: Option<std::sync::mpsc::SyncSender<(PathBuf, Snapshot, usize)>>,
-    done: std::sync::mpsc::Receiver<anyhow::Result<()>>,
+    done: std::sync::mpsc::Receiver<(anyhow::Result<()>, Buffers)>,
+    /// The buffers of the last committed snapshot, for the next one.
+    spare: std::cell::Cell<Option<Buffers>>,
     pending: std::cell::Cell<bool>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -650,11 +661,17 @@ impl Saver {
             let _ = ready_tx.send(());
             for (dir, snap, keep) in rx {
                 let r = state::save(&dir, &snap, keep, &own).map(|_| ());
-                let _ = done_tx.send(r);
+                let _ = done_tx.send((r, (snap.p, snap.m, snap.v)));
             }
         });
         let _ = ready.recv();
-        Saver { tx: Some(tx), done, pending: std::cell::Cell::new(false), thread: Some(thread) }
+        Saver {
+            tx: Some(tx),
+            done,
+            spare: std::cell::Cell::new(None),
+            pending: std::cell::Cell::new(false),
+            thread: Some(thread),
+        }
     }
 
     /// Waits for the previous save, then hands this one to the thread.
@@ -672,7 +689,9 @@ impl Saver {
     /// Waits until the last submitted save is committed.
     fn wait(&self) -> anyhow::Result<()> {
         if self.pending.replace(false) {
-            self.done.recv().map_err(|_| anyhow::anyhow!("saver thread ended"))??;
+            let (r, buffers) = self.done.recv().map_err(|_| anyhow::anyhow!("saver thread ended"))?;
+            self.spare.set(Some(buffers));
+            r?;
         }
         Ok(())
     }
