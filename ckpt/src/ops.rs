@@ -10,7 +10,7 @@
 //!   DeepSpeed's universal checkpoint.
 
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use crate::catalog::{Checkpoint, TensorInfo};
 use crate::dtype::Dtype;
@@ -102,13 +102,29 @@ pub fn split(ck: &Checkpoint, out_dir: &Path, max_shard_size: u64, opts: &WriteO
 /// `safetensors.torch.save_file` writes for its tensors, `__metadata__` kept and index metadata
 /// folded into it.
 pub fn merge(ck: &Checkpoint, out: &Path, options: &MergeOptions, opts: &WriteOptions<'_>) -> Result<Outcome> {
+    if let (Some(optim), true, None) = (dcp::save_state_optimizer(ck), options.optimizer, options.max_shard_size) {
+        // accelerate's `save_state` folder: the model to `out`, the optimizer folder beside it
+        // to `optimizer.safetensors`, its `param_groups` in the metadata.
+        let path = out.parent().map_or_else(|| PathBuf::from(OPTIMIZER_NAME), |d| d.join(OPTIMIZER_NAME));
+        if path == out {
+            return Err(bad(&path, format!("the weights and the optimizer states would both be `{OPTIMIZER_NAME}`")));
+        }
+        let mut done = merge(ck, out, &MergeOptions::default(), opts)?;
+        let ock = Checkpoint::open(&optim.to_string_lossy())?;
+        let o = merge(&ock, &path, &MergeOptions::default(), opts)?;
+        done.files.extend(o.files);
+        done.tensors += o.tensors;
+        done.bytes += o.bytes;
+        return Ok(done);
+    }
     let zero = ck.detail::<deepspeed::ZeroCheckpoint>();
     if zero.is_none() && (options.optimizer || options.max_shard_size.is_some()) {
         return Err(bad(
             out,
             format!(
-                "merging the optimizer states and sharding the output apply to DeepSpeed checkpoints only; \
-                 {} is {} (hint: `ckpt split` shards a checkpoint)",
+                "`optimizer` applies to DeepSpeed checkpoints and accelerate `save_state` folders, \
+                 `max_shard_size` to DeepSpeed checkpoints only; {} is {} \
+                 (hint: `ckpt split` shards a checkpoint)",
                 ck.root.display(),
                 ck.format.name()
             ),

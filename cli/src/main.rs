@@ -90,7 +90,8 @@ pub enum Command {
         /// DeepSpeed: the tag folder to merge (default: the one named in `latest`).
         #[arg(long)]
         tag: Option<String>,
-        /// DeepSpeed: also write the merged Adam moments to `optimizer.safetensors` beside OUT.
+        /// DeepSpeed, or an accelerate `save_state` folder: also write the merged optimizer
+        /// state (Adam moments) to `optimizer.safetensors` beside OUT.
         #[arg(long)]
         optimizer: bool,
         /// DeepSpeed: shard into OUT (a folder) like huggingface_hub, files of at most this size.

@@ -117,6 +117,15 @@ pub(crate) fn layout_tensor(prefix: &str, t: &WTensor, storage: WStorage, out: &
     layout_pickle(prefix, pkl, &storages, out)
 }
 
+/// Lays out a torch file whose object is the plain value `v`: what `torch.save(value)` writes,
+/// and what a DCP non-tensor item is.
+pub(crate) fn layout_value(prefix: &str, v: &Leaf, out: &Path) -> Result<TorchLayout> {
+    let mut pkl = vec![0x80, 2];
+    leaf(&mut pkl, v);
+    pkl.push(b'.');
+    layout_pickle(prefix, pkl, &[], out)
+}
+
 fn layout_pickle(prefix: &str, pkl: Vec<u8>, storages: &[WStorage], out: &Path) -> Result<TorchLayout> {
     for d in storages.iter().map(|s| s.dtype) {
         if torch_dtype_name(d).is_none() {
@@ -195,12 +204,29 @@ impl TorchLayout {
     /// Once storages are written: computes their CRC32 from the file, writes their descriptors
     /// and the central directory, for the archive at byte `base` of `file`.
     pub(crate) fn finish_at(&self, file: &File, path: &Path, base: u64) -> Result<()> {
+        self.finish_from(file, path, base, &[])
+    }
+
+    /// [`TorchLayout::finish_at`] for an archive whose storage bytes the caller still holds
+    /// (`storages`, by storage index): their CRCs come from memory instead of a read back.
+    pub(crate) fn finish_from(&self, file: &File, path: &Path, base: u64, storages: &[&[u8]]) -> Result<()> {
         let mut done = Vec::with_capacity(self.records.len());
-        let mut buf = vec![0u8; 8 << 20];
+        let mut buf = Vec::new();
+        let mut storage = 0usize;
         for (r, crc) in self.records.iter().zip(&self.crcs) {
             let crc = match crc {
                 Some(c) => *c,
+                None if storages.get(storage).is_some_and(|b| b.len() as u64 == r.size) => {
+                    let c = crc32fast::hash(storages[storage]);
+                    storage += 1;
+                    file.write_all_at(&zip::descriptor(r, c), base + r.descriptor_offset).at(path)?;
+                    c
+                }
                 None => {
+                    storage += 1;
+                    if buf.is_empty() {
+                        buf = vec![0u8; 8 << 20];
+                    }
                     let mut h = crc32fast::Hasher::new();
                     let mut at = 0u64;
                     while at < r.size {
