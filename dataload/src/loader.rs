@@ -110,6 +110,13 @@ impl ShardedSamplerBuilder {
                 reason: "at least one rank is needed",
             });
         }
+        if batch_size > crate::MAX_BATCH_SIZE {
+            return Err(DataloadError::InvalidValue {
+                field: "batch_size",
+                value: batch_size.to_string(),
+                reason: "more samples than a batch may hold (the limit is 2^24)",
+            });
+        }
         if world_size > crate::MAX_WORLD_SIZE {
             return Err(DataloadError::InvalidValue {
                 field: "world_size",

@@ -132,6 +132,13 @@ impl LoaderState {
         if self.batch_size == 0 || self.world_size == 0 {
             return bad("batch size and world size must be positive".into());
         }
+        if self.batch_size > crate::MAX_BATCH_SIZE {
+            return bad(format!(
+                "batch size {} is more than the {} samples a batch may hold",
+                self.batch_size,
+                crate::MAX_BATCH_SIZE
+            ));
+        }
         if self.world_size > crate::MAX_WORLD_SIZE {
             return bad(format!(
                 "world size {} is more than the {} ranks any run has",

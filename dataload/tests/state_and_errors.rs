@@ -79,6 +79,16 @@ fn malformed_states_are_refused() {
     assert!(err("not json").starts_with("malformed loader state: "));
     assert!(err(&good.replace("\"epoch\"", "\"epoch_x\"")).starts_with("malformed loader state: "));
     assert!(err(&good.replace("\"seed\": 1", "\"seed\": 18446744073709551616")).starts_with("malformed"));
+    // Found by the `loader_state` fuzz target under its 512 MiB limit: a batch is a list of
+    // indices, so a state claiming 3·10^14 samples per batch must not start building one.
+    assert_eq!(
+        err(&good.replace("\"batch_size\": 4,", "\"batch_size\": 300000000000000,")),
+        "inconsistent loader state: batch size 300000000000000 is more than the 16777216 samples a batch may hold"
+    );
+    assert_eq!(
+        err(&good.replace("\"world_size\": 2,", "\"world_size\": 1000000000000,")),
+        "inconsistent loader state: world size 1000000000000 is more than the 1048576 ranks any run has"
+    );
 }
 
 #[test]
