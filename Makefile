@@ -5,31 +5,43 @@ VENV ?= /opt/statekit-venv
 PY := $(VENV)/bin/python
 CARGO ?= cargo
 export STATEKIT_VENV := $(VENV)
+# `train` links libtorch from the venv's torch (tch's `LIBTORCH_USE_PYTORCH`); only its
+# targets get this environment, so the rest of the workspace builds without torch.
+TORCH_ENV := LIBTORCH_USE_PYTORCH=1 PATH=$(VENV)/bin:$$PATH \
+	LD_LIBRARY_PATH=$(VENV)/lib/python3.11/site-packages/torch/lib$${LD_LIBRARY_PATH:+:$$LD_LIBRARY_PATH}
 
-.PHONY: setup build demo test test-rust test-python fuzz bench fixtures
+.PHONY: setup build demo test test-rust test-train test-python fuzz bench fixtures
 
 setup:
 	@bash .ci/setup
 
 build: setup
-	$(CARGO) build --workspace --all-targets --locked
+	$(TORCH_ENV) $(CARGO) build --workspace --all-targets --locked
 
 # fmt, clippy, every test (Rust unit, integration, CLI, kill; Python interop), then a bounded
 # fuzzing run of every parser target.
 test: setup
 	$(CARGO) fmt --all -- --check
-	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
-	$(MAKE) --no-print-directory test-rust test-python fuzz
+	$(CARGO) clippy --workspace --exclude train --all-targets --locked -- -D warnings
+	$(TORCH_ENV) $(CARGO) clippy -p train --all-targets --locked -- -D warnings
+	$(MAKE) --no-print-directory test-rust test-train test-python fuzz
 
 # The second line checks that dataload's index side builds and passes without its `sources`
 # feature (no Arrow, Parquet or zstd).
 test-rust:
-	$(CARGO) test --workspace --locked
+	$(CARGO) test --workspace --exclude train --locked
 	$(CARGO) test -p dataload --no-default-features --locked
+
+# The training core: built once, then its unit tests and the multi-rank kill/resume tests
+# (mpirun, 2 to 4 ranks, oversubscribed on small machines).
+test-train:
+	$(TORCH_ENV) $(CARGO) test -p train --locked -- --test-threads=1
 
 test-python:
 	$(CARGO) build --locked -p statekit-cli
-	CKPT_BIN=$(CURDIR)/target/debug/ckpt $(PY) -m pytest -q -p no:cacheprovider tests/python
+	$(TORCH_ENV) $(CARGO) build --locked -p train
+	CKPT_BIN=$(CURDIR)/target/debug/ckpt TRAIN_BIN=$(CURDIR)/target/debug/statekit-train \
+		$(PY) -m pytest -q -p no:cacheprovider tests/python
 
 FUZZ_SECONDS ?= 20
 fuzz:

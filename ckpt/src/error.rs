@@ -225,6 +225,16 @@ pub enum Error {
         rank: Option<u64>,
         reason: String,
     },
+    Collective {
+        dir: PathBuf,
+        #[source]
+        source: collective::CollectiveError,
+    },
+    ShardedSave {
+        dir: PathBuf,
+        rank: u64,
+        reason: String,
+    },
 }
 
 /// `Result` with this crate's [`Error`].
@@ -406,6 +416,14 @@ impl Error {
             Error::BadDcpChunk { path, tensor, rank, reason } => {
                 let path = path.display();
                 format!("{path}{}: tensor `{tensor}`: {reason}", rank_note(*rank))
+            }
+            Error::Collective { dir, source } => {
+                let dir = dir.display();
+                format!("{dir}: sharded save: {source}")
+            }
+            Error::ShardedSave { dir, rank, reason } => {
+                let dir = dir.display();
+                format!("{dir}: sharded save failed on rank {rank}: {reason}")
             }
         }
     }

@@ -13,6 +13,7 @@
 //! ```
 //!
 //! - [`split`], [`merge`], [`convert`], [`reshard`]: the operations, each returning an [`Outcome`];
+//! - [`save_sharded`]: a DCP folder written by the ranks of a running job, each from memory;
 //! - [`verify`]: every defect a reader would trip on, in a [`Report`];
 //! - [`WriteOptions`]: progress, checksums and the copy method, shared by every operation.
 //!
@@ -34,6 +35,7 @@ mod ops;
 mod outcome;
 mod plan;
 mod shape;
+mod sharded;
 mod size;
 mod sys;
 mod value;
@@ -47,6 +49,7 @@ pub use open::OpenOptions;
 pub use ops::{
     convert, merge, reshard, split, ConvertOptions, MergeOptions, Outcome, TargetFormat, MAX_WORLD_SIZE, OPTIMIZER_NAME,
 };
+pub use sharded::{save_sharded, KeyPart, LocalTensor, LocalValue};
 pub use size::{parse_size, DEFAULT_MAX_SHARD_SIZE};
 pub use verify::{verify, Report};
 pub use write::{CopyMethod, WriteOptions};
@@ -68,6 +71,8 @@ impl Error {
                 | Error::OutputIsSource { .. }
                 | Error::BadConvert { .. }
                 | Error::NotInSafetensors { .. }
+                | Error::Collective { .. }
+                | Error::ShardedSave { .. }
         )
     }
 }

@@ -358,7 +358,7 @@ fn refuse_planted_link(path: &Path, plan: &Plan) -> Result<()> {
 }
 
 /// 64 random bits as hex, from the kernel: temporary names nobody can predict.
-fn random_hex() -> String {
+pub(crate) fn random_hex() -> String {
     let mut b = [0u8; 8];
     let ok = File::open("/dev/urandom").and_then(|f| std::io::Read::read_exact(&mut &f, &mut b)).is_ok();
     if !ok {

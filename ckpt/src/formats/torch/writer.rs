@@ -117,6 +117,15 @@ pub(crate) fn layout_tensor(prefix: &str, t: &WTensor, storage: WStorage, out: &
     layout_pickle(prefix, pkl, &storages, out)
 }
 
+/// Lays out a torch file whose object is the plain value `v`: what `torch.save(value)` writes,
+/// and what a DCP non-tensor item is.
+pub(crate) fn layout_value(prefix: &str, v: &Leaf, out: &Path) -> Result<TorchLayout> {
+    let mut pkl = vec![0x80, 2];
+    leaf(&mut pkl, v);
+    pkl.push(b'.');
+    layout_pickle(prefix, pkl, &[], out)
+}
+
 fn layout_pickle(prefix: &str, pkl: Vec<u8>, storages: &[WStorage], out: &Path) -> Result<TorchLayout> {
     for d in storages.iter().map(|s| s.dtype) {
         if torch_dtype_name(d).is_none() {

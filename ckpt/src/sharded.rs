@@ -1,0 +1,564 @@
+//! Saving a DCP folder from the ranks of a running job, each from its own memory.
+//!
+//! [`save_sharded`] is what a training loop calls at a checkpoint (and what the Python bindings
+//! expose): every rank passes the tensors it holds, each a dim-0 slice of a global tensor (a
+//! whole tensor is the slice at row 0 with every row), and the non-tensor values it owns. Nothing
+//! is gathered onto one rank but the small descriptors.
+//!
+//! # Protocol
+//!
+//! 1. Rank 0 creates the folder under a temporary name beside `dir` (`.{name}.{random}.tmp`)
+//!    and broadcasts it.
+//! 2. Every rank writes its items as `__{rank}_0.distcp` into it (an empty file when it holds
+//!    nothing, as torch writes one per rank) (each item a complete
+//!    `torch.save` archive laid out by our torch writer, the same bytes [`crate::reshard`] writes),
+//!    fsyncs it, and contributes the items' descriptors (key, dtype, global shape, chunk box,
+//!    byte range) to an all-gather, which is also the barrier after which every data file is
+//!    durable. A rank that failed contributes its error instead, and every rank returns one.
+//! 3. Rank 0 checks that the chunks of each tensor agree on dtype and shape and tile its rows
+//!    exactly, writes `.metadata` (the commit marker torch reads, in the 2.13 form), fsyncs,
+//!    renames the folder into place and fsyncs its parent, then broadcasts the outcome: all
+//!    ranks return only once the folder is committed.
+//!
+//! A kill at any moment leaves either no `dir` or a complete one; a leftover temporary folder
+//! has a name no reader takes for a checkpoint. `dir` must not exist yet.
+
+use std::collections::BTreeMap;
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use collective::Collective;
+use serde::{Deserialize, Serialize};
+
+use crate::dtype::Dtype;
+use crate::error::{Error, IoContext, Result};
+use crate::formats::dcp::encode::{self, OutChunk, OutItem, OutKind};
+use crate::formats::dcp::metadata::PathElem;
+use crate::formats::dcp::METADATA_NAME;
+use crate::formats::torch::writer::{self, TorchLayout, TorchSeal, WStorage, WTensor};
+use crate::ops::Outcome;
+use crate::shape::numel;
+use crate::value::Leaf;
+use crate::write::{Seal, WriteOptions};
+
+/// One element of a state-dict path: a dict key or a list index. The DCP key of an entry is
+/// its path joined with `.` (`model.embed.weight`, `optimizer.param_groups.0.lr`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum KeyPart {
+    /// A dict key.
+    Key(String),
+    /// A list index.
+    Index(i64),
+}
+
+impl KeyPart {
+    fn elem(&self) -> PathElem {
+        match self {
+            KeyPart::Key(k) => PathElem::Key(k.clone()),
+            KeyPart::Index(i) => PathElem::Index(*i),
+        }
+    }
+}
+
+/// The key of an entry from its path parts, as DCP flattens it.
+fn key_of(path: &[KeyPart]) -> String {
+    path.iter().map(|p| p.elem().text()).collect::<Vec<_>>().join(".")
+}
+
+/// A rank's slice of a tensor: rows `dim0_offset..` of the row-major global tensor, as bytes.
+/// A 0-d tensor is one value with `global_shape` empty and `dim0_offset` 0.
+#[derive(Clone, Debug)]
+pub struct LocalTensor<'a> {
+    /// Where the tensor sits in the state dict.
+    pub path: Vec<KeyPart>,
+    /// Element type.
+    pub dtype: Dtype,
+    /// Shape of the whole tensor, across ranks.
+    pub global_shape: Vec<u64>,
+    /// First global row this rank holds.
+    pub dim0_offset: u64,
+    /// The rows, row-major, little-endian; their count is the byte length over a row's.
+    pub bytes: &'a [u8],
+}
+
+/// A non-tensor entry (an optimizer's `param_groups` fields), pickled as Python values.
+#[derive(Clone, Debug, PartialEq)]
+pub enum LocalValue {
+    /// `None`.
+    None,
+    /// A `bool`.
+    Bool(bool),
+    /// An `int`.
+    Int(i64),
+    /// A `float`.
+    Float(f64),
+    /// A `str`.
+    Str(String),
+    /// A `list`.
+    List(Vec<LocalValue>),
+}
+
+impl LocalValue {
+    fn leaf(&self) -> Leaf {
+        match self {
+            LocalValue::None => Leaf::None,
+            LocalValue::Bool(b) => Leaf::Bool(*b),
+            LocalValue::Int(i) => Leaf::Int(*i),
+            LocalValue::Float(f) => Leaf::Float(*f),
+            LocalValue::Str(s) => Leaf::Str(s.clone()),
+            LocalValue::List(l) => Leaf::List(l.iter().map(LocalValue::leaf).collect()),
+        }
+    }
+}
+
+/// What a rank wrote, as the all-gather carries it.
+#[derive(Serialize, Deserialize, Debug)]
+struct Desc {
+    key: String,
+    path: Vec<(Option<String>, i64)>,
+    /// `None` for a value.
+    dtype: Option<String>,
+    shape: Vec<u64>,
+    offsets: Vec<u64>,
+    sizes: Vec<u64>,
+    file: String,
+    offset: u64,
+    length: u64,
+}
+
+#[derive(Serialize, Deserialize, Debug)]
+enum Report {
+    Wrote(Vec<Desc>),
+    Failed(String),
+}
+
+/// Saves this rank's `tensors` and `values` into the DCP folder `dir`, with every other rank of
+/// `comm` doing the same; returns once `dir` is committed (see the module docs). Every rank
+/// must call it, with the same `dir`. `values` should come from one rank only (any one).
+pub fn save_sharded(
+    dir: &Path,
+    tensors: &[LocalTensor<'_>],
+    values: &[(Vec<KeyPart>, LocalValue)],
+    comm: &dyn Collective,
+    opts: &WriteOptions<'_>,
+) -> Result<Outcome> {
+    let rank = comm.rank();
+    let coll = |source| Error::Collective { dir: dir.to_path_buf(), source };
+    let failed = |rank: u64, reason: String| Error::ShardedSave { dir: dir.to_path_buf(), rank, reason };
+
+    // 1. The temporary folder, named by rank 0.
+    let staged = if rank == 0 { Some(stage(dir).map_err(|e| e.to_string())) } else { None };
+    let msg = staged.as_ref().map(|s| match s {
+        Ok(p) => format!("ok:{}", p.display()).into_bytes(),
+        Err(e) => format!("err:{e}").into_bytes(),
+    });
+    let got = String::from_utf8(comm.broadcast(0, msg).map_err(coll)?).unwrap_or_default();
+    let tmp = match got.split_once(':') {
+        Some(("ok", p)) => PathBuf::from(p),
+        Some((_, e)) => return Err(failed(0, e.to_string())),
+        None => return Err(failed(0, "malformed broadcast".into())),
+    };
+
+    // 2. This rank's file, then everyone's descriptors.
+    let report = match write_rank(&tmp, rank, tensors, values, opts) {
+        Ok(d) => Report::Wrote(d),
+        Err(e) => Report::Failed(e.to_string()),
+    };
+    let bytes = serde_json::to_vec(&report).unwrap_or_default();
+    let gathered = comm.all_gather(bytes).map_err(coll)?;
+
+    // 3. Rank 0 commits.
+    let status = if rank == 0 {
+        let outcome = commit(dir, &tmp, &gathered, comm.world_size());
+        if outcome.is_err() {
+            let _ = std::fs::remove_dir_all(&tmp);
+        }
+        Some(outcome)
+    } else {
+        None
+    };
+    let msg = status.as_ref().map(|s| match s {
+        Ok(_) => b"ok".to_vec(),
+        Err((r, e)) => format!("{r}:{e}").into_bytes(),
+    });
+    let got = String::from_utf8(comm.broadcast(0, msg).map_err(coll)?).unwrap_or_default();
+    match status {
+        Some(Ok(outcome)) => Ok(outcome),
+        Some(Err((r, e))) => Err(failed(r, e)),
+        None if got == "ok" => Ok(outcome_of(dir, &gathered, comm.world_size())),
+        None => {
+            let (r, e) = got.split_once(':').unwrap_or(("0", got.as_str()));
+            Err(failed(r.parse().unwrap_or(0), e.to_string()))
+        }
+    }
+}
+
+/// Creates the temporary folder beside `dir`.
+fn stage(dir: &Path) -> Result<PathBuf> {
+    if std::fs::symlink_metadata(dir).is_ok() {
+        return Err(Error::BadConvert { dst: dir.to_path_buf(), reason: "it exists already".into() });
+    }
+    let parent = dir.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    std::fs::create_dir_all(parent).at(parent)?;
+    let name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let tmp = parent.join(format!(".{name}.{}.tmp", crate::write::random_hex()));
+    std::fs::create_dir(&tmp).at(&tmp)?;
+    Ok(tmp)
+}
+
+fn write_rank(
+    tmp: &Path,
+    rank: u64,
+    tensors: &[LocalTensor<'_>],
+    values: &[(Vec<KeyPart>, LocalValue)],
+    opts: &WriteOptions<'_>,
+) -> Result<Vec<Desc>> {
+    let name = format!("__{rank}_0.distcp");
+    let path = tmp.join(&name);
+    let bad = |key: &str, reason: String| Error::BadConvert { dst: path.clone(), reason: format!("`{key}`: {reason}") };
+    let mut descs = Vec::new();
+    let mut layouts: Vec<(u64, TorchLayout)> = Vec::new();
+    let mut payloads: Vec<(u64, &[u8])> = Vec::new();
+    let mut pos = 0u64;
+    let path_of = |p: &[KeyPart]| {
+        p.iter()
+            .map(|k| match k {
+                KeyPart::Key(s) => (Some(s.clone()), 0),
+                KeyPart::Index(i) => (None, *i),
+            })
+            .collect()
+    };
+    for t in tensors {
+        let key = key_of(&t.path);
+        if !t.dtype.bits().is_multiple_of(8) || !t.dtype.in_safetensors() {
+            return Err(bad(&key, format!("dtype `{}` cannot be saved", t.dtype)));
+        }
+        let row = numel(t.global_shape.get(1..).unwrap_or_default())
+            .and_then(|n| n.checked_mul(t.dtype.bits() / 8))
+            .ok_or_else(|| bad(&key, "too large".into()))?;
+        let len = t.bytes.len() as u64;
+        let (rows, sizes, offsets) = if t.global_shape.is_empty() {
+            if len != row || t.dim0_offset != 0 {
+                return Err(bad(&key, format!("a 0-d tensor holds {row} bytes, not {len} at row {}", t.dim0_offset)));
+            }
+            (1, vec![], vec![])
+        } else {
+            if row == 0 || !len.is_multiple_of(row) {
+                return Err(bad(&key, format!("{len} bytes are not whole rows of {row} bytes")));
+            }
+            let rows = len / row;
+            let n0 = t.global_shape[0];
+            if t.dim0_offset.checked_add(rows).is_none_or(|end| end > n0) {
+                return Err(bad(&key, format!("rows {}..+{rows} are beyond its {n0} rows", t.dim0_offset)));
+            }
+            let mut sizes = t.global_shape.clone();
+            sizes[0] = rows;
+            let mut offsets = vec![0; sizes.len()];
+            offsets[0] = t.dim0_offset;
+            (rows, sizes, offsets)
+        };
+        if rows == 0 {
+            continue;
+        }
+        let wt = WTensor { dtype: t.dtype, shape: sizes.clone(), storage: 0, offset: 0 };
+        let layout = writer::layout_tensor("archive", &wt, WStorage { dtype: t.dtype, byte_len: len }, &path)?;
+        payloads.push((pos + layout.storage_offsets.first().copied().unwrap_or(0), t.bytes));
+        descs.push(Desc {
+            key,
+            path: path_of(&t.path),
+            dtype: Some(t.dtype.safetensors_name().to_string()),
+            shape: t.global_shape.clone(),
+            offsets,
+            sizes,
+            file: name.clone(),
+            offset: pos,
+            length: layout.file_len,
+        });
+        let item = layout.file_len;
+        layouts.push((pos, layout));
+        pos += item;
+    }
+    for (p, v) in values {
+        let layout = writer::layout_value("archive", &v.leaf(), &path)?;
+        descs.push(Desc {
+            key: key_of(p),
+            path: path_of(p),
+            dtype: None,
+            shape: vec![],
+            offsets: vec![],
+            sizes: vec![],
+            file: name.clone(),
+            offset: pos,
+            length: layout.file_len,
+        });
+        let item = layout.file_len;
+        layouts.push((pos, layout));
+        pos += item;
+    }
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(&path)
+        .at(&path)?;
+    file.set_len(pos).at(&path)?;
+    for (at, bytes) in payloads {
+        file.write_all_at(bytes, at).at(&path)?;
+        if let Some(progress) = opts.progress {
+            progress(bytes.len() as u64);
+        }
+    }
+    TorchSeal(layouts).seal(&file, &path)?;
+    file.sync_all().at(&path)?;
+    Ok(descs)
+}
+
+type Failure = (u64, String);
+
+/// A key's path, its tensor dtype and shape (`None` for a value), and each rank's pieces.
+type Entry = (Vec<PathElem>, Option<(Dtype, Vec<u64>)>, Vec<(u64, Desc)>);
+
+fn commit(dir: &Path, tmp: &Path, gathered: &[Vec<u8>], world: u64) -> std::result::Result<Outcome, Failure> {
+    let mut per_key: BTreeMap<String, Entry> = BTreeMap::new();
+    let mut order = Vec::new();
+    for (r, bytes) in gathered.iter().enumerate() {
+        let r = r as u64;
+        let report: Report = serde_json::from_slice(bytes).map_err(|e| (r, format!("malformed descriptors: {e}")))?;
+        let descs = match report {
+            Report::Wrote(d) => d,
+            Report::Failed(e) => return Err((r, e)),
+        };
+        for d in descs {
+            let dtype = match &d.dtype {
+                Some(n) => Some(Dtype::from_safetensors_name(n).ok_or_else(|| (r, format!("unknown dtype `{n}`")))?),
+                None => None,
+            };
+            let path = d.path.iter().map(|(k, i)| k.clone().map_or(PathElem::Index(*i), PathElem::Key)).collect();
+            let entry = per_key.entry(d.key.clone()).or_insert_with(|| {
+                order.push(d.key.clone());
+                (path, dtype.map(|t| (t, d.shape.clone())), Vec::new())
+            });
+            if entry.1 != dtype.map(|t| (t, d.shape.clone())) {
+                return Err((r, format!("`{}` has another dtype, shape or kind than on another rank", d.key)));
+            }
+            if dtype.is_none() && !entry.2.is_empty() {
+                return Err((r, format!("value `{}` is saved by two ranks", d.key)));
+            }
+            entry.2.push((r, d));
+        }
+    }
+    let mut items = Vec::with_capacity(order.len());
+    for key in order {
+        let Some((path, kind, mut chunks)) = per_key.remove(&key) else { continue };
+        match kind {
+            Some((dtype, size)) => {
+                chunks.sort_by_key(|(_, d)| d.offsets.first().copied().unwrap_or(0));
+                let mut next = 0u64;
+                let total = size.first().copied().unwrap_or(1);
+                for (r, d) in &chunks {
+                    let at = d.offsets.first().copied().unwrap_or(0);
+                    if at < next {
+                        return Err((*r, format!("tensor `{key}`: rows {at}..{next} are on two ranks")));
+                    }
+                    if at > next {
+                        return Err((*r, format!("tensor `{key}`: rows {next}..{at} are on no rank")));
+                    }
+                    next = at + d.sizes.first().copied().unwrap_or(1);
+                }
+                if next != total {
+                    let r = chunks.last().map_or(0, |(r, _)| *r);
+                    return Err((r, format!("tensor `{key}`: rows {next}..{total} are on no rank")));
+                }
+                let chunks = chunks
+                    .into_iter()
+                    .map(|(_, d)| OutChunk {
+                        offsets: d.offsets,
+                        sizes: d.sizes,
+                        file: d.file,
+                        offset: d.offset,
+                        length: d.length,
+                    })
+                    .collect();
+                items.push(OutItem { key, path, kind: OutKind::Tensor { dtype, size, chunks } });
+            }
+            None => {
+                let Some((_, d)) = chunks.pop() else { continue };
+                items.push(OutItem {
+                    key,
+                    path,
+                    kind: OutKind::Bytes { file: d.file, offset: d.offset, length: d.length },
+                });
+            }
+        }
+    }
+    let io = |e: Error| (0u64, e.to_string());
+    let abs = std::fs::canonicalize(dir.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new(".")))
+        .map(|p| p.join(dir.file_name().unwrap_or_default()))
+        .at(dir)
+        .map_err(io)?;
+    let meta = encode::encode(&items, &abs, &encode::uuid4());
+    let meta_path = tmp.join(METADATA_NAME);
+    let write_meta = || -> Result<()> {
+        let f = OpenOptions::new().write(true).create_new(true).open(&meta_path).at(&meta_path)?;
+        f.write_all_at(&meta, 0).at(&meta_path)?;
+        f.sync_all().at(&meta_path)?;
+        sync_dir(tmp)?;
+        if std::fs::symlink_metadata(dir).is_ok() {
+            return Err(Error::BadConvert { dst: dir.to_path_buf(), reason: "it appeared while saving".into() });
+        }
+        std::fs::rename(tmp, dir).at(dir)?;
+        sync_dir(dir.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new(".")))
+    };
+    write_meta().map_err(io)?;
+    Ok(outcome_of(dir, gathered, world))
+}
+
+fn sync_dir(dir: &Path) -> Result<()> {
+    File::open(dir).and_then(|d| d.sync_all()).at(dir)
+}
+
+/// What the ranks wrote together, from the descriptors.
+fn outcome_of(dir: &Path, gathered: &[Vec<u8>], world: u64) -> Outcome {
+    let mut files = Vec::new();
+    let mut keys = BTreeMap::new();
+    let mut values = Vec::new();
+    let mut bytes = 0;
+    for (r, g) in gathered.iter().enumerate() {
+        files.push(dir.join(format!("__{r}_0.distcp")));
+        let Ok(Report::Wrote(descs)) = serde_json::from_slice::<Report>(g) else { continue };
+        for d in descs {
+            match d.dtype.as_deref().and_then(Dtype::from_safetensors_name) {
+                Some(t) => {
+                    bytes += numel(&d.sizes).unwrap_or(0) * (t.bits() / 8);
+                    keys.insert(d.key, ());
+                }
+                None => values.push(d.key),
+            }
+        }
+    }
+    files.push(dir.join(METADATA_NAME));
+    Outcome { files, tensors: keys.len(), bytes, values, world_size: Some(world), ..Outcome::default() }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use collective::InProcessGroup;
+
+    fn f32_bytes(v: &[f32]) -> Vec<u8> {
+        v.iter().flat_map(|x| x.to_le_bytes()).collect()
+    }
+
+    fn key(parts: &[&str]) -> Vec<KeyPart> {
+        parts.iter().map(|p| KeyPart::Key(p.to_string())).collect()
+    }
+
+    /// Each rank of `world` saves FSDP2's dim-0 chunk of a 5×3 tensor and a whole 0-d one.
+    fn save(dir: &Path, world: u64, overlap: bool) -> Vec<Result<Outcome>> {
+        let full: Vec<f32> = (0..15).map(|i| i as f32).collect();
+        let handles = InProcessGroup::new(world);
+        std::thread::scope(|s| {
+            let joins: Vec<_> = handles
+                .into_iter()
+                .map(|comm| {
+                    let full = &full;
+                    s.spawn(move || {
+                        let r = comm.rank();
+                        let mut rows = fsdp_state::chunk_rows(5, world, r).unwrap_or(0..0);
+                        if overlap && r == 1 {
+                            rows.start -= 1;
+                        }
+                        let bytes = f32_bytes(&full[rows.start as usize * 3..rows.end as usize * 3]);
+                        let step = f32_bytes(&[7.0]);
+                        let mut tensors = vec![LocalTensor {
+                            path: key(&["model", "w"]),
+                            dtype: Dtype::F32,
+                            global_shape: vec![5, 3],
+                            dim0_offset: rows.start,
+                            bytes: &bytes,
+                        }];
+                        let mut values = Vec::new();
+                        if r == 0 {
+                            tensors.push(LocalTensor {
+                                path: key(&["model", "step"]),
+                                dtype: Dtype::F32,
+                                global_shape: vec![],
+                                dim0_offset: 0,
+                                bytes: &step,
+                            });
+                            values.push((key(&["model", "lr"]), LocalValue::Float(0.5)));
+                        }
+                        save_sharded(dir, &tensors, &values, &comm, &WriteOptions::default())
+                    })
+                })
+                .collect();
+            joins.into_iter().map(|j| j.join().expect("rank thread")).collect()
+        })
+    }
+
+    #[test]
+    fn ranks_write_a_folder_that_merges_back() {
+        for world in [1, 2, 3, 4] {
+            let tmp = tempfile::tempdir().expect("tempdir");
+            let dir = tmp.path().join("pytorch_model_fsdp_0");
+            for out in save(&dir, world, false) {
+                let out = out.expect("save");
+                assert_eq!(out.tensors, 2);
+                assert_eq!(out.values, vec!["model.lr".to_string()]);
+            }
+            let ck = crate::Checkpoint::open(&dir.to_string_lossy()).expect("open");
+            // A rank that holds no rows (the 4th of 4 for 5 rows) writes an empty file that
+            // the metadata never names, so the catalog counts the files that hold data.
+            assert_eq!(ck.world_size(), Some(world.min(3)));
+            let report = crate::verify(&dir.to_string_lossy()).expect("verify");
+            assert!(report.problems.is_empty(), "{:?}", report.problems);
+            let merged = tmp.path().join("m.safetensors");
+            crate::merge(&ck, &merged, &Default::default(), &Default::default()).expect("merge");
+            let bytes = std::fs::read(&merged).expect("read");
+            let st = safetensors::SafeTensors::deserialize(&bytes).expect("safetensors");
+            let w = st.tensor("w").expect("w");
+            assert_eq!(w.shape(), &[5, 3]);
+            assert_eq!(w.data(), &f32_bytes(&(0..15).map(|i| i as f32).collect::<Vec<_>>())[..]);
+            assert_eq!(st.tensor("step").expect("step").data(), &f32_bytes(&[7.0])[..]);
+            // Nothing but the committed folder is left.
+            let names: Vec<_> = std::fs::read_dir(tmp.path()).expect("ls").map(|e| e.expect("e").file_name()).collect();
+            assert_eq!(names.len(), 2, "{names:?}");
+        }
+    }
+
+    #[test]
+    fn a_save_state_folder_opens_as_its_model() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let dir = tmp.path().join("pytorch_model_fsdp_0");
+        for out in save(&dir, 2, false) {
+            out.expect("save");
+        }
+        let ck = crate::Checkpoint::open(&tmp.path().to_string_lossy()).expect("open");
+        assert_eq!(ck.root(), dir.as_path());
+        assert_eq!(ck.tensors().len(), 2);
+    }
+
+    #[test]
+    fn overlapping_rows_fail_on_every_rank_and_leave_nothing() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let dir = tmp.path().join("d");
+        for out in save(&dir, 2, true) {
+            let e = out.expect_err("overlap").to_string();
+            assert!(e.contains("sharded save failed on rank 1: tensor `model.w`: rows 2..3 are on two ranks"), "{e}");
+        }
+        assert_eq!(std::fs::read_dir(tmp.path()).expect("ls").count(), 0);
+    }
+
+    #[test]
+    fn an_existing_folder_is_refused() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let dir = tmp.path().join("d");
+        std::fs::create_dir(&dir).expect("mkdir");
+        for out in save(&dir, 2, false) {
+            let e = out.expect_err("exists").to_string();
+            assert!(e.contains("it exists already"), "{e}");
+        }
+    }
+}

@@ -1,0 +1,177 @@
+//! Ranks from MPI: the byte [`Collective`] that `ckpt` and `dataload` talk through, and the
+//! tensor collectives of the training loop, over one communicator.
+//!
+//! MPI is initialised with `MPI_THREAD_MULTIPLE` when the library offers it, so that an
+//! asynchronous checkpoint can run its commit protocol from a background thread on its own
+//! duplicate of the world communicator ([`Comm::duplicate`]) while the loop keeps using the
+//! original. MPI's default error handler aborts the whole job on a transport failure, so these
+//! operations either complete or the processes end; none returns a transport error.
+//!
+//! A process started without `mpirun` is a world of one (MPI's singleton start).
+
+use collective::{Collective, CollectiveError};
+use mpi::collective::SystemOperation;
+use mpi::datatype::PartitionMut;
+use mpi::environment::Universe;
+use mpi::topology::{Communicator, SimpleCommunicator};
+use mpi::traits::{CommunicatorCollectives, Root};
+use mpi::Threading;
+
+/// The MPI environment; finalises MPI when dropped.
+pub struct Mpi {
+    _universe: Universe,
+    /// Whether a second thread may call MPI.
+    pub threads: bool,
+}
+
+impl std::fmt::Debug for Mpi {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Mpi").field("threads", &self.threads).finish()
+    }
+}
+
+impl Mpi {
+    /// Initialises MPI, once per process.
+    pub fn init() -> anyhow::Result<(Mpi, Comm)> {
+        let (universe, level) = mpi::initialize_with_threading(Threading::Multiple)
+            .ok_or_else(|| anyhow::anyhow!("MPI was initialised already"))?;
+        let world = universe.world();
+        Ok((Mpi { _universe: universe, threads: level == Threading::Multiple }, Comm { world }))
+    }
+}
+
+/// One communicator: byte collectives (the [`Collective`] trait) and tensor collectives.
+pub struct Comm {
+    world: SimpleCommunicator,
+}
+
+impl std::fmt::Debug for Comm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Comm").field("rank", &self.world.rank()).field("size", &self.world.size()).finish()
+    }
+}
+
+impl Comm {
+    /// A new communicator over the same ranks, whose messages never mix with this one's.
+    pub fn duplicate(&self) -> Comm {
+        Comm { world: self.world.duplicate() }
+    }
+
+    /// A duplicate of the world communicator, made by the calling thread. Collective over the
+    /// world: every rank must call it while no other thread of it uses the world.
+    pub fn world_duplicate() -> Comm {
+        Comm { world: SimpleCommunicator::world().duplicate() }
+    }
+
+    /// Ends every rank of the job with `code` (after an error on one rank, so that the others
+    /// do not wait in a collective forever).
+    pub fn abort(&self, code: i32) -> ! {
+        self.world.abort(code)
+    }
+}
+
+/// The tensor collectives of the training loop, over flat host buffers. Reductions are sums in
+/// `f32` (bf16 values are reduced after widening them to `f32`: summing in bf16 loses too much);
+/// gathers and broadcasts move any element type as it is.
+pub trait TensorComm {
+    /// This rank.
+    fn rank(&self) -> u64;
+    /// Number of ranks.
+    fn size(&self) -> u64;
+    /// `buf` ← the element-wise sum of every rank's `buf`.
+    fn all_reduce_sum(&self, buf: &mut [f32]);
+    /// `buf` ← the element-wise sum of every rank's `buf`, in `f64`.
+    fn all_reduce_sum_f64(&self, buf: &mut [f64]);
+    /// `out` ← the sum over ranks of block `rank` of `send` (`send` is `size` blocks of
+    /// `out.len()` elements).
+    fn reduce_scatter_sum(&self, send: &[f32], out: &mut [f32]);
+    /// `out` ← every rank's `send`, concatenated in rank order (equal lengths).
+    fn all_gather_f32(&self, send: &[f32], out: &mut [f32]);
+    /// `out` ← every rank's `send` of bf16 bits, concatenated in rank order (equal lengths).
+    fn all_gather_bf16(&self, send: &[u16], out: &mut [u16]);
+    /// `buf` ← `root`'s `buf`.
+    fn broadcast_f32(&self, root: u64, buf: &mut [f32]);
+    /// Returns once every rank has called it.
+    fn barrier(&self);
+}
+
+impl TensorComm for Comm {
+    fn rank(&self) -> u64 {
+        self.world.rank() as u64
+    }
+    fn size(&self) -> u64 {
+        self.world.size() as u64
+    }
+    fn all_reduce_sum(&self, buf: &mut [f32]) {
+        let send = buf.to_vec();
+        self.world.all_reduce_into(&send[..], buf, SystemOperation::sum());
+    }
+    fn all_reduce_sum_f64(&self, buf: &mut [f64]) {
+        let send = buf.to_vec();
+        self.world.all_reduce_into(&send[..], buf, SystemOperation::sum());
+    }
+    fn reduce_scatter_sum(&self, send: &[f32], out: &mut [f32]) {
+        self.world.reduce_scatter_block_into(send, out, SystemOperation::sum());
+    }
+    fn all_gather_f32(&self, send: &[f32], out: &mut [f32]) {
+        self.world.all_gather_into(send, out);
+    }
+    fn all_gather_bf16(&self, send: &[u16], out: &mut [u16]) {
+        self.world.all_gather_into(send, out);
+    }
+    fn broadcast_f32(&self, root: u64, buf: &mut [f32]) {
+        self.world.process_at_rank(root as i32).broadcast_into(buf);
+    }
+    fn barrier(&self) {
+        self.world.barrier();
+    }
+}
+
+impl Collective for Comm {
+    fn rank(&self) -> u64 {
+        self.world.rank() as u64
+    }
+    fn world_size(&self) -> u64 {
+        self.world.size() as u64
+    }
+    fn broadcast(&self, root: u64, data: Option<Vec<u8>>) -> collective::Result<Vec<u8>> {
+        let size = self.world.size() as u64;
+        if root >= size {
+            return Err(CollectiveError::NoSuchRoot {
+                op: "broadcast",
+                rank: self.world.rank() as u64,
+                root,
+                world_size: size,
+            });
+        }
+        let proc = self.world.process_at_rank(root as i32);
+        let mine = root == self.world.rank() as u64;
+        let mut len = if mine { data.as_ref().map_or(0, Vec::len) as u64 } else { 0 };
+        proc.broadcast_into(&mut len);
+        let mut buf = if mine { data.unwrap_or_default() } else { vec![0u8; len as usize] };
+        proc.broadcast_into(&mut buf[..]);
+        Ok(buf)
+    }
+    fn all_gather(&self, data: Vec<u8>) -> collective::Result<Vec<Vec<u8>>> {
+        let n = self.world.size() as usize;
+        let mut lens = vec![0i32; n];
+        let len = i32::try_from(data.len()).map_err(|_| CollectiveError::Failed {
+            op: "all_gather",
+            rank: self.world.rank() as u64,
+            reason: format!("{} bytes are more than MPI counts", data.len()),
+        })?;
+        self.world.all_gather_into(&len, &mut lens[..]);
+        let displs: Vec<i32> = lens.iter().scan(0i32, |acc, &l| Some(std::mem::replace(acc, *acc + l))).collect();
+        let total: usize = lens.iter().map(|&l| l as usize).sum();
+        let mut all = vec![0u8; total];
+        {
+            let mut part = PartitionMut::new(&mut all[..], &lens[..], &displs[..]);
+            self.world.all_gather_varcount_into(&data[..], &mut part);
+        }
+        Ok(lens.iter().zip(&displs).map(|(&l, &d)| all[d as usize..(d + l) as usize].to_vec()).collect())
+    }
+    fn barrier(&self) -> collective::Result<()> {
+        self.world.barrier();
+        Ok(())
+    }
+}

@@ -1,0 +1,299 @@
+//! The training core end to end, under `mpirun`: runs killed with `kill -9` at random moments
+//! (also in the middle of checkpoint writes) resume to the bits of an uninterrupted run; a
+//! run resumed on another number of ranks sees every sample of the interrupted epoch once;
+//! damaged or foreign checkpoints are refused in one line naming the file and the rank.
+//!
+//! Each kill point is drawn from a seed printed by the test (`STATEKIT_KILL_SEED` replays it).
+
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_statekit-train");
+
+/// A tiny model and run: a few seconds per run on two cores.
+const SMALL: &[&str] =
+    &["--layers", "1", "--dim", "32", "--heads", "2", "--block-size", "16", "--batch-size", "4", "--warmup", "4"];
+
+fn mpirun(np: u64) -> Command {
+    let mut c = Command::new("mpirun");
+    c.args(["--allow-run-as-root", "--oversubscribe", "-np", &np.to_string(), BIN]);
+    c
+}
+
+struct Run {
+    stdout: String,
+    stderr: String,
+    ok: bool,
+}
+
+fn run(np: u64, cwd: &Path, args: &[&str]) -> Run {
+    let out = mpirun(np).current_dir(cwd).args(SMALL).args(args).output().expect("mpirun");
+    Run {
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        ok: out.status.success(),
+    }
+}
+
+/// step → (loss, lr, tokens) of rank 0's JSON lines.
+fn losses(stdout: &str) -> BTreeMap<u64, (f64, f64, u64)> {
+    stdout
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .map(|v| {
+            (
+                v["step"].as_u64().expect("step"),
+                (
+                    v["loss"].as_f64().expect("loss"),
+                    v["lr"].as_f64().expect("lr"),
+                    v["tokens"].as_u64().expect("tokens"),
+                ),
+            )
+        })
+        .collect()
+}
+
+/// The data files of the committed model and optimizer: what must be bit-identical.
+fn state_files(ckpt: &Path) -> BTreeMap<String, Vec<u8>> {
+    let latest = ckpt.join("latest");
+    let mut out = BTreeMap::new();
+    for sub in ["pytorch_model_fsdp_0", "optimizer_0"] {
+        for e in std::fs::read_dir(latest.join(sub)).expect("read checkpoint") {
+            let e = e.expect("entry");
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.ends_with(".distcp") {
+                out.insert(format!("{sub}/{name}"), std::fs::read(e.path()).expect("read"));
+            }
+        }
+    }
+    out
+}
+
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self, n: u64) -> u64 {
+        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        (self.0 >> 33) % n
+    }
+}
+
+fn seed() -> u64 {
+    std::env::var("STATEKIT_KILL_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(7, |d| d.as_nanos() as u64)
+    })
+}
+
+/// Starts a run in its own process group and kills the whole group with SIGKILL once rank 0
+/// has logged `after_lines` steps plus a random few milliseconds. Returns its stdout.
+fn run_and_kill(np: u64, cwd: &Path, args: &[&str], after_lines: usize, extra_ms: u64) -> String {
+    use std::os::unix::process::CommandExt;
+    let out_path = cwd.join(format!("killed-{}.out", Instant::now().elapsed().as_nanos()));
+    let out = std::fs::File::create(&out_path).expect("stdout file");
+    let mut child = mpirun(np)
+        .current_dir(cwd)
+        .args(SMALL)
+        .args(args)
+        .stdout(out)
+        .stderr(Stdio::null())
+        .process_group(0)
+        .spawn()
+        .expect("spawn");
+    let pgid = child.id();
+    let start = Instant::now();
+    loop {
+        let text = std::fs::read_to_string(&out_path).unwrap_or_default();
+        if text.lines().count() >= after_lines || start.elapsed() > Duration::from_secs(60) {
+            break;
+        }
+        if child.try_wait().expect("wait").is_some() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    std::thread::sleep(Duration::from_millis(extra_ms));
+    let _ = Command::new("kill").args(["-9", "--", &format!("-{pgid}")]).status();
+    let _ = child.wait();
+    let mut s = String::new();
+    std::fs::File::open(&out_path).and_then(|mut f| f.read_to_string(&mut s)).expect("read stdout");
+    s
+}
+
+fn kill_and_resume(np: u64, mode: &str) {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path();
+    let steps = "24";
+    let common = ["--mode", mode, "--steps", steps, "--save-every", "2", "--keep-last", "2"];
+    let full_dir = dir.join("full");
+    let mut args: Vec<&str> = common.to_vec();
+    let full_ck = full_dir.to_string_lossy().into_owned();
+    args.extend(["--ckpt-dir", &full_ck]);
+    let full = run(np, dir, &args);
+    assert!(full.ok, "{}", full.stderr);
+    let reference = losses(&full.stdout);
+    assert_eq!(reference.len(), 24);
+    assert!(reference[&24].0 < reference[&1].0, "the loss falls: {reference:?}");
+
+    let s = seed();
+    eprintln!("kill points from STATEKIT_KILL_SEED={s}");
+    let mut rng = Rng(s);
+    let ck = dir.join("killed").to_string_lossy().into_owned();
+    let mut args: Vec<&str> = common.to_vec();
+    args.extend(["--ckpt-dir", &ck]);
+    // First run killed part-way, then resumed and killed again, then resumed to the end.
+    run_and_kill(np, dir, &args, 3 + rng.next(8) as usize, rng.next(40));
+    let mut resumed_args = args.clone();
+    resumed_args.push("--resume");
+    let mut log = String::new();
+    if Path::new(&ck).join("latest").exists() {
+        log = run_and_kill(np, dir, &resumed_args, 2 + rng.next(8) as usize, rng.next(40));
+    }
+    let last = if Path::new(&ck).join("latest").exists() { resumed_args.as_slice() } else { args.as_slice() };
+    let end = run(np, dir, last);
+    assert!(end.ok, "{}", end.stderr);
+    log.push_str(&end.stdout);
+    // Every logged step after a resume point equals the uninterrupted run's.
+    let got = losses(&end.stdout);
+    assert!(!got.is_empty());
+    for (step, v) in &got {
+        assert_eq!(Some(v), reference.get(step), "step {step} differs after resume ({mode}, {np} ranks)");
+    }
+    assert_eq!(state_files(&full_dir), state_files(Path::new(&ck)), "final state differs ({mode}, {np} ranks)");
+    // `--keep-last 2`: two committed steps and nothing half-written left behind.
+    let steps: Vec<_> = std::fs::read_dir(&ck)
+        .expect("ls")
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("step-"))
+        .collect();
+    assert_eq!(steps.len(), 2, "{steps:?}");
+}
+
+#[test]
+fn kill_9_then_resume_is_bit_identical_ddp_2_ranks() {
+    kill_and_resume(2, "ddp");
+}
+
+#[test]
+fn kill_9_then_resume_is_bit_identical_sharded_2_ranks() {
+    kill_and_resume(2, "sharded");
+}
+
+#[test]
+fn kill_9_then_resume_is_bit_identical_ddp_4_ranks() {
+    kill_and_resume(4, "ddp");
+}
+
+#[test]
+fn kill_9_then_resume_is_bit_identical_sharded_4_ranks() {
+    kill_and_resume(4, "sharded");
+}
+
+/// A corpus of exactly `windows` windows of 16 tokens.
+fn corpus(dir: &Path, windows: usize) -> PathBuf {
+    let p = dir.join("corpus.bin");
+    let bytes: Vec<u8> = (0..windows * 16 + 1).flat_map(|i| ((i * 7 % 64) as u16).to_le_bytes()).collect();
+    std::fs::write(&p, bytes).expect("corpus");
+    p
+}
+
+/// Every sample index that the rank logs of `dir` show, per step.
+fn seen(dir: &Path) -> Vec<u64> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).expect("ls").flatten() {
+        for line in std::fs::read_to_string(e.path()).expect("read").lines() {
+            out.extend(line.split_whitespace().skip(1).map(|x| x.parse::<u64>().expect("index")));
+        }
+    }
+    out.sort();
+    out
+}
+
+fn elastic(from: u64, to: u64, stop_after: &str, steps: &str, mode: &str) {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path();
+    let data = corpus(dir, 40).to_string_lossy().into_owned();
+    let samples = dir.join("samples").to_string_lossy().into_owned();
+    // Batch size 2 per rank, no padding at the end of the epoch: the interrupted epoch is
+    // `from` ranks' first steps then `to` ranks' remainder, exactly one epoch in all.
+    let args = [
+        "--data",
+        &data,
+        "--batch-size",
+        "2",
+        "--mode",
+        mode,
+        "--no-even-batches",
+        "--steps",
+        steps,
+        "--save-every",
+        "1",
+        "--ckpt-dir",
+        "ck",
+        "--log-samples",
+        &samples,
+    ];
+    let first = run(from, dir, &[&args[..], &["--stop-after", stop_after]].concat());
+    assert!(first.ok, "{}", first.stderr);
+    let second = run(to, dir, &[&args[..], &["--resume"]].concat());
+    assert!(second.ok, "{}", second.stderr);
+    assert!(second.stderr.contains(&format!("(saved by {from} ranks)")), "{}", second.stderr);
+    assert_eq!(seen(Path::new(&samples)), (0..40).collect::<Vec<u64>>(), "{from} → {to} ranks");
+    let (a, b) = (losses(&first.stdout), losses(&second.stdout));
+    let before = a.values().last().expect("first run logged").0;
+    let after = b.values().next().expect("second run logged").0;
+    assert!(after.is_finite() && after < a[&1].0 + 0.5 && (after - before).abs() < 1.0, "{before} then {after}");
+}
+
+#[test]
+fn resume_on_3_ranks_after_2_sees_every_sample_once() {
+    // 2 ranks × 2 × 3 steps = 12 samples, then 3 ranks: 28 in 5 steps (the last uneven).
+    elastic(2, 3, "3", "8", "sharded");
+}
+
+#[test]
+fn resume_on_2_ranks_after_4_sees_every_sample_once() {
+    // 4 ranks × 2 × 2 steps = 16 samples, then 2 ranks: 24 in 6 steps.
+    elastic(4, 2, "2", "8", "ddp");
+}
+
+#[test]
+fn damaged_or_foreign_checkpoints_are_refused_naming_file_and_rank() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path();
+    let base = ["--steps", "4", "--save-every", "2", "--ckpt-dir", "ck"];
+    assert!(run(2, dir, &base).ok);
+    let one_line = |r: &Run, needle: &str| {
+        assert!(!r.ok);
+        let line = r.stderr.lines().find(|l| l.starts_with("statekit-train: refusing to resume:"));
+        let line = line.unwrap_or_else(|| panic!("no refusal in {}", r.stderr));
+        assert!(line.contains(needle) && line.contains("rank"), "{line}");
+    };
+    let resume = |extra: &[&str]| run(2, dir, &[&base[..], &["--resume", "--steps", "6"], extra].concat());
+    // Another model's shapes.
+    one_line(&resume(&["--dim", "16"]), "statekit_state.json: rank 0: the checkpoint is of another model");
+    // A state from another dataset.
+    let other = corpus(dir, 30).to_string_lossy().into_owned();
+    one_line(&resume(&["--data", &other]), "statekit_state.json: rank 0: loader state");
+    // A missing rank file.
+    let latest = std::fs::canonicalize(dir.join("ck/latest")).expect("latest");
+    std::fs::remove_file(latest.join("optimizer_0/__1_0.distcp")).expect("rm");
+    one_line(&resume(&[]), "optimizer_0/.metadata");
+    one_line(&resume(&[]), "__1_0.distcp");
+}
+
+#[test]
+fn async_save_writes_the_same_bytes_as_sync_save() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path();
+    let base = ["--steps", "8", "--save-every", "2", "--mode", "sharded"];
+    let a = run(2, dir, &[&base[..], &["--ckpt-dir", "sync"]].concat());
+    let b = run(2, dir, &[&base[..], &["--ckpt-dir", "async", "--async-save"]].concat());
+    assert!(a.ok && b.ok, "{}{}", a.stderr, b.stderr);
+    assert!(b.stderr.contains("queued (stall"), "{}", b.stderr);
+    assert_eq!(losses(&a.stdout), losses(&b.stdout));
+    assert_eq!(state_files(&dir.join("sync")), state_files(&dir.join("async")));
+}
