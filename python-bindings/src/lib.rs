@@ -8,6 +8,7 @@
 
 mod checkpoint;
 mod comm;
+mod datasets;
 mod errors;
 mod raw;
 mod sampler;
@@ -21,6 +22,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<sampler::Sampler>()?;
     m.add_function(wrap_pyfunction!(sampler::default_config_json, m)?)?;
     m.add_class::<checkpoint::PyCheckpoint>()?;
+    m.add_class::<datasets::TokenSource>()?;
+    m.add_class::<datasets::TableSource>()?;
+    m.add_class::<datasets::JsonlSource>()?;
     m.add_function(wrap_pyfunction!(checkpoint::verify, m)?)?;
     m.add_function(wrap_pyfunction!(checkpoint::split, m)?)?;
     m.add_function(wrap_pyfunction!(checkpoint::merge, m)?)?;

@@ -18,9 +18,18 @@ import json
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from . import _native
+from ._datasets import ArrowDataset, JsonlDataset, ParquetDataset, TokenDataset
 from .errors import UsageError
 
-__all__ = ["DataLoaderConfiguration", "ShardedBatchSampler", "prepare_data_loader"]
+__all__ = [
+    "DataLoaderConfiguration",
+    "ShardedBatchSampler",
+    "prepare_data_loader",
+    "TokenDataset",
+    "ArrowDataset",
+    "ParquetDataset",
+    "JsonlDataset",
+]
 
 
 @dataclasses.dataclass
