@@ -308,3 +308,25 @@ def test_native_module_never_imports_torch():
     code = "import sys, statekit; from statekit import ckpt, data; ckpt.load(sys.argv[1]); print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code, str(FX / "torch" / "basic.pt")], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_hf_address_loads_from_the_local_cache(tmp_path, monkeypatch):
+    import hashlib
+
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo = tmp_path / "hub" / "models--statekit--tiny"
+    src = FX / "safetensors" / "model_single" / "model.safetensors"
+    data = src.read_bytes()
+    blob = repo / "blobs" / hashlib.sha256(data).hexdigest()
+    blob.parent.mkdir(parents=True)
+    blob.write_bytes(data)
+    link = repo / "snapshots" / commit / "model.safetensors"
+    link.parent.mkdir(parents=True)
+    link.symlink_to(os.path.relpath(blob, link.parent))
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    for k in [k for k in os.environ if k.startswith("HF_")]:
+        monkeypatch.delenv(k)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    assert hexes(ckpt.load("hf://statekit/tiny")) == hexes(ckpt.load(src))

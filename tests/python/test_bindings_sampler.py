@@ -168,3 +168,17 @@ def test_set_epoch_moves_and_keeps_a_resumed_position():
     r.load_state_dict(state)
     r.set_epoch(0)  # the usual loop calls it; it must not rewind the resume
     assert [first] + list(r) == e0
+
+
+def test_sampler_survives_pickle_mid_epoch():
+    s = ShardedBatchSampler(77, 4, num_processes=3, process_index=2, shuffle=True, seed=9, drop_last=True)
+    it = iter(s)
+    next(it)
+    c = pickle.loads(pickle.dumps(s))
+    assert (c.num_processes, c.process_index, len(c)) == (3, 2, len(s))
+    assert list(c) == list(it)
+
+
+def test_world_defaults_to_one_rank_without_a_process_group():
+    s = ShardedBatchSampler(10, 2)
+    assert (s.num_processes, s.process_index) == (1, 0)

@@ -166,6 +166,15 @@ class ShardedBatchSampler:
     def __iter__(self) -> Iterator[List[int]]:
         return _EpochIterator(self)
 
+    def __getstate__(self) -> Dict[str, Any]:
+        # Pickles (spawned workers, copies) as its settings and position.
+        return {"state": self._native.state_json(), "world": self.num_processes, "rank": self.process_index,
+                "attrs": (self.length, self.batch_size, self.drop_last, self.shuffle)}
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        self._native = _native.Sampler.from_state(state["state"], state["world"], state["rank"])
+        self.length, self.batch_size, self.drop_last, self.shuffle = state["attrs"]
+
     def state_dict(self) -> Dict[str, Any]:
         """The position and the settings it is valid with (``dataload``'s ``LoaderState``)."""
         return json.loads(self._native.state_json())
