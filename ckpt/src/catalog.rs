@@ -432,36 +432,43 @@ impl Checkpoint {
     /// (row-major, little-endian, in its dtype): [`Checkpoint::read_tensor`] into a buffer the
     /// caller owns (the Python bindings read into a numpy array this way).
     pub fn read_tensor_into(&self, tensor: &TensorInfo, out: &mut [u8]) -> Result<()> {
-        let have = out.len();
-        let wrong = || Error::BadConvert {
-            dst: self.root.clone(),
-            reason: format!(
-                "the buffer for `{}` has {have} bytes, not {}",
-                crate::error::escape_controls(&tensor.name),
-                tensor.byte_len()
-            ),
-        };
-        if u64::try_from(out.len()).ok() != Some(tensor.byte_len()) {
-            return Err(wrong());
-        }
-        if tensor.stored != tensor.dtype {
-            let bytes = self.read_tensor(tensor)?;
-            if bytes.len() != out.len() {
+        self.read_tensors_into(&mut [(tensor, out)])
+    }
+
+    /// [`Checkpoint::read_tensor_into`] for many tensors, opening the source files once.
+    pub fn read_tensors_into(&self, jobs: &mut [(&TensorInfo, &mut [u8])]) -> Result<()> {
+        let sources = crate::io::Sources::open(self.files.iter().map(|f| f.path.as_path()))?;
+        for (tensor, out) in jobs.iter_mut() {
+            let have = out.len();
+            let wrong = || Error::BadConvert {
+                dst: self.root.clone(),
+                reason: format!(
+                    "the buffer for `{}` has {have} bytes, not {}",
+                    crate::error::escape_controls(&tensor.name),
+                    tensor.byte_len()
+                ),
+            };
+            if u64::try_from(have).ok() != Some(tensor.byte_len()) {
                 return Err(wrong());
             }
-            out.copy_from_slice(&bytes);
-            return Ok(());
-        }
-        let sources = crate::io::Sources::open(self.files.iter().map(|f| f.path.as_path()))?;
-        let mut at = 0usize;
-        for (file, offset, len) in tensor.runs() {
-            let piece = sources.read(file, offset, len)?;
-            let end = at.checked_add(piece.len()).filter(|e| *e <= out.len()).ok_or_else(wrong)?;
-            out[at..end].copy_from_slice(piece);
-            at = end;
-        }
-        if at != out.len() {
-            return Err(wrong());
+            if tensor.stored != tensor.dtype {
+                let bytes = self.read_tensor(tensor)?;
+                if bytes.len() != have {
+                    return Err(wrong());
+                }
+                out.copy_from_slice(&bytes);
+                continue;
+            }
+            let mut at = 0usize;
+            for (file, offset, len) in tensor.runs() {
+                let piece = sources.read(file, offset, len)?;
+                let end = at.checked_add(piece.len()).filter(|e| *e <= have).ok_or_else(wrong)?;
+                out[at..end].copy_from_slice(piece);
+                at = end;
+            }
+            if at != have {
+                return Err(wrong());
+            }
         }
         Ok(())
     }

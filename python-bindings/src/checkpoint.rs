@@ -76,10 +76,22 @@ impl PyCheckpoint {
 
     /// Reads tensor `index` into the buffer at `addr` (exactly its byte length).
     fn read_into(&self, py: Python<'_>, index: usize, addr: usize, len: usize) -> PyResult<()> {
+        self.read_many_into(py, vec![(index, addr, len)])
+    }
+
+    /// Reads each `(tensor index, address, length)`, opening the source files once.
+    fn read_many_into(&self, py: Python<'_>, jobs: Vec<(usize, usize, usize)>) -> PyResult<()> {
         let ck = &self.inner;
-        let t = ck.tensors().get(index).ok_or_else(|| errors::usage(format!("no tensor {index}")))?;
-        let buf = RawBuf { addr, len };
-        py.detach(|| ck.read_tensor_into(t, buf.bytes_mut())).map_err(errors::ckpt)
+        let mut plan = Vec::with_capacity(jobs.len());
+        for (index, addr, len) in jobs {
+            let t = ck.tensors().get(index).ok_or_else(|| errors::usage(format!("no tensor {index}")))?;
+            plan.push((t, RawBuf { addr, len }));
+        }
+        py.detach(|| {
+            let mut bufs: Vec<(&ckpt::TensorInfo, &mut [u8])> = plan.iter().map(|(t, b)| (*t, b.bytes_mut())).collect();
+            ck.read_tensors_into(&mut bufs)
+        })
+        .map_err(errors::ckpt)
     }
 }
 

@@ -271,8 +271,9 @@ def test_another_thread_runs_while_a_long_merge_runs(tmp_path):
     counter.join()
     during = [t for t in ticks if done["t0"] < t < done["t1"]]
     span = done["t1"] - done["t0"]
-    # With the GIL held through the merge the counter would not tick at all in between.
-    assert len(during) >= max(3, int(span / 0.001 * 0.2)), (len(during), span)
+    # With the GIL held through the merge the counter would not tick at all in between (the
+    # bound is loose: on a loaded 2-core machine the merge's own threads take the CPUs).
+    assert len(during) >= max(3, int(span / 0.001 * 0.02)), (len(during), span)
 
 
 # -- the package ------------------------------------------------------------------------------

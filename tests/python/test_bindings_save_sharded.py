@@ -18,10 +18,18 @@ HERE = Path(__file__).resolve().parent
 VENV_BIN = Path(sys.executable).parent
 
 
+def free_port():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def run_job(tmp_path, world):
     env = {**os.environ, "PATH": f"{VENV_BIN}:{os.environ.get('PATH', '')}", "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
-        [str(VENV_BIN / "torchrun"), "--nproc-per-node", str(world), "--master-port", str(29500 + world + os.getpid() % 1000),
+        [str(VENV_BIN / "torchrun"), "--nproc-per-node", str(world), "--master-port", str(free_port()),
          str(HERE / "bindings_sharded_job.py"), str(tmp_path)],
         capture_output=True, text=True, env=env, timeout=300,
     )

@@ -276,6 +276,7 @@ def load(path: PathLike, *, framework: str = "numpy", device: str = "cpu", tag: 
             maps[i] = m
         return m
 
+    reads: List[Tuple[int, int, int]] = []
     out = LoadedStateDict()
     out.dtypes = {}
     out.format = info["format"]
@@ -292,9 +293,7 @@ def load(path: PathLike, *, framework: str = "numpy", device: str = "cpu", tag: 
                 value = torch.frombuffer(mapping(t["file"]), dtype=tdt, count=nbytes // tdt.itemsize, offset=t["offset"]).reshape(shape)
             else:
                 value = torch.empty(shape, dtype=tdt)
-                ck.read_into(i, value.data_ptr(), nbytes)
-            if device != "cpu":
-                value = value.to(device)
+                reads.append((i, value.data_ptr(), nbytes))
         else:
             ndt = _NUMPY.get(dt) or _RAW.get(dt)
             if ndt is None:
@@ -306,8 +305,14 @@ def load(path: PathLike, *, framework: str = "numpy", device: str = "cpu", tag: 
                 value = np.frombuffer(mapping(t["file"]), dtype=ndt, count=nbytes // itemsize, offset=t["offset"]).reshape(shape)
             else:
                 value = np.empty(shape, dtype=ndt)
-                ck.read_into(i, value.ctypes.data, nbytes)
+                reads.append((i, value.ctypes.data, nbytes))
         out[name] = value
+    # One native call for every tensor that is gathered (chunks, partitions, strided views,
+    # casts): the files are opened once, and the GIL is released for the whole read.
+    ck.read_many_into(reads)
+    if use_torch and device != "cpu":
+        for name in out:
+            out[name] = out[name].to(device)
     return out
 
 
