@@ -182,3 +182,21 @@ def test_sampler_survives_pickle_mid_epoch():
 def test_world_defaults_to_one_rank_without_a_process_group():
     s = ShardedBatchSampler(10, 2)
     assert (s.num_processes, s.process_index) == (1, 0)
+
+
+def test_dataload_errors_map_to_the_hierarchy():
+    from statekit.errors import DataloadError, InvalidConfiguration, MalformedState, StateError
+
+    with pytest.raises(InvalidConfiguration) as e:
+        ShardedBatchSampler(10, 3, num_processes=2, process_index=0, split_batches=True)
+    assert e.value.variant == "SplitNotDivisible" and isinstance(e.value, (DataloadError, ValueError))
+    with pytest.raises(InvalidConfiguration, match="rank"):
+        ShardedBatchSampler(10, 3, num_processes=2, process_index=2)
+    s = ShardedBatchSampler(10, 3)
+    with pytest.raises(MalformedState) as e:
+        s.load_state_dict({"format": "something else"})
+    assert isinstance(e.value, StateError)
+    state = s.state_dict()
+    state["version"] = 99
+    with pytest.raises(MalformedState, match="99"):
+        s.load_state_dict(state)
