@@ -5,6 +5,8 @@ VENV ?= /opt/statekit-venv
 PY := $(VENV)/bin/python
 CARGO ?= cargo
 export STATEKIT_VENV := $(VENV)
+# The Python bindings (pyo3, abi3) find their interpreter here, in clippy as in maturin.
+export PYO3_PYTHON := $(PY)
 # `train` links libtorch from the venv's torch (tch's `LIBTORCH_USE_PYTORCH`); only its
 # targets get this environment, so the rest of the workspace builds without torch.
 TORCH_ENV := LIBTORCH_USE_PYTORCH=1 PATH=$(VENV)/bin:$$PATH \
@@ -28,8 +30,9 @@ test: setup
 
 # The second line checks that dataload's index side builds and passes without its `sources`
 # feature (no Arrow, Parquet or zstd).
+# python-bindings is a cdylib that only links inside Python: pytest tests it, installed.
 test-rust:
-	$(CARGO) test --workspace --exclude train --locked
+	$(CARGO) test --workspace --exclude train --exclude statekit-python --locked
 	$(CARGO) test -p dataload --no-default-features --locked
 
 # The training core: built once, then its unit tests and the multi-rank kill/resume tests

@@ -16,4 +16,5 @@ CKPT_BIN=$PWD/$CKPT BENCH_DIR=bench/work/torch bash -c 'mkdir -p "$BENCH_DIR" &&
 "$PY" bench/vs_cp.py --ckpt "$CKPT" --pairs "${VS_CP_PAIRS:-7}"
 "$PY" bench/dataload_bench.py
 "$PY" bench/dataload_sources_bench.py
+"$PY" bench/python_bench.py
 bash bench/assemble.sh

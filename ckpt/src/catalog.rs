@@ -135,6 +135,21 @@ impl TensorInfo {
         }
     }
 
+    /// The source file and offset of its bytes when they lie in one contiguous run, stored in
+    /// its own dtype: what a reader can map without copying (safetensors tensors, contiguous
+    /// torch tensors). `None` when reading it means gathering runs or casting.
+    pub fn contiguous(&self) -> Option<(usize, u64)> {
+        if self.stored != self.dtype {
+            return None;
+        }
+        let mut runs = self.runs();
+        match (runs.next(), runs.next()) {
+            (None, _) => self.location(),
+            (Some((file, offset, len)), None) if len == self.byte_len() => Some((file, offset)),
+            _ => None,
+        }
+    }
+
     /// The stored bytes as absolute `(file, offset, len)` runs, in row-major order; adjacent
     /// runs are merged.
     pub(crate) fn runs(&self) -> Box<dyn Iterator<Item = (usize, u64, u64)> + Send + '_> {
@@ -411,6 +426,51 @@ impl Checkpoint {
         let mut out = Vec::with_capacity(usize::try_from(tensor.byte_len()).unwrap_or(0));
         crate::cast::cast_into(&raw, tensor.stored, tensor.dtype, &mut out);
         Ok(out)
+    }
+
+    /// Reads a tensor's bytes into `out`, which must be exactly [`TensorInfo::byte_len`] long
+    /// (row-major, little-endian, in its dtype): [`Checkpoint::read_tensor`] into a buffer the
+    /// caller owns (the Python bindings read into a numpy array this way).
+    pub fn read_tensor_into(&self, tensor: &TensorInfo, out: &mut [u8]) -> Result<()> {
+        self.read_tensors_into(&mut [(tensor, out)])
+    }
+
+    /// [`Checkpoint::read_tensor_into`] for many tensors, opening the source files once.
+    pub fn read_tensors_into(&self, jobs: &mut [(&TensorInfo, &mut [u8])]) -> Result<()> {
+        let sources = crate::io::Sources::open(self.files.iter().map(|f| f.path.as_path()))?;
+        for (tensor, out) in jobs.iter_mut() {
+            let have = out.len();
+            let wrong = || Error::BadConvert {
+                dst: self.root.clone(),
+                reason: format!(
+                    "the buffer for `{}` has {have} bytes, not {}",
+                    crate::error::escape_controls(&tensor.name),
+                    tensor.byte_len()
+                ),
+            };
+            if u64::try_from(have).ok() != Some(tensor.byte_len()) {
+                return Err(wrong());
+            }
+            if tensor.stored != tensor.dtype {
+                let bytes = self.read_tensor(tensor)?;
+                if bytes.len() != have {
+                    return Err(wrong());
+                }
+                out.copy_from_slice(&bytes);
+                continue;
+            }
+            let mut at = 0usize;
+            for (file, offset, len) in tensor.runs() {
+                let piece = sources.read(file, offset, len)?;
+                let end = at.checked_add(piece.len()).filter(|e| *e <= have).ok_or_else(wrong)?;
+                out[at..end].copy_from_slice(piece);
+                at = end;
+            }
+            if at != have {
+                return Err(wrong());
+            }
+        }
+        Ok(())
     }
 
     /// The files' `__metadata__`, merged in file order. Shards that disagree on a key are refused.

@@ -167,6 +167,17 @@ impl TokenFile {
         self.dtype
     }
 
+    /// The file.
+    pub fn path(&self) -> &Path {
+        &self.file.path
+    }
+
+    /// Byte offset of the first token in the file (after a `.npy` header): token `k` is at
+    /// `data_offset() + k * dtype().size()`. Lets a caller map a window without copying it.
+    pub fn data_offset(&self) -> usize {
+        self.offset
+    }
+
     /// Decodes tokens `[start, start + out.len())` into `out`.
     pub fn read_into(&self, start: u64, out: &mut [i64]) -> Result<()> {
         let size = self.dtype.size();
@@ -254,6 +265,12 @@ impl TokenWindows {
     /// The files, in dataset order.
     pub fn files(&self) -> &[TokenFile] {
         &self.files
+    }
+
+    /// The file of window `i` and the window's index within it: its `block_size + 1` tokens
+    /// (inputs, and targets shifted by one) start at token `row * block_size` of that file.
+    pub fn locate(&self, i: u64) -> Result<(usize, u64)> {
+        self.index.locate(i)
     }
 }
 

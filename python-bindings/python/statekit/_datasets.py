@@ -1,0 +1,166 @@
+"""Map-style datasets over ``dataload``'s sources (re-exported by ``statekit.data``)."""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from . import _native
+from .errors import UsageError
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+
+def _indices(indices: Sequence[int], n: int) -> List[int]:
+    out = []
+    for i in indices:
+        i = int(i)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(f"index {i} is out of range for a dataset of {n}")
+        out.append(i)
+    return out
+
+
+class _Base:
+    _args: Tuple[Any, ...]
+
+    def __len__(self) -> int:
+        return len(self._src)  # type: ignore[attr-defined]
+
+    @property
+    def fingerprint(self) -> str:
+        """Identity of the files (names, sizes, rows): give it to ``ShardedBatchSampler`` so that
+        a state saved over other data is refused."""
+        return str(self._src.fingerprint)  # type: ignore[attr-defined]
+
+    def __getitem__(self, i: int) -> Any:
+        return self._item(_indices([i], len(self))[0])
+
+    def __getstate__(self) -> Dict[str, Any]:
+        # The native source and the memory maps are reopened in the receiving process
+        # (DataLoader workers started with `spawn` get the dataset pickled).
+        return {"args": self._args}
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        self.__init__(*state["args"])  # type: ignore[misc]
+
+
+class TokenDataset(_Base):
+    """Fixed-length windows over token files (nanoGPT ``.bin``, ``.npy``; a file, a folder or a
+    glob). Item ``i`` is ``(input, target)``: numpy views of ``block_size`` tokens and the same
+    shifted by one, over a private memory map of the file (no copy; ``torch.from_numpy`` gives a
+    tensor over the same memory). ``get_batch(indices)`` collates windows into two ``int64``
+    arrays of ``len(indices) × block_size``, read by Rust with the GIL released."""
+
+    def __init__(self, path: PathLike, block_size: int, *, dtype: str = "uint16") -> None:
+        self._args = (path, block_size)
+        self._dtype_name = dtype
+        self._src = _native.TokenSource(os.fspath(path), int(block_size), dtype)
+        self.block_size = int(block_size)
+        self._files = self._src.files()
+        self._maps: Dict[int, mmap.mmap] = {}
+
+    def __getstate__(self) -> Dict[str, Any]:
+        return {"args": self._args, "dtype": self._dtype_name}
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        self.__init__(*state["args"], dtype=state["dtype"])
+
+    def _map(self, k: int) -> mmap.mmap:
+        m = self._maps.get(k)
+        if m is None:
+            with open(self._files[k][0], "rb") as f:
+                m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+            self._maps[k] = m
+        return m
+
+    def _item(self, i: int) -> Tuple[np.ndarray, np.ndarray]:
+        k, offset = self._src.locate(i)
+        window = np.frombuffer(self._map(k), dtype=self._files[k][2], count=self.block_size + 1, offset=offset)
+        return window[:-1], window[1:]
+
+    def get_batch(self, indices: Sequence[int]) -> Tuple[np.ndarray, np.ndarray]:
+        idx = _indices(indices, len(self))
+        inputs = np.empty((len(idx), self.block_size), np.int64)
+        targets = np.empty((len(idx), self.block_size), np.int64)
+        self._src.read_batch_into(idx, (inputs.ctypes.data, inputs.nbytes), (targets.ctypes.data, targets.nbytes))
+        return inputs, targets
+
+
+def _columns(raw: Dict[str, Any]) -> Dict[str, Any]:
+    out = {}
+    for name, v in raw.items():
+        if isinstance(v, tuple):
+            data, dtype, valid = v
+            values = np.frombuffer(data, dtype=dtype)
+            out[name] = values if valid is None else np.ma.MaskedArray(values, mask=~np.asarray(valid, dtype=bool))
+        else:
+            out[name] = v
+    return out
+
+
+class _TableDataset(_Base):
+    _kind = ""
+
+    def __init__(self, path: PathLike, *, columns: Optional[Sequence[str]] = None) -> None:
+        self._args = (path,)
+        self._columns = None if columns is None else list(columns)
+        self._src = _native.TableSource(self._kind, os.fspath(path), self._columns)
+
+    def __getstate__(self) -> Dict[str, Any]:
+        return {"args": self._args, "columns": self._columns}
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        self.__init__(*state["args"], columns=state["columns"])
+
+    def _item(self, i: int) -> Dict[str, Any]:
+        return {k: v[0] for k, v in self.get_batch([i]).items()}
+
+    def get_batch(self, indices: Sequence[int]) -> Dict[str, Any]:
+        """The rows at ``indices`` as a dict of columns: numeric columns as numpy arrays (masked
+        arrays where a column has nulls), strings as lists."""
+        return _columns(self._src.read_batch(_indices(indices, len(self))))
+
+
+class ArrowDataset(_TableDataset):
+    """Rows of Arrow IPC files or streams (a file, a folder or a glob)."""
+
+    _kind = "arrow"
+
+
+class ParquetDataset(_TableDataset):
+    """Rows of Parquet files, through a row-group index and a bounded cache."""
+
+    _kind = "parquet"
+
+
+class JsonlDataset(_Base):
+    """Records of ``.jsonl`` / ``.jsonl.zst`` files, through a persisted line index. Items are
+    the parsed records (``raw=True``: the JSON text)."""
+
+    def __init__(self, path: PathLike, *, raw: bool = False) -> None:
+        self._args = (path,)
+        self._raw = raw
+        self._src = _native.JsonlSource(os.fspath(path))
+
+    def __getstate__(self) -> Dict[str, Any]:
+        return {"args": self._args, "raw": self._raw}
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        self.__init__(*state["args"], raw=state["raw"])
+
+    def _item(self, i: int) -> Any:
+        return self.get_batch([i])[0]
+
+    def get_batch(self, indices: Sequence[int]) -> List[Any]:
+        texts = self._src.read_batch(_indices(indices, len(self)))
+        return texts if self._raw else [json.loads(t) for t in texts]
+
+
+__all__ = ["TokenDataset", "ArrowDataset", "ParquetDataset", "JsonlDataset"]

@@ -1,0 +1,472 @@
+"""Checkpoint operations as functions: read any checkpoint ``ckpt`` reads, without torch and
+without executing a pickle; write safetensors and per-rank DCP folders.
+
+Every function releases the GIL while it reads, writes or copies. Results are small objects
+(the paths written, tensor counts, bytes), never printed output.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import mmap
+import os
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple, Union
+
+import numpy as np
+
+from . import _native
+from ._dist import LocalCollective, TorchCollective
+from .errors import UsageError
+
+__all__ = [
+    "CheckpointInfo",
+    "TensorSpec",
+    "Outcome",
+    "VerifyReport",
+    "LoadedStateDict",
+    "inspect",
+    "verify",
+    "split",
+    "merge",
+    "convert",
+    "reshard",
+    "load",
+    "save",
+    "save_sharded",
+]
+
+PathLike = Union[str, "os.PathLike[str]"]
+Size = Union[int, str]
+
+# safetensors dtype name -> numpy dtype; bf16 and the fp8/fp4 kinds have no numpy dtype and come
+# back as raw unsigned integers of their width (the dtype is named in `LoadedStateDict.dtypes`).
+_NUMPY = {
+    "BOOL": np.bool_,
+    "U8": np.uint8,
+    "I8": np.int8,
+    "I16": np.int16,
+    "U16": np.uint16,
+    "F16": np.float16,
+    "I32": np.int32,
+    "U32": np.uint32,
+    "F32": np.float32,
+    "F64": np.float64,
+    "I64": np.int64,
+    "U64": np.uint64,
+    "C64": np.complex64,
+    "C128": np.complex128,
+}
+_RAW = {"BF16": np.uint16, "F8_E4M3": np.uint8, "F8_E5M2": np.uint8, "F8_E8M0": np.uint8, "F8_E4M3FNUZ": np.uint8, "F8_E5M2FNUZ": np.uint8}
+_TORCH = {
+    "BOOL": "bool",
+    "U8": "uint8",
+    "I8": "int8",
+    "I16": "int16",
+    "U16": "uint16",
+    "F16": "float16",
+    "BF16": "bfloat16",
+    "I32": "int32",
+    "U32": "uint32",
+    "F32": "float32",
+    "F64": "float64",
+    "I64": "int64",
+    "U64": "uint64",
+    "C64": "complex64",
+    "C128": "complex128",
+    "F8_E4M3": "float8_e4m3fn",
+    "F8_E5M2": "float8_e5m2",
+    "F8_E8M0": "float8_e8m0fnu",
+    "F8_E4M3FNUZ": "float8_e4m3fnuz",
+    "F8_E5M2FNUZ": "float8_e5m2fnuz",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    dtype: str
+    shape: Tuple[int, ...]
+    nbytes: int
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointInfo:
+    format: str
+    root: str
+    files: List[str]
+    tensors: List[TensorSpec]
+    metadata: Dict[str, str]
+    values: Dict[str, Any]
+    world_size: Optional[int]
+    zero_stage: Optional[int]
+    total_bytes: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    """What an operation wrote: the files (index last), tensor count and tensor bytes."""
+
+    files: List[str]
+    tensors: int
+    bytes: int
+    values: List[str] = dataclasses.field(default_factory=list)
+    aliases: List[Tuple[str, str]] = dataclasses.field(default_factory=list)
+    world_size: Optional[int] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class VerifyReport:
+    path: str
+    format: Optional[str]
+    files: int
+    tensors: int
+    problems: List[str]
+    warnings: List[str]
+    checksums_ok: int
+    valid: bool
+
+    def __bool__(self) -> bool:
+        return self.valid
+
+
+class LoadedStateDict(dict):  # type: ignore[type-arg]
+    """The tensors of a checkpoint by name; ``dtypes`` names each one's dtype (``"BF16"``, ...),
+    which matters where numpy has none and the array holds the raw bits."""
+
+    dtypes: Dict[str, str]
+    format: str
+
+
+def _size(v: Optional[Size]) -> Optional[int]:
+    if v is None:
+        return None
+    if isinstance(v, str):
+        return _native.parse_size(v)
+    return int(v)
+
+
+def _outcome(text: str) -> Outcome:
+    d = json.loads(text)
+    return Outcome(
+        files=d["files"],
+        tensors=d["tensors"],
+        bytes=d["bytes"],
+        values=d.get("values") or [],
+        aliases=[tuple(a) for a in d.get("aliases") or []],  # type: ignore[misc]
+        world_size=d.get("world_size"),
+    )
+
+
+def _info(ck: "_native.Checkpoint") -> Dict[str, Any]:
+    return json.loads(ck.info_json())
+
+
+def inspect(path: PathLike, *, tag: Optional[str] = None) -> CheckpointInfo:
+    """What ``ckpt inspect`` shows: format, files, tensors, metadata, values."""
+    d = _info(_native.Checkpoint(os.fspath(path), tag))
+    return CheckpointInfo(
+        format=d["format"],
+        root=d["root"],
+        files=[f["path"] for f in d["files"]],
+        tensors=[TensorSpec(t["name"], t["dtype"], tuple(t["shape"]), t["nbytes"]) for t in d["tensors"]],
+        metadata=d["metadata"],
+        values=d["values"],
+        world_size=d["world_size"],
+        zero_stage=d["zero_stage"],
+        total_bytes=d["total_bytes"],
+    )
+
+
+def verify(path: PathLike) -> VerifyReport:
+    """``ckpt verify``: every defect a reader would trip on (``report.problems``)."""
+    return VerifyReport(**json.loads(_native.verify(os.fspath(path))))
+
+
+def split(
+    src: PathLike, out_dir: PathLike, *, max_shard_size: Size = "5GB", tag: Optional[str] = None, checksums: bool = False, allow_expanded: bool = False
+) -> Outcome:
+    """``ckpt split``: huggingface_hub's sharded safetensors layout in ``out_dir``."""
+    size = _size(max_shard_size)
+    assert size is not None
+    return _outcome(_native.split(os.fspath(src), os.fspath(out_dir), size, tag=tag, checksums=checksums, allow_expanded=allow_expanded))
+
+
+def merge(
+    src: PathLike,
+    out: PathLike,
+    *,
+    max_shard_size: Optional[Size] = None,
+    optimizer: bool = False,
+    tag: Optional[str] = None,
+    checksums: bool = False,
+    allow_expanded: bool = False,
+) -> Outcome:
+    """``ckpt merge``: one safetensors state dict from any layout (DCP, ZeRO, shards)."""
+    return _outcome(
+        _native.merge(
+            os.fspath(src), os.fspath(out), tag=tag, max_shard_size=_size(max_shard_size), optimizer=optimizer, checksums=checksums, allow_expanded=allow_expanded
+        )
+    )
+
+
+def convert(
+    src: PathLike,
+    out: PathLike,
+    *,
+    to: Optional[str] = None,
+    dtype: Optional[str] = None,
+    max_shard_size: Optional[Size] = None,
+    dedupe: bool = False,
+    world_size: Optional[int] = None,
+    tag: Optional[str] = None,
+    checksums: bool = False,
+    allow_expanded: bool = False,
+) -> Outcome:
+    """``ckpt convert``: to safetensors, torch (``.bin``/``.pt``) or DCP (``to="dcp"``)."""
+    return _outcome(
+        _native.convert(
+            os.fspath(src),
+            os.fspath(out),
+            to=to,
+            dtype=dtype,
+            max_shard_size=_size(max_shard_size),
+            dedupe=dedupe,
+            world_size=world_size,
+            tag=tag,
+            checksums=checksums,
+            allow_expanded=allow_expanded,
+        )
+    )
+
+
+def reshard(src: PathLike, out: PathLike, world_size: int, *, tag: Optional[str] = None, checksums: bool = False, allow_expanded: bool = False) -> Outcome:
+    """``ckpt reshard``: a DCP or ZeRO checkpoint laid out for another world size."""
+    return _outcome(_native.reshard(os.fspath(src), os.fspath(out), int(world_size), tag=tag, checksums=checksums, allow_expanded=allow_expanded))
+
+
+def load(path: PathLike, *, framework: str = "numpy", device: str = "cpu", tag: Optional[str] = None) -> LoadedStateDict:
+    """Every tensor of the checkpoint at ``path`` (safetensors file or sharded folder, torch
+    ``.bin``/``.pt``, DCP folder, DeepSpeed ZeRO folder, ``hf://``), whole.
+
+    Tensors whose bytes lie contiguous in one file (safetensors, torch's zip records) view a
+    private (copy-on-write) memory map of it: nothing is copied, and writing to the array never
+    touches the file. Others (DCP chunks, ZeRO partitions, strided views) are read into fresh
+    arrays with the GIL released. ``framework="torch"`` returns torch tensors (torch is only
+    imported then); with numpy, bf16 and fp8 come back as ``uint16``/``uint8`` bit patterns,
+    their dtype named in ``result.dtypes``.
+    """
+    if framework not in ("numpy", "np", "torch", "pt"):
+        raise UsageError(f"`framework` is `numpy` or `torch`, not `{framework}`")
+    use_torch = framework in ("torch", "pt")
+    if not use_torch and device != "cpu":
+        raise UsageError("numpy arrays live on the CPU: `device` must be `cpu` with `framework=\"numpy\"`")
+    torch = None
+    if use_torch:
+        import torch
+    ck = _native.Checkpoint(os.fspath(path), tag)
+    info = _info(ck)
+    maps: Dict[int, mmap.mmap] = {}
+
+    def mapping(i: int) -> mmap.mmap:
+        m = maps.get(i)
+        if m is None:
+            with open(info["files"][i]["path"], "rb") as f:
+                m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+            maps[i] = m
+        return m
+
+    reads: List[Tuple[int, int, int]] = []
+    out = LoadedStateDict()
+    out.dtypes = {}
+    out.format = info["format"]
+    for i, t in enumerate(info["tensors"]):
+        name, dt, shape, nbytes = t["name"], t["dtype"], tuple(t["shape"]), t["nbytes"]
+        out.dtypes[name] = dt
+        if use_torch:
+            tdt = getattr(torch, _TORCH.get(dt, ""), None)
+            if tdt is None:
+                raise UsageError(f"tensor `{name}`: torch has no dtype for `{dt}`")
+            if nbytes == 0:
+                value = torch.empty(shape, dtype=tdt)
+            elif t["file"] is not None:
+                value = torch.frombuffer(mapping(t["file"]), dtype=tdt, count=nbytes // tdt.itemsize, offset=t["offset"]).reshape(shape)
+            else:
+                value = torch.empty(shape, dtype=tdt)
+                reads.append((i, value.data_ptr(), nbytes))
+        else:
+            ndt = _NUMPY.get(dt) or _RAW.get(dt)
+            if ndt is None:
+                raise UsageError(f"tensor `{name}`: numpy has no dtype for `{dt}`")
+            itemsize = np.dtype(ndt).itemsize
+            if nbytes == 0:
+                value = np.empty(shape, dtype=ndt)
+            elif t["file"] is not None:
+                value = np.frombuffer(mapping(t["file"]), dtype=ndt, count=nbytes // itemsize, offset=t["offset"]).reshape(shape)
+            else:
+                value = np.empty(shape, dtype=ndt)
+                reads.append((i, value.ctypes.data, nbytes))
+        out[name] = value
+    # One native call for every tensor that is gathered (chunks, partitions, strided views,
+    # casts): the files are opened once, and the GIL is released for the whole read.
+    ck.read_many_into(reads)
+    if use_torch and device != "cpu":
+        for name in out:
+            out[name] = out[name].to(device)
+    return out
+
+
+def _torch_module() -> Any:
+    import sys
+
+    return sys.modules.get("torch")
+
+
+def _np_dtype_name(a: np.ndarray) -> str:
+    for name, t in _NUMPY.items():
+        if a.dtype == np.dtype(t):
+            return name
+    raise UsageError(f"numpy dtype `{a.dtype}` has no safetensors dtype")
+
+
+def _buffer(value: Any, name: str) -> Tuple[str, Tuple[int, ...], int, int, Any]:
+    """(dtype name, shape, address, length, keep-alive) of a C-contiguous little-endian CPU copy
+    or view of ``value``."""
+    torch = _torch_module()
+    if torch is not None and isinstance(value, torch.Tensor):
+        if value.device.type != "cpu":
+            raise UsageError(f"tensor `{name}` is on `{value.device}`: move it to the CPU first")
+        t = value.detach()
+        if not t.is_contiguous():
+            t = t.contiguous()
+        names = {v: k for k, v in _TORCH.items()}
+        dt = names.get(str(t.dtype).replace("torch.", ""))
+        if dt is None:
+            raise UsageError(f"tensor `{name}`: dtype `{t.dtype}` has no safetensors dtype")
+        return dt, tuple(t.shape), t.data_ptr(), t.numel() * t.element_size(), t
+    if isinstance(value, np.ndarray):
+        a = value
+        if a.dtype.byteorder == ">":
+            a = a.astype(a.dtype.newbyteorder("<"))
+        a = np.ascontiguousarray(a)
+        return _np_dtype_name(a), tuple(a.shape), a.ctypes.data, a.nbytes, a
+    raise UsageError(f"`{name}` is a `{type(value).__name__}`, not a numpy array or a torch tensor")
+
+
+def _alias_key(value: Any) -> Optional[Tuple[Any, ...]]:
+    torch = _torch_module()
+    if torch is not None and isinstance(value, torch.Tensor) and value.numel() > 0:
+        return (value.untyped_storage().data_ptr(), value.storage_offset(), tuple(value.shape), tuple(value.stride()), value.dtype)
+    if isinstance(value, np.ndarray) and value.size > 0:
+        return (value.__array_interface__["data"][0], value.shape, value.strides, value.dtype.str)
+    return None
+
+
+def save(state_dict: Mapping[str, Any], path: PathLike, *, max_shard_size: Optional[Size] = None, metadata: Optional[Mapping[str, str]] = None) -> Outcome:
+    """Writes ``state_dict`` (numpy arrays or CPU torch tensors, any strides) as safetensors:
+    one file at ``path``, or with ``max_shard_size`` huggingface_hub's sharded layout in the
+    folder ``path``; atomically (temporaries beside the targets, fsynced, renamed, index last).
+
+    Tied weights are handled as ``safetensors.torch.save_model`` does: exact aliases (same
+    storage, offset, shape and strides) are written once, under the first of their names in
+    sorted order, and ``Outcome.aliases`` lists the ``(dropped, kept)`` pairs. Other views
+    into one storage are each written as their own contiguous copy.
+    """
+    entries = []
+    keep = []
+    aliases: List[Tuple[str, str]] = []
+    seen: Dict[Tuple[Any, ...], str] = {}
+    for name in sorted(state_dict):
+        if not isinstance(name, str):
+            raise UsageError(f"state dict keys must be strings, not {name!r}")
+        value = state_dict[name]
+        key = _alias_key(value)
+        if key is not None and key in seen:
+            aliases.append((name, seen[key]))
+            continue
+        if key is not None:
+            seen[key] = name
+        dt, shape, addr, nbytes, alive = _buffer(value, name)
+        keep.append(alive)
+        entries.append((name, dt, list(shape), addr, nbytes))
+    meta = None if metadata is None else {str(k): str(v) for k, v in metadata.items()}
+    files = _native.save_safetensors(entries, os.fspath(path), _size(max_shard_size), meta)
+    del keep
+    return Outcome(files=files, tensors=len(entries), bytes=sum(e[4] for e in entries), aliases=aliases)
+
+
+def _holds_containers(obj: Any) -> bool:
+    return any(isinstance(v, (Mapping, list, tuple)) or hasattr(v, "shape") for v in obj)
+
+
+def _flatten(obj: Any, prefix: Tuple[Any, ...], out: List[Tuple[Tuple[Any, ...], Any]]) -> None:
+    # As DCP flattens a state dict: mappings and lists that hold tensors or containers are
+    # walked; a list of plain values is one value.
+    if isinstance(obj, Mapping):
+        for k, v in obj.items():
+            _flatten(v, prefix + (str(k),), out)
+    elif isinstance(obj, (list, tuple)) and _holds_containers(obj):
+        for i, v in enumerate(obj):
+            _flatten(v, prefix + (i,), out)
+    else:
+        out.append((prefix, obj))
+
+
+def save_sharded(state_dict: Mapping[str, Any], dir: PathLike, *, rank: int, world_size: int, group: Any = None) -> Outcome:
+    """Writes a torch.distributed.checkpoint (DCP) folder from every rank of a running job:
+    each rank its own ``__{rank}_0.distcp`` from memory, rank 0 committing ``.metadata`` after
+    the descriptors' all-gather (``ckpt::save_sharded``), so ``dcp.load``, ``accelerate
+    merge-weights`` and ``ckpt merge`` read it. Every rank calls it with the same ``dir``.
+
+    ``state_dict`` is nested dicts and lists of tensors and plain values. A DTensor sharded on
+    dim 0 (FSDP2's ``Shard(0)``) contributes its local rows; a plain tensor is replicated (DDP)
+    and written by rank 0 alone, as are plain values. The collective is torch.distributed's
+    default group (or ``group``); with ``world_size=1`` no process group is needed.
+    """
+    torch = _torch_module()
+    if world_size == 1 and rank == 0:
+        comm: Any = LocalCollective()
+    else:
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            raise UsageError("save_sharded on several ranks needs an initialized torch.distributed process group")
+        if dist.get_rank(group) != rank or dist.get_world_size(group) != world_size:
+            raise UsageError(
+                f"rank {rank} of {world_size} disagrees with torch.distributed (rank {dist.get_rank(group)} of {dist.get_world_size(group)})"
+            )
+        comm = TorchCollective(rank, world_size, group)
+    leaves: List[Tuple[Tuple[Any, ...], Any]] = []
+    _flatten(state_dict, (), leaves)
+    tensors = []
+    values = []
+    keep = []
+    dtensor_cls = None
+    if torch is not None:
+        try:
+            from torch.distributed.tensor import DTensor as dtensor_cls  # type: ignore[no-redef]
+        except ImportError:
+            dtensor_cls = None
+    for parts, v in leaves:
+        name = ".".join(str(p) for p in parts)
+        if dtensor_cls is not None and isinstance(v, dtensor_cls):
+            from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+            _, offset = compute_local_shape_and_global_offset(v.shape, v.device_mesh, v.placements)
+            if any(o != 0 for o in offset[1:]):
+                raise UsageError(f"`{name}`: only DTensors sharded on dim 0 are supported")
+            local = v.to_local()
+            dt, _, addr, nbytes, alive = _buffer(local.cpu(), name)
+            keep.append(alive)
+            tensors.append((list(parts), dt, list(v.shape), int(offset[0]) if len(offset) else 0, addr, nbytes))
+        elif (torch is not None and isinstance(v, torch.Tensor)) or isinstance(v, np.ndarray):
+            if rank != 0:
+                continue
+            dt, shape, addr, nbytes, alive = _buffer(v.cpu() if torch is not None and isinstance(v, torch.Tensor) else v, name)
+            keep.append(alive)
+            tensors.append((list(parts), dt, list(shape), 0, addr, nbytes))
+        elif rank == 0:
+            values.append((list(parts), v))
+    out = _outcome(_native.save_sharded(os.fspath(dir), tensors, values, comm))
+    del keep
+    return out

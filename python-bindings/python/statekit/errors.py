@@ -1,0 +1,238 @@
+"""The exceptions of statekit, mirroring the Rust error enums.
+
+``StatekitError`` is the root. Under it, one class per enum (``CheckpointError`` for
+``ckpt::Error``, ``DataloadError`` for ``dataload::DataloadError``, ``CollectiveError``) and
+groups of their variants (``InvalidCheckpoint`` for every defect of a checkpoint file,
+``UnsafePickle`` for a pickle global that was refused, ``StateMismatch`` for a loader state
+saved with other settings, ...). Every error whose cause is the operating system is also the
+matching builtin: a missing file is a ``FileNotFoundError``, a permission problem a
+``PermissionError`` (and both are ``OSError``).
+
+Each exception has ``.variant``, the name of the Rust variant it came from.
+"""
+
+from __future__ import annotations
+
+import errno as _errno
+from typing import Any, Dict, Optional, Type
+
+
+class StatekitError(Exception):
+    """Root of every statekit error."""
+
+    variant: str = ""
+
+    def __init__(self, message: str = "", *, variant: str = "", **fields: Any) -> None:
+        super().__init__(message)
+        self.variant = variant
+        for k, v in fields.items():
+            setattr(self, k, v)
+
+
+class UsageError(StatekitError, ValueError):
+    """A call the bindings refuse before doing anything (a bad argument)."""
+
+
+# ckpt::Error
+class CheckpointError(StatekitError):
+    """An error of ``ckpt``."""
+
+
+class InvalidCheckpoint(CheckpointError):
+    """The checkpoint is defective: a reader would trip on it (``verify`` reports these)."""
+
+
+class UnsafePickle(InvalidCheckpoint):
+    """A pickle asked for a global outside torch's weights-only set; nothing was executed.
+
+    ``global_name`` is the global that was refused."""
+
+    global_name: str
+
+
+class BadPickle(InvalidCheckpoint):
+    """A pickle that does not parse, or exceeds its memory budget."""
+
+
+class ChecksumMismatch(InvalidCheckpoint):
+    """A file does not match its `SHA256SUMS` entry."""
+
+
+class NotACheckpoint(CheckpointError):
+    """The path is no checkpoint format ``ckpt`` reads."""
+
+
+class BadOutput(CheckpointError, ValueError):
+    """The output or the options of an operation are refused (it is a source, a bad size)."""
+
+
+class HubError(CheckpointError):
+    """A ``hf://`` address is malformed or not in the local cache."""
+
+
+class ShardedSaveError(CheckpointError):
+    """``save_sharded`` failed on a rank, or its collective did."""
+
+
+# dataload::DataloadError
+class DataloadError(StatekitError):
+    """An error of ``dataload``."""
+
+
+class InvalidConfiguration(DataloadError, ValueError):
+    """A sampler or loader configuration accelerate would refuse, or out of range values."""
+
+
+class StateError(DataloadError):
+    """A loader state that cannot be loaded."""
+
+
+class StateMismatch(StateError):
+    """A loader state saved with other settings. ``field`` names the setting; ``saved`` and
+    ``current`` are its two values as JSON."""
+
+    field: str
+    saved: str
+    current: str
+
+
+class MalformedState(StateError):
+    """A loader state that does not parse, or is of another format or version."""
+
+
+class DataError(DataloadError):
+    """A dataset file is defective, or changed under an index."""
+
+
+class CollectiveError(StatekitError):
+    """A collective operation failed."""
+
+
+class StatekitOSError(StatekitError, OSError):
+    """An operating system error; ``filename`` is the path it concerns."""
+
+    def __init__(self, *args: Any) -> None:
+        OSError.__init__(self, *args)
+
+
+class StatekitFileNotFoundError(StatekitOSError, FileNotFoundError):
+    pass
+
+
+class StatekitPermissionError(StatekitOSError, PermissionError):
+    pass
+
+
+class StatekitFileExistsError(StatekitOSError, FileExistsError):
+    pass
+
+
+class StatekitIsADirectoryError(StatekitOSError, IsADirectoryError):
+    pass
+
+
+class StatekitNotADirectoryError(StatekitOSError, NotADirectoryError):
+    pass
+
+
+_IO: Dict[str, Type[StatekitOSError]] = {
+    "NotFound": StatekitFileNotFoundError,
+    "PermissionDenied": StatekitPermissionError,
+    "AlreadyExists": StatekitFileExistsError,
+    "IsADirectory": StatekitIsADirectoryError,
+    "NotADirectory": StatekitNotADirectoryError,
+}
+
+_CKPT: Dict[str, Type[CheckpointError]] = {
+    "RefusedGlobal": UnsafePickle,
+    "BadPickle": BadPickle,
+    "ChecksumMismatch": ChecksumMismatch,
+    "NotACheckpoint": NotACheckpoint,
+    "BadSize": BadOutput,
+    "OutputIsSource": BadOutput,
+    "BadConvert": BadOutput,
+    "NotInSafetensors": BadOutput,
+    "BadHubUrl": HubError,
+    "NotInHubCache": HubError,
+    "ShardedSave": ShardedSaveError,
+    "Collective": ShardedSaveError,
+}
+
+_STATE = ("MalformedState", "UnsupportedVersion", "InconsistentState")
+_CONFIG = (
+    "Missing",
+    "InvalidValue",
+    "RankOutOfRange",
+    "SplitNotDivisible",
+    "SplitNeedsBatchSize",
+    "DispatchWithoutDevicePlacement",
+    "ShuffleNeedsSeedableSampler",
+    "MissingSeed",
+    "SeedOutOfRange",
+    "SeedOverflow",
+    "TooLarge",
+)
+
+
+def _class_for(domain: str, variant: str, invalid: bool) -> Type[StatekitError]:
+    if domain == "bindings":
+        return UsageError
+    if domain == "ckpt":
+        if variant in _CKPT:
+            return _CKPT[variant]
+        return InvalidCheckpoint if invalid else CheckpointError
+    if variant == "StateMismatch":
+        return StateMismatch
+    if variant in _STATE:
+        return MalformedState
+    if variant in _CONFIG:
+        return InvalidConfiguration
+    if variant in ("Collective", "Dispatch"):
+        return CollectiveError
+    return DataError
+
+
+def _from_native(domain: str, variant: str, message: str, fields: Dict[str, Any]) -> BaseException:
+    """Builds the exception for a Rust error (called by ``statekit._native``)."""
+    fields = dict(fields)
+    invalid = bool(fields.pop("invalid_data", False))
+    kind: Optional[str] = fields.pop("io_kind", None)
+    if kind is not None:
+        code = fields.pop("errno", None)
+        path = fields.pop("path", None)
+        cls: Type[StatekitOSError] = _IO.get(kind, StatekitOSError)
+        if code is None:
+            code = {"NotFound": _errno.ENOENT, "PermissionDenied": _errno.EACCES}.get(kind, _errno.EIO)
+        exc = cls(code, message)
+        exc.filename = path
+        exc.variant = variant
+        return exc
+    return _class_for(domain, variant, invalid)(message, variant=variant, **fields)
+
+
+__all__ = [
+    "StatekitError",
+    "UsageError",
+    "CheckpointError",
+    "InvalidCheckpoint",
+    "UnsafePickle",
+    "BadPickle",
+    "ChecksumMismatch",
+    "NotACheckpoint",
+    "BadOutput",
+    "HubError",
+    "ShardedSaveError",
+    "DataloadError",
+    "InvalidConfiguration",
+    "StateError",
+    "StateMismatch",
+    "MalformedState",
+    "DataError",
+    "CollectiveError",
+    "StatekitOSError",
+    "StatekitFileNotFoundError",
+    "StatekitPermissionError",
+    "StatekitFileExistsError",
+    "StatekitIsADirectoryError",
+    "StatekitNotADirectoryError",
+]

@@ -1,0 +1,232 @@
+//! `ckpt` as Python functions: an opened checkpoint, its catalog, reading tensors into buffers
+//! the Python layer owns, and the operations. Every call that touches files runs with the GIL
+//! released.
+
+use std::path::PathBuf;
+
+use ckpt::{Checkpoint, ConvertOptions, MergeOptions, OpenOptions, Outcome, TargetFormat, WriteOptions};
+use pyo3::prelude::*;
+use serde_json::{json, Value};
+
+use crate::errors;
+use crate::raw::RawBuf;
+
+/// An opened checkpoint (`ckpt::Checkpoint`): the catalog only; tensors are read on demand.
+#[pyclass(module = "statekit._native", name = "Checkpoint", frozen)]
+#[derive(Debug)]
+pub(crate) struct PyCheckpoint {
+    inner: Checkpoint,
+}
+
+fn open(py: Python<'_>, src: &str, tag: Option<String>) -> PyResult<Checkpoint> {
+    let opts = OpenOptions { tag };
+    py.detach(|| Checkpoint::open_with(src, &opts)).map_err(errors::ckpt)
+}
+
+#[pymethods]
+impl PyCheckpoint {
+    #[new]
+    #[pyo3(signature = (src, tag=None))]
+    fn new(py: Python<'_>, src: &str, tag: Option<String>) -> PyResult<Self> {
+        Ok(Self { inner: open(py, src, tag)? })
+    }
+
+    /// The catalog as JSON: format, root, files, tensors (name, dtype, shape, bytes, and the
+    /// file and offset of the bytes when they lie contiguous in one file), metadata, values.
+    fn info_json(&self, py: Python<'_>) -> PyResult<String> {
+        let ck = &self.inner;
+        py.detach(|| {
+            let tensors: Vec<Value> = ck
+                .tensors()
+                .iter()
+                .map(|t| {
+                    let at = t.contiguous();
+                    json!({
+                        "name": t.name,
+                        "dtype": t.dtype.safetensors_name(),
+                        "shape": t.shape,
+                        "nbytes": t.byte_len(),
+                        "file": at.map(|a| a.0),
+                        "offset": at.map(|a| a.1),
+                    })
+                })
+                .collect();
+            let files: Vec<Value> =
+                ck.files().iter().map(|f| json!({"path": f.path.display().to_string(), "len": f.len})).collect();
+            let metadata: serde_json::Map<String, Value> =
+                ck.file_metadata().unwrap_or_default().into_iter().map(|(k, v)| (k, Value::String(v))).collect();
+            let values: serde_json::Map<String, Value> =
+                ck.values().into_iter().map(|(k, v)| (k.to_owned(), v)).collect();
+            let info = json!({
+                "format": ck.format().name(),
+                "root": ck.root().display().to_string(),
+                "files": files,
+                "tensors": tensors,
+                "metadata": metadata,
+                "index_metadata": ck.index_metadata(),
+                "values": values,
+                "world_size": ck.world_size(),
+                "zero_stage": ck.zero_stage(),
+                "total_bytes": ck.total_bytes(),
+            });
+            serde_json::to_string(&info)
+        })
+        .map_err(|e| errors::usage(e.to_string()))
+    }
+
+    /// Reads tensor `index` into the buffer at `addr` (exactly its byte length).
+    fn read_into(&self, py: Python<'_>, index: usize, addr: usize, len: usize) -> PyResult<()> {
+        self.read_many_into(py, vec![(index, addr, len)])
+    }
+
+    /// Reads each `(tensor index, address, length)`, opening the source files once.
+    fn read_many_into(&self, py: Python<'_>, jobs: Vec<(usize, usize, usize)>) -> PyResult<()> {
+        let ck = &self.inner;
+        let mut plan = Vec::with_capacity(jobs.len());
+        for (index, addr, len) in jobs {
+            let t = ck.tensors().get(index).ok_or_else(|| errors::usage(format!("no tensor {index}")))?;
+            plan.push((t, RawBuf { addr, len }));
+        }
+        py.detach(|| {
+            let mut bufs: Vec<(&ckpt::TensorInfo, &mut [u8])> = plan.iter().map(|(t, b)| (*t, b.bytes_mut())).collect();
+            ck.read_tensors_into(&mut bufs)
+        })
+        .map_err(errors::ckpt)
+    }
+}
+
+fn outcome_json(o: &Outcome) -> String {
+    json!({
+        "files": o.files.iter().map(|p| p.display().to_string()).collect::<Vec<_>>(),
+        "tensors": o.tensors,
+        "bytes": o.bytes,
+        "values": o.values,
+        "aliases": o.aliases,
+        "world_size": o.world_size,
+    })
+    .to_string()
+}
+
+fn write_options(checksums: bool, allow_expanded: bool) -> WriteOptions<'static> {
+    WriteOptions { checksums, allow_expanded, ..WriteOptions::default() }
+}
+
+/// `ckpt verify`: the report as JSON.
+#[pyfunction]
+pub(crate) fn verify(py: Python<'_>, src: &str) -> PyResult<String> {
+    let report = py.detach(|| ckpt::verify(src)).map_err(errors::ckpt)?;
+    Ok(json!({
+        "path": report.path.display().to_string(),
+        "format": report.format.map(|f| f.name()),
+        "files": report.files,
+        "tensors": report.tensors,
+        "problems": report.problems.iter().map(|p| p.to_string()).collect::<Vec<_>>(),
+        "warnings": report.warnings,
+        "checksums_ok": report.checksums_ok,
+        "valid": report.is_valid(),
+    })
+    .to_string())
+}
+
+/// `ckpt split`.
+#[pyfunction]
+#[pyo3(signature = (src, out, max_shard_size, *, tag=None, checksums=false, allow_expanded=false))]
+pub(crate) fn split(
+    py: Python<'_>,
+    src: &str,
+    out: PathBuf,
+    max_shard_size: u64,
+    tag: Option<String>,
+    checksums: bool,
+    allow_expanded: bool,
+) -> PyResult<String> {
+    let ck = open(py, src, tag)?;
+    let opts = write_options(checksums, allow_expanded);
+    let o = py.detach(|| ckpt::split(&ck, &out, max_shard_size, &opts)).map_err(errors::ckpt)?;
+    Ok(outcome_json(&o))
+}
+
+/// `ckpt merge`.
+#[pyfunction]
+#[pyo3(signature = (src, out, *, tag=None, max_shard_size=None, optimizer=false, checksums=false, allow_expanded=false))]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn merge(
+    py: Python<'_>,
+    src: &str,
+    out: PathBuf,
+    tag: Option<String>,
+    max_shard_size: Option<u64>,
+    optimizer: bool,
+    checksums: bool,
+    allow_expanded: bool,
+) -> PyResult<String> {
+    let ck = open(py, src, tag)?;
+    let opts = write_options(checksums, allow_expanded);
+    let options = MergeOptions { max_shard_size, optimizer };
+    let o = py.detach(|| ckpt::merge(&ck, &out, &options, &opts)).map_err(errors::ckpt)?;
+    Ok(outcome_json(&o))
+}
+
+/// `ckpt convert`.
+#[pyfunction]
+#[pyo3(signature = (src, out, *, to=None, dtype=None, max_shard_size=None, dedupe=false, world_size=None, tag=None, checksums=false, allow_expanded=false))]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn convert(
+    py: Python<'_>,
+    src: &str,
+    out: PathBuf,
+    to: Option<&str>,
+    dtype: Option<&str>,
+    max_shard_size: Option<u64>,
+    dedupe: bool,
+    world_size: Option<u64>,
+    tag: Option<String>,
+    checksums: bool,
+    allow_expanded: bool,
+) -> PyResult<String> {
+    let to = match to {
+        None => None,
+        Some("safetensors") => Some(TargetFormat::Safetensors),
+        Some("torch") => Some(TargetFormat::Torch),
+        Some("dcp") => Some(TargetFormat::Dcp),
+        Some(other) => {
+            return Err(errors::usage(format!("`to` is `safetensors`, `torch` or `dcp`, not `{other}`")));
+        }
+    };
+    let dtype = match dtype {
+        None => None,
+        Some(d) => Some(
+            ckpt::Dtype::from_safetensors_name(&d.to_ascii_uppercase())
+                .ok_or_else(|| errors::usage(format!("unknown dtype `{d}`")))?,
+        ),
+    };
+    let ck = open(py, src, tag)?;
+    let opts = write_options(checksums, allow_expanded);
+    let options = ConvertOptions { to, dtype, max_shard_size, dedupe, world_size };
+    let o = py.detach(|| ckpt::convert(&ck, &out, &options, &opts)).map_err(errors::ckpt)?;
+    Ok(outcome_json(&o))
+}
+
+/// `ckpt reshard`.
+#[pyfunction]
+#[pyo3(signature = (src, out, world_size, *, tag=None, checksums=false, allow_expanded=false))]
+pub(crate) fn reshard(
+    py: Python<'_>,
+    src: &str,
+    out: PathBuf,
+    world_size: u64,
+    tag: Option<String>,
+    checksums: bool,
+    allow_expanded: bool,
+) -> PyResult<String> {
+    let ck = open(py, src, tag)?;
+    let opts = write_options(checksums, allow_expanded);
+    let o = py.detach(|| ckpt::reshard(&ck, &out, world_size, &opts)).map_err(errors::ckpt)?;
+    Ok(outcome_json(&o))
+}
+
+/// `ckpt::parse_size` (`5GB`, `500MiB`, a number of bytes).
+#[pyfunction]
+pub(crate) fn parse_size(text: &str) -> PyResult<u64> {
+    ckpt::parse_size(text).map_err(errors::ckpt)
+}

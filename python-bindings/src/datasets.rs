@@ -1,0 +1,264 @@
+//! `dataload`'s sources as Python objects; `statekit.datasets` wraps them as map-style datasets.
+//!
+//! Token windows are handed out as locations (file, byte offset): the Python layer maps the
+//! files itself and returns numpy views of each window, without a copy. Batches are read by
+//! Rust with the GIL released into arrays the Python layer allocated (tokens), or returned as
+//! one `bytes` per numeric column (tables) and as `str` records (JSON lines).
+
+use std::path::PathBuf;
+
+use arrow_array::cast::AsArray;
+use arrow_array::types::{
+    Float32Type, Float64Type, Int16Type, Int32Type, Int64Type, Int8Type, UInt16Type, UInt32Type, UInt64Type, UInt8Type,
+};
+use arrow_array::{Array, RecordBatch};
+use arrow_schema::DataType;
+use dataload::{ArrowDataset, IndexPlacement, JsonlDataset, ParquetDataset, Source, TokenDtype, TokenWindows};
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict, PyList};
+
+use crate::errors;
+use crate::raw::RawBuf;
+
+fn token_dtype(name: &str) -> PyResult<TokenDtype> {
+    Ok(match name {
+        "uint8" => TokenDtype::U8,
+        "uint16" => TokenDtype::U16,
+        "uint32" => TokenDtype::U32,
+        "int32" => TokenDtype::I32,
+        "int64" => TokenDtype::I64,
+        other => {
+            return Err(errors::usage(format!("token dtype is uint8, uint16, uint32, int32 or int64, not `{other}`")))
+        }
+    })
+}
+
+fn numpy_name(d: TokenDtype) -> &'static str {
+    match d {
+        TokenDtype::U8 => "<u1",
+        TokenDtype::U16 => "<u2",
+        TokenDtype::U32 => "<u4",
+        TokenDtype::I32 => "<i4",
+        TokenDtype::I64 => "<i8",
+        _ => "?",
+    }
+}
+
+/// Fixed-length token windows (`dataload::TokenWindows`).
+#[pyclass(module = "statekit._native", name = "TokenSource", frozen)]
+#[derive(Debug)]
+pub(crate) struct TokenSource {
+    inner: TokenWindows,
+}
+
+#[pymethods]
+impl TokenSource {
+    #[new]
+    #[pyo3(signature = (spec, block_size, bin_dtype="uint16"))]
+    fn new(py: Python<'_>, spec: PathBuf, block_size: usize, bin_dtype: &str) -> PyResult<Self> {
+        let dtype = token_dtype(bin_dtype)?;
+        let inner = py.detach(|| TokenWindows::open(&spec, block_size, dtype)).map_err(errors::dataload)?;
+        Ok(Self { inner })
+    }
+
+    fn __len__(&self) -> usize {
+        usize::try_from(self.inner.len()).unwrap_or(usize::MAX)
+    }
+
+    #[getter]
+    fn block_size(&self) -> usize {
+        self.inner.block_size()
+    }
+
+    #[getter]
+    fn fingerprint(&self) -> String {
+        self.inner.fingerprint().id()
+    }
+
+    /// `(path, data offset, numpy dtype)` of each file.
+    fn files(&self) -> Vec<(String, usize, &'static str)> {
+        self.inner
+            .files()
+            .iter()
+            .map(|f| (f.path().display().to_string(), f.data_offset(), numpy_name(f.dtype())))
+            .collect()
+    }
+
+    /// `(file, byte offset)` of window `i`'s first token.
+    fn locate(&self, i: u64) -> PyResult<(usize, usize)> {
+        let (k, row) = self.inner.locate(i).map_err(errors::dataload)?;
+        let f = &self.inner.files()[k];
+        let start = usize::try_from(row).unwrap_or(usize::MAX).saturating_mul(self.inner.block_size());
+        Ok((k, f.data_offset() + start * f.dtype().size()))
+    }
+
+    /// Reads the windows at `indices` into two `int64` buffers of `len(indices) × block_size`.
+    fn read_batch_into(
+        &self,
+        py: Python<'_>,
+        indices: Vec<u64>,
+        inputs: (usize, usize),
+        targets: (usize, usize),
+    ) -> PyResult<()> {
+        let inner = &self.inner;
+        let (inputs, targets) = (RawBuf { addr: inputs.0, len: inputs.1 }, RawBuf { addr: targets.0, len: targets.1 });
+        let want = indices.len() * inner.block_size() * 8;
+        if inputs.len != want || targets.len != want {
+            return Err(errors::usage(format!("buffers of {want} bytes are needed")));
+        }
+        py.detach(|| {
+            let batch = inner.read_batch(&indices)?;
+            for (src, dst) in [(&batch.inputs, inputs.bytes_mut()), (&batch.targets, targets.bytes_mut())] {
+                for (d, v) in dst.chunks_exact_mut(8).zip(src.iter()) {
+                    d.copy_from_slice(&v.to_le_bytes());
+                }
+            }
+            Ok(())
+        })
+        .map_err(errors::dataload)
+    }
+}
+
+fn column_to_py<'py>(py: Python<'py>, name: &str, col: &dyn Array) -> PyResult<Bound<'py, PyAny>> {
+    macro_rules! primitive {
+        ($t:ty, $np:literal) => {{
+            let a = col.as_primitive::<$t>();
+            let values = a.values();
+            // The scalar buffer is already sliced to the array's rows.
+            let data: &[u8] = values.inner().as_slice();
+            let valid: Option<Vec<bool>> = (a.null_count() > 0).then(|| (0..a.len()).map(|i| a.is_valid(i)).collect());
+            Ok((PyBytes::new(py, data), $np, valid).into_pyobject(py)?.into_any())
+        }};
+    }
+    match col.data_type() {
+        DataType::Int8 => primitive!(Int8Type, "<i1"),
+        DataType::Int16 => primitive!(Int16Type, "<i2"),
+        DataType::Int32 => primitive!(Int32Type, "<i4"),
+        DataType::Int64 => primitive!(Int64Type, "<i8"),
+        DataType::UInt8 => primitive!(UInt8Type, "<u1"),
+        DataType::UInt16 => primitive!(UInt16Type, "<u2"),
+        DataType::UInt32 => primitive!(UInt32Type, "<u4"),
+        DataType::UInt64 => primitive!(UInt64Type, "<u8"),
+        DataType::Float32 => primitive!(Float32Type, "<f4"),
+        DataType::Float64 => primitive!(Float64Type, "<f8"),
+        DataType::Utf8 => {
+            let a = col.as_string::<i32>();
+            let items: Vec<Option<&str>> = (0..a.len()).map(|i| a.is_valid(i).then(|| a.value(i))).collect();
+            Ok(PyList::new(py, items)?.into_any())
+        }
+        DataType::LargeUtf8 => {
+            let a = col.as_string::<i64>();
+            let items: Vec<Option<&str>> = (0..a.len()).map(|i| a.is_valid(i).then(|| a.value(i))).collect();
+            Ok(PyList::new(py, items)?.into_any())
+        }
+        other => Err(errors::usage(format!("column `{name}` has type {other}, which the bindings do not convert"))),
+    }
+}
+
+fn batch_to_py<'py>(py: Python<'py>, batch: &RecordBatch) -> PyResult<Bound<'py, PyDict>> {
+    let out = PyDict::new(py);
+    for (field, col) in batch.schema().fields().iter().zip(batch.columns()) {
+        out.set_item(field.name(), column_to_py(py, field.name(), col.as_ref())?)?;
+    }
+    Ok(out)
+}
+
+#[derive(Debug)]
+enum Table {
+    Arrow(ArrowDataset),
+    Parquet(ParquetDataset),
+}
+
+/// Rows of Arrow IPC or Parquet files (`dataload::ArrowDataset`, `dataload::ParquetDataset`).
+#[pyclass(module = "statekit._native", name = "TableSource", frozen)]
+#[derive(Debug)]
+pub(crate) struct TableSource {
+    inner: Table,
+}
+
+#[pymethods]
+impl TableSource {
+    #[new]
+    #[pyo3(signature = (kind, spec, columns=None, cache_row_groups=dataload::DEFAULT_ROW_GROUP_CACHE))]
+    fn new(
+        py: Python<'_>,
+        kind: &str,
+        spec: PathBuf,
+        columns: Option<Vec<String>>,
+        cache_row_groups: usize,
+    ) -> PyResult<Self> {
+        let cols = columns.as_deref();
+        let inner = match kind {
+            "arrow" => Table::Arrow(py.detach(|| ArrowDataset::open(&spec, cols)).map_err(errors::dataload)?),
+            "parquet" => Table::Parquet(
+                py.detach(|| ParquetDataset::open(&spec, cols, cache_row_groups)).map_err(errors::dataload)?,
+            ),
+            other => return Err(errors::usage(format!("table kind is `arrow` or `parquet`, not `{other}`"))),
+        };
+        Ok(Self { inner })
+    }
+
+    fn __len__(&self) -> usize {
+        let n = match &self.inner {
+            Table::Arrow(a) => a.len(),
+            Table::Parquet(p) => p.len(),
+        };
+        usize::try_from(n).unwrap_or(usize::MAX)
+    }
+
+    #[getter]
+    fn fingerprint(&self) -> String {
+        match &self.inner {
+            Table::Arrow(a) => a.fingerprint().id(),
+            Table::Parquet(p) => p.fingerprint().id(),
+        }
+    }
+
+    /// The rows at `indices`, as a dict of columns: numeric ones as `(bytes, numpy dtype,
+    /// validity or None)`, strings as lists (`None` for nulls).
+    fn read_batch<'py>(&self, py: Python<'py>, indices: Vec<u64>) -> PyResult<Bound<'py, PyDict>> {
+        let inner = &self.inner;
+        let batch = py
+            .detach(|| match inner {
+                Table::Arrow(a) => a.read_batch(&indices),
+                Table::Parquet(p) => p.read_batch(&indices),
+            })
+            .map_err(errors::dataload)?;
+        batch_to_py(py, &batch)
+    }
+}
+
+/// Records of JSON-lines files (`dataload::JsonlDataset`), plain or zstd-compressed.
+#[pyclass(module = "statekit._native", name = "JsonlSource", frozen)]
+#[derive(Debug)]
+pub(crate) struct JsonlSource {
+    inner: JsonlDataset,
+}
+
+#[pymethods]
+impl JsonlSource {
+    #[new]
+    #[pyo3(signature = (spec, cache_frames=dataload::DEFAULT_FRAME_CACHE))]
+    fn new(py: Python<'_>, spec: PathBuf, cache_frames: usize) -> PyResult<Self> {
+        let inner = py
+            .detach(|| JsonlDataset::open(&spec, IndexPlacement::default(), cache_frames))
+            .map_err(errors::dataload)?;
+        Ok(Self { inner })
+    }
+
+    fn __len__(&self) -> usize {
+        usize::try_from(self.inner.len()).unwrap_or(usize::MAX)
+    }
+
+    #[getter]
+    fn fingerprint(&self) -> String {
+        self.inner.fingerprint().id()
+    }
+
+    /// The raw JSON text of the records at `indices`.
+    fn read_batch(&self, py: Python<'_>, indices: Vec<u64>) -> PyResult<Vec<String>> {
+        let inner = &self.inner;
+        let batch = py.detach(|| inner.read_batch(&indices)).map_err(errors::dataload)?;
+        Ok((0..batch.len()).map(|r| batch.get(r).unwrap_or_default().to_owned()).collect())
+    }
+}

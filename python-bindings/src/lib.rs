@@ -1,0 +1,37 @@
+//! `statekit._native`: the Rust side of the `statekit` Python package.
+//!
+//! The pure-Python package (`python/statekit`) is the public face; this module only exposes
+//! what it needs from `ckpt` and `dataload`: the sharded sampler, opened checkpoints and their
+//! reads into caller-owned buffers, the operations, and the writers. It never imports torch;
+//! every call that reads or writes files, copies bytes or computes a permutation releases
+//! the GIL.
+
+mod checkpoint;
+mod comm;
+mod datasets;
+mod errors;
+mod raw;
+mod sampler;
+mod save;
+
+use pyo3::prelude::*;
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add_class::<sampler::Sampler>()?;
+    m.add_function(wrap_pyfunction!(sampler::default_config_json, m)?)?;
+    m.add_class::<checkpoint::PyCheckpoint>()?;
+    m.add_class::<datasets::TokenSource>()?;
+    m.add_class::<datasets::TableSource>()?;
+    m.add_class::<datasets::JsonlSource>()?;
+    m.add_function(wrap_pyfunction!(checkpoint::verify, m)?)?;
+    m.add_function(wrap_pyfunction!(checkpoint::split, m)?)?;
+    m.add_function(wrap_pyfunction!(checkpoint::merge, m)?)?;
+    m.add_function(wrap_pyfunction!(checkpoint::convert, m)?)?;
+    m.add_function(wrap_pyfunction!(checkpoint::reshard, m)?)?;
+    m.add_function(wrap_pyfunction!(checkpoint::parse_size, m)?)?;
+    m.add_function(wrap_pyfunction!(save::save_safetensors, m)?)?;
+    m.add_function(wrap_pyfunction!(save::save_sharded, m)?)?;
+    Ok(())
+}

@@ -1,0 +1,89 @@
+"""statekit.data's datasets over dataload's sources, against the values the fixture generator
+(numpy, pyarrow, zstandard) recorded; token windows are views of the memory map."""
+
+import json
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from statekit.data import ArrowDataset, JsonlDataset, ParquetDataset, ShardedBatchSampler, TokenDataset
+from statekit.errors import DataError, StatekitError
+
+FX = Path(__file__).resolve().parents[2] / "fixtures" / "dataload_sources"
+EXPECTED = json.loads((FX / "expected.json").read_text())
+
+
+def test_token_windows_are_views_of_the_memory_map():
+    case = EXPECTED["tokens"]["tokens_u16.bin"]
+    ds = TokenDataset(FX / "tokens_u16.bin", case["block_size"], dtype="uint16")
+    assert len(ds) == case["windows"]
+    for i, w in case["picked"].items():
+        x, y = ds[int(i)]
+        assert x.tolist() == w["input"] and y.tolist() == w["target"]
+        assert not x.flags.owndata and x.base is not None
+        assert torch.from_numpy(x).data_ptr() == x.ctypes.data  # the tensor is over the same memory
+    idx = [int(i) for i in case["picked"]]
+    xs, ys = ds.get_batch(idx)
+    assert xs.dtype == np.int64 and xs.shape == (len(idx), case["block_size"])
+    assert xs.tolist() == [w["input"] for w in case["picked"].values()]
+    assert ys.tolist() == [w["target"] for w in case["picked"].values()]
+
+
+def test_token_dataset_in_a_dataloader_with_workers_and_our_sampler():
+    ds = TokenDataset(FX / "tokens_u16.bin", 16)
+    want = [ds.get_batch(b)[0].tolist() for b in ShardedBatchSampler(len(ds), 4, num_processes=2, process_index=1, shuffle=True, seed=5)]
+    for ctx in (None, "spawn"):
+        sampler = ShardedBatchSampler(len(ds), 4, num_processes=2, process_index=1, shuffle=True, seed=5, fingerprint=ds.fingerprint)
+        loader = DataLoader(ds, batch_sampler=sampler, num_workers=2, multiprocessing_context=ctx)
+        got = [x.to(torch.int64).tolist() for x, _ in loader]
+        assert got == want, ctx
+
+
+def test_datasets_survive_pickle():
+    ds = TokenDataset(FX / "token_shards", 16, dtype="uint16")
+    back = pickle.loads(pickle.dumps(ds))
+    assert len(back) == len(ds) and all((a == b).all() for a, b in zip(back[len(ds) - 1], ds[len(ds) - 1]))
+    t = pickle.loads(pickle.dumps(ParquetDataset(FX / "table.parquet", columns=["id"])))
+    assert list(t.get_batch([0])) == ["id"]
+
+
+@pytest.mark.parametrize("cls, name", [(ArrowDataset, "table.arrow"), (ArrowDataset, "table.arrows"), (ParquetDataset, "table.parquet"),
+                                       (ParquetDataset, "table_zstd.parquet"), (ParquetDataset, "parquet_shards")])
+def test_tables_give_numeric_columns_as_numpy(cls, name):
+    rows = EXPECTED["table"]["rows"]
+    ds = cls(FX / name)
+    assert len(ds) == len(rows)
+    idx = [len(rows) - 1, 0, 5, 5]
+    b = ds.get_batch(idx)
+    assert b["id"].dtype == np.int64 and b["id"].tolist() == [rows[i]["id"] for i in idx]
+    assert b["label"].dtype == np.int32 and b["label"].tolist() == [rows[i]["label"] for i in idx]
+    score = np.ma.getdata(b["score"]).view(np.uint64).tolist()  # bits, as recorded
+    assert [None if m else s for s, m in zip(score, np.ma.getmaskarray(b["score"]))] == [rows[i]["score"] for i in idx]
+    assert b["text"] == [rows[i]["text"] for i in idx]
+    assert ds[3]["text"] == rows[3]["text"]
+
+
+@pytest.mark.parametrize("name", ["lines.jsonl", "lines.jsonl.zst", "lines_one_frame.jsonl.zst"])
+def test_jsonl_records(tmp_path, name):
+    import shutil
+
+    shutil.copy(FX / name, tmp_path / name)  # the line index is written beside the file
+    raw = EXPECTED["jsonl"]["raw"]
+    ds = JsonlDataset(tmp_path / name)
+    assert len(ds) == EXPECTED["jsonl"]["lines"]
+    assert ds[7] == json.loads(raw[7])
+    assert JsonlDataset(tmp_path / name, raw=True).get_batch([3, 1]) == [raw[3], raw[1]]
+
+
+def test_hostile_sources_raise_data_errors():
+    hostile = FX.parent / "hostile" / "dataload"
+    with pytest.raises(DataError):
+        TokenDataset(hostile / "truncated.npy", 4)
+    with pytest.raises(StatekitError, match="dtype"):
+        TokenDataset(hostile / "wrong_dtype.npy", 4)
+    with pytest.raises(IndexError):
+        TokenDataset(FX / "tokens_u16.bin", 16)[100]
