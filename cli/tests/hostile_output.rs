@@ -364,3 +364,18 @@ fn a_huge_index_costs_time_linear_in_its_size() {
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains("tensor `t0` is mapped to `model-000000.safetensors`, which does not exist"));
 }
+
+#[test]
+fn shards_without_their_index_are_not_a_checkpoint() {
+    // What a write killed between its renames and its index leaves: the index is the commit
+    // marker, so a lone `model-00001-of-00005.safetensors` must not pass for a whole checkpoint.
+    let tmp = tempfile::tempdir().unwrap();
+    let shard = "model-00001-of-00005.safetensors";
+    std::fs::copy(fixtures().join("safetensors/model_sharded").join(shard), tmp.path().join(shard)).unwrap();
+    let out = bounded(&["verify", s(tmp.path())]);
+    assert_eq!(out.status.code(), Some(2), "{}", stdout(&out));
+    assert!(stderr(&out).contains("no checkpoint found"), "{}", stderr(&out));
+    // Named as a file, a shard is still readable on its own.
+    let out = bounded(&["verify", s(&tmp.path().join(shard))]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+}

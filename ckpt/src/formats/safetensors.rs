@@ -125,9 +125,20 @@ pub(crate) fn detect(path: &Path) -> Result<Option<PathBuf>> {
     }
     let (indexes, singles) = folder_files(path)?;
     Ok(match (indexes.as_slice(), singles.as_slice()) {
-        ([], [one]) => Some(one.clone()),
+        // A lone shard (`model-00001-of-00003.safetensors`) is part of a checkpoint whose index,
+        // the commit marker, is missing: what a write interrupted between its renames and its
+        // index leaves. It is not a checkpoint of its own.
+        ([], [one]) if !is_lone_shard(one) => Some(one.clone()),
         _ => None,
     })
+}
+
+/// `<stem>-0000i-of-0000n.safetensors` with more than one shard.
+fn is_lone_shard(path: &Path) -> bool {
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+    let Some(stem) = name.strip_suffix(".safetensors") else { return false };
+    let Some((_, of)) = stem.rsplit_once("-of-") else { return false };
+    of.len() == 5 && of.bytes().all(|b| b.is_ascii_digit()) && of != "00001"
 }
 
 /// The catalog of one safetensors file.
