@@ -43,6 +43,31 @@ pub struct ArrowDataset {
     /// Rows per record batch.
     index: ShardIndex,
     fingerprint: Fingerprint,
+    /// The files, in dataset order, with the address and length of their memory maps.
+    files: Vec<MappedFile>,
+    /// The file (index in `files`) of each record batch.
+    batch_file: Vec<usize>,
+}
+
+/// One file of an [`ArrowDataset`] and where its memory map lies (the record batches keep the
+/// map alive, so the range stays valid as long as the dataset).
+#[derive(Debug, Clone)]
+struct MappedFile {
+    path: PathBuf,
+    addr: usize,
+    len: usize,
+}
+
+/// Rows `start..start + len` of an [`ArrowDataset`] that lie in one record batch: that batch
+/// sliced (no copy), and for each column where its values lie in the file (see
+/// [`ArrowDataset::contiguous_rows`]).
+#[derive(Debug, Clone)]
+pub struct ContiguousRows {
+    /// The rows, sliced out of their record batch.
+    pub batch: RecordBatch,
+    /// Per column: `(file index, byte offset in the file)` of the first row's value, when the
+    /// column's values can be read straight from the file.
+    pub in_file: Vec<Option<(usize, usize)>>,
 }
 
 impl ArrowDataset {
@@ -53,8 +78,12 @@ impl ArrowDataset {
         let mut schema: Option<(SchemaRef, PathBuf)> = None;
         let mut batches = Vec::new();
         let mut fps = Vec::new();
+        let mut mapped = Vec::new();
+        let mut batch_file = Vec::new();
         for file in &files {
-            let (file_schema, file_batches, size) = read_file(file, columns)?;
+            let (file_schema, file_batches, size, addr) = read_file(file, columns)?;
+            batch_file.extend(std::iter::repeat_n(mapped.len(), file_batches.len()));
+            mapped.push(MappedFile { path: file.path.clone(), addr, len: usize::try_from(size).unwrap_or(0) });
             match &schema {
                 None => schema = Some((file_schema, file.path.clone())),
                 Some((first, first_path)) => check_same_schema(first, first_path, &file_schema, &file.path)?,
@@ -70,7 +99,51 @@ impl ArrowDataset {
             schema,
             batches,
             fingerprint: Fingerprint { format: "arrow", options, files: fps },
+            files: mapped,
+            batch_file,
         })
+    }
+
+    /// The paths of the files, in dataset order (the file indices of [`ContiguousRows`]).
+    pub fn file_paths(&self) -> Vec<&Path> {
+        self.files.iter().map(|f| f.path.as_path()).collect()
+    }
+
+    /// Rows `start..start + len` when they lie in one record batch (`None` otherwise, or when
+    /// `len` is 0). A column's values are located in the file when it is a fixed-width
+    /// primitive without nulls whose value buffer lies in the file's memory map (an
+    /// uncompressed IPC file: a compressed one is decoded into fresh memory) at an offset
+    /// aligned to the value width.
+    pub fn contiguous_rows(&self, start: u64, len: u64) -> Result<Option<ContiguousRows>> {
+        if len == 0 {
+            return Ok(None);
+        }
+        let end =
+            start.checked_add(len - 1).ok_or(DataloadError::IndexOutOfRange { index: u64::MAX, len: self.len() })?;
+        let (unit, row) = self.index.locate(start)?;
+        let (last_unit, _) = self.index.locate(end)?;
+        if unit != last_unit {
+            return Ok(None);
+        }
+        let (row, n) = (usize::try_from(row).unwrap_or(usize::MAX), usize::try_from(len).unwrap_or(usize::MAX));
+        let batch = self.batches[unit].slice(row, n);
+        let file = &self.files[self.batch_file[unit]];
+        let in_file = batch
+            .columns()
+            .iter()
+            .map(|col| {
+                let width = col.data_type().primitive_width()?;
+                let data = col.to_data();
+                if col.null_count() > 0 || !data.child_data().is_empty() || data.buffers().len() != 1 {
+                    return None;
+                }
+                let addr = (data.buffers()[0].as_ptr() as usize).checked_add(data.offset().checked_mul(width)?)?;
+                let offset = addr.checked_sub(file.addr)?;
+                let fits = offset.checked_add(n.checked_mul(width)?).is_some_and(|e| e <= file.len);
+                (fits && offset % width == 0).then_some((self.batch_file[unit], offset))
+            })
+            .collect();
+        Ok(Some(ContiguousRows { batch, in_file }))
     }
 
     /// Schema of the rows (after column selection).
@@ -100,10 +173,11 @@ impl Source for ArrowDataset {
     }
 }
 
-/// The (selected) schema, the record batches and the size of one file.
-fn read_file(file: &DataFile, columns: Option<&[String]>) -> Result<(SchemaRef, Vec<RecordBatch>, u64)> {
+/// The (selected) schema, the record batches, the size of one file and the address of its map.
+fn read_file(file: &DataFile, columns: Option<&[String]>) -> Result<(SchemaRef, Vec<RecordBatch>, u64, usize)> {
     let bytes = map_file(&file.path)?;
     let size = bytes.len() as u64;
+    let addr = bytes.as_ptr() as usize;
     let path = file.path.clone();
     let buffer = Buffer::from(bytes);
     let (schema, batches) = if buffer.starts_with(FILE_MAGIC) {
@@ -111,7 +185,7 @@ fn read_file(file: &DataFile, columns: Option<&[String]>) -> Result<(SchemaRef, 
     } else {
         read_ipc_stream(buffer, columns, &path)?
     };
-    Ok((schema, batches, size))
+    Ok((schema, batches, size, addr))
 }
 
 fn bad(path: &Path, reason: impl ToString) -> DataloadError {

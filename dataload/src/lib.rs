@@ -122,7 +122,7 @@ pub const MAX_WORLD_SIZE: u64 = 1 << 20;
 pub const MAX_BATCH_SIZE: u64 = 1 << 24;
 
 #[cfg(feature = "sources")]
-pub use arrow_file::ArrowDataset;
+pub use arrow_file::{ArrowDataset, ContiguousRows};
 pub use batch_shard::{accelerate_shard_len, shard_batches, ShardParams};
 pub use collective::{Collective, CollectiveError, InProcessCollective, InProcessGroup};
 pub use config::{DataLoaderConfiguration, DatasetKind, LoaderShape, ShardMode};

@@ -233,3 +233,28 @@ fn fingerprint_survives_a_move_and_sees_a_changed_shard() {
     let other_block = TokenWindows::open(dir().join("token_shards"), 8, TokenDtype::U16).unwrap();
     assert_ne!(orig.fingerprint().id(), other_block.fingerprint().id());
 }
+
+#[test]
+fn arrow_contiguous_rows_are_located_in_the_file() {
+    let path = dir().join("table.arrow");
+    let file = ArrowDataset::open(&path, None).unwrap();
+    let bytes = std::fs::read(&path).unwrap();
+    let want = expected_rows(&["id", "label"]);
+    // Rows 52..60 lie in the second record batch (rows 50..90).
+    let rows = file.contiguous_rows(52, 8).unwrap().unwrap();
+    assert_eq!(rows.batch.num_rows(), 8);
+    assert_eq!(file.file_paths(), vec![path.as_path()]);
+    let (k, at) = rows.in_file[0].unwrap(); // id: int64 without nulls
+    assert_eq!(k, 0);
+    let ids: Vec<i64> = bytes[at..at + 64].chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect();
+    assert_eq!(ids, (52..60).map(|i| want[i]["id"].as_i64().unwrap()).collect::<Vec<_>>());
+    let (_, at) = rows.in_file[3].unwrap(); // label: int32 without nulls
+    let labels: Vec<i64> =
+        bytes[at..at + 32].chunks_exact(4).map(|c| i64::from(i32::from_le_bytes(c.try_into().unwrap()))).collect();
+    assert_eq!(labels, (52..60).map(|i| want[i]["label"].as_i64().unwrap()).collect::<Vec<_>>());
+    assert!(rows.in_file[1].is_none(), "strings are not fixed-width");
+    // Across two record batches, or empty: not one contiguous range.
+    assert!(file.contiguous_rows(48, 4).unwrap().is_none());
+    assert!(file.contiguous_rows(0, 0).unwrap().is_none());
+    assert!(file.contiguous_rows(125, 10).is_err());
+}

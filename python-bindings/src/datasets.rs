@@ -226,6 +226,52 @@ impl TableSource {
             .map_err(errors::dataload)?;
         batch_to_py(py, &batch)
     }
+
+    /// The paths of the files, in dataset order (Arrow only; Parquet: empty).
+    fn files(&self) -> Vec<String> {
+        match &self.inner {
+            Table::Arrow(a) => a.file_paths().iter().map(|p| p.display().to_string()).collect(),
+            Table::Parquet(_) => Vec::new(),
+        }
+    }
+
+    /// Rows `start..start + n` when they lie in one record batch of an Arrow dataset (`None`
+    /// otherwise, and for Parquet): a dict of columns as `read_batch` gives them, except that
+    /// a column whose values lie in the file is `("map", file index, byte offset, numpy
+    /// dtype)`, for the Python layer to view in its own map of the file.
+    fn read_range<'py>(&self, py: Python<'py>, start: u64, n: u64) -> PyResult<Option<Bound<'py, PyDict>>> {
+        let Table::Arrow(a) = &self.inner else { return Ok(None) };
+        let Some(rows) = py.detach(|| a.contiguous_rows(start, n)).map_err(errors::dataload)? else {
+            return Ok(None);
+        };
+        let out = PyDict::new(py);
+        let schema = rows.batch.schema();
+        for ((field, col), at) in schema.fields().iter().zip(rows.batch.columns()).zip(&rows.in_file) {
+            let value = match (at, numpy_dtype(col.data_type())) {
+                (Some((file, offset)), Some(dtype)) => ("map", *file, *offset, dtype).into_pyobject(py)?.into_any(),
+                _ => column_to_py(py, field.name(), col.as_ref())?,
+            };
+            out.set_item(field.name(), value)?;
+        }
+        Ok(Some(out))
+    }
+}
+
+/// The numpy dtype of a numeric Arrow type the bindings convert.
+fn numpy_dtype(t: &DataType) -> Option<&'static str> {
+    Some(match t {
+        DataType::Int8 => "<i1",
+        DataType::Int16 => "<i2",
+        DataType::Int32 => "<i4",
+        DataType::Int64 => "<i8",
+        DataType::UInt8 => "<u1",
+        DataType::UInt16 => "<u2",
+        DataType::UInt32 => "<u4",
+        DataType::UInt64 => "<u8",
+        DataType::Float32 => "<f4",
+        DataType::Float64 => "<f8",
+        _ => return None,
+    })
 }
 
 /// Records of JSON-lines files (`dataload::JsonlDataset`), plain or zstd-compressed.

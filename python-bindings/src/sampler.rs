@@ -37,6 +37,9 @@ impl Sampler {
         fingerprint: Option<String>,
     ) -> PyResult<Self> {
         let config = config_from_json(config)?;
+        // A dispatched loader puts its batches on the device in accelerate (it refuses
+        // `dispatch_batches` otherwise); per-rank sharding does not depend on it.
+        let put_on_device = config.dispatch_batches == Some(true);
         let mut b = ShardedSampler::builder()
             .dataset_len(length)
             .batch_size(batch_size)
@@ -44,7 +47,7 @@ impl Sampler {
             .rank(rank)
             .shuffle(shuffle)
             .drop_last(drop_last)
-            .put_on_device(false)
+            .put_on_device(put_on_device)
             .config(config);
         if let Some(f) = fingerprint {
             b = b.fingerprint(f);

@@ -87,3 +87,50 @@ def test_hostile_sources_raise_data_errors():
         TokenDataset(hostile / "wrong_dtype.npy", 4)
     with pytest.raises(IndexError):
         TokenDataset(FX / "tokens_u16.bin", 16)[100]
+
+
+def _write_ipc(path, *, compression=None, stream=False):
+    import pyarrow as pa
+
+    schema = pa.schema([("x", pa.int64()), ("y", pa.float32()), ("n", pa.int32()), ("s", pa.string())])
+    batches = [
+        pa.record_batch([pa.array(np.arange(lo, lo + 10, dtype=np.int64)), pa.array(np.arange(lo, lo + 10, dtype=np.float32) / 2),
+                         pa.array([None if i % 3 == 0 else i for i in range(lo, lo + 10)], pa.int32()),
+                         pa.array([f"r{i}" for i in range(lo, lo + 10)])], schema=schema)
+        for lo in (0, 10, 20)
+    ]
+    opts = pa.ipc.IpcWriteOptions(compression=compression)
+    with (pa.ipc.new_stream if stream else pa.ipc.new_file)(str(path), schema, options=opts) as w:
+        for b in batches:
+            w.write_batch(b)
+    return path
+
+
+@pytest.mark.parametrize("name, stream", [("t.arrow", False), ("t.arrows", True)])
+def test_arrow_numeric_columns_are_views_of_the_memory_map(tmp_path, name, stream):
+    ds = ArrowDataset(_write_ipc(tmp_path / name, stream=stream))
+    a = ds.get_batch(range(12, 17))  # inside the second record batch
+    assert a["x"].tolist() == list(range(12, 17)) and a["y"].tolist() == [i / 2 for i in range(12, 17)]
+    assert a["s"] == [f"r{i}" for i in range(12, 17)]
+    b = ds[14:20]  # a slice with step 1 is a contiguous range too
+    for col in ("x", "y"):
+        assert not a[col].flags.owndata and np.shares_memory(a[col], b[col]), col
+    assert b["x"].tolist() == list(range(14, 20))
+    assert torch.from_numpy(a["x"]).data_ptr() == a["x"].ctypes.data  # a tensor over the same memory
+    a["x"][0] = -1  # a private map: writes never reach the file
+    assert ArrowDataset(tmp_path / name).get_batch([12])["x"].tolist() == [12]
+    # A column with nulls is a (copied) masked array, whatever the range.
+    assert isinstance(a["n"], np.ma.MaskedArray) and np.ma.getmaskarray(a["n"]).tolist() == [i % 3 == 0 for i in range(12, 17)]
+
+
+def test_arrow_copies_where_a_view_is_impossible(tmp_path):
+    ds = ArrowDataset(_write_ipc(tmp_path / "t.arrow"))
+    view = ds.get_batch(range(10, 20))["x"]
+    across = ds.get_batch(range(8, 13))["x"]  # two record batches: gathered
+    gathered = ds.get_batch([11, 13, 12])["x"]  # not consecutive: gathered
+    assert across.tolist() == list(range(8, 13)) and gathered.tolist() == [11, 13, 12]
+    assert not np.shares_memory(view, across) and not np.shares_memory(view, gathered)
+    p = ParquetDataset(FX / "table.parquet")
+    pa_, pb = p.get_batch(range(0, 4))["id"], p.get_batch(range(0, 4))["id"]
+    assert not np.shares_memory(pa_, pb)
+    assert ds.get_batch([])["x"].tolist() == []

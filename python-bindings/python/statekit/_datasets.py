@@ -112,6 +112,16 @@ class _TableDataset(_Base):
         self._args = (path,)
         self._columns = None if columns is None else list(columns)
         self._src = _native.TableSource(self._kind, os.fspath(path), self._columns)
+        self._files = self._src.files()
+        self._maps: Dict[int, mmap.mmap] = {}
+
+    def _map(self, k: int) -> mmap.mmap:
+        m = self._maps.get(k)
+        if m is None:
+            with open(self._files[k], "rb") as f:
+                m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+            self._maps[k] = m
+        return m
 
     def __getstate__(self) -> Dict[str, Any]:
         return {"args": self._args, "columns": self._columns}
@@ -119,13 +129,39 @@ class _TableDataset(_Base):
     def __setstate__(self, state: Dict[str, Any]) -> None:
         self.__init__(*state["args"], columns=state["columns"])
 
+    def __getitem__(self, i: Union[int, slice]) -> Any:  # type: ignore[override]
+        """Row ``i`` (a dict of scalars), or for a slice the rows it selects as ``get_batch``
+        gives them (a slice with step 1 of an Arrow dataset: views of the map, see there)."""
+        if isinstance(i, slice):
+            return self.get_batch(range(*i.indices(len(self))))
+        return super().__getitem__(i)
+
     def _item(self, i: int) -> Dict[str, Any]:
         return {k: v[0] for k, v in self.get_batch([i]).items()}
 
     def get_batch(self, indices: Sequence[int]) -> Dict[str, Any]:
         """The rows at ``indices`` as a dict of columns: numeric columns as numpy arrays (masked
-        arrays where a column has nulls), strings as lists."""
-        return _columns(self._src.read_batch(_indices(indices, len(self))))
+        arrays where a column has nulls), strings as lists.
+
+        Arrow IPC: when ``indices`` are consecutive ascending rows of one record batch, numeric
+        columns without nulls whose values lie in the (uncompressed) file are numpy views of a private memory map of the file (``mmap.ACCESS_COPY``: no copy, and
+        writes never reach the file). Other columns and other index lists are copied."""
+        idx = _indices(indices, len(self))
+        if idx and self._files and all(b == a + 1 for a, b in zip(idx, idx[1:])):
+            raw = self._src.read_range(idx[0], len(idx))
+            if raw is not None:
+                return self._viewed(raw, len(idx))
+        return _columns(self._src.read_batch(idx))
+
+    def _viewed(self, raw: Dict[str, Any], n: int) -> Dict[str, Any]:
+        out = {}
+        for name, v in raw.items():
+            if isinstance(v, tuple) and len(v) == 4 and v[0] == "map":
+                _, k, offset, dtype = v
+                out[name] = np.frombuffer(self._map(k), dtype=dtype, count=n, offset=offset)
+            else:
+                out.update(_columns({name: v}))
+        return out
 
 
 class ArrowDataset(_TableDataset):

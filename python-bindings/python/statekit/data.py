@@ -188,6 +188,33 @@ class ShardedBatchSampler:
 _MOVED = ("dispatch_batches", "split_batches", "even_batches", "use_seedable_sampler", "data_seed", "non_blocking")
 
 
+def _rank0_settings(mine: Tuple[int, int, bool, bool, DataLoaderConfiguration], world: int, rank: int) -> Tuple[Any, ...]:
+    """``dispatch_batches=True``: in accelerate only rank 0 reads the underlying loader, so its
+    settings (dataset length, batch size, drop_last, shuffle, seed) decide every rank's batches.
+    Over torch.distributed they are broadcast from rank 0 through the ``Collective`` that
+    ``ckpt.save_sharded`` uses; then each rank computes its slice of rank 0's global batches
+    (``dataload``'s dispatch plan, which equals its ``Dispatcher``) and reads only those rows."""
+    length, batch_size, drop_last, shuffle, config = mine
+    if world > 1:
+        try:
+            import torch.distributed as dist
+        except ImportError:  # pragma: no cover - torch is there (prepare_data_loader needs it)
+            dist = None  # type: ignore[assignment]
+        if dist is not None and dist.is_available() and dist.is_initialized() and dist.get_world_size() == world:
+            from ._dist import TorchCollective
+
+            payload = json.dumps([length, batch_size, drop_last, shuffle, dataclasses.asdict(config)]).encode()
+            theirs = json.loads(TorchCollective(rank, world).broadcast(0, payload if rank == 0 else None))
+            if theirs[0] != length:
+                raise UsageError(
+                    f"prepare_data_loader(dispatch_batches=True): this rank's dataset has {length} samples, rank 0's "
+                    f"{theirs[0]}: every rank reads the rows of its slice, so the datasets must be the same"
+                )
+            length, batch_size, drop_last, shuffle = theirs[0], theirs[1], theirs[2], theirs[3]
+            config = DataLoaderConfiguration(**theirs[4])
+    return length, batch_size, drop_last, shuffle, config
+
+
 def prepare_data_loader(
     dataloader: Any,
     *,
@@ -197,10 +224,17 @@ def prepare_data_loader(
     **kwargs: Any,
 ) -> Any:
     """accelerate's ``prepare_data_loader`` for a map-style torch ``DataLoader``: a loader over
-    the same dataset, collate function and workers whose batches on this rank are accelerate's
-    (per-rank sharding), with a stateful, resumable ``ShardedBatchSampler`` as its
-    ``batch_sampler``. It is torchdata's ``StatefulDataLoader`` when torchdata is installed,
-    else a torch ``DataLoader``.
+    the same dataset, collate function and workers whose batches on this rank are accelerate's,
+    with a stateful, resumable ``ShardedBatchSampler`` as its ``batch_sampler``. It is
+    torchdata's ``StatefulDataLoader`` when torchdata is installed, else a torch ``DataLoader``.
+
+    ``dispatch_batches=True`` gives each rank its slice of the global batches rank 0 would
+    read (accelerate's ``DataLoaderDispatcher``: one underlying batch per step with
+    ``split_batches``, else ``num_processes`` of them; the last, uneven global batch padded
+    with the epoch's first rows, ``even_batches`` ignored as accelerate ignores it). Rank 0's
+    settings are broadcast over torch.distributed when it is initialized; each rank then reads
+    the rows of its own slice (the dataset must be readable on every rank), and nothing is sent
+    per batch.
     """
     for name in kwargs:
         if name in _MOVED:
@@ -215,8 +249,6 @@ def prepare_data_loader(
     config = dataloader_config or DataLoaderConfiguration()
     if isinstance(dataloader.dataset, IterableDataset):
         raise UsageError("prepare_data_loader: iterable datasets are not supported here (map-style datasets only)")
-    if config.dispatch_batches:
-        raise UsageError("prepare_data_loader: `dispatch_batches=True` is not supported here (per-rank sharding only)")
     batch_sampler = dataloader.batch_sampler
     if not isinstance(batch_sampler, BatchSampler):
         raise UsageError("prepare_data_loader: the loader must batch with torch's `BatchSampler` (batch_size=...)")
@@ -232,8 +264,12 @@ def prepare_data_loader(
     world, rank = _world(num_processes, process_index)
     if shuffle and config.use_seedable_sampler and config.data_seed is None:
         config = dataclasses.replace(config, data_seed=torch.initial_seed())
+    length, batch_size, drop_last = len(dataloader.dataset), batch_sampler.batch_size, batch_sampler.drop_last
+    if config.dispatch_batches:
+        length, batch_size, drop_last, shuffle, config = _rank0_settings(
+            (length, batch_size, drop_last, shuffle, config), world, rank)
     bs = ShardedBatchSampler.__new__(ShardedBatchSampler)
-    bs._init(len(dataloader.dataset), batch_sampler.batch_size, world, rank, shuffle, batch_sampler.drop_last, config, None)
+    bs._init(length, batch_size, world, rank, shuffle, drop_last, config, None)
     try:
         from torchdata.stateful_dataloader import StatefulDataLoader as Loader
     except ImportError:
