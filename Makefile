@@ -50,6 +50,7 @@ fixtures: setup
 	$(PY) fixtures/gen/safetensors_fixtures.py
 	python3 fixtures/gen/hostile_safetensors.py
 	$(PY) fixtures/gen/torch_fixtures.py
+	$(PY) fixtures/gen/fp8_fixtures.py
 	$(PY) fixtures/gen/torch_weights_only_globals.py
 	$(PY) fixtures/gen/torch_compat_fixtures.py
 	$(PY) fixtures/gen/torchscript_fixtures.py

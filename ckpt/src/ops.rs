@@ -223,10 +223,8 @@ pub fn convert(ck: &Checkpoint, dst: &Path, options: &ConvertOptions, opts: &Wri
     if single && options.max_shard_size.is_some() {
         return Err(bad(dst, "sharded output needs a folder, not a file name"));
     }
-    if let Some(d) = options.dtype {
-        if !matches!(d, Dtype::F32 | Dtype::F16 | Dtype::BF16) {
-            return Err(bad(dst, format!("`--dtype` must be f32, f16 or bf16, not `{d}`")));
-        }
+    if let Some(d) = options.dtype.filter(|d| !crate::cast::is_castable(*d)) {
+        return Err(bad(dst, format!("`--dtype` must be a float dtype (f64, f32, f16, bf16 or FP8), not `{d}`")));
     }
 
     // Exact aliases: grouped by the bytes they read, the first name in sorted order kept.

@@ -111,9 +111,12 @@ pub enum Command {
         src: String,
         /// The output file, or a folder for sharded output.
         dst: PathBuf,
-        /// Cast floating-point tensors (f64, f32, f16, bf16) to this dtype, with torch's rounding.
-        #[arg(long, value_enum)]
-        dtype: Option<DtypeArg>,
+        /// Cast floating-point tensors (f64, f32, f16, bf16, FP8) to this dtype, with the bits
+        /// torch's `.to(dtype)` gives: `f32`, `f16`, `bf16`, `f64`, torch's names
+        /// (`float8_e4m3fn`, `float8_e5m2`, `float8_e4m3fnuz`, `float8_e5m2fnuz`,
+        /// `float8_e8m0fnu`, `bfloat16`, ...) or safetensors' (`F8_E4M3`, `F8_E5M2`, `BF16`, ...).
+        #[arg(long, value_parser = cast_dtype)]
+        dtype: Option<ckpt::Dtype>,
         /// Shard into DST (a folder) with files of at most this size (`5GB` is 5·10⁹ bytes).
         #[arg(long)]
         max_shard_size: Option<String>,
@@ -158,11 +161,16 @@ pub enum Command {
     },
 }
 
-#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum DtypeArg {
-    F32,
-    F16,
-    Bf16,
+/// `--dtype`: a float dtype by torch's, safetensors' or a short name.
+fn cast_dtype(s: &str) -> Result<ckpt::Dtype, String> {
+    match ckpt::Dtype::parse(s) {
+        Some(d) if d.is_castable() => Ok(d),
+        Some(d) => Err(format!("`{d}` is not a float dtype a cast can produce")),
+        None => Err(format!("unknown dtype `{s}`")),
+    }
+    .map_err(|e| {
+        format!("{e}\nhint: use f32, f16, bf16, f64, float8_e4m3fn, float8_e5m2, float8_e4m3fnuz, float8_e5m2fnuz, float8_e8m0fnu (or F8_E4M3, ...)")
+    })
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -277,11 +285,7 @@ fn run(cli: &Cli) -> anyhow::Result<ExitCode> {
             }
             let options = ckpt::ConvertOptions {
                 to,
-                dtype: dtype.map(|d| match d {
-                    DtypeArg::F32 => ckpt::Dtype::F32,
-                    DtypeArg::F16 => ckpt::Dtype::F16,
-                    DtypeArg::Bf16 => ckpt::Dtype::BF16,
-                }),
+                dtype: *dtype,
                 max_shard_size: max_shard_size.as_deref().map(ckpt::parse_size).transpose()?,
                 dedupe: *dedupe,
                 world_size: *world_size,
