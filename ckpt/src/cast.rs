@@ -29,7 +29,7 @@
 
 use crate::dtype::Dtype;
 
-mod fp8;
+pub(crate) mod fp8;
 
 /// True for the dtypes `--dtype` converts (f64, f32, f16, bf16 and every FP8); everything
 /// else is copied as is.

@@ -21,6 +21,7 @@
 
 #![warn(missing_docs, unreachable_pub)]
 
+mod blockscale;
 mod cast;
 mod catalog;
 mod dtype;
@@ -40,6 +41,7 @@ mod value;
 mod verify;
 mod write;
 
+pub use blockscale::BlockScaling;
 pub use catalog::{Checkpoint, Chunk, Format, SourceFile, TensorInfo};
 pub use dtype::Dtype;
 pub use error::{escape_controls, Error, Result};
