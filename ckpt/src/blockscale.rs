@@ -200,20 +200,26 @@ pub(crate) fn run(
             let table: Vec<f32> = (0..=255u8).map(|b| f32::from_bits(fp8::to_f32(format, b))).collect();
             let scols = blocks(*cols, *block) as usize;
             let (cols, block) = (*cols as usize, *block as usize);
+            // The product narrowed as `cast_into` narrows an f32, without a second buffer.
+            let put: fn(f32, &mut Vec<u8>) = match to {
+                Dtype::BF16 => |x, o| o.extend_from_slice(&cast::f32_to_bf16(x.to_bits()).to_le_bytes()),
+                Dtype::F16 => |x, o| o.extend_from_slice(&cast::f32_to_f16(x.to_bits()).to_le_bytes()),
+                Dtype::F64 => |x, o| o.extend_from_slice(&f64::from(x).to_bits().to_le_bytes()),
+                _ => |x, o| o.extend_from_slice(&x.to_le_bytes()),
+            };
             let mut out = Vec::new();
-            let mut prod: Vec<u8> = Vec::new();
             let mut band = 0usize;
             for_each_window(srcs, t, band_bytes(cols as u64, block as u64, 1), |bytes| {
-                prod.clear();
-                prod.reserve(bytes.len() * 4);
+                out.clear();
+                out.reserve(bytes.len() * (to.bits() / 8) as usize);
                 let srow = &scale[band * scols..(band + 1) * scols];
                 for row in bytes.chunks(cols) {
                     for (seg, &s) in row.chunks(block).zip(srow) {
-                        prod.extend(seg.iter().flat_map(|&b| (table[usize::from(b)] * s).to_le_bytes()));
+                        for &b in seg {
+                            put(table[usize::from(b)] * s, &mut out);
+                        }
                     }
                 }
-                out.clear();
-                cast::cast_into(&prod, Dtype::F32, to, &mut out);
                 band += 1;
                 emit(&out)
             })

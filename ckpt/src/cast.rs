@@ -121,7 +121,7 @@ fn f16_to_f32(h: u16) -> u32 {
     }
 }
 
-fn f32_to_f16(x: u32) -> u16 {
+pub(crate) fn f32_to_f16(x: u32) -> u16 {
     let sign = ((x >> 16) & 0x8000) as u16;
     let exp = x & 0x7f80_0000;
     let man = x & 0x007f_ffff;

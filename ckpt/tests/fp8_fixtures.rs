@@ -40,3 +40,50 @@ fn save_file_fp8_tensors_read_back_as_torch_wrote_them() {
 fn torch_save_fp8_tensors_read_back_as_torch_wrote_them() {
     check("tensors.pt");
 }
+
+fn convert(src: &std::path::Path, dst: &std::path::Path, blocks: ckpt::BlockScaling) -> ckpt::Result<ckpt::Outcome> {
+    let ck = Checkpoint::open(src.to_str().unwrap())?;
+    let options = ckpt::ConvertOptions { blocks: Some(blocks), ..Default::default() };
+    ckpt::convert(&ck, dst, &options, &ckpt::WriteOptions::default())
+}
+
+#[test]
+fn dequantize_drops_the_scales_and_widens_only_the_fp8_weights() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out.safetensors");
+    convert(&root().join("blockscaled"), &out, ckpt::BlockScaling::Dequantize { to: Dtype::BF16, block: 128 }).unwrap();
+    let src = Checkpoint::open(root().join("blockscaled").to_str().unwrap()).unwrap();
+    let got = Checkpoint::open(out.to_str().unwrap()).unwrap();
+    let kept: Vec<&str> =
+        src.tensors().iter().map(|t| t.name.as_str()).filter(|n| !n.ends_with("_scale_inv")).collect();
+    let mut names: Vec<&str> = got.tensors().iter().map(|t| t.name.as_str()).collect();
+    names.sort();
+    let mut want = kept.clone();
+    want.sort();
+    assert_eq!(names, want);
+    assert!(got.tensors().iter().all(|t| t.dtype == Dtype::BF16));
+    // A 1-D norm of ones is copied as is.
+    let norm = got.tensors().iter().find(|t| t.name == "model.layers.0.norm.weight").unwrap();
+    assert!(got.read_tensor(norm).unwrap().chunks(2).all(|b| b == [0x80, 0x3f]));
+}
+
+#[test]
+fn a_scale_shape_that_does_not_match_the_blocks_is_refused_with_both_names() {
+    let dir = tempfile::tempdir().unwrap();
+    let w = vec![0u8; 300 * 200];
+    let s = vec![0u8; 2 * 2 * 4];
+    let views = vec![
+        ("a.weight", safetensors::tensor::TensorView::new(safetensors::Dtype::F8_E4M3, vec![300, 200], &w).unwrap()),
+        ("a.weight_scale_inv", safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![2, 2], &s).unwrap()),
+    ];
+    let src = dir.path().join("bad.safetensors");
+    safetensors::serialize_to_file(views, None, &src).unwrap();
+    let out = dir.path().join("out.safetensors");
+    let err = convert(&src, &out, ckpt::BlockScaling::Dequantize { to: Dtype::BF16, block: 128 }).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "block-scaled weight `a.weight` with scales `a.weight_scale_inv`: the scales have shape [2, 2], \
+         but a weight of shape [300, 200] in blocks of 128 needs [3, 2]"
+    );
+    assert!(!out.exists());
+}
