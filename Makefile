@@ -51,6 +51,7 @@ fixtures: setup
 	python3 fixtures/gen/hostile_safetensors.py
 	$(PY) fixtures/gen/torch_fixtures.py
 	$(PY) fixtures/gen/fp8_fixtures.py
+	$(PY) fixtures/gen/accelerate_state_fixtures.py
 	$(PY) fixtures/gen/torch_weights_only_globals.py
 	$(PY) fixtures/gen/torch_compat_fixtures.py
 	$(PY) fixtures/gen/torchscript_fixtures.py
