@@ -21,6 +21,7 @@
 
 #![warn(missing_docs, unreachable_pub)]
 
+mod accelerate;
 mod blockscale;
 mod cast;
 mod catalog;
@@ -41,6 +42,7 @@ mod value;
 mod verify;
 mod write;
 
+pub use accelerate::{read_rng_state, NumpyRng, RngState};
 pub use blockscale::BlockScaling;
 pub use catalog::{Checkpoint, Chunk, Format, SourceFile, TensorInfo};
 pub use dtype::Dtype;

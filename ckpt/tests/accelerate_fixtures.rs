@@ -2,7 +2,8 @@
 //! (`fixtures/gen/accelerate_state_fixtures.py`): each model, optimizer, scheduler, data
 //! position and custom-object file, opened on its own, reads back to the tensors and values
 //! `torch.load` gives (recorded in `expected.json`). The RNG files reference numpy's array
-//! reconstruction, which the torch reader's allow-list does not admit: they are refused by name.
+//! reconstruction: the plain torch reader refuses it by name, and `read_rng_state`, whose
+//! allow-list admits exactly numpy's reconstruction as inert data, decodes them.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::PathBuf;
@@ -92,10 +93,44 @@ fn the_folders_hold_what_accelerate_1_15_names_them() {
 }
 
 #[test]
-fn rng_files_are_refused_by_the_name_of_numpys_reconstruction() {
+fn the_plain_torch_reader_refuses_rng_files_by_the_name_of_numpys_reconstruction() {
     for folder in FOLDERS {
         let path = root().join(folder).join("random_states_0.pkl");
         let err = Checkpoint::open(path.to_str().unwrap()).unwrap_err().to_string();
         assert!(err.contains("refusing global `numpy._core.multiarray._reconstruct`"), "{folder}: {err}");
     }
+}
+
+#[test]
+fn rng_files_decode_as_data_with_numpys_key() {
+    let all = expected();
+    for folder in FOLDERS {
+        let want = &all[folder]["random_states_0.pkl"]["rng"];
+        let got = ckpt::read_rng_state(&root().join(folder).join("random_states_0.pkl")).unwrap();
+        assert_eq!(serde_json::json!(got.step), want["step"], "{folder}");
+        let gens: Vec<&str> = want["generators"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|g| g.as_str().unwrap())
+            .filter(|g| *g != "step")
+            .collect();
+        assert_eq!(got.generators, gens, "{folder}");
+        let np = got.numpy.as_ref().expect("numpy state");
+        assert_eq!(np.kind, want["numpy"]["kind"], "{folder}");
+        assert_eq!(serde_json::json!(np.pos), want["numpy"]["pos"], "{folder}");
+        assert_eq!(serde_json::json!(np.key.len()), want["numpy"]["key_len"], "{folder}");
+        assert_eq!(serde_json::json!(np.key[..4]), want["numpy"]["key_first"], "{folder}");
+        let bytes: Vec<u8> = np.key.iter().flat_map(|w| w.to_le_bytes()).collect();
+        let sha: String = Sha256::digest(&bytes).iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(sha, want["numpy"]["key_sha256"], "{folder}");
+        assert_eq!(serde_json::json!(got.torch_state_len), want["torch_state_len"], "{folder}");
+    }
+}
+
+#[test]
+fn the_rng_reader_admits_numpys_reconstruction_and_nothing_else() {
+    let hostile = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../fixtures/hostile/torch/os_system.pt");
+    let err = ckpt::read_rng_state(&hostile).unwrap_err().to_string();
+    assert!(err.contains("refusing global `posix.system`"), "{err}");
 }
