@@ -56,6 +56,7 @@ fixtures: setup
 	$(PY) fixtures/gen/torch_compat_fixtures.py
 	$(PY) fixtures/gen/torchscript_fixtures.py
 	$(PY) fixtures/gen/hostile_torch.py
+	$(PY) fixtures/gen/hostile_accelerate.py
 	$(PY) fixtures/gen/dataload_vectors.py
 	$(PY) fixtures/gen/dataload_sources.py
 	PATH=$(VENV)/bin:$$PATH $(PY) fixtures/gen/dcp_fixtures.py

@@ -134,3 +134,18 @@ fn the_rng_reader_admits_numpys_reconstruction_and_nothing_else() {
     let err = ckpt::read_rng_state(&hostile).unwrap_err().to_string();
     assert!(err.contains("refusing global `posix.system`"), "{err}");
 }
+
+#[test]
+fn hostile_rng_files_are_refused_with_the_reason() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../fixtures/hostile/accelerate");
+    let err = |f: &str| ckpt::read_rng_state(&dir.join(f)).unwrap_err().to_string();
+    let short = err("key_short.pkl");
+    assert!(short.ends_with("key_short.pkl: `numpy_random_seed`: the key has 100 bytes, not 2496"), "{short}");
+    let big = err("key_big_endian.pkl");
+    assert!(
+        big.contains("key_big_endian.pkl: `numpy_random_seed`: the key is not a little-endian `u4` array"),
+        "{big}"
+    );
+    let system = err("system.pkl");
+    assert!(system.contains("refusing global `posix.system`"), "{system}");
+}
