@@ -250,8 +250,7 @@ pub(crate) fn run(
 /// True for the weights `--quantize` turns into FP8: 2-D wide floats named `*weight`, and
 /// unless `all_2d`, not an embedding, a norm or the output head.
 pub(crate) fn quantizable(t: &TensorInfo, all_2d: bool) -> bool {
-    let leaf = t.name.rsplit('.').nth(1).unwrap_or("");
-    let special = ["embed", "norm", "lm_head", "wte", "wpe"].iter().any(|s| t.name.contains(s) || leaf.contains(s));
+    let special = ["embed", "norm", "lm_head", "wte", "wpe"].iter().any(|s| t.name.contains(s));
     t.shape.len() == 2 && cast::is_wide(t.stored) && t.name.ends_with("weight") && (all_2d || !special)
 }
 

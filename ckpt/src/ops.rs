@@ -51,7 +51,8 @@ pub struct ConvertOptions {
     /// The format; by default from the destination's extension (`.safetensors`, `.bin`/`.pt`/
     /// `.pth`), safetensors for a folder.
     pub to: Option<TargetFormat>,
-    /// Cast floating-point tensors (f64, f32, f16, bf16) to this dtype; others are kept.
+    /// Cast floating-point tensors (f64, f32, f16, bf16, FP8) to this dtype, with the bits
+    /// torch's `.to(dtype)` gives on CPU; others are kept.
     pub dtype: Option<Dtype>,
     /// Shard into a folder with files of at most this many bytes (huggingface_hub's layout).
     pub max_shard_size: Option<u64>,
