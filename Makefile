@@ -67,10 +67,13 @@ fixtures: setup
 	$(PY) fixtures/gen/safetensors_fixtures.py
 	python3 fixtures/gen/hostile_safetensors.py
 	$(PY) fixtures/gen/torch_fixtures.py
+	$(PY) fixtures/gen/fp8_fixtures.py
+	$(PY) fixtures/gen/accelerate_state_fixtures.py
 	$(PY) fixtures/gen/torch_weights_only_globals.py
 	$(PY) fixtures/gen/torch_compat_fixtures.py
 	$(PY) fixtures/gen/torchscript_fixtures.py
 	$(PY) fixtures/gen/hostile_torch.py
+	$(PY) fixtures/gen/hostile_accelerate.py
 	$(PY) fixtures/gen/dataload_vectors.py
 	$(PY) fixtures/gen/dataload_sources.py
 	PATH=$(VENV)/bin:$$PATH $(PY) fixtures/gen/dcp_fixtures.py

@@ -14,6 +14,7 @@ CKPT_BIN=$PWD/$CKPT BENCH_DIR=bench/work/torch bash -c 'mkdir -p "$BENCH_DIR" &&
 "$PY" bench/dcp_bench.py --repeats 3 --write-results --rust "$CKPT merge {src} {out}/model.safetensors"
 "$PY" bench/ds_bench.py --ckpt "$CKPT"
 "$PY" bench/vs_cp.py --ckpt "$CKPT" --pairs "${VS_CP_PAIRS:-7}"
+"$PY" bench/fp8_bench.py --ckpt "$CKPT"
 "$PY" bench/dataload_bench.py
 "$PY" bench/dataload_sources_bench.py
 "$PY" bench/python_bench.py

@@ -125,6 +125,58 @@ impl Dtype {
         Dtype::ALL.into_iter().find(|d| d.safetensors_name() == name)
     }
 
+    /// torch's name for the dtype (`float8_e4m3fn`, `bfloat16`, ...), without `torch.`.
+    pub fn torch_name(self) -> &'static str {
+        match self {
+            Dtype::Bool => "bool",
+            Dtype::F4 => "float4_e2m1fn_x2",
+            Dtype::F6E2M3 => "float6_e2m3",
+            Dtype::F6E3M2 => "float6_e3m2",
+            Dtype::U8 => "uint8",
+            Dtype::I8 => "int8",
+            Dtype::F8E5M2 => "float8_e5m2",
+            Dtype::F8E4M3 => "float8_e4m3fn",
+            Dtype::F8E8M0 => "float8_e8m0fnu",
+            Dtype::F8E4M3Fnuz => "float8_e4m3fnuz",
+            Dtype::F8E5M2Fnuz => "float8_e5m2fnuz",
+            Dtype::I16 => "int16",
+            Dtype::U16 => "uint16",
+            Dtype::F16 => "float16",
+            Dtype::BF16 => "bfloat16",
+            Dtype::I32 => "int32",
+            Dtype::U32 => "uint32",
+            Dtype::F32 => "float32",
+            Dtype::C64 => "complex64",
+            Dtype::F64 => "float64",
+            Dtype::I64 => "int64",
+            Dtype::U64 => "uint64",
+            Dtype::C128 => "complex128",
+        }
+    }
+
+    /// Parses a dtype the way a user writes it: safetensors' name (`F8_E4M3`, `BF16`), torch's
+    /// (`float8_e4m3fn`, `torch.bfloat16`), or a short float name (`f32`, `f16`, `bf16`,
+    /// `f64`, case ignored).
+    pub fn parse(name: &str) -> Option<Dtype> {
+        let bare = name.strip_prefix("torch.").unwrap_or(name);
+        let short = match bare.to_ascii_lowercase().as_str() {
+            "f64" | "fp64" | "double" => Some(Dtype::F64),
+            "f32" | "fp32" | "float" => Some(Dtype::F32),
+            "f16" | "fp16" | "half" => Some(Dtype::F16),
+            "bf16" => Some(Dtype::BF16),
+            _ => None,
+        };
+        short
+            .or_else(|| Dtype::from_safetensors_name(bare))
+            .or_else(|| Dtype::ALL.into_iter().chain([Dtype::C128]).find(|d| d.torch_name() == bare))
+    }
+
+    /// True for the floating-point dtypes a cast can produce and read (f64, f32, f16, bf16 and
+    /// the five FP8 dtypes), with the bits torch's `.to(dtype)` gives on CPU.
+    pub fn is_castable(self) -> bool {
+        crate::cast::is_castable(self)
+    }
+
     /// Size of one element in bits (4 and 6 for the sub-byte float formats).
     pub fn bits(self) -> u64 {
         match self {
@@ -169,6 +221,22 @@ mod tests {
             assert_eq!(Dtype::from_safetensors_name(d.safetensors_name()), Some(d));
         }
         assert_eq!(Dtype::from_safetensors_name("F128"), None);
+    }
+
+    #[test]
+    fn user_names_parse() {
+        for d in Dtype::ALL {
+            assert_eq!(Dtype::parse(d.safetensors_name()), Some(d));
+            assert_eq!(Dtype::parse(d.torch_name()), Some(d));
+            assert_eq!(Dtype::parse(&format!("torch.{}", d.torch_name())), Some(d));
+        }
+        assert_eq!(Dtype::parse("float8_e4m3fn"), Some(Dtype::F8E4M3));
+        assert_eq!(Dtype::parse("F8_E5M2"), Some(Dtype::F8E5M2));
+        assert_eq!(Dtype::parse("bf16"), Some(Dtype::BF16));
+        assert_eq!(Dtype::parse("F16"), Some(Dtype::F16));
+        assert_eq!(Dtype::parse("float8"), None);
+        let castable: Vec<Dtype> = Dtype::ALL.into_iter().filter(|d| d.is_castable()).collect();
+        assert_eq!(castable.len(), 9);
     }
 
     #[test]

@@ -204,6 +204,11 @@ pub enum Error {
         dst: PathBuf,
         reason: String,
     },
+    BadBlockScale {
+        weight: String,
+        scale: String,
+        reason: String,
+    },
     BadZeroCheckpoint {
         path: PathBuf,
         rank: u64,
@@ -400,6 +405,9 @@ impl Error {
             Error::BadConvert { dst, reason } => {
                 let dst = dst.display();
                 format!("cannot convert to {dst}: {reason}")
+            }
+            Error::BadBlockScale { weight, scale, reason } => {
+                format!("block-scaled weight `{weight}` with scales `{scale}`: {reason}")
             }
             Error::BadZeroCheckpoint { path, rank, tensor, reason } => {
                 let path = path.display();

@@ -22,6 +22,8 @@
 
 #![warn(missing_docs, unreachable_pub)]
 
+mod accelerate;
+mod blockscale;
 mod cast;
 mod catalog;
 mod dtype;
@@ -42,6 +44,8 @@ mod value;
 mod verify;
 mod write;
 
+pub use accelerate::{read_rng_state, NumpyRng, RngState};
+pub use blockscale::BlockScaling;
 pub use catalog::{Checkpoint, Chunk, Format, SourceFile, TensorInfo};
 pub use dtype::Dtype;
 pub use error::{escape_controls, Error, Result};

@@ -12,6 +12,7 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
+use crate::blockscale::{self, BlockScaling, Compute};
 use crate::catalog::{Checkpoint, TensorInfo};
 use crate::dtype::Dtype;
 use crate::error::{Error, Result};
@@ -50,7 +51,8 @@ pub struct ConvertOptions {
     /// The format; by default from the destination's extension (`.safetensors`, `.bin`/`.pt`/
     /// `.pth`), safetensors for a folder.
     pub to: Option<TargetFormat>,
-    /// Cast floating-point tensors (f64, f32, f16, bf16) to this dtype; others are kept.
+    /// Cast floating-point tensors (f64, f32, f16, bf16, FP8) to this dtype, with the bits
+    /// torch's `.to(dtype)` gives on CPU; others are kept.
     pub dtype: Option<Dtype>,
     /// Shard into a folder with files of at most this many bytes (huggingface_hub's layout).
     pub max_shard_size: Option<u64>,
@@ -58,6 +60,8 @@ pub struct ConvertOptions {
     pub dedupe: bool,
     /// With [`TargetFormat::Dcp`]: the number of ranks to lay the checkpoint out for.
     pub world_size: Option<u64>,
+    /// Dequantize or quantize block-scaled FP8 weights (not with `dtype`).
+    pub blocks: Option<BlockScaling>,
 }
 
 /// The largest world size an operation lays a checkpoint out for (a million ranks): larger
@@ -86,8 +90,11 @@ fn bad(dst: &Path, reason: impl Into<String>) -> Error {
 pub fn split(ck: &Checkpoint, out_dir: &Path, max_shard_size: u64, opts: &WriteOptions<'_>) -> Result<Outcome> {
     let tensors: Vec<&TensorInfo> = ck.tensors.iter().collect();
     let keys = plan::storage_keys(&tensors);
-    let outs: Vec<Out> =
-        tensors.iter().zip(keys).map(|(t, key)| Out { tensor: t, dtype: t.dtype, key, tied_to: None }).collect();
+    let outs: Vec<Out> = tensors
+        .iter()
+        .zip(keys)
+        .map(|(t, key)| Out { tensor: t, dtype: t.dtype, key, tied_to: None, compute: None })
+        .collect();
     let mut meta = Meta::from_folded(ck.metadata()?);
     meta.format.get_or_insert_with(|| "pt".into());
     let dest = Dest::Shards { dir: out_dir.to_path_buf(), max: max_shard_size, style: IndexStyle::Hub };
@@ -132,8 +139,11 @@ pub fn merge(ck: &Checkpoint, out: &Path, options: &MergeOptions, opts: &WriteOp
     }
     let tensors: Vec<&TensorInfo> = ck.tensors.iter().collect();
     let keys = plan::storage_keys(&tensors);
-    let outs: Vec<Out> =
-        tensors.iter().zip(keys).map(|(t, key)| Out { tensor: t, dtype: t.dtype, key, tied_to: None }).collect();
+    let outs: Vec<Out> = tensors
+        .iter()
+        .zip(keys)
+        .map(|(t, key)| Out { tensor: t, dtype: t.dtype, key, tied_to: None, compute: None })
+        .collect();
     let meta = Meta::from_folded(ck.metadata()?);
     let dest = match options.max_shard_size {
         Some(max) => Dest::Shards { dir: out.to_path_buf(), max, style: IndexStyle::ZeroToFp32 },
@@ -156,8 +166,11 @@ pub fn merge(ck: &Checkpoint, out: &Path, options: &MergeOptions, opts: &WriteOp
         }
         let moments = deepspeed::moments(z);
         let refs: Vec<&TensorInfo> = moments.iter().collect();
-        let outs: Vec<Out> =
-            refs.iter().enumerate().map(|(i, t)| Out { tensor: t, dtype: t.dtype, key: i, tied_to: None }).collect();
+        let outs: Vec<Out> = refs
+            .iter()
+            .enumerate()
+            .map(|(i, t)| Out { tensor: t, dtype: t.dtype, key: i, tied_to: None, compute: None })
+            .collect();
         let meta = Meta { format: Some("pt".into()), user: Vec::new() };
         let mut extra = Plan::default();
         plan::safetensors(&outs, &meta, &Dest::File(path.clone()), &mut extra)?;
@@ -226,7 +239,7 @@ pub fn convert(ck: &Checkpoint, dst: &Path, options: &ConvertOptions, opts: &Wri
         _ => TargetFormat::Safetensors,
     };
     if format == TargetFormat::Dcp {
-        if options.dtype.is_some() || options.max_shard_size.is_some() || options.dedupe {
+        if options.dtype.is_some() || options.max_shard_size.is_some() || options.dedupe || options.blocks.is_some() {
             return Err(bad(dst, "DCP output takes only a world size"));
         }
         let world = options.world_size.ok_or_else(|| bad(dst, "DCP output needs a world size"))?;
@@ -239,11 +252,14 @@ pub fn convert(ck: &Checkpoint, dst: &Path, options: &ConvertOptions, opts: &Wri
     if single && options.max_shard_size.is_some() {
         return Err(bad(dst, "sharded output needs a folder, not a file name"));
     }
-    if let Some(d) = options.dtype {
-        if !matches!(d, Dtype::F32 | Dtype::F16 | Dtype::BF16) {
-            return Err(bad(dst, format!("`--dtype` must be f32, f16 or bf16, not `{d}`")));
-        }
+    if let Some(d) = options.dtype.filter(|d| !crate::cast::is_castable(*d)) {
+        return Err(bad(dst, format!("`--dtype` must be a float dtype (f64, f32, f16, bf16 or FP8), not `{d}`")));
     }
+    let blocks = match options.blocks {
+        Some(_) if options.dtype.is_some() => return Err(bad(dst, "`--dtype` and block scaling do not combine")),
+        Some(b) => Some(block_plan(ck, b, dst)?),
+        None => None,
+    };
 
     // Exact aliases: grouped by the bytes they read, the first name in sorted order kept.
     let mut tie_of: HashMap<usize, usize> = HashMap::new();
@@ -276,9 +292,23 @@ pub fn convert(ck: &Checkpoint, dst: &Path, options: &ConvertOptions, opts: &Wri
             Some(d) if crate::cast::is_castable(t.dtype) => d,
             _ => t.dtype,
         };
+        let mut compute = None;
+        let mut dtype = dtype;
+        if let Some(b) = &blocks {
+            if b.dropped.contains(&i) {
+                continue;
+            }
+            if let Some((d, c)) = b.computed.get(&i) {
+                (dtype, compute) = (*d, Some(c.clone()));
+            }
+        }
         out_of_src.insert(i, outs.len());
         let key = outs.len();
-        outs.push(Out { tensor: t, dtype, key, tied_to: None });
+        outs.push(Out { tensor: t, dtype, key, tied_to: None, compute });
+        if let Some((scale, c)) = blocks.as_ref().and_then(|b| b.added.get(&i)) {
+            let key = outs.len();
+            outs.push(Out { tensor: scale, dtype: Dtype::F32, key, tied_to: None, compute: Some(c.clone()) });
+        }
     }
     // Tied tensors count once and follow their storage.
     for (i, k) in &tie_of {
@@ -305,6 +335,71 @@ pub fn convert(ck: &Checkpoint, dst: &Path, options: &ConvertOptions, opts: &Wri
     outcome.aliases = aliases;
     outcome.values = ck.values.iter().map(|(k, _)| k.clone()).collect();
     Ok(outcome)
+}
+
+/// What block scaling does to a checkpoint's tensors, by index.
+struct BlockPlan {
+    /// Tensors whose bytes are computed: the dtype they are written as and how.
+    computed: HashMap<usize, (Dtype, blockscale::SharedCompute)>,
+    /// Tensors left out (the scales of dequantized weights).
+    dropped: std::collections::HashSet<usize>,
+    /// Tensors written right after a source tensor (the scales of quantized weights).
+    added: HashMap<usize, (TensorInfo, blockscale::SharedCompute)>,
+}
+
+fn block_plan(ck: &Checkpoint, scaling: BlockScaling, dst: &Path) -> Result<BlockPlan> {
+    let mut p = BlockPlan { computed: HashMap::new(), dropped: Default::default(), added: HashMap::new() };
+    let index: HashMap<&str, usize> = ck.tensors.iter().enumerate().map(|(i, t)| (t.name.as_str(), i)).collect();
+    let srcs = crate::io::Sources::open(ck.files.iter().map(|f| f.path.as_path()))?;
+    let check_block = |b: u64| if b == 0 { Err(bad(dst, "the block size must be at least 1")) } else { Ok(b) };
+    match scaling {
+        BlockScaling::Dequantize { to, block } => {
+            let block = check_block(block)?;
+            if !crate::cast::is_wide(to) {
+                return Err(bad(dst, format!("`--dequantize` writes f32, f16 or bf16, not `{to}`")));
+            }
+            for (i, t) in ck.tensors.iter().enumerate() {
+                if crate::cast::fp8::Format::of(t.stored).is_none() || t.name.ends_with(blockscale::SCALE_SUFFIX) {
+                    continue;
+                }
+                let scale_name = format!("{}{}", t.name, blockscale::SCALE_SUFFIX);
+                let Some(&si) = index.get(scale_name.as_str()) else {
+                    return Err(Error::BadBlockScale {
+                        weight: t.name.clone(),
+                        scale: scale_name,
+                        reason: "the weight is FP8 but the checkpoint has no such scales".into(),
+                    });
+                };
+                let scale = blockscale::read_scales(&srcs, t, &ck.tensors[si], block)?;
+                let cols = t.shape.get(1).copied().unwrap_or(0);
+                p.computed.insert(i, (to, std::sync::Arc::new(Compute::Dequantize { scale, cols, block })));
+                p.dropped.insert(si);
+            }
+        }
+        BlockScaling::Quantize { block, all_2d } => {
+            let block = check_block(block)?;
+            for (i, t) in ck.tensors.iter().enumerate() {
+                let scale_name = format!("{}{}", t.name, blockscale::SCALE_SUFFIX);
+                if !blockscale::quantizable(t, all_2d) || t.numel() == 0 {
+                    continue;
+                }
+                if index.contains_key(scale_name.as_str()) {
+                    return Err(bad(
+                        dst,
+                        format!("`{scale_name}` already exists; `{}` is not quantized twice", t.name),
+                    ));
+                }
+                let scale = blockscale::quantize_scales(&srcs, t, block)?;
+                let shape = blockscale::scale_shape(&t.shape, block).unwrap_or_default();
+                let bytes: Vec<u8> = scale.iter().flat_map(|s| s.to_le_bytes()).collect();
+                let cols = t.shape[1];
+                p.computed.insert(i, (Dtype::F8E4M3, std::sync::Arc::new(Compute::Quantize { scale, cols, block })));
+                let info = TensorInfo::ranges(scale_name, Dtype::F32, shape, Vec::new());
+                p.added.insert(i, (info, std::sync::Arc::new(Compute::Bytes(bytes))));
+            }
+        }
+    }
+    Ok(p)
 }
 
 fn name_of(f: TargetFormat) -> &'static str {

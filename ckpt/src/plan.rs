@@ -33,6 +33,8 @@ pub(crate) struct Out<'a> {
     /// For torch output: the index (into the output list) of the tensor whose storage this one
     /// shares instead of having its own.
     pub tied_to: Option<usize>,
+    /// What the bytes are computed by instead of a copy or cast (block-scaled FP8).
+    pub compute: Option<crate::blockscale::SharedCompute>,
 }
 
 impl Out<'_> {
@@ -286,7 +288,7 @@ pub(crate) fn safetensors(outs: &[Out<'_>], meta: &Meta, dest: &Dest, plan: &mut
         let mut target = TargetFile::new(path.clone(), layout.head, layout.file_len);
         for &i in members {
             let o = &outs[i];
-            target.place(o.tensor, o.dtype, at.get(o.tensor.name.as_str()).copied().unwrap_or(0));
+            target.place(o.tensor, o.dtype, at.get(o.tensor.name.as_str()).copied().unwrap_or(0), o.compute.clone());
         }
         plan.targets.push(target);
     }
@@ -328,7 +330,7 @@ pub(crate) fn torch(
                 continue;
             }
             let off = storage_of.get(&i).and_then(|&s| layout.storage_offsets.get(s)).copied().unwrap_or(0);
-            target.place(o.tensor, o.dtype, off);
+            target.place(o.tensor, o.dtype, off, o.compute.clone());
         }
         target.seal = Some(Box::new(TorchSeal(vec![(0, layout)])));
         plan.targets.push(target);

@@ -42,6 +42,8 @@ pub(crate) struct Gather {
     pub tensor: TensorInfo,
     pub to: Dtype,
     pub dst_off: u64,
+    /// Bytes computed from the tensor's instead of cast (block-scaled FP8).
+    pub compute: Option<crate::blockscale::SharedCompute>,
 }
 
 /// Bytes of a target that depend on the rest of it (torch's CRC32s), written once every copy
@@ -69,7 +71,19 @@ impl TargetFile {
 
     /// Places `tensor`, written as `to`, at `dst_off`: as range copies when its stored bytes
     /// are already what is written (no cast, at most one run per chunk), else as a gather.
-    pub(crate) fn place(&mut self, tensor: &TensorInfo, to: Dtype, dst_off: u64) {
+    pub(crate) fn place(
+        &mut self,
+        tensor: &TensorInfo,
+        to: Dtype,
+        dst_off: u64,
+        compute: Option<crate::blockscale::SharedCompute>,
+    ) {
+        if compute.is_some() {
+            if tensor.numel() > 0 {
+                self.gathers.push(Gather { tensor: tensor.clone(), to, dst_off, compute });
+            }
+            return;
+        }
         let plain = to == tensor.stored && (matches!(tensor.data, TensorData::Ranges(_)) || tensor.run_count() <= 1);
         if plain {
             let mut at = dst_off;
@@ -82,7 +96,7 @@ impl TargetFile {
                 at += len;
             }
         } else if tensor.numel() > 0 {
-            self.gathers.push(Gather { tensor: tensor.clone(), to, dst_off });
+            self.gathers.push(Gather { tensor: tensor.clone(), to, dst_off, compute: None });
         }
     }
 }
@@ -381,6 +395,18 @@ fn gather(
     progress: Option<&(dyn Fn(u64) + Sync)>,
 ) -> Result<()> {
     let t = &g.tensor;
+    if let Some(c) = &g.compute {
+        let mut at = g.dst_off;
+        return crate::blockscale::run(srcs, t, g.to, c, |out| {
+            dst.write_all_at(out, at).at(dst_path)?;
+            sys::start_writeback(dst, at, out.len() as u64);
+            at += out.len() as u64;
+            if let Some(p) = progress {
+                p(out.len() as u64);
+            }
+            Ok(())
+        });
+    }
     let in_elem = (t.stored.bits() / 8).max(1) as usize;
     // A window holds whole elements, so a cast never splits one.
     let window = (WINDOW as usize / in_elem).max(1) * in_elem;

@@ -205,7 +205,10 @@ fn errors_leave_no_partial_output() {
     .unwrap_err();
     assert_eq!(
         err.to_string(),
-        format!("cannot convert to {}: `--dtype` must be f32, f16 or bf16, not `I8`", out.display())
+        format!(
+            "cannot convert to {}: `--dtype` must be a float dtype (f64, f32, f16, bf16 or FP8), not `I8`",
+            out.display()
+        )
     );
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
 }

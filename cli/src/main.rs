@@ -112,9 +112,26 @@ pub enum Command {
         src: String,
         /// The output file, or a folder for sharded output.
         dst: PathBuf,
-        /// Cast floating-point tensors (f64, f32, f16, bf16) to this dtype, with torch's rounding.
-        #[arg(long, value_enum)]
-        dtype: Option<DtypeArg>,
+        /// Cast floating-point tensors (f64, f32, f16, bf16, FP8) to this dtype, with the bits
+        /// torch's `.to(dtype)` gives: `f32`, `f16`, `bf16`, `f64`, torch's names
+        /// (`float8_e4m3fn`, `float8_e5m2`, `float8_e4m3fnuz`, `float8_e5m2fnuz`,
+        /// `float8_e8m0fnu`, `bfloat16`, ...) or safetensors' (`F8_E4M3`, `F8_E5M2`, `BF16`, ...).
+        #[arg(long, value_parser = cast_dtype)]
+        dtype: Option<ckpt::Dtype>,
+        /// Dequantize block-scaled FP8 weights (an FP8 `W` with an f32 `W_scale_inv` per block)
+        /// to this dtype (f32, f16, bf16), dropping the scales.
+        #[arg(long, value_parser = cast_dtype, conflicts_with_all = ["dtype", "quantize"])]
+        dequantize: Option<ckpt::Dtype>,
+        /// Quantize the 2-D linear weights to block-scaled FP8 (`fp8-e4m3`: per-block
+        /// amax / 448, scales as f32 `W_scale_inv`); embeddings, norms and the head are kept.
+        #[arg(long, value_enum, conflicts_with = "dtype")]
+        quantize: Option<QuantArg>,
+        /// With `--quantize`: also quantize embeddings and the head (every 2-D `*weight`).
+        #[arg(long, requires = "quantize")]
+        quantize_all: bool,
+        /// The block edge of `--dequantize`/`--quantize`.
+        #[arg(long, default_value_t = 128)]
+        block_size: u64,
         /// Shard into DST (a folder) with files of at most this size (`5GB` is 5·10⁹ bytes).
         #[arg(long)]
         max_shard_size: Option<String>,
@@ -159,11 +176,23 @@ pub enum Command {
     },
 }
 
+/// `--dtype`: a float dtype by torch's, safetensors' or a short name.
+fn cast_dtype(s: &str) -> Result<ckpt::Dtype, String> {
+    match ckpt::Dtype::parse(s) {
+        Some(d) if d.is_castable() => Ok(d),
+        Some(d) => Err(format!("`{d}` is not a float dtype a cast can produce")),
+        None => Err(format!("unknown dtype `{s}`")),
+    }
+    .map_err(|e| {
+        format!("{e}\nhint: use f32, f16, bf16, f64, float8_e4m3fn, float8_e5m2, float8_e4m3fnuz, float8_e5m2fnuz, float8_e8m0fnu (or F8_E4M3, ...)")
+    })
+}
+
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum DtypeArg {
-    F32,
-    F16,
-    Bf16,
+pub enum QuantArg {
+    /// `float8_e4m3fn` weights, f32 scales.
+    #[value(name = "fp8-e4m3")]
+    Fp8E4m3,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -260,7 +289,20 @@ fn run(cli: &Cli) -> anyhow::Result<ExitCode> {
                 .or_else(|e| named(e, "merging", src))?;
             Some((ck, done, "merged"))
         }
-        Command::Convert { src, dst, dtype, max_shard_size, to, dedupe, world_size, allow_expanded } => {
+        Command::Convert {
+            src,
+            dst,
+            dtype,
+            dequantize,
+            quantize,
+            quantize_all,
+            block_size,
+            max_shard_size,
+            to,
+            dedupe,
+            world_size,
+            allow_expanded,
+        } => {
             let to = to.map(|t| match t {
                 ToArg::Safetensors => ckpt::TargetFormat::Safetensors,
                 ToArg::Torch => ckpt::TargetFormat::Torch,
@@ -278,11 +320,14 @@ fn run(cli: &Cli) -> anyhow::Result<ExitCode> {
             }
             let options = ckpt::ConvertOptions {
                 to,
-                dtype: dtype.map(|d| match d {
-                    DtypeArg::F32 => ckpt::Dtype::F32,
-                    DtypeArg::F16 => ckpt::Dtype::F16,
-                    DtypeArg::Bf16 => ckpt::Dtype::BF16,
-                }),
+                dtype: *dtype,
+                blocks: match (dequantize, quantize) {
+                    (Some(to), _) => Some(ckpt::BlockScaling::Dequantize { to: *to, block: *block_size }),
+                    (None, Some(QuantArg::Fp8E4m3)) => {
+                        Some(ckpt::BlockScaling::Quantize { block: *block_size, all_2d: *quantize_all })
+                    }
+                    (None, None) => None,
+                },
                 max_shard_size: max_shard_size.as_deref().map(ckpt::parse_size).transpose()?,
                 dedupe: *dedupe,
                 world_size: *world_size,

@@ -79,7 +79,7 @@ pub(crate) fn detect(path: &Path) -> Result<Option<PathBuf>> {
 /// a Python dict keeps an overwritten key where it was).
 pub(crate) fn catalog(dir: PathBuf, tag: Option<&str>) -> Result<Scan> {
     let zero = ZeroCheckpoint::open(&dir, tag)?;
-    let as_fp32 = |d: Dtype| if crate::cast::is_castable(d) { Dtype::F32 } else { d };
+    let as_fp32 = |d: Dtype| if crate::cast::is_wide(d) { Dtype::F32 } else { d };
     let mut tensors: Vec<TensorInfo> = Vec::new();
     for t in zero.buffers.iter().chain(&zero.frozen) {
         let mut info = TensorInfo::ranges(t.name.clone(), as_fp32(t.dtype), t.shape.clone(), t.chunks.clone());

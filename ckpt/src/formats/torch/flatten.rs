@@ -194,6 +194,11 @@ impl Walk<'_> {
                 Some(Obj::Global(super::pickle::Global::OtherDtype(name) | super::pickle::Global::QScheme(name))) => {
                     Leaf::Str((*name).to_string())
                 }
+                // A format's own class passed as an argument (numpy's `ndarray` to its
+                // `_reconstruct`): kept as its name, never imported.
+                Some(Obj::Global(super::pickle::Global::Class(name))) => {
+                    Leaf::Dict(vec![("__class__".to_string(), Leaf::Str((*name).to_string()))])
+                }
                 Some(Obj::Global(g)) => return Err(format!("a bare `{g:?}` is not a value")),
                 // JSON has no complex numbers; the two parts keep the value exact.
                 Some(Obj::Complex(re, im)) => {
