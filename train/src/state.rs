@@ -89,23 +89,15 @@ pub struct TrainState {
 }
 
 /// What a rank snapshots at a checkpoint: its rows of the parameters and moments (FSDP2
-/// chunks, parameter after parameter), and the JSON.
+/// chunks, parameter after parameter, as little-endian `f32` bytes), and the JSON.
 #[derive(Clone, Debug)]
 pub struct Snapshot {
     pub step: u64,
-    pub p: Vec<f32>,
-    pub m: Vec<f32>,
-    pub v: Vec<f32>,
+    pub p: Vec<u8>,
+    pub m: Vec<u8>,
+    pub v: Vec<u8>,
     pub state: TrainState,
     pub lr: f64,
-}
-
-fn bytes_of(x: &[f32]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(x.len() * 4);
-    for v in x {
-        out.extend_from_slice(&v.to_le_bytes());
-    }
-    out
 }
 
 fn key(parts: &[&str]) -> Vec<KeyPart> {
@@ -134,7 +126,7 @@ pub fn save(dir: &Path, snap: &Snapshot, keep_last: usize, comm: &dyn Collective
     let staging = PathBuf::from(String::from_utf8(comm.broadcast(0, staging)?)?);
 
     let params = &snap.state.params;
-    let (pb, mb, vb) = (bytes_of(&snap.p), bytes_of(&snap.m), bytes_of(&snap.v));
+    let (pb, mb, vb) = (&snap.p, &snap.m, &snap.v);
     let step_bytes = (snap.step as f32).to_le_bytes();
     let mut model = Vec::new();
     let mut optim = Vec::new();

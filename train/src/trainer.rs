@@ -166,12 +166,22 @@ impl Shards {
         self.params.iter().scan(0, |acc, p| Some(std::mem::replace(acc, *acc + p.numel()))).collect()
     }
 
+    /// Rank `r`'s element ranges of the flat parameter vector, in parameter order.
+    fn ranges(&self, r: u64) -> Vec<std::ops::Range<usize>> {
+        self.params
+            .iter()
+            .zip(self.offsets())
+            .map(|(p, off)| {
+                let rows = p.chunk(self.world, r);
+                off + rows.start as usize * p.row_len()..off + rows.end as usize * p.row_len()
+            })
+            .collect()
+    }
+
     /// Rank `r`'s elements of `full`, in parameter order.
     fn cut(&self, full: &[f32], r: u64, out: &mut Vec<f32>) {
-        for (p, off) in self.params.iter().zip(self.offsets()) {
-            let rows = p.chunk(self.world, r);
-            let (lo, hi) = (off + rows.start as usize * p.row_len(), off + rows.end as usize * p.row_len());
-            out.extend_from_slice(&full[lo..hi]);
+        for range in self.ranges(r) {
+            out.extend_from_slice(&full[range]);
         }
     }
 
@@ -515,8 +525,12 @@ fn train(args: &Args, mpi: &Mpi, comm: &Comm) -> anyhow::Result<()> {
                     dst.clear();
                     match args.mode {
                         // A ddp rank keeps the whole model; it saves FSDP2's chunk of it.
-                        Mode::Ddp => shards.cut(src, rank, dst),
-                        Mode::Sharded => dst.extend_from_slice(src),
+                        Mode::Ddp => {
+                            for r in shards.ranges(rank) {
+                                put_le(dst, &src[r]);
+                            }
+                        }
+                        Mode::Sharded => put_le(dst, src),
                     }
                 }
                 let snap = Snapshot {
@@ -633,8 +647,18 @@ fn write_params(gpt: &Gpt, params: &[ParamMeta], full: &[f32]) {
     });
 }
 
-/// Host buffers of a snapshot: parameters, first and second moments.
-type Buffers = (Vec<f32>, Vec<f32>, Vec<f32>);
+/// Host buffers of a snapshot: parameters, first and second moments, as little-endian bytes.
+type Buffers = (Vec<u8>, Vec<u8>, Vec<u8>);
+
+/// Appends `src` to `dst` as little-endian bytes (into capacity `dst` already has, when it
+/// held the previous snapshot: no new pages).
+fn put_le(dst: &mut Vec<u8>, src: &[f32]) {
+    let at = dst.len();
+    dst.resize(at + src.len() * 4, 0);
+    for (c, x) in dst[at..].chunks_exact_mut(4).zip(src) {
+        c.copy_from_slice(&x.to_le_bytes());
+    }
+}
 
 /// The background writer of `--async-save`: a thread with its own duplicate of the world
 /// communicator (made at start, while the main thread waits, so the two never run a

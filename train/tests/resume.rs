@@ -309,3 +309,16 @@ fn dispatched_batches_train_like_per_rank_batches() {
     assert!(a.ok && b.ok, "{}{}", a.stderr, b.stderr);
     assert_eq!(losses(&a.stdout), losses(&b.stdout));
 }
+
+#[test]
+fn bf16_matmuls_with_gradient_accumulation_train() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let r = run(2, tmp.path(), &["--steps", "12", "--bf16", "--grad-accum", "2", "--mode", "sharded"]);
+    assert!(r.ok, "{}", r.stderr);
+    let l = losses(&r.stdout);
+    assert_eq!(l.len(), 12);
+    // Two micro-batches of 4 windows of 16 tokens on each of 2 ranks per step.
+    assert_eq!(l[&1].2, 2 * 2 * 4 * 16);
+    assert!(l.values().all(|v| v.0.is_finite()));
+    assert!(l[&12].0 < l[&1].0, "{l:?}");
+}
