@@ -10,7 +10,7 @@ cd "$(dirname "$0")"
   echo "otherwise run, in the same session on the same input; the safetensors section also compares"
   echo "with \`cp\` of the same bytes, the disk's limit. Timings come from a 2-core machine shared"
   echo "with other work, so single runs are noisy; ratios are the point."
-  for area in safetensors torch dcp deepspeed dataload dataload-sources; do
+  for area in safetensors torch dcp deepspeed dataload dataload-sources train; do
     f="RESULTS-$area.md"
     [ -f "$f" ] || continue
     echo
