@@ -322,3 +322,45 @@ fn bf16_matmuls_with_gradient_accumulation_train() {
     assert!(l.values().all(|v| v.0.is_finite()));
     assert!(l[&12].0 < l[&1].0, "{l:?}");
 }
+
+#[test]
+fn sigterm_saves_then_exits_0_and_the_run_resumes_to_the_same_losses() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path();
+    let base = ["--steps", "40", "--mode", "ddp", "--ckpt-dir", "ck", "--save-every", "100"];
+    let reference = losses(&run(2, dir, &["--steps", "40", "--mode", "ddp"]).stdout);
+    let out_path = dir.join("run1.out");
+    let mut child = mpirun(2)
+        .current_dir(dir)
+        .args(SMALL)
+        .args(base)
+        .args(["--step-sleep-ms", "30"])
+        .stdout(std::fs::File::create(&out_path).expect("stdout"))
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let start = Instant::now();
+    while std::fs::read_to_string(&out_path).unwrap_or_default().lines().count() < 5 {
+        assert!(start.elapsed() < Duration::from_secs(60), "no progress");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // The signal goes to the ranks (mpirun's children), as a scheduler's would.
+    let sent = Command::new("pkill").args(["-TERM", "-P", &child.id().to_string()]).status().expect("pkill");
+    assert!(sent.success());
+    let mut err = String::new();
+    child.stderr.take().expect("stderr").read_to_string(&mut err).expect("read");
+    assert!(child.wait().expect("wait").success(), "{err}");
+    let first = losses(&std::fs::read_to_string(&out_path).expect("stdout"));
+    let stopped = *first.keys().last().expect("steps");
+    assert!(stopped < 40, "the signal stopped the run early");
+    assert!(err.contains(&format!("signal received: saved at step {stopped}, stopping")), "{err}");
+    let latest = std::fs::read_link(dir.join("ck/latest")).expect("latest");
+    assert_eq!(latest, PathBuf::from(format!("step-{stopped:07}")));
+    let rest = run(2, dir, &[&base[..], &["--resume"]].concat());
+    assert!(rest.ok, "{}", rest.stderr);
+    let second = losses(&rest.stdout);
+    assert_eq!(second.keys().next(), Some(&(stopped + 1)));
+    for (step, v) in first.iter().chain(&second) {
+        assert_eq!(Some(v), reference.get(step), "step {step}");
+    }
+}
