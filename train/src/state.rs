@@ -98,6 +98,9 @@ pub struct Snapshot {
     pub v: Vec<u8>,
     pub state: TrainState,
     pub lr: f64,
+    /// Test hook (`--pause-in-save-ms`): sleep this long between the model and the optimizer
+    /// folder, so that a test can kill the ranks in the middle of a checkpoint write.
+    pub pause_ms: u64,
 }
 
 fn key(parts: &[&str]) -> Vec<KeyPart> {
@@ -195,6 +198,9 @@ pub fn save(dir: &Path, snap: &Snapshot, keep_last: usize, comm: &dyn Collective
     }
     let opts = ckpt::WriteOptions::default();
     ckpt::save_sharded(&staging.join(MODEL_DIR), &model, &[], comm, &opts)?;
+    if snap.pause_ms > 0 {
+        std::thread::sleep(std::time::Duration::from_millis(snap.pause_ms));
+    }
     ckpt::save_sharded(&staging.join(OPTIM_DIR), &optim, &values, comm, &opts)?;
 
     let status = if rank == 0 {

@@ -134,6 +134,9 @@ pub struct Args {
     /// Stop (without saving) after this many steps of this process (tests: a crash point).
     #[arg(long, hide = true)]
     pub stop_after: Option<u64>,
+    /// Sleep this many milliseconds inside each checkpoint write (tests: a kill mid-write).
+    #[arg(long, hide = true, default_value_t = 0)]
+    pub pause_in_save_ms: u64,
     /// Sleep this many milliseconds per step (tests and the demo: room for a signal).
     #[arg(long, hide = true, default_value_t = 0)]
     pub step_sleep_ms: u64,
@@ -539,6 +542,7 @@ fn train(args: &Args, mpi: &Mpi, comm: &Comm) -> anyhow::Result<()> {
                     m: bm,
                     v: bv,
                     lr,
+                    pause_ms: args.pause_in_save_ms,
                     state: TrainState {
                         format: state::STATE_FORMAT.into(),
                         version: state::STATE_VERSION,
