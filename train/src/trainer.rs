@@ -368,7 +368,7 @@ fn train(args: &Args, mpi: &Mpi, comm: &Comm) -> anyhow::Result<()> {
             if !mpi.threads && world > 1 {
                 bail!("`--async-save` needs an MPI library with `MPI_THREAD_MULTIPLE`");
             }
-            Some(Saver::start(comm))
+            Some(Saver::start())
         }
         _ => None,
     };
@@ -677,13 +677,12 @@ struct Saver {
 }
 
 impl Saver {
-    fn start(comm: &Comm) -> Saver {
+    fn start() -> Saver {
         let (tx, rx) = std::sync::mpsc::sync_channel::<(PathBuf, Snapshot, usize)>(1);
         let (done_tx, done) = std::sync::mpsc::channel();
         let (ready_tx, ready) = std::sync::mpsc::channel::<()>();
         // An MPI communicator handle is not `Send`: the thread makes its own duplicate of the
         // world while this thread waits for it and calls nothing.
-        let _ = comm;
         let thread = std::thread::spawn(move || {
             let own = Comm::world_duplicate();
             let _ = ready_tx.send(());
