@@ -353,9 +353,13 @@ pub fn load(
                     p.shape
                 );
             }
-            let bytes = ck.read_tensor(t).map_err(|e| anyhow::anyhow!("{e} (rank {rank})"))?;
+            // Only this rank's rows are read.
             let rows = own(p);
-            let (lo, hi) = (rows.start as usize * p.row_len() * 4, rows.end as usize * p.row_len() * 4);
+            let row = p.row_len() as u64 * 4;
+            let bytes = ck
+                .read_tensor_range(t, rows.start * row..rows.end * row)
+                .map_err(|e| anyhow::anyhow!("{e} (rank {rank})"))?;
+            let (lo, hi) = (0, bytes.len());
             let dst = match target {
                 0 => &mut out.p,
                 1 => &mut out.m,
