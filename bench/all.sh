@@ -18,4 +18,5 @@ CKPT_BIN=$PWD/$CKPT BENCH_DIR=bench/work/torch bash -c 'mkdir -p "$BENCH_DIR" &&
 "$PY" bench/dataload_bench.py
 "$PY" bench/dataload_sources_bench.py
 "$PY" bench/python_bench.py
+"$PY" bench/train_bench.py --train target/release/statekit-train --ckpt "$CKPT"
 bash bench/assemble.sh

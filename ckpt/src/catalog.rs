@@ -473,6 +473,32 @@ impl Checkpoint {
         Ok(())
     }
 
+    /// Reads bytes `range` of a tensor (row-major, little-endian, in its dtype): a rank's rows
+    /// of a sharded tensor without reading the others'. Only the source runs that overlap the
+    /// range are read.
+    pub fn read_tensor_range(&self, tensor: &TensorInfo, range: std::ops::Range<u64>) -> Result<Vec<u8>> {
+        if tensor.stored != tensor.dtype {
+            let all = self.read_tensor(tensor)?;
+            let (lo, hi) =
+                (usize::try_from(range.start).unwrap_or(usize::MAX), usize::try_from(range.end).unwrap_or(usize::MAX));
+            return Ok(all.get(lo..hi.min(all.len())).unwrap_or_default().to_vec());
+        }
+        let sources = crate::io::Sources::open(self.files.iter().map(|f| f.path.as_path()))?;
+        let mut out = Vec::with_capacity(usize::try_from(range.end.saturating_sub(range.start)).unwrap_or(0));
+        let mut at = 0u64;
+        for (file, offset, len) in tensor.runs() {
+            let (lo, hi) = (at.max(range.start), (at + len).min(range.end));
+            if lo < hi {
+                out.extend_from_slice(sources.read(file, offset + (lo - at), hi - lo)?);
+            }
+            at += len;
+            if at >= range.end {
+                break;
+            }
+        }
+        Ok(out)
+    }
+
     /// The files' `__metadata__`, merged in file order. Shards that disagree on a key are refused.
     pub fn file_metadata(&self) -> Result<Vec<(String, String)>> {
         let mut out: Vec<(String, String)> = Vec::new();

@@ -535,6 +535,10 @@ mod tests {
             assert_eq!(w.shape(), &[5, 3]);
             assert_eq!(w.data(), &f32_bytes(&(0..15).map(|i| i as f32).collect::<Vec<_>>())[..]);
             assert_eq!(st.tensor("step").expect("step").data(), &f32_bytes(&[7.0])[..]);
+            // A rank's rows alone, across the rank files' boundaries.
+            let t = ck.tensors().iter().find(|t| t.name == "w").expect("w");
+            let rows = ck.read_tensor_range(t, 2 * 12..4 * 12).expect("range");
+            assert_eq!(rows, f32_bytes(&(6..12).map(|i| i as f32).collect::<Vec<_>>()));
             // Nothing but the committed folder is left.
             let names: Vec<_> = std::fs::read_dir(tmp.path()).expect("ls").map(|e| e.expect("e").file_name()).collect();
             assert_eq!(names.len(), 2, "{names:?}");

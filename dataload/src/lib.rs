@@ -117,9 +117,9 @@ mod torch_rng;
 /// are typos or forgeries that would size per-rank work by the billion.
 pub const MAX_WORLD_SIZE: u64 = 1 << 20;
 
-/// The largest batch size a loader or a saved state may have (16 Mi samples per batch): a batch
+/// The largest batch size a loader or a saved state may have (4 Mi samples per batch): a batch
 /// is materialised as a list of indices, so a forged state must not size one by the trillion.
-pub const MAX_BATCH_SIZE: u64 = 1 << 24;
+pub const MAX_BATCH_SIZE: u64 = 1 << 22;
 
 #[cfg(feature = "sources")]
 pub use arrow_file::{ArrowDataset, ContiguousRows};

@@ -114,7 +114,7 @@ impl ShardedSamplerBuilder {
             return Err(DataloadError::InvalidValue {
                 field: "batch_size",
                 value: batch_size.to_string(),
-                reason: "more samples than a batch may hold (the limit is 2^24)",
+                reason: "more samples than a batch may hold (the limit is 2^22)",
             });
         }
         if world_size > crate::MAX_WORLD_SIZE {

@@ -83,7 +83,7 @@ fn malformed_states_are_refused() {
     // indices, so a state claiming 3·10^14 samples per batch must not start building one.
     assert_eq!(
         err(&good.replace("\"batch_size\": 4,", "\"batch_size\": 300000000000000,")),
-        "inconsistent loader state: batch size 300000000000000 is more than the 16777216 samples a batch may hold"
+        "inconsistent loader state: batch size 300000000000000 is more than the 4194304 samples a batch may hold"
     );
     assert_eq!(
         err(&good.replace("\"world_size\": 2,", "\"world_size\": 1000000000000,")),

@@ -157,7 +157,7 @@ fn encode(out: &mut Vec<u8>, rows: &[u64], b: &TokenBatch) {
         out.extend_from_slice(&r.to_le_bytes());
     }
     for t in b.inputs.iter().chain(&b.targets) {
-        out.extend_from_slice(&(*t as u16).to_le_bytes());
+        out.extend_from_slice(&t.to_le_bytes());
     }
 }
 
@@ -172,9 +172,10 @@ fn decode(bytes: &[u8], rank: u64, t: usize) -> anyhow::Result<(TokenBatch, Vec<
     for r in 0.. {
         let n = u64_of(take(8)?) as usize;
         let rows: Vec<u64> = (0..n).map(|_| take(8).map(u64_of)).collect::<anyhow::Result<_>>()?;
-        let toks = take(n * t * 4)?;
+        let toks = take(n * t * 2 * 8)?;
         if r == rank {
-            let all: Vec<i64> = toks.chunks_exact(2).map(|c| i64::from(u16::from_le_bytes([c[0], c[1]]))).collect();
+            let all: Vec<i64> =
+                toks.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap_or([0; 8]))).collect();
             let (inputs, targets) = all.split_at(n * t);
             let b = TokenBatch { batch: n, block_size: t, inputs: inputs.to_vec(), targets: targets.to_vec() };
             return Ok((b, rows));

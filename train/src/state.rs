@@ -89,23 +89,18 @@ pub struct TrainState {
 }
 
 /// What a rank snapshots at a checkpoint: its rows of the parameters and moments (FSDP2
-/// chunks, parameter after parameter), and the JSON.
+/// chunks, parameter after parameter, as little-endian `f32` bytes), and the JSON.
 #[derive(Clone, Debug)]
 pub struct Snapshot {
     pub step: u64,
-    pub p: Vec<f32>,
-    pub m: Vec<f32>,
-    pub v: Vec<f32>,
+    pub p: Vec<u8>,
+    pub m: Vec<u8>,
+    pub v: Vec<u8>,
     pub state: TrainState,
     pub lr: f64,
-}
-
-fn bytes_of(x: &[f32]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(x.len() * 4);
-    for v in x {
-        out.extend_from_slice(&v.to_le_bytes());
-    }
-    out
+    /// Test hook (`--pause-in-save-ms`): sleep this long between the model and the optimizer
+    /// folder, so that a test can kill the ranks in the middle of a checkpoint write.
+    pub pause_ms: u64,
 }
 
 fn key(parts: &[&str]) -> Vec<KeyPart> {
@@ -134,7 +129,7 @@ pub fn save(dir: &Path, snap: &Snapshot, keep_last: usize, comm: &dyn Collective
     let staging = PathBuf::from(String::from_utf8(comm.broadcast(0, staging)?)?);
 
     let params = &snap.state.params;
-    let (pb, mb, vb) = (bytes_of(&snap.p), bytes_of(&snap.m), bytes_of(&snap.v));
+    let (pb, mb, vb) = (&snap.p, &snap.m, &snap.v);
     let step_bytes = (snap.step as f32).to_le_bytes();
     let mut model = Vec::new();
     let mut optim = Vec::new();
@@ -203,6 +198,9 @@ pub fn save(dir: &Path, snap: &Snapshot, keep_last: usize, comm: &dyn Collective
     }
     let opts = ckpt::WriteOptions::default();
     ckpt::save_sharded(&staging.join(MODEL_DIR), &model, &[], comm, &opts)?;
+    if snap.pause_ms > 0 {
+        std::thread::sleep(std::time::Duration::from_millis(snap.pause_ms));
+    }
     ckpt::save_sharded(&staging.join(OPTIM_DIR), &optim, &values, comm, &opts)?;
 
     let status = if rank == 0 {
@@ -355,9 +353,13 @@ pub fn load(
                     p.shape
                 );
             }
-            let bytes = ck.read_tensor(t).map_err(|e| anyhow::anyhow!("{e} (rank {rank})"))?;
+            // Only this rank's rows are read.
             let rows = own(p);
-            let (lo, hi) = (rows.start as usize * p.row_len() * 4, rows.end as usize * p.row_len() * 4);
+            let row = p.row_len() as u64 * 4;
+            let bytes = ck
+                .read_tensor_range(t, rows.start * row..rows.end * row)
+                .map_err(|e| anyhow::anyhow!("{e} (rank {rank})"))?;
+            let (lo, hi) = (0, bytes.len());
             let dst = match target {
                 0 => &mut out.p,
                 1 => &mut out.m,

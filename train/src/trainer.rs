@@ -134,6 +134,9 @@ pub struct Args {
     /// Stop (without saving) after this many steps of this process (tests: a crash point).
     #[arg(long, hide = true)]
     pub stop_after: Option<u64>,
+    /// Sleep this many milliseconds inside each checkpoint write (tests: a kill mid-write).
+    #[arg(long, hide = true, default_value_t = 0)]
+    pub pause_in_save_ms: u64,
     /// Sleep this many milliseconds per step (tests and the demo: room for a signal).
     #[arg(long, hide = true, default_value_t = 0)]
     pub step_sleep_ms: u64,
@@ -166,12 +169,22 @@ impl Shards {
         self.params.iter().scan(0, |acc, p| Some(std::mem::replace(acc, *acc + p.numel()))).collect()
     }
 
+    /// Rank `r`'s element ranges of the flat parameter vector, in parameter order.
+    fn ranges(&self, r: u64) -> Vec<std::ops::Range<usize>> {
+        self.params
+            .iter()
+            .zip(self.offsets())
+            .map(|(p, off)| {
+                let rows = p.chunk(self.world, r);
+                off + rows.start as usize * p.row_len()..off + rows.end as usize * p.row_len()
+            })
+            .collect()
+    }
+
     /// Rank `r`'s elements of `full`, in parameter order.
     fn cut(&self, full: &[f32], r: u64, out: &mut Vec<f32>) {
-        for (p, off) in self.params.iter().zip(self.offsets()) {
-            let rows = p.chunk(self.world, r);
-            let (lo, hi) = (off + rows.start as usize * p.row_len(), off + rows.end as usize * p.row_len());
-            out.extend_from_slice(&full[lo..hi]);
+        for range in self.ranges(r) {
+            out.extend_from_slice(&full[range]);
         }
     }
 
@@ -355,7 +368,7 @@ fn train(args: &Args, mpi: &Mpi, comm: &Comm) -> anyhow::Result<()> {
             if !mpi.threads && world > 1 {
                 bail!("`--async-save` needs an MPI library with `MPI_THREAD_MULTIPLE`");
             }
-            Some(Saver::start(comm))
+            Some(Saver::start())
         }
         _ => None,
     };
@@ -515,8 +528,12 @@ fn train(args: &Args, mpi: &Mpi, comm: &Comm) -> anyhow::Result<()> {
                     dst.clear();
                     match args.mode {
                         // A ddp rank keeps the whole model; it saves FSDP2's chunk of it.
-                        Mode::Ddp => shards.cut(src, rank, dst),
-                        Mode::Sharded => dst.extend_from_slice(src),
+                        Mode::Ddp => {
+                            for r in shards.ranges(rank) {
+                                put_le(dst, &src[r]);
+                            }
+                        }
+                        Mode::Sharded => put_le(dst, src),
                     }
                 }
                 let snap = Snapshot {
@@ -525,6 +542,7 @@ fn train(args: &Args, mpi: &Mpi, comm: &Comm) -> anyhow::Result<()> {
                     m: bm,
                     v: bv,
                     lr,
+                    pause_ms: args.pause_in_save_ms,
                     state: TrainState {
                         format: state::STATE_FORMAT.into(),
                         version: state::STATE_VERSION,
@@ -633,8 +651,18 @@ fn write_params(gpt: &Gpt, params: &[ParamMeta], full: &[f32]) {
     });
 }
 
-/// Host buffers of a snapshot: parameters, first and second moments.
-type Buffers = (Vec<f32>, Vec<f32>, Vec<f32>);
+/// Host buffers of a snapshot: parameters, first and second moments, as little-endian bytes.
+type Buffers = (Vec<u8>, Vec<u8>, Vec<u8>);
+
+/// Appends `src` to `dst` as little-endian bytes (into capacity `dst` already has, when it
+/// held the previous snapshot: no new pages).
+fn put_le(dst: &mut Vec<u8>, src: &[f32]) {
+    let at = dst.len();
+    dst.resize(at + src.len() * 4, 0);
+    for (c, x) in dst[at..].chunks_exact_mut(4).zip(src) {
+        c.copy_from_slice(&x.to_le_bytes());
+    }
+}
 
 /// The background writer of `--async-save`: a thread with its own duplicate of the world
 /// communicator (made at start, while the main thread waits, so the two never run a
@@ -649,13 +677,12 @@ struct Saver {
 }
 
 impl Saver {
-    fn start(comm: &Comm) -> Saver {
+    fn start() -> Saver {
         let (tx, rx) = std::sync::mpsc::sync_channel::<(PathBuf, Snapshot, usize)>(1);
         let (done_tx, done) = std::sync::mpsc::channel();
         let (ready_tx, ready) = std::sync::mpsc::channel::<()>();
         // An MPI communicator handle is not `Send`: the thread makes its own duplicate of the
         // world while this thread waits for it and calls nothing.
-        let _ = comm;
         let thread = std::thread::spawn(move || {
             let own = Comm::world_duplicate();
             let _ = ready_tx.send(());
