@@ -202,7 +202,7 @@ pub(crate) fn convert(
     };
     let ck = open(py, src, tag)?;
     let opts = write_options(checksums, allow_expanded);
-    let options = ConvertOptions { to, dtype, max_shard_size, dedupe, world_size };
+    let options = ConvertOptions { to, dtype, max_shard_size, dedupe, world_size, blocks: None };
     let o = py.detach(|| ckpt::convert(&ck, &out, &options, &opts)).map_err(errors::ckpt)?;
     Ok(outcome_json(&o))
 }
