@@ -34,7 +34,7 @@ pub(crate) mod fp8;
 /// True for the dtypes `--dtype` converts (f64, f32, f16, bf16 and every FP8); everything
 /// else is copied as is.
 pub(crate) fn is_castable(d: Dtype) -> bool {
-    is_wide(d) || fp8::Format::of(d).is_some()
+    d.is_castable()
 }
 
 /// True for the wide floats (f64, f32, f16, bf16).
@@ -163,6 +163,13 @@ pub(crate) fn f32_to_bf16(x: u32) -> u16 {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_castable_dtypes_are_the_ones_implemented() {
+        for d in crate::dtype::Dtype::ALL {
+            assert_eq!(d.is_castable(), super::is_wide(d) || super::fp8::Format::of(d).is_some(), "{d}");
+        }
+    }
+
     use super::*;
 
     fn one(v: f32, to: Dtype) -> Vec<u8> {
