@@ -82,19 +82,24 @@ fn bad(dst: &Path, reason: impl Into<String>) -> Error {
     Error::BadConvert { dst: dst.to_path_buf(), reason: reason.into() }
 }
 
+/// Every tensor of `ck` written as it is, sharing storages as the data says.
+fn as_stored(ck: &Checkpoint) -> Vec<Out<'_>> {
+    let tensors: Vec<&TensorInfo> = ck.tensors.iter().collect();
+    let keys = plan::storage_keys(&tensors);
+    tensors
+        .into_iter()
+        .zip(keys)
+        .map(|(t, key)| Out { tensor: t, dtype: t.dtype, key, tied_to: None, compute: None })
+        .collect()
+}
+
 /// Splits `ck` into huggingface_hub-style shards of at most `max_shard_size` bytes in `out_dir`.
 ///
 /// The shards, their names, the `weight_map` and `total_size` are what
 /// `huggingface_hub.save_torch_state_dict(load_file(src), out_dir, max_shard_size=…)` writes,
 /// and so is every shard's content.
 pub fn split(ck: &Checkpoint, out_dir: &Path, max_shard_size: u64, opts: &WriteOptions<'_>) -> Result<Outcome> {
-    let tensors: Vec<&TensorInfo> = ck.tensors.iter().collect();
-    let keys = plan::storage_keys(&tensors);
-    let outs: Vec<Out> = tensors
-        .iter()
-        .zip(keys)
-        .map(|(t, key)| Out { tensor: t, dtype: t.dtype, key, tied_to: None, compute: None })
-        .collect();
+    let outs = as_stored(ck);
     let mut meta = Meta::from_folded(ck.metadata()?);
     meta.format.get_or_insert_with(|| "pt".into());
     let dest = Dest::Shards { dir: out_dir.to_path_buf(), max: max_shard_size, style: IndexStyle::Hub };
@@ -137,13 +142,7 @@ pub fn merge(ck: &Checkpoint, out: &Path, options: &MergeOptions, opts: &WriteOp
             ),
         ));
     }
-    let tensors: Vec<&TensorInfo> = ck.tensors.iter().collect();
-    let keys = plan::storage_keys(&tensors);
-    let outs: Vec<Out> = tensors
-        .iter()
-        .zip(keys)
-        .map(|(t, key)| Out { tensor: t, dtype: t.dtype, key, tied_to: None, compute: None })
-        .collect();
+    let outs = as_stored(ck);
     let meta = Meta::from_folded(ck.metadata()?);
     let dest = match options.max_shard_size {
         Some(max) => Dest::Shards { dir: out.to_path_buf(), max, style: IndexStyle::ZeroToFp32 },
