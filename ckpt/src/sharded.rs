@@ -24,7 +24,7 @@
 //! has a name no reader takes for a checkpoint. `dir` must not exist yet.
 
 use std::collections::BTreeMap;
-use std::fs::{File, OpenOptions};
+use std::fs::OpenOptions;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
@@ -37,10 +37,10 @@ use crate::formats::dcp::encode::{self, OutChunk, OutItem, OutKind};
 use crate::formats::dcp::metadata::PathElem;
 use crate::formats::dcp::METADATA_NAME;
 use crate::formats::torch::writer::{self, TorchLayout, WStorage, WTensor};
-use crate::ops::Outcome;
+use crate::outcome::Outcome;
 use crate::shape::numel;
 use crate::value::Leaf;
-use crate::write::WriteOptions;
+use crate::write::{sync_dir, WriteOptions};
 
 /// One element of a state-dict path: a dict key or a list index. The DCP key of an entry is
 /// its path joined with `.` (`model.embed.weight`, `optimizer.param_groups.0.lr`).
@@ -426,10 +426,6 @@ fn commit(dir: &Path, tmp: &Path, gathered: &[Vec<u8>], world: u64) -> std::resu
     };
     write_meta().map_err(io)?;
     Ok(outcome_of(dir, gathered, world))
-}
-
-fn sync_dir(dir: &Path) -> Result<()> {
-    File::open(dir).and_then(|d| d.sync_all()).at(dir)
 }
 
 /// What the ranks wrote together, from the descriptors.

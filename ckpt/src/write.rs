@@ -564,7 +564,7 @@ fn write_atomic(path: &Path, bytes: &[u8], plan: &Plan) -> Result<()> {
     Ok(())
 }
 
-fn sync_dir(dir: &Path) -> Result<()> {
+pub(crate) fn sync_dir(dir: &Path) -> Result<()> {
     let dir = if dir.as_os_str().is_empty() { Path::new(".") } else { dir };
     File::open(dir).and_then(|d| d.sync_all()).at(dir)
 }

@@ -195,8 +195,11 @@ pub(crate) fn convert(
     };
     let dtype = match dtype {
         None => None,
+        // The CLI's parser (torch's and safetensors' names, `bf16`), then any safetensors name
+        // in another case, as this function always took.
         Some(d) => Some(
-            ckpt::Dtype::from_safetensors_name(&d.to_ascii_uppercase())
+            ckpt::Dtype::parse(d)
+                .or_else(|| ckpt::Dtype::from_safetensors_name(&d.to_ascii_uppercase()))
                 .ok_or_else(|| errors::usage(format!("unknown dtype `{d}`")))?,
         ),
     };
