@@ -64,11 +64,10 @@ fn values(meta: &BTreeMap<String, String>) -> BTreeMap<String, serde_json::Value
 /// Reshards `src` to each world size and checks the merge of the result equals `merged`.
 fn reshard_round_trip(src: &Path, merged: &Path, dir: &Path) {
     let want = std::fs::read(merged).unwrap();
+    let source = Checkpoint::open(src.to_str().unwrap()).unwrap();
     for m in [1u64, 3, 5] {
         let out = dir.join(format!("resharded-{m}"));
-        let done =
-            ckpt::reshard(&ckpt::Checkpoint::open(src.to_str().unwrap()).unwrap(), &out, m, &WriteOptions::default())
-                .unwrap();
+        let done = ckpt::reshard(&source, &out, m, &WriteOptions::default()).unwrap();
         assert!(done.files.len() as u64 <= m + 1, "at most one file per rank, then `.metadata`");
         let again = dir.join(format!("resharded-{m}.safetensors"));
         let ck = Checkpoint::open(out.to_str().unwrap()).unwrap();

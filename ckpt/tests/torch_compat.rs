@@ -9,7 +9,9 @@
 
 use std::path::PathBuf;
 
-use ckpt::{Checkpoint, ConvertOptions, WriteOptions};
+mod common;
+
+use ckpt::Checkpoint;
 use sha2::{Digest, Sha256};
 
 fn root() -> PathBuf {
@@ -45,22 +47,9 @@ fn check(case: &str) {
         ck.values().into_iter().map(|(k, v)| (k.to_string(), v)).collect();
     assert_eq!(serde_json::Value::from(leaves), want["leaves"], "{case}: values");
 
-    let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("model.safetensors");
-    ckpt::convert(
-        &ckpt::Checkpoint::open(src.to_str().unwrap()).unwrap(),
-        &out,
-        &ConvertOptions::default(),
-        &WriteOptions::default(),
-    )
-    .unwrap();
-    let st = Checkpoint::open(out.to_str().unwrap()).unwrap();
-    let by_name = |v: &serde_json::Value| v["name"].as_str().unwrap().to_string();
-    let mut got = tensors(&st);
-    got.sort_by_key(by_name);
-    let mut want = want["tensors"].as_array().unwrap().clone();
-    want.sort_by_key(by_name);
-    assert_eq!(got, want, "{case}: converted to safetensors");
+    let (_dir, st) = common::to_safetensors(&ck);
+    let want = common::by_name(want["tensors"].as_array().unwrap().clone());
+    assert_eq!(common::by_name(tensors(&st)), want, "{case}: converted to safetensors");
 }
 
 #[test]

@@ -7,6 +7,8 @@
 
 use std::path::{Path, PathBuf};
 
+mod common;
+
 use ckpt::{Checkpoint, ConvertOptions, TargetFormat, WriteOptions};
 
 fn root() -> PathBuf {
@@ -50,22 +52,12 @@ fn check(case: &str, src: &Path) {
 
     // 2. Converted to one safetensors file: same tensors (in safetensors' order), values kept
     //    in `__metadata__` as JSON text.
-    let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("model.safetensors");
-    ckpt::convert(
-        &ckpt::Checkpoint::open(src.to_str().unwrap()).unwrap(),
-        &out,
-        &ConvertOptions::default(),
-        &WriteOptions::default(),
-    )
-    .unwrap();
-    let st = Checkpoint::open(out.to_str().unwrap()).unwrap();
-    let mut got = tensors(&st);
-    let mut sorted_want = want_tensors.clone();
-    let by_name = |v: &serde_json::Value| v["name"].as_str().unwrap().to_string();
-    got.sort_by_key(by_name);
-    sorted_want.sort_by_key(by_name);
-    assert_eq!(got, sorted_want, "{case}: converted to safetensors");
+    let (dir, st) = common::to_safetensors(&ck);
+    assert_eq!(
+        common::by_name(tensors(&st)),
+        common::by_name(want_tensors.clone()),
+        "{case}: converted to safetensors"
+    );
     let meta: serde_json::Map<String, serde_json::Value> = st.files()[0]
         .metadata
         .iter()
@@ -77,8 +69,7 @@ fn check(case: &str, src: &Path) {
     // 3. Converted to a torch file and read back: same tensors in the same order, same values.
     let pt = dir.path().join("out.pt");
     let opts = ConvertOptions { to: Some(TargetFormat::Torch), ..ConvertOptions::default() };
-    ckpt::convert(&ckpt::Checkpoint::open(src.to_str().unwrap()).unwrap(), &pt, &opts, &WriteOptions::default())
-        .unwrap();
+    ckpt::convert(&ck, &pt, &opts, &WriteOptions::default()).unwrap();
     let back = Checkpoint::open(pt.to_str().unwrap()).unwrap();
     assert_eq!(tensors(&back), want_tensors, "{case}: torch round trip");
     let mut want_back = want_leaves.clone();
@@ -129,15 +120,10 @@ fn sharded_pytorch_model_set() {
 #[test]
 fn dedupe_drops_exact_aliases_only() {
     let dir = tempfile::tempdir().unwrap();
+    let tied = Checkpoint::open(root().join("tied.pt").to_str().unwrap()).unwrap();
     let out = dir.path().join("m.safetensors");
     let opts = ConvertOptions { dedupe: true, ..ConvertOptions::default() };
-    let done = ckpt::convert(
-        &ckpt::Checkpoint::open(root().join("tied.pt").to_str().unwrap()).unwrap(),
-        &out,
-        &opts,
-        &WriteOptions::default(),
-    )
-    .unwrap();
+    let done = ckpt::convert(&tied, &out, &opts, &WriteOptions::default()).unwrap();
     assert_eq!(done.aliases, vec![("lm_head.weight".to_string(), "embed.weight".to_string())]);
     let st = Checkpoint::open(out.to_str().unwrap()).unwrap();
     let names: Vec<&str> = st.tensors().iter().map(|t| t.name.as_str()).collect();
@@ -148,13 +134,7 @@ fn dedupe_drops_exact_aliases_only() {
     // In a torch file the alias stays and shares the storage: one storage record fewer.
     let pt = dir.path().join("m.pt");
     let opts = ConvertOptions { dedupe: true, ..ConvertOptions::default() };
-    ckpt::convert(
-        &ckpt::Checkpoint::open(root().join("tied.pt").to_str().unwrap()).unwrap(),
-        &pt,
-        &opts,
-        &WriteOptions::default(),
-    )
-    .unwrap();
+    ckpt::convert(&tied, &pt, &opts, &WriteOptions::default()).unwrap();
     let back = Checkpoint::open(pt.to_str().unwrap()).unwrap();
     assert_eq!(tensors(&back), expected("tied.pt")["tensors"].as_array().unwrap().clone());
     let offsets: Vec<u64> = back.tensors().iter().take(2).map(|t| t.location().unwrap().1).collect();
@@ -164,20 +144,14 @@ fn dedupe_drops_exact_aliases_only() {
 #[test]
 fn sharded_output_and_index() {
     let dir = tempfile::tempdir().unwrap();
-    let src = root().join("sharded");
+    let src = Checkpoint::open(root().join("sharded").to_str().unwrap()).unwrap();
     for (to, index) in [
         (TargetFormat::Torch, "pytorch_model.bin.index.json"),
         (TargetFormat::Safetensors, "model.safetensors.index.json"),
     ] {
         let out = dir.path().join(format!("{to:?}"));
         let opts = ConvertOptions { to: Some(to), max_shard_size: Some(200), ..ConvertOptions::default() };
-        let done = ckpt::convert(
-            &ckpt::Checkpoint::open(src.to_str().unwrap()).unwrap(),
-            &out,
-            &opts,
-            &WriteOptions::default(),
-        )
-        .unwrap();
+        let done = ckpt::convert(&src, &out, &opts, &WriteOptions::default()).unwrap();
         assert_eq!(done.files.last(), Some(&out.join(index)));
         assert!(done.files.len() >= 2);
         let ck = Checkpoint::open(out.to_str().unwrap()).unwrap();

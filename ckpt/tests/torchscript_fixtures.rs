@@ -7,6 +7,8 @@
 
 use std::path::{Path, PathBuf};
 
+mod common;
+
 use ckpt::{Checkpoint, ConvertOptions, WriteOptions};
 use sha2::{Digest, Sha256};
 
@@ -41,22 +43,9 @@ fn check(case: &str) {
     assert_eq!(serde_json::Value::from(tensors(&ck)), want, "{case}: state_dict");
     assert!(ck.files().iter().all(|f| f.metadata.is_empty()), "{case}: a state_dict holds tensors only");
 
-    let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("model.safetensors");
-    ckpt::convert(
-        &ckpt::Checkpoint::open(src.to_str().unwrap()).unwrap(),
-        &out,
-        &ConvertOptions::default(),
-        &WriteOptions::default(),
-    )
-    .unwrap();
-    let st = Checkpoint::open(out.to_str().unwrap()).unwrap();
-    let by_name = |v: &serde_json::Value| v["name"].as_str().unwrap().to_string();
-    let mut got = tensors(&st);
-    got.sort_by_key(by_name);
-    let mut want = want.as_array().unwrap().clone();
-    want.sort_by_key(by_name);
-    assert_eq!(got, want, "{case}: converted to safetensors");
+    let (_dir, st) = common::to_safetensors(&ck);
+    let want = common::by_name(want.as_array().unwrap().clone());
+    assert_eq!(common::by_name(tensors(&st)), want, "{case}: converted to safetensors");
 }
 
 #[test]
