@@ -24,6 +24,9 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+sys.path.insert(0, os.path.join(HERE, "py"))
+import timing  # noqa: E402
+
 WORK = os.path.join(HERE, "work", "fp8")
 PY = sys.executable
 ROWS, COLS, BLOCK = 8000, 8100, 128
@@ -80,17 +83,7 @@ def torch_loop(src, out):
 
 
 def timed(cmd):
-    tfile = os.path.join(WORK, "time.txt")
-    t0 = time.time()
-    p = subprocess.run(["/usr/bin/time", "-v", "-o", tfile] + cmd, capture_output=True, text=True)
-    wall = time.time() - t0
-    if p.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd)} failed ({p.returncode}):\n{p.stderr[-4000:]}")
-    rss_kb = 0
-    for line in open(tfile):
-        if "Maximum resident set size" in line:
-            rss_kb = int(line.split(":")[1])
-    return wall, rss_kb * 1024
+    return timing.timed(cmd, WORK)
 
 
 def digest(out):
