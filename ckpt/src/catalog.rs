@@ -39,6 +39,9 @@ pub enum Format {
     /// A DeepSpeed ZeRO checkpoint folder (`latest` and a tag folder of rank files), seen as
     /// its merged tensors: buffers, frozen params, fp32 master weights, aliases.
     DeepSpeed,
+    /// An accelerate `save_state` folder: models, optimizers, schedulers, RNG and data
+    /// position files; seen as its first model, every component in [`Checkpoint::save_state`].
+    AccelerateState,
 }
 
 impl Format {
@@ -51,6 +54,7 @@ impl Format {
             Format::TorchSharded => "hf-sharded-torch",
             Format::Dcp => "dcp",
             Format::DeepSpeed => "deepspeed-zero",
+            Format::AccelerateState => "accelerate-state",
         }
     }
 }
@@ -359,6 +363,17 @@ impl Checkpoint {
             zero_stage: p.zero_stage,
             detail: p.detail,
         })
+    }
+
+    /// The parts of this checkpoint's tensors, values and files, as `format` at `root` (a
+    /// folder seen as one of its members). The format's own detail is not carried over.
+    pub(crate) fn parts_copy(&self, format: Format, root: PathBuf) -> Parts {
+        let mut p = Parts::new(format, root, self.files.clone(), self.tensors.clone());
+        p.index_metadata = self.index_metadata.clone();
+        p.values = self.values.clone();
+        p.world_size = self.world_size;
+        p.zero_stage = self.zero_stage;
+        p
     }
 
     /// Every file the checkpoint consists of (data files, index or metadata, manifests, helper

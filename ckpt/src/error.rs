@@ -240,6 +240,11 @@ pub enum Error {
         rank: u64,
         reason: String,
     },
+    BadSaveState {
+        path: PathBuf,
+        rank: Option<u64>,
+        reason: String,
+    },
 }
 
 /// `Result` with this crate's [`Error`].
@@ -413,6 +418,10 @@ impl Error {
                 let path = path.display();
                 format!("{path}: rank {rank}, `{tensor}`: {reason}")
             }
+            Error::BadSaveState { path, rank, reason } => match rank {
+                Some(r) => format!("{}: rank {r}: {reason}", path.display()),
+                None => format!("{}: {reason}", path.display()),
+            },
             Error::MissingRankFile { path, rank, world } => {
                 let path = path.display();
                 format!("{path}: missing: the ZeRO checkpoint has {world} ranks but rank {rank} wrote no such file")

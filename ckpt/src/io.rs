@@ -82,6 +82,25 @@ pub(crate) fn regular_files(dir: &Path) -> Result<Vec<PathBuf>> {
     Ok(out)
 }
 
+/// Every regular file under `dir`, recursively, sorted.
+pub(crate) fn files_under(dir: &Path) -> Result<Vec<PathBuf>> {
+    let mut out = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for entry in std::fs::read_dir(&d).at(&d)? {
+            let entry = entry.at(&d)?;
+            let kind = entry.file_type().at(entry.path())?;
+            if kind.is_dir() {
+                todo.push(entry.path());
+            } else if kind.is_file() {
+                out.push(entry.path());
+            }
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
 /// Opens `path` for reading, refusing anything but a regular file (after links) before it is
 /// opened: opening a FIFO or a device planted in place of a shard would block forever or read
 /// without end.

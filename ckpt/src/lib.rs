@@ -22,7 +22,6 @@
 
 #![warn(missing_docs, unreachable_pub)]
 
-mod accelerate;
 mod blockscale;
 mod cast;
 mod catalog;
@@ -44,11 +43,12 @@ mod value;
 mod verify;
 mod write;
 
-pub use accelerate::{read_rng_state, NumpyRng, RngState};
 pub use blockscale::BlockScaling;
 pub use catalog::{Checkpoint, Chunk, Format, SourceFile, TensorInfo};
 pub use dtype::Dtype;
 pub use error::{escape_controls, Error, Result};
+pub use formats::accelerate::rng::{read_rng_state, NumpyRng, RngState};
+pub use formats::accelerate::{Component, DataPosition, Model, Optimizer, OptimizerState, Rng, SaveState};
 pub use open::OpenOptions;
 pub use ops::{
     convert, merge, reshard, split, ConvertOptions, MergeOptions, Outcome, TargetFormat, MAX_WORLD_SIZE, OPTIMIZER_NAME,

@@ -16,7 +16,8 @@ use crate::blockscale::{self, BlockScaling, Compute};
 use crate::catalog::{Checkpoint, TensorInfo};
 use crate::dtype::Dtype;
 use crate::error::{Error, Result};
-use crate::formats::{dcp, deepspeed};
+use crate::formats::accelerate::{OptimizerState, SaveState};
+use crate::formats::{self, dcp, deepspeed};
 pub use crate::outcome::Outcome;
 use crate::plan::{self, Dest, IndexStyle, Meta, Out};
 use crate::write::{self, Plan, WriteOptions};
@@ -28,8 +29,11 @@ pub struct MergeOptions {
     /// (DeepSpeed checkpoints, as `zero_to_fp32 --max_shard_size` does).
     pub max_shard_size: Option<u64>,
     /// Also write the merged Adam moments (`<param>.exp_avg`, `<param>.exp_avg_sq`) to
-    /// `optimizer.safetensors` beside the weights (DeepSpeed checkpoints).
+    /// `optimizer.safetensors` beside the weights (DeepSpeed checkpoints; for an accelerate
+    /// `save_state` folder, the optimizer of the merged model, whatever its format).
     pub optimizer: bool,
+    /// Which model of an accelerate `save_state` folder to merge (default 0).
+    pub model: Option<usize>,
 }
 
 /// The output format of [`convert`].
@@ -114,20 +118,18 @@ pub fn split(ck: &Checkpoint, out_dir: &Path, max_shard_size: u64, opts: &WriteO
 /// `safetensors.torch.save_file` writes for its tensors, `__metadata__` kept and index metadata
 /// folded into it.
 pub fn merge(ck: &Checkpoint, out: &Path, options: &MergeOptions, opts: &WriteOptions<'_>) -> Result<Outcome> {
-    if let (Some(optim), true, None) = (dcp::save_state_optimizer(ck), options.optimizer, options.max_shard_size) {
-        // accelerate's `save_state` folder: the model to `out`, the optimizer folder beside it
-        // to `optimizer.safetensors`, its `param_groups` in the metadata.
-        let path = out.parent().map_or_else(|| PathBuf::from(OPTIMIZER_NAME), |d| d.join(OPTIMIZER_NAME));
-        if path == out {
-            return Err(bad(&path, format!("the weights and the optimizer states would both be `{OPTIMIZER_NAME}`")));
-        }
-        let mut done = merge(ck, out, &MergeOptions::default(), opts)?;
-        let ock = Checkpoint::open(&optim.to_string_lossy())?;
-        let o = merge(&ock, &path, &MergeOptions::default(), opts)?;
-        done.files.extend(o.files);
-        done.tensors += o.tensors;
-        done.bytes += o.bytes;
-        return Ok(done);
+    if let Some(state) = ck.save_state() {
+        return merge_save_state(state, out, options, opts);
+    }
+    if let Some(n) = options.model {
+        return Err(bad(
+            out,
+            format!(
+                "`model` {n} applies to accelerate `save_state` folders; {} is {}",
+                ck.root.display(),
+                ck.format.name()
+            ),
+        ));
     }
     let zero = ck.detail::<deepspeed::ZeroCheckpoint>();
     if zero.is_none() && (options.optimizer || options.max_shard_size.is_some()) {
@@ -415,6 +417,9 @@ fn name_of(f: TargetFormat) -> &'static str {
 /// universal checkpoint, which DeepSpeed loads with `load_universal` on any world size.
 pub fn reshard(ck: &Checkpoint, out: &Path, world_size: u64, opts: &WriteOptions<'_>) -> Result<Outcome> {
     check_world(world_size, out)?;
+    if let Some(state) = ck.save_state() {
+        return reshard_save_state(state, out, world_size, opts);
+    }
     if let Some(z) = ck.detail::<deepspeed::ZeroCheckpoint>() {
         return deepspeed::reshard(ck, z, out, world_size, opts);
     }
@@ -428,4 +433,140 @@ pub fn reshard(ck: &Checkpoint, out: &Path, world_size: u64, opts: &WriteOptions
             ),
         )),
     }
+}
+
+/// Model `options.model` of a `save_state` folder, merged as its own format merges (DCP as
+/// `accelerate merge-weights`, ZeRO as `zero_to_fp32`, a file as itself), and with
+/// `options.optimizer` its optimizer to `optimizer.safetensors` beside it.
+fn merge_save_state(state: &SaveState, out: &Path, options: &MergeOptions, opts: &WriteOptions<'_>) -> Result<Outcome> {
+    let n = options.model.unwrap_or(0);
+    let Some(model) = state.model(n) else {
+        let have: Vec<String> = state.models.iter().map(|m| m.index.to_string()).collect();
+        return Err(Error::BadSaveState {
+            path: state.root.clone(),
+            rank: None,
+            reason: format!(
+                "has no model {n} (models: {})",
+                if have.is_empty() { "none".into() } else { have.join(", ") }
+            ),
+        });
+    };
+    let in_model = matches!(state.optimizer(n).map(|o| &o.state), Some(OptimizerState::InModel));
+    let inner = MergeOptions { optimizer: options.optimizer && in_model, model: None, ..options.clone() };
+    let mut done = merge(&model.checkpoint, out, &inner, opts)?;
+    if !options.optimizer || in_model {
+        return Ok(done);
+    }
+    let Some(OptimizerState::Own(ock)) = state.optimizer(n).map(|o| &o.state) else {
+        return Err(Error::BadSaveState {
+            path: state.root.clone(),
+            rank: None,
+            reason: format!("model {n} has no optimizer"),
+        });
+    };
+    let dir = if options.max_shard_size.is_some() {
+        out.to_path_buf()
+    } else {
+        out.parent().map(Path::to_path_buf).unwrap_or_default()
+    };
+    let path = dir.join(OPTIMIZER_NAME);
+    if done.files.contains(&path) {
+        return Err(bad(&path, format!("the weights and the optimizer states would both be `{OPTIMIZER_NAME}`")));
+    }
+    let o = merge(ock, &path, &MergeOptions::default(), opts)?;
+    done.files.extend(o.files);
+    done.tensors += o.tensors;
+    done.bytes += o.bytes;
+    Ok(done)
+}
+
+/// A whole `save_state` folder for `world` ranks, built in a temporary folder beside `out` and
+/// renamed into place when complete:
+/// - DCP models and optimizers are resharded to FSDP2's layout for `world` ranks;
+/// - a ZeRO model becomes DeepSpeed's universal checkpoint, under the tag accelerate loads
+///   (`pytorch_model[_i]/`), with `latest` naming the last;
+/// - files that do not depend on the world size are copied byte for byte;
+/// - rank `r`'s RNG file is the source's rank `r mod N` (ranks past the old world repeat the
+///   streams of the ranks they map to; accelerate's `step` is kept);
+/// - a stateful dataloader's position moves by `dataload`'s N → M rule: the `N·k` batches all
+///   ranks had read become `⌊N·k/M⌋` per rank, the remainder read again.
+fn reshard_save_state(state: &SaveState, out: &Path, world: u64, opts: &WriteOptions<'_>) -> Result<Outcome> {
+    if std::fs::symlink_metadata(out).is_ok() {
+        return Err(bad(out, "already exists; a resharded `save_state` folder is written to a new path"));
+    }
+    let stage = crate::write::Stage::folder(out)?;
+    let tmp = stage.path().to_path_buf();
+    let mut outcome = Outcome { world_size: Some(world), ..Outcome::default() };
+    let add = |o: Outcome, outcome: &mut Outcome| {
+        outcome.tensors += o.tensors;
+        outcome.bytes += o.bytes;
+    };
+    let mut done_paths: Vec<&Path> = Vec::new();
+    let mut last_tag = None;
+    for m in &state.models {
+        let name = m.path.file_name().map(PathBuf::from).unwrap_or_default();
+        if let Some(z) = m.checkpoint.detail::<deepspeed::ZeroCheckpoint>() {
+            let scratch = tmp.join(format!(".universal_{}", m.index));
+            let o = deepspeed::reshard(&m.checkpoint, z, &scratch, world, opts)?;
+            let tag = name.to_string_lossy().into_owned();
+            std::fs::rename(scratch.join(format!("{}_universal", z.tag)), tmp.join(&tag))
+                .map_err(|e| Error::Io { path: tmp.join(&tag), source: e })?;
+            std::fs::remove_dir_all(&scratch).map_err(|e| Error::Io { path: scratch.clone(), source: e })?;
+            last_tag = Some(tag);
+            add(o, &mut outcome);
+        } else if m.checkpoint.detail::<dcp::DcpSource>().is_some() {
+            add(dcp::write(&m.checkpoint, &tmp.join(&name), world, opts)?, &mut outcome);
+        } else {
+            continue;
+        }
+        done_paths.push(&m.path);
+    }
+    for o in &state.optimizers {
+        if let OptimizerState::Own(ock) = &o.state {
+            if ock.detail::<dcp::DcpSource>().is_some() {
+                let name = o.path.file_name().map(PathBuf::from).unwrap_or_default();
+                add(dcp::write(ock, &tmp.join(&name), world, opts)?, &mut outcome);
+                done_paths.push(&o.path);
+            }
+        }
+    }
+    let n = state.rng.len() as u64;
+    for r in (0..world).filter(|_| n > 0) {
+        let src = &state.rng[(r % n) as usize].path;
+        crate::write::copy_durable(src, &tmp.join(format!("random_states_{r}.pkl")))?;
+    }
+    done_paths.extend(state.rng.iter().map(|r| r.path.as_path()));
+    for (c, pos) in &state.data {
+        if pos.as_ref().is_some_and(|p| p.kind == "dl_state_dict") {
+            let name = c.path.file_name().map(PathBuf::from).unwrap_or_default();
+            formats::accelerate::write_loader_state(&c.path, &tmp.join(name), state.world_size, world)?;
+            done_paths.push(&c.path);
+        }
+    }
+    let deepspeed_root: Vec<PathBuf> = match &last_tag {
+        Some(_) => ["latest", "latest_universal", "zero_to_fp32.py"].iter().map(|f| state.root.join(f)).collect(),
+        None => Vec::new(),
+    };
+    // Everything else at the top of the folder is independent of the world size.
+    for entry in std::fs::read_dir(&state.root).map_err(|e| Error::Io { path: state.root.clone(), source: e })? {
+        let path = entry.map_err(|e| Error::Io { path: state.root.clone(), source: e })?.path();
+        if done_paths.contains(&path.as_path()) || deepspeed_root.contains(&path) {
+            continue;
+        }
+        if path.is_dir() {
+            return Err(Error::BadSaveState {
+                path,
+                rank: None,
+                reason: "a folder this reshard does not know how to lay out for another world size".into(),
+            });
+        }
+        let name = path.file_name().map(PathBuf::from).unwrap_or_default();
+        crate::write::copy_durable(&path, &tmp.join(name))?;
+    }
+    if let Some(tag) = &last_tag {
+        crate::write::write_small(&tmp.join("latest"), tag.as_bytes())?;
+    }
+    stage.commit()?;
+    outcome.files = crate::io::files_under(out)?;
+    Ok(outcome)
 }

@@ -285,7 +285,7 @@ pub(crate) fn execute(plan: &Plan, source: &Checkpoint, opts: &WriteOptions<'_>)
 
 /// A folder that does not exist yet, built as `.<name>.<random>.tmp` beside it.
 #[derive(Debug, Default)]
-struct Stage {
+pub(crate) struct Stage {
     /// `(final, temporary)`; `None` when every output folder already exists.
     dirs: Option<(PathBuf, PathBuf)>,
 }
@@ -325,6 +325,27 @@ impl Stage {
         Ok(Stage { dirs: Some((dir, tmp)) })
     }
 
+    /// Stages the new folder `dir` itself, for an operation that fills it piece by piece (a
+    /// whole `save_state` folder); refused when `dir` exists.
+    pub(crate) fn folder(dir: &Path) -> Result<Stage> {
+        if std::fs::symlink_metadata(dir).is_ok() {
+            return Err(Error::Io {
+                path: dir.to_path_buf(),
+                source: std::io::Error::new(std::io::ErrorKind::AlreadyExists, "already exists"),
+            });
+        }
+        let parent = dir.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        std::fs::create_dir_all(parent).at(parent)?;
+        let tmp = parent.join(format!(".{}.{}.tmp", file_name(dir), random_hex()));
+        std::fs::create_dir(&tmp).at(&tmp)?;
+        Ok(Stage { dirs: Some((dir.to_path_buf(), tmp)) })
+    }
+
+    /// The temporary folder, for a stage made by [`Stage::folder`].
+    pub(crate) fn path(&self) -> &Path {
+        self.dirs.as_ref().map_or(Path::new("."), |(_, tmp)| tmp.as_path())
+    }
+
     fn contains(&self, path: &Path) -> bool {
         self.dirs.as_ref().is_some_and(|(dir, _)| path.starts_with(dir))
     }
@@ -338,7 +359,7 @@ impl Stage {
     }
 
     /// Renames the finished folder into place (refusing if something appeared there meanwhile).
-    fn commit(mut self) -> Result<()> {
+    pub(crate) fn commit(mut self) -> Result<()> {
         let Some((dir, tmp)) = self.dirs.take() else { return Ok(()) };
         sync_dir(&tmp)?;
         if std::fs::symlink_metadata(&dir).is_ok() {
@@ -675,4 +696,20 @@ mod tests {
         drop(a);
         assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0, "dropped temporaries are removed");
     }
+}
+
+/// Copies `src` to the new file `dst` (which must not exist) and makes it durable: for
+/// the world-size-independent files of a folder being built in a stage.
+pub(crate) fn copy_durable(src: &Path, dst: &Path) -> Result<()> {
+    let mut from = crate::io::open(src)?;
+    let mut to = OpenOptions::new().write(true).create_new(true).custom_flags(libc::O_NOFOLLOW).open(dst).at(dst)?;
+    std::io::copy(&mut from, &mut to).at(dst)?;
+    to.sync_all().at(dst)
+}
+
+/// Writes the small new file `path` (which must not exist) and makes it durable.
+pub(crate) fn write_small(path: &Path, bytes: &[u8]) -> Result<()> {
+    let mut to = OpenOptions::new().write(true).create_new(true).custom_flags(libc::O_NOFOLLOW).open(path).at(path)?;
+    std::io::Write::write_all(&mut to, bytes).at(path)?;
+    to.sync_all().at(path)
 }

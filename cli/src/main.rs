@@ -80,10 +80,14 @@ pub enum Command {
     /// and tied parameters (a tied alias is written as its own copy).
     Merge {
         /// A sharded folder, its index file, a DCP folder (holding `.metadata`), a DeepSpeed
-        /// checkpoint folder, or an `hf://` address.
+        /// checkpoint folder, an accelerate `save_state` folder, or an `hf://` address.
         src: String,
         /// The output `.safetensors` file (a folder with `--max-shard-size`).
         out: PathBuf,
+        /// An accelerate `save_state` folder: which model to merge (0 is `model.safetensors`,
+        /// `pytorch_model_fsdp_0/` or `pytorch_model/`; 1 the second prepared model, ...).
+        #[arg(long, value_name = "N")]
+        model: Option<usize>,
         /// Also write a `SHA256SUMS` manifest beside the output.
         #[arg(long)]
         checksums: bool,
@@ -256,6 +260,9 @@ fn run(cli: &Cli) -> anyhow::Result<ExitCode> {
                 output::inspect_json(&mut out, &ck)?;
             } else {
                 output::inspect_text(&mut out, &ck)?;
+                if let Some(state) = ck.save_state() {
+                    output::components_text(&mut out, state)?;
+                }
             }
             None
         }
@@ -277,12 +284,13 @@ fn run(cli: &Cli) -> anyhow::Result<ExitCode> {
                 .or_else(|e| named(e, "splitting", src))?;
             Some((ck, done, "split"))
         }
-        Command::Merge { src, out: dst, checksums, tag, optimizer, max_shard_size, allow_expanded } => {
+        Command::Merge { src, out: dst, model, checksums, tag, optimizer, max_shard_size, allow_expanded } => {
             let open = ckpt::OpenOptions { tag: tag.clone() };
             let ck = ckpt::Checkpoint::open_with(src, &open)?;
             let options = ckpt::MergeOptions {
                 max_shard_size: max_shard_size.as_deref().map(ckpt::parse_size).transpose()?,
                 optimizer: *optimizer,
+                model: *model,
             };
             bar.set_total(ck.total_bytes());
             let done = ckpt::merge(&ck, dst, &options, &write(*checksums, *allow_expanded))

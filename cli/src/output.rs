@@ -26,7 +26,7 @@ pub fn inspect_json(out: &mut impl Write, ck: &ckpt::Checkpoint) -> anyhow::Resu
             json!({ "name": t.name, "dtype": t.dtype.to_string(), "shape": t.shape, "file": file, "offset": offset, "bytes": t.byte_len() })
         })
         .collect();
-    let doc = json!({
+    let mut doc = json!({
         "schema": "statekit.inspect/2",
         "format": ck.format().name(),
         "path": ck.root(),
@@ -36,8 +36,168 @@ pub fn inspect_json(out: &mut impl Write, ck: &ckpt::Checkpoint) -> anyhow::Resu
         "tensors": tensors,
         "totals": { "files": ck.files().len(), "tensors": ck.tensors().len(), "bytes": ck.total_bytes() },
     });
+    if let (Some(state), Some(map)) = (ck.save_state(), doc.as_object_mut()) {
+        map.insert("components".into(), components_json(state));
+    }
     serde_json::to_writer_pretty(&mut *out, &doc)?;
     writeln!(out)?;
+    Ok(())
+}
+
+/// The `components` of an accelerate `save_state` folder (see the README for the schema).
+fn components_json(s: &ckpt::SaveState) -> serde_json::Value {
+    let values = |c: &ckpt::Component| -> serde_json::Map<String, serde_json::Value> {
+        c.values.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
+    };
+    let plain = |c: &ckpt::Component| json!({ "index": c.index, "path": c.path, "values": values(c), "classes": c.classes, "refused": c.refused });
+    let models: Vec<_> = s
+        .models
+        .iter()
+        .map(|m| {
+            let ck = &m.checkpoint;
+            json!({ "index": m.index, "path": m.path, "format": ck.format().name(), "tensors": ck.tensors().len(),
+                    "bytes": ck.total_bytes(), "world_size": ck.world_size(), "zero_stage": ck.zero_stage() })
+        })
+        .collect();
+    let optimizers: Vec<_> = s
+        .optimizers
+        .iter()
+        .map(|o| {
+            let format = match &o.state {
+                ckpt::OptimizerState::Own(ck) => ck.format().name(),
+                _ => "in-model",
+            };
+            json!({ "index": o.index, "path": o.path, "format": format, "param_groups": o.param_groups, "params": o.params,
+                    "state_tensors": o.state_tensors, "step": o.step })
+        })
+        .collect();
+    let rng: Vec<_> = s
+        .rng
+        .iter()
+        .map(|r| json!({ "rank": r.rank, "path": r.path, "step": r.state.step, "generators": r.state.generators }))
+        .collect();
+    let data: Vec<_> = s
+        .data
+        .iter()
+        .map(|(c, p)| {
+            let mut v = plain(c);
+            if let (Some(p), Some(m)) = (p, v.as_object_mut()) {
+                m.insert(
+                    "position".into(),
+                    json!({ "kind": p.kind, "epoch": p.epoch, "seed": p.seed, "batches_yielded": p.batches_yielded,
+                    "samples_yielded": p.samples_yielded, "finished": p.finished, "num_workers": p.num_workers }),
+                );
+            }
+            v
+        })
+        .collect();
+    json!({
+        "world_size": s.world_size,
+        "models": models,
+        "optimizers": optimizers,
+        "schedulers": s.schedulers.iter().map(plain).collect::<Vec<_>>(),
+        "scaler": s.scaler.as_ref().map(plain),
+        "rng": rng,
+        "data": data,
+        "custom": s.custom.iter().map(plain).collect::<Vec<_>>(),
+        "other_files": s.other,
+    })
+}
+
+/// What `inspect` prints, after the first model's tensors, for a `save_state` folder.
+pub fn components_text(out: &mut impl Write, s: &ckpt::SaveState) -> anyhow::Result<()> {
+    let name = |p: &std::path::Path| {
+        let n = p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        ckpt::escape_controls(&n).into_owned()
+    };
+    writeln!(out)?;
+    writeln!(out, "accelerate save_state, saved by {} rank(s):", s.world_size)?;
+    for m in &s.models {
+        let ck = &m.checkpoint;
+        let world = ck.world_size().map(|w| format!(", {w} ranks")).unwrap_or_default();
+        writeln!(
+            out,
+            "  model {}: {} ({}, {} tensors, {} bytes{world})",
+            m.index,
+            name(&m.path),
+            ck.format().name(),
+            ck.tensors().len(),
+            ck.total_bytes()
+        )?;
+    }
+    for o in &s.optimizers {
+        match &o.state {
+            ckpt::OptimizerState::Own(ck) => {
+                let step = o.step.map(|s| format!(", step {s}")).unwrap_or_default();
+                writeln!(
+                    out,
+                    "  optimizer {}: {} ({}, {} param group(s), {} params, {} state tensors{step})",
+                    o.index,
+                    name(&o.path),
+                    ck.format().name(),
+                    o.param_groups,
+                    o.params,
+                    o.state_tensors
+                )?;
+            }
+            _ => writeln!(out, "  optimizer {}: inside {} (DeepSpeed)", o.index, name(&o.path))?,
+        }
+    }
+    let refused = |c: &ckpt::Component| {
+        c.refused.as_ref().map(|g| format!(" REFUSED: names `{}`", ckpt::escape_controls(g))).unwrap_or_default()
+    };
+    let brief = |c: &ckpt::Component, keys: &[&str]| -> String {
+        let shown: Vec<String> = keys
+            .iter()
+            .filter_map(|k| c.values.iter().find(|(n, _)| n == k).map(|(n, v)| format!("{n}={v}")))
+            .collect();
+        shown.join(", ")
+    };
+    for c in &s.schedulers {
+        writeln!(
+            out,
+            "  scheduler {}: {} ({}){}",
+            c.index,
+            name(&c.path),
+            brief(c, &["last_epoch", "_last_lr"]),
+            refused(c)
+        )?;
+    }
+    if let Some(c) = &s.scaler {
+        writeln!(out, "  scaler: {} ({}){}", name(&c.path), brief(c, &["scale", "_growth_tracker"]), refused(c))?;
+    }
+    for r in &s.rng {
+        let step = r.state.step.map_or("-".into(), |s| s.to_string());
+        writeln!(out, "  rng rank {}: {} (step {step}; {})", r.rank, name(&r.path), r.state.generators.join(", "))?;
+    }
+    for (c, p) in &s.data {
+        let what = match p {
+            Some(p) => {
+                let opt = |label: &str, v: Option<String>| v.map(|v| format!("{label} {v}"));
+                let parts: Vec<String> = [
+                    opt("epoch", p.epoch.map(|e| e.to_string())),
+                    opt("seed", p.seed.map(|e| e.to_string())),
+                    opt("batches yielded", p.batches_yielded.map(|e| e.to_string())),
+                    opt("samples yielded", p.samples_yielded.map(|e| e.to_string())),
+                    opt("finished", p.finished.map(|e| e.to_string())),
+                ]
+                .into_iter()
+                .flatten()
+                .collect();
+                format!("{}: {}", p.kind, parts.join(", "))
+            }
+            None => "not read".into(),
+        };
+        writeln!(out, "  data {}: {} ({what}){}", c.index, name(&c.path), refused(c))?;
+    }
+    for c in &s.custom {
+        let keys: Vec<&str> = c.values.iter().map(|(k, _)| k.as_str()).collect();
+        let classes = if c.classes.is_empty() { String::new() } else { format!("; classes {}", c.classes.join(", ")) };
+        writeln!(out, "  custom {}: {} (keys {}{classes}){}", c.index, name(&c.path), keys.join(", "), refused(c))?;
+    }
+    for p in &s.other {
+        writeln!(out, "  other: {}", name(p))?;
+    }
     Ok(())
 }
 

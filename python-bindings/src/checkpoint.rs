@@ -162,7 +162,7 @@ pub(crate) fn merge(
 ) -> PyResult<String> {
     let ck = open(py, src, tag)?;
     let opts = write_options(checksums, allow_expanded);
-    let options = MergeOptions { max_shard_size, optimizer };
+    let options = MergeOptions { max_shard_size, optimizer, model: None };
     let o = py.detach(|| ckpt::merge(&ck, &out, &options, &opts)).map_err(errors::ckpt)?;
     Ok(outcome_json(&o))
 }

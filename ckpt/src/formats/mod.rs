@@ -3,6 +3,7 @@
 //! root?) and `catalog` (read it into a [`crate::Checkpoint`]). Adding a format is one module
 //! and one line in [`DETECTORS`] and [`catalog`].
 
+pub(crate) mod accelerate;
 pub(crate) mod dcp;
 pub(crate) mod deepspeed;
 pub(crate) mod hf_index;
@@ -21,6 +22,7 @@ type Detect = fn(&Path) -> Result<Option<PathBuf>>;
 /// or ZeRO folder is itself, a torch file is sniffed before the safetensors fallback for files,
 /// and a folder's safetensors win over its torch files.
 pub(crate) const DETECTORS: &[(Format, Detect)] = &[
+    (Format::AccelerateState, accelerate::detect),
     (Format::Dcp, dcp::detect),
     (Format::DeepSpeed, deepspeed::detect),
     (Format::TorchSharded, torch::detect_sharded_file),
@@ -39,5 +41,6 @@ pub(crate) fn catalog(format: Format, root: PathBuf, tag: Option<&str>) -> Resul
         Format::Torch | Format::TorchSharded => torch::catalog(root, format),
         Format::Dcp => dcp::catalog(root),
         Format::DeepSpeed => deepspeed::catalog(root, tag),
+        Format::AccelerateState => accelerate::catalog(root),
     }
 }

@@ -61,31 +61,10 @@ pub(crate) use read::Dcp as DcpSource;
 /// The metadata file of a DCP folder.
 pub(crate) const METADATA_NAME: &str = ".metadata";
 
-/// The model folder of accelerate's FSDP2 `save_state` layout (`optimizer_0/` beside it).
-pub(crate) const SAVE_STATE_MODEL: &str = "pytorch_model_fsdp_0";
-
-/// The optimizer folder of accelerate's `save_state` layout beside `ck`, when `ck` is the model
-/// folder of one (`…/pytorch_model_fsdp_0` with `…/optimizer_0/.metadata`).
-pub(crate) fn save_state_optimizer(ck: &Checkpoint) -> Option<PathBuf> {
-    if ck.format() != Format::Dcp || ck.root().file_name().is_none_or(|n| n != SAVE_STATE_MODEL) {
-        return None;
-    }
-    let optim = ck.root().parent()?.join(SAVE_STATE_OPTIMIZER);
-    optim.join(METADATA_NAME).is_file().then_some(optim)
-}
-
-/// The optimizer folder of accelerate's FSDP2 `save_state` layout.
-pub(crate) const SAVE_STATE_OPTIMIZER: &str = "optimizer_0";
-
-/// The DCP folder `path` names: a folder holding `.metadata`, that file itself, or a folder
-/// laid out as accelerate's FSDP2 `save_state` (its model, `pytorch_model_fsdp_0/`).
+/// The DCP folder `path` names: a folder holding `.metadata`, or that file itself.
 pub(crate) fn detect(path: &Path) -> Result<Option<PathBuf>> {
     if path.is_dir() && path.join(METADATA_NAME).is_file() {
         return Ok(Some(path.to_path_buf()));
-    }
-    let model = path.join(SAVE_STATE_MODEL);
-    if path.is_dir() && model.join(METADATA_NAME).is_file() {
-        return Ok(Some(model));
     }
     if path.is_file() && path.file_name().is_some_and(|n| n == METADATA_NAME) {
         let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));

@@ -47,7 +47,7 @@ struct Walk<'a> {
 pub(crate) fn flatten(p: &Pickle) -> Result<Flat, String> {
     let mut w = Walk { p, visits: 0, names: HashSet::new(), out: Flat::default() };
     match p.obj(p.root) {
-        Some(Obj::Dict(_) | Obj::List(_) | Obj::Tuple(_)) => w.node("", p.root, 0)?,
+        Some(Obj::Dict(_) | Obj::List(_) | Obj::Tuple(_) | Obj::Instance { .. }) => w.node("", p.root, 0)?,
         Some(Obj::Tensor(_)) => return Err("the file holds a single tensor, not a state dict".into()),
         _ => return Err("the file holds no dict of tensors".into()),
     }
@@ -104,6 +104,22 @@ impl Walk<'_> {
                 }
                 Ok(())
             }
+            // An allow-listed object whose state holds tensors (accelerate's pickled
+            // `SeedableRandomSampler` and its `torch.Generator`): its class, arguments and state
+            // under its name, the tensors among them as entries of their own.
+            Some(Obj::Instance { class, args, state }) if name.is_empty() || self.holds_tensor(v, 0)? => {
+                let (class, args, state) = (*class, args.clone(), *state);
+                let at = self.join(name, "__class__")?;
+                self.claim(&at)?;
+                self.out.leaves.push((at, Leaf::Str(class.to_string())));
+                for (i, &val) in args.iter().enumerate() {
+                    self.node(&self.join(&self.join(name, "args")?, &i.to_string())?, val, depth + 1)?;
+                }
+                if let Some(st) = state {
+                    self.node(&self.join(name, "state")?, st, depth + 1)?;
+                }
+                Ok(())
+            }
             _ => {
                 let leaf = self.leaf(v, depth)?;
                 self.claim(name)?;
@@ -143,6 +159,14 @@ impl Walk<'_> {
             }
             Some(Obj::Dict(items)) => {
                 for &(_, i) in items {
+                    if self.holds_tensor(i, depth + 1)? {
+                        return Ok(true);
+                    }
+                }
+                false
+            }
+            Some(Obj::Instance { args, state, .. }) => {
+                for &i in args.iter().chain(state.iter()) {
                     if self.holds_tensor(i, depth + 1)? {
                         return Ok(true);
                     }
