@@ -549,27 +549,22 @@ mod tests {
             out.expect("save");
         }
         let ck = crate::Checkpoint::open(&tmp.path().to_string_lossy()).expect("open");
-        assert_eq!(ck.root(), dir.as_path());
+        assert_eq!(ck.format(), crate::Format::AccelerateState);
+        assert_eq!(ck.save_state().expect("components").models[0].path, dir);
         assert_eq!(ck.tensors().len(), 2);
     }
 
     #[test]
-    fn merging_a_save_state_folder_with_its_optimizer_writes_both() {
+    fn an_optimizer_folder_without_param_groups_is_refused_by_name() {
         let tmp = tempfile::tempdir().expect("tempdir");
         for sub in ["pytorch_model_fsdp_0", "optimizer_0"] {
             for out in save(&tmp.path().join("state").join(sub), 2, false) {
                 out.expect("save");
             }
         }
-        let ck = crate::Checkpoint::open(&tmp.path().join("state").to_string_lossy()).expect("open");
-        let out = tmp.path().join("out").join("model.safetensors");
-        std::fs::create_dir(tmp.path().join("out")).expect("mkdir");
-        let opts = crate::MergeOptions { optimizer: true, ..Default::default() };
-        let done = crate::merge(&ck, &out, &opts, &Default::default()).expect("merge");
-        assert_eq!(done.tensors, 4);
-        let optim = std::fs::read(tmp.path().join("out").join(crate::OPTIMIZER_NAME)).expect("optimizer file");
-        let st = safetensors::SafeTensors::deserialize(&optim).expect("safetensors");
-        assert_eq!(st.tensor("w").expect("w").shape(), &[5, 3]);
+        let e = crate::Checkpoint::open(&tmp.path().join("state").to_string_lossy()).expect_err("no param_groups");
+        let e = e.to_string();
+        assert!(e.contains("optimizer_0") && e.contains("param_groups"), "{e}");
     }
 
     #[test]

@@ -42,7 +42,7 @@ fn case(name: &str) {
     let sharded = dir.join("expected/sharded");
     if sharded.is_dir() {
         let out = tmp.path().join("sharded");
-        let opts = MergeOptions { max_shard_size: Some(ckpt::parse_size("2KB").unwrap()), optimizer: false };
+        let opts = MergeOptions { max_shard_size: Some(ckpt::parse_size("2KB").unwrap()), ..Default::default() };
         let done = ckpt::merge(&ck, &out, &opts, &WriteOptions::default()).unwrap();
         let mut want: Vec<String> = std::fs::read_dir(&sharded)
             .unwrap()

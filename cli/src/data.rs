@@ -3,6 +3,9 @@
 //! JSON output of `ckpt data plan --json`:
 //! `{"ranks": [{"rank": r, "batches": [[i, ...], ...]}, ...]}`.
 //!
+//! `ckpt data state --from-accelerate DIR --len N --batch-size B --json` prints the
+//! `LoaderState` itself (see `dataload::LoaderState`).
+//!
 //! JSON output of `ckpt data state FILE --json`:
 //! `{"epoch", "cursor", "dataset_len", "world_size", "global_batch_size", "steps_done",
 //!   "steps_left", "mode", "sampler", "ranks": [{"rank", "next_batch": [...] | null,
@@ -26,21 +29,16 @@ pub enum DataCommand {
     State(StateArgs),
 }
 
-/// Arguments of `ckpt data plan`.
+/// The loader a plan or a state is about: the dataset, the batch sampler and accelerate's
+/// configuration.
 #[derive(Args, Debug, Clone, PartialEq, Eq)]
-pub struct PlanArgs {
-    /// Number of samples in the dataset.
+pub struct LoaderArgs {
+    /// Number of samples in the dataset (required).
     #[arg(long = "len", value_name = "N")]
-    pub len: u64,
-    /// Batch size of the underlying batch sampler (as given to torch's `DataLoader`).
+    pub len: Option<u64>,
+    /// Batch size of the underlying batch sampler, as given to torch's `DataLoader` (required).
     #[arg(long, value_name = "B")]
-    pub batch_size: u64,
-    /// Number of ranks.
-    #[arg(long, value_name = "W", value_parser = clap::value_parser!(u64).range(1..=dataload::MAX_WORLD_SIZE))]
-    pub world_size: u64,
-    /// Only this rank (default: all).
-    #[arg(long, value_name = "R")]
-    pub rank: Option<u64>,
+    pub batch_size: Option<u64>,
     /// accelerate's `split_batches`.
     #[arg(long)]
     pub split_batches: bool,
@@ -53,12 +51,54 @@ pub struct PlanArgs {
     /// accelerate's `dispatch_batches = true` (rank 0 reads and broadcasts).
     #[arg(long)]
     pub dispatch_batches: bool,
-    /// Shuffle with accelerate's `SeedableRandomSampler` (needs `--seed`).
-    #[arg(long, requires = "seed")]
+    /// Shuffle with accelerate's `SeedableRandomSampler` (needs `--seed`, unless a saved
+    /// `sampler.bin` gives it).
+    #[arg(long)]
     pub shuffle: bool,
     /// `data_seed` (any Python int torch accepts, negatives included).
-    #[arg(long, value_name = "S", allow_negative_numbers = true, requires = "shuffle")]
+    #[arg(long, value_name = "S", allow_negative_numbers = true)]
     pub seed: Option<i128>,
+}
+
+impl LoaderArgs {
+    fn loader(&self, world_size: u64, rank: u64) -> anyhow::Result<ShardedSampler> {
+        let (Some(len), Some(batch_size)) = (self.len, self.batch_size) else {
+            anyhow::bail!("the loader needs `--len N` and `--batch-size B`");
+        };
+        if self.shuffle != self.seed.is_some() {
+            anyhow::bail!("`--shuffle` and `--seed S` go together");
+        }
+        let config = DataLoaderConfiguration {
+            split_batches: self.split_batches,
+            even_batches: !self.no_even_batches,
+            dispatch_batches: Some(self.dispatch_batches),
+            use_seedable_sampler: self.shuffle,
+            data_seed: self.seed,
+            ..DataLoaderConfiguration::default()
+        };
+        Ok(ShardedSampler::builder()
+            .dataset_len(len)
+            .batch_size(batch_size)
+            .world_size(world_size)
+            .rank(rank)
+            .drop_last(self.drop_last)
+            .shuffle(self.shuffle)
+            .config(config)
+            .build()?)
+    }
+}
+
+/// Arguments of `ckpt data plan`.
+#[derive(Args, Debug, Clone, PartialEq, Eq)]
+pub struct PlanArgs {
+    #[command(flatten)]
+    pub loader: LoaderArgs,
+    /// Number of ranks.
+    #[arg(long, value_name = "W", value_parser = clap::value_parser!(u64).range(1..=dataload::MAX_WORLD_SIZE))]
+    pub world_size: u64,
+    /// Only this rank (default: all).
+    #[arg(long, value_name = "R")]
+    pub rank: Option<u64>,
     /// Epoch to plan.
     #[arg(long, value_name = "E", default_value_t = 0)]
     pub epoch: u64,
@@ -74,7 +114,28 @@ pub struct PlanArgs {
 #[derive(Args, Debug, Clone, PartialEq, Eq)]
 pub struct StateArgs {
     /// A loader state written by `ShardedSampler::state_dict` (JSON).
-    pub file: PathBuf,
+    #[arg(required_unless_present = "from_accelerate", conflicts_with = "from_accelerate")]
+    pub file: Option<PathBuf>,
+    /// Instead, the position an accelerate `save_state` folder saved (`dl_state_dict.bin`,
+    /// `sampler.bin`), as our loader state for the loader described by the flags below; with
+    /// `--json` the `LoaderState` itself, which `ShardedSampler::load_state_dict` continues from
+    /// at the same next sample, on any world size.
+    #[arg(long, value_name = "DIR")]
+    pub from_accelerate: Option<PathBuf>,
+    /// The described loader (with `--from-accelerate`).
+    #[command(flatten)]
+    pub loader: LoaderArgs,
+    /// With `--from-accelerate`: which prepared dataloader (0 is `dl_state_dict.bin`).
+    #[arg(long, value_name = "I", default_value_t = 0, requires = "from_accelerate")]
+    pub dataloader: usize,
+    /// With `--from-accelerate`, where the folder saved no position (a map-style loader
+    /// without `use_stateful_dataloader`): the batches each rank had read in the epoch, which
+    /// accelerate's own resume recipe passes to `skip_first_batches`.
+    #[arg(long, value_name = "K", requires = "from_accelerate")]
+    pub step: Option<u64>,
+    /// With `--from-accelerate`: the epoch, where `sampler.bin` does not say.
+    #[arg(long, value_name = "E", requires = "from_accelerate")]
+    pub epoch: Option<u64>,
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
@@ -105,26 +166,6 @@ struct PlanOut {
 }
 
 impl PlanArgs {
-    fn loader(&self, rank: u64) -> anyhow::Result<ShardedSampler> {
-        let config = DataLoaderConfiguration {
-            split_batches: self.split_batches,
-            even_batches: !self.no_even_batches,
-            dispatch_batches: Some(self.dispatch_batches),
-            use_seedable_sampler: self.shuffle,
-            data_seed: self.seed,
-            ..DataLoaderConfiguration::default()
-        };
-        Ok(ShardedSampler::builder()
-            .dataset_len(self.len)
-            .batch_size(self.batch_size)
-            .world_size(self.world_size)
-            .rank(rank)
-            .drop_last(self.drop_last)
-            .shuffle(self.shuffle)
-            .config(config)
-            .build()?)
-    }
-
     /// The batches of every requested rank.
     fn compute(&self) -> anyhow::Result<Vec<RankBatches>> {
         let ranks: Vec<u64> = match self.rank {
@@ -134,7 +175,7 @@ impl PlanArgs {
         ranks
             .into_iter()
             .map(|rank| {
-                let mut l = self.loader(rank)?;
+                let mut l = self.loader.loader(self.world_size, rank)?;
                 l.set_epoch(self.epoch);
                 l.skip_first_batches(self.skip_batches);
                 Ok(RankBatches { rank, batches: l.rest_of_epoch()? })
@@ -185,9 +226,25 @@ struct StateOut {
 }
 
 fn state(args: &StateArgs) -> anyhow::Result<String> {
-    let text = std::fs::read_to_string(&args.file).with_context(|| format!("cannot read `{}`", args.file.display()))?;
-    let st =
-        LoaderState::from_json(&text).with_context(|| format!("`{}` is not a loader state", args.file.display()))?;
+    let st = match (&args.file, &args.from_accelerate, &args.loader) {
+        (Some(_), _, l) if l.len.is_some() || l.batch_size.is_some() => {
+            anyhow::bail!(
+                "`--len` and `--batch-size` describe the loader of `--from-accelerate`; a state FILE holds its own"
+            )
+        }
+        (Some(file), _, _) => {
+            let text = std::fs::read_to_string(file).with_context(|| format!("cannot read `{}`", file.display()))?;
+            LoaderState::from_json(&text).with_context(|| format!("`{}` is not a loader state", file.display()))?
+        }
+        (None, Some(dir), loader) => {
+            let st = from_accelerate(dir, loader, args)?;
+            if args.json {
+                return Ok(st.to_json()? + "\n");
+            }
+            st
+        }
+        (None, None, _) => anyhow::bail!("give a state FILE, or `--from-accelerate DIR --len N --batch-size B`"),
+    };
     let mut ranks = Vec::new();
     let mut geometry = None;
     let mut steps_left = 0;
@@ -227,6 +284,59 @@ fn state(args: &StateArgs) -> anyhow::Result<String> {
         }
     }
     Ok(s)
+}
+
+/// Our loader state at the position an accelerate `save_state` folder recorded: `k` batches
+/// read by every rank in the epoch (a stateful dataloader's `_num_yielded`, or `--step K`), in
+/// the epoch a pickled `SeedableRandomSampler` names (or `--epoch`), with its seed.
+fn from_accelerate(dir: &std::path::Path, loader: &LoaderArgs, args: &StateArgs) -> anyhow::Result<LoaderState> {
+    let ck = ckpt::Checkpoint::open(&dir.to_string_lossy())?;
+    let Some(saved) = ck.save_state() else {
+        anyhow::bail!("{}: not an accelerate `save_state` folder (it is {})", dir.display(), ck.format().name());
+    };
+    let pos = saved.data_position(args.dataloader);
+    let stateful = pos.filter(|p| p.kind == "dl_state_dict");
+    let k = match (stateful.and_then(|p| p.batches_yielded), args.step) {
+        (Some(k), None) => k,
+        (Some(k), Some(s)) if k == s => k,
+        (Some(k), Some(s)) => anyhow::bail!(
+            "{}: the folder saved the position ({k} batches per rank), which `--step {s}` contradicts",
+            stateful.map_or(dir.to_path_buf(), |p| p.path.clone()).display()
+        ),
+        (None, Some(s)) => s,
+        (None, None) => anyhow::bail!(
+            "{}: accelerate saved no data position for dataloader {} (a map-style loader without \
+             `use_stateful_dataloader`); pass `--step K`, the batches each rank had read in the epoch, \
+             as accelerate's resume recipe passes to `skip_first_batches`",
+            dir.display(),
+            args.dataloader
+        ),
+    };
+    let sampler = pos.filter(|p| p.kind == "sampler");
+    let mut loader = loader.clone();
+    if let Some(seed) = sampler.and_then(|p| p.seed) {
+        match loader.seed {
+            Some(s) if s != i128::from(seed) => {
+                anyhow::bail!("`--seed {s}` contradicts the seed {seed} the saved sampler holds")
+            }
+            _ => {
+                loader.seed = Some(i128::from(seed));
+                loader.shuffle = true;
+            }
+        }
+    }
+    let epoch = sampler.and_then(|p| p.epoch).or(args.epoch).unwrap_or(0);
+    let world = saved.world_size;
+    let mut l = loader.loader(world, 0)?;
+    l.set_epoch(epoch);
+    // A dispatched loader's `skip_first_batches` counts the underlying sampler's batches, of
+    // which one step takes `world` (one with `split_batches`).
+    let per_step = match l.geometry().mode {
+        dataload::ShardMode::Dispatch if !loader.split_batches => world,
+        _ => 1,
+    };
+    l.skip_first_batches(k.saturating_mul(per_step));
+    Ok(l.state_dict())
 }
 
 #[cfg(test)]
@@ -271,7 +381,7 @@ mod tests {
             "--skip-batches",
             "1",
         ]);
-        assert_eq!(p.seed, Some(42));
+        assert_eq!(p.loader.seed, Some(42));
         let ranks = p.compute().unwrap();
         assert_eq!(ranks.len(), 1);
         assert_eq!(ranks[0].rank, 1);
@@ -279,7 +389,7 @@ mod tests {
 
     #[test]
     fn shuffle_needs_seed() {
-        let v = ["x", "plan", "--len", "4", "--batch-size", "1", "--world-size", "1", "--shuffle"];
-        assert!(Wrap::try_parse_from(v).is_err());
+        let p = parse(&["--len", "4", "--batch-size", "1", "--world-size", "1", "--shuffle"]);
+        assert!(p.compute().is_err(), "a shuffled plan needs the seed");
     }
 }
