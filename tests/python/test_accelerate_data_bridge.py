@@ -1,0 +1,87 @@
+"""`ckpt data state --from-accelerate`: what accelerate 1.15 saved about the data stream
+becomes our `LoaderState`, and `dataload` continues from it at the same next sample as
+accelerate's own resumed loader, on every rank.
+
+Real accelerate runs (`accelerate_data_job.py`, under torchrun with gloo on 1 and 2 ranks)
+save `save_state` folders mid-epoch from stateful, seedable dataloaders and record what each
+rank's loader yields next; the test turns each folder into a state with the CLI and asks
+`ckpt data state STATE --json` what each rank reads next.
+"""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, run_ckpt
+
+JOB = ROOT / "tests" / "python" / "accelerate_data_job.py"
+TORCHRUN = Path(sys.executable).with_name("torchrun")
+
+CONFIGS = [
+    {"name": "e0_k3", "len": 23, "batch_size": 3, "seed": 1234, "epoch": 0, "k": 3, "drop_last": False},
+    {"name": "e1_k2", "len": 23, "batch_size": 3, "seed": 7, "epoch": 1, "k": 2, "drop_last": False},
+    {"name": "e2_k1_drop", "len": 30, "batch_size": 4, "seed": -5, "epoch": 2, "k": 1, "drop_last": True},
+]
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module", params=[1, 2], ids=["1rank", "2ranks"])
+def saved(request, tmp_path_factory):
+    world = request.param
+    out = tmp_path_factory.mktemp(f"acc_w{world}")
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    cmd = [str(TORCHRUN), f"--nproc_per_node={world}", f"--master_port={free_port()}", str(JOB), str(out), json.dumps(CONFIGS)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return world, out
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=[c["name"] for c in CONFIGS])
+def test_dataload_continues_at_accelerates_next_sample(saved, config, tmp_path):
+    world, out = saved
+    folder = out / config["name"]
+    args = ["data", "state", "--from-accelerate", folder, "--len", config["len"], "--batch-size", config["batch_size"],
+            "--shuffle", "--seed", config["seed"], "--epoch", config["epoch"]]
+    if config["drop_last"]:
+        args.append("--drop-last")
+    state = run_ckpt(*args, "--json").stdout
+    st = json.loads(state)
+    assert st["world_size"] == world and st["epoch"] == config["epoch"]
+    path = tmp_path / "state.json"
+    path.write_text(state)
+    explained = json.loads(run_ckpt("data", "state", path, "--json").stdout)
+    for rank in range(world):
+        theirs = json.loads((out / f"{config['name']}.rank{rank}.json").read_text())["rest"]
+        ours = explained["ranks"][rank]
+        assert ours["next_batch"] == (theirs[0] if theirs else None), f"rank {rank}"
+        assert ours["batches_left"] == len(theirs), f"rank {rank}"
+
+
+def test_a_folder_without_a_position_asks_for_the_step(tmp_path):
+    folder = ROOT / "fixtures" / "accelerate" / "one_model"
+    proc = run_ckpt("data", "state", "--from-accelerate", folder, "--len", 40, "--batch-size", 4, check=False)
+    assert proc.returncode == 2
+    assert "accelerate saved no data position" in proc.stderr and "--step K" in proc.stderr
+    st = json.loads(run_ckpt("data", "state", "--from-accelerate", folder, "--len", 40, "--batch-size", 4, "--step", 3, "--json").stdout)
+    assert st["cursor"] == 12
+
+
+def test_a_pickled_sampler_gives_the_epoch_and_seed(tmp_path):
+    folder = ROOT / "fixtures" / "accelerate" / "sampler"
+    want = json.loads((ROOT / "fixtures" / "accelerate" / "expected_more.json").read_text())["sampler"]["sampler"]
+    st = json.loads(run_ckpt("data", "state", "--from-accelerate", folder, "--len", 12, "--batch-size", 4, "--step", 0, "--json").stdout)
+    assert st["epoch"] == want["epoch"]
+    assert st["sampler"]["seed"] == want["initial_seed"]
+    proc = run_ckpt("data", "state", "--from-accelerate", folder, "--len", 12, "--batch-size", 4, "--step", 0,
+                    "--shuffle", "--seed", 99, check=False)
+    assert proc.returncode == 2 and "contradicts" in proc.stderr
