@@ -77,6 +77,19 @@ pub fn verify(src: &str) -> Result<Report> {
             ));
         }
     }
+    if let Some(state) = ck.save_state() {
+        let parts =
+            state.schedulers.iter().chain(&state.scaler).chain(&state.custom).chain(state.data.iter().map(|(c, _)| c));
+        for c in parts {
+            if let Some(global) = &c.refused {
+                report.warnings.push(format!(
+                    "{}: its pickle names `{}`, outside what this kind of file may hold; its values are not read",
+                    c.path.display(),
+                    crate::escape_controls(global)
+                ));
+            }
+        }
+    }
     for t in ck.tensors() {
         if let Some((output, storage)) = t.expansion() {
             report.warnings.push(format!(

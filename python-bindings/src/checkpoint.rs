@@ -148,7 +148,7 @@ pub(crate) fn split(
 
 /// `ckpt merge`.
 #[pyfunction]
-#[pyo3(signature = (src, out, *, tag=None, max_shard_size=None, optimizer=false, checksums=false, allow_expanded=false))]
+#[pyo3(signature = (src, out, *, tag=None, max_shard_size=None, optimizer=false, checksums=false, allow_expanded=false, model=None))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn merge(
     py: Python<'_>,
@@ -159,10 +159,11 @@ pub(crate) fn merge(
     optimizer: bool,
     checksums: bool,
     allow_expanded: bool,
+    model: Option<usize>,
 ) -> PyResult<String> {
     let ck = open(py, src, tag)?;
     let opts = write_options(checksums, allow_expanded);
-    let options = MergeOptions { max_shard_size, optimizer, model: None };
+    let options = MergeOptions { max_shard_size, optimizer, model };
     let o = py.detach(|| ckpt::merge(&ck, &out, &options, &opts)).map_err(errors::ckpt)?;
     Ok(outcome_json(&o))
 }

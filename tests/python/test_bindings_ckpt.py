@@ -331,3 +331,14 @@ def test_hf_address_loads_from_the_local_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
     assert hexes(ckpt.load("hf://statekit/tiny")) == hexes(ckpt.load(src))
+
+
+def test_merge_picks_a_model_of_an_accelerate_save_state_folder(tmp_path):
+    folder = FX / "accelerate" / "two_models"
+    info = ckpt.inspect(folder)
+    assert info.format == "accelerate-state"
+    out = tmp_path / "m1.safetensors"
+    ckpt.merge(folder, out, model=1)
+    assert out.read_bytes() == (folder / "model_1.safetensors").read_bytes()
+    with pytest.raises(CheckpointError, match="has no model 5"):
+        ckpt.merge(folder, tmp_path / "x.safetensors", model=5)

@@ -55,6 +55,7 @@ def merge(
     optimizer: bool = False,
     checksums: bool = False,
     allow_expanded: bool = False,
+    model: Optional[int] = None,
 ) -> str: ...
 def convert(
     src: str,

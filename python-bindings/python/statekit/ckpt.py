@@ -201,11 +201,13 @@ def merge(
     tag: Optional[str] = None,
     checksums: bool = False,
     allow_expanded: bool = False,
+    model: Optional[int] = None,
 ) -> Outcome:
-    """``ckpt merge``: one safetensors state dict from any layout (DCP, ZeRO, shards)."""
+    """``ckpt merge``: one safetensors state dict from any layout (DCP, ZeRO, shards); for an
+    accelerate ``save_state`` folder, its model ``model`` (default 0)."""
     return _outcome(
         _native.merge(
-            os.fspath(src), os.fspath(out), tag=tag, max_shard_size=_size(max_shard_size), optimizer=optimizer, checksums=checksums, allow_expanded=allow_expanded
+            os.fspath(src), os.fspath(out), tag=tag, max_shard_size=_size(max_shard_size), optimizer=optimizer, checksums=checksums, allow_expanded=allow_expanded, model=model
         )
     )
 
