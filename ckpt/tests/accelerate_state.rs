@@ -391,3 +391,39 @@ fn a_deepspeed_folder_reshards_to_universal_under_the_tags_accelerate_loads() {
     );
     assert!(!out.join(".universal_0").exists() && !out.join("latest_universal").exists());
 }
+
+#[test]
+fn fsdp2_folders_merge_as_accelerate_merge_weights_and_keep_the_saved_buffers() {
+    let all: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(root().join("expected_fsdp2.json")).unwrap()).unwrap();
+    for case in ["fsdp2_w2", "fsdp2_w3"] {
+        let want = &all[case];
+        let ck = open(&root().join(case));
+        assert_eq!(serde_json::json!(ck.save_state().unwrap().world_size), want["world_size"], "{case}");
+        let tmp = tempfile::tempdir().unwrap();
+        let out = tmp.path().join("model.safetensors");
+        ckpt::merge(&ck, &out, &MergeOptions { optimizer: true, ..Default::default() }, &WriteOptions::default())
+            .unwrap();
+        for (file, theirs) in [
+            (out.clone(), &want["merge_model"]["tensors"]),
+            (tmp.path().join(ckpt::OPTIMIZER_NAME), &want["merge_optimizer_unsafe"]["tensors"]),
+        ] {
+            let merged = open(&file);
+            let theirs = theirs.as_object().unwrap();
+            assert_eq!(merged.tensors().len(), theirs.len(), "{case}: {}", file.display());
+            for t in merged.tensors() {
+                let e = &theirs[&t.name];
+                assert_eq!(serde_json::json!(t.shape), e["shape"], "{case}: {}", t.name);
+                assert_eq!(sha(&merged.read_tensor(t).unwrap()), e["sha256"], "{case}: {}", t.name);
+            }
+        }
+        // The BatchNorm statistics differ per rank; the merge has the copy DCP kept.
+        let merged = open(&out);
+        for (name, b) in want["buffers"].as_object().unwrap() {
+            let t = merged.tensors().iter().find(|t| &t.name == name).unwrap();
+            let got = sha(&merged.read_tensor(t).unwrap());
+            let kept = b["checkpoint_equals_rank"][0].as_u64().unwrap() as usize;
+            assert_eq!(got, b["per_rank_sha256"][kept], "{case}: {name}");
+        }
+    }
+}

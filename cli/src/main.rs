@@ -389,6 +389,7 @@ fn named<T>(err: ckpt::Error, verb: &str, src: &str) -> anyhow::Result<T> {
 /// The one-line note after an operation (on a terminal only).
 fn summary(ck: &ckpt::Checkpoint, done: &ckpt::Outcome, verb: &str) -> String {
     let from = match (ck.zero_stage(), ck.world_size()) {
+        (_, Some(w)) if ck.save_state().is_some() => format!("an accelerate save_state folder of {w} ranks"),
         (Some(stage), Some(w)) => format!("a ZeRO-{stage} checkpoint of {w} ranks"),
         (None, Some(w)) => format!("a DCP checkpoint of {w} rank file(s)"),
         _ => format!("{} file(s)", ck.files().len()),

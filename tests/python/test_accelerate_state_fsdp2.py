@@ -96,18 +96,23 @@ def test_reshard_then_load_state(tmp_path, case, m):
 
 
 @pytest.mark.parametrize("case, m", [("fsdp2_w2", 3), ("fsdp2_w3", 2)])
-def test_reshard_copies_scheduler_and_dl_state(tmp_path, case, m):
-    """The layout asked of `ckpt reshard`: scheduler.bin and dl_state_dict.bin copied as they are
-    (accelerate 1.15's DataLoaderShard saves `_num_yielded` = batches this rank yielded, with no
-    world-size correction, and load_state hands it to the StatefulDataLoader unchanged)."""
+def test_reshard_copies_scheduler_and_moves_the_data_position(tmp_path, case, m):
+    """scheduler.bin is copied as it is; dl_state_dict.bin is moved by the N -> M rule. accelerate
+    1.15 saves `_num_yielded` = batches this rank yielded and hands it back unchanged on load,
+    where `BatchSamplerShard` skips that many rounds of M batches: the N*k batches read before
+    are floor(N*k/M) per rank on M ranks. Everything else in the state stays."""
     import torch
 
+    n = SOURCES[case]
     out = tmp_path / f"{case}_to_{m}"
     run_ckpt("reshard", ACC / case, out, "--world-size", m)
-    for name in ("scheduler.bin", "dl_state_dict.bin"):
-        got = torch.load(out / name, weights_only=False)
-        want = torch.load(ACC / case / name, weights_only=False)
-        assert got == want, f"{name}: {got} != source {want}"
+    sched = torch.load(out / "scheduler.bin", weights_only=False)
+    assert sched == torch.load(ACC / case / "scheduler.bin", weights_only=False)
+    got = torch.load(out / "dl_state_dict.bin", weights_only=True)
+    want = torch.load(ACC / case / "dl_state_dict.bin", weights_only=True)
+    k = want["_num_yielded"]
+    moved = dict(want, _num_yielded=n * k // m, _sampler_iter_yielded=n * want["_sampler_iter_yielded"] // m)
+    assert got == moved, f"{got} != {moved}"
 
 
 @pytest.mark.parametrize("case", sorted(SOURCES))
