@@ -639,6 +639,22 @@ impl Drop for TempSet {
     }
 }
 
+/// Copies `src` to the new file `dst` (which must not exist) and makes it durable: for
+/// the world-size-independent files of a folder being built in a stage.
+pub(crate) fn copy_durable(src: &Path, dst: &Path) -> Result<()> {
+    let mut from = crate::io::open(src)?;
+    let mut to = OpenOptions::new().write(true).create_new(true).custom_flags(libc::O_NOFOLLOW).open(dst).at(dst)?;
+    std::io::copy(&mut from, &mut to).at(dst)?;
+    to.sync_all().at(dst)
+}
+
+/// Writes the small new file `path` (which must not exist) and makes it durable.
+pub(crate) fn write_small(path: &Path, bytes: &[u8]) -> Result<()> {
+    let mut to = OpenOptions::new().write(true).create_new(true).custom_flags(libc::O_NOFOLLOW).open(path).at(path)?;
+    std::io::Write::write_all(&mut to, bytes).at(path)?;
+    to.sync_all().at(path)
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -696,20 +712,4 @@ mod tests {
         drop(a);
         assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0, "dropped temporaries are removed");
     }
-}
-
-/// Copies `src` to the new file `dst` (which must not exist) and makes it durable: for
-/// the world-size-independent files of a folder being built in a stage.
-pub(crate) fn copy_durable(src: &Path, dst: &Path) -> Result<()> {
-    let mut from = crate::io::open(src)?;
-    let mut to = OpenOptions::new().write(true).create_new(true).custom_flags(libc::O_NOFOLLOW).open(dst).at(dst)?;
-    std::io::copy(&mut from, &mut to).at(dst)?;
-    to.sync_all().at(dst)
-}
-
-/// Writes the small new file `path` (which must not exist) and makes it durable.
-pub(crate) fn write_small(path: &Path, bytes: &[u8]) -> Result<()> {
-    let mut to = OpenOptions::new().write(true).create_new(true).custom_flags(libc::O_NOFOLLOW).open(path).at(path)?;
-    std::io::Write::write_all(&mut to, bytes).at(path)?;
-    to.sync_all().at(path)
 }

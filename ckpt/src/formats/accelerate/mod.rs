@@ -133,7 +133,7 @@ pub struct Model {
 #[non_exhaustive]
 pub enum OptimizerState {
     /// An `optimizer[_i].bin` or a DCP `optimizer_i/`, opened.
-    Own(Checkpoint),
+    Own(Box<Checkpoint>),
     /// Inside the DeepSpeed checkpoint of the model of the same index.
     InModel,
 }
@@ -583,7 +583,7 @@ fn optimizer(index: usize, path: PathBuf, ck: Checkpoint) -> Result<Optimizer> {
         params,
         state_tensors: ck.tensors().len(),
         step,
-        state: OptimizerState::Own(ck),
+        state: OptimizerState::Own(Box::new(ck)),
     })
 }
 
