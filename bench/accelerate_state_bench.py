@@ -29,7 +29,6 @@ import hashlib
 import json
 import os
 import platform
-import re
 import shutil
 import statistics
 import subprocess
@@ -39,9 +38,10 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 WORK = os.path.join(HERE, "work", "accelerate_state")
+sys.path.insert(0, os.path.join(HERE, "py"))
+import timing  # noqa: E402
 PY = sys.executable
 BIN = os.path.dirname(PY)
-TIME_FILE = os.path.join(WORK, "time.txt")
 WIDTH = 4096
 
 
@@ -120,14 +120,8 @@ def timed(cmd, out, src, cold):
         shutil.rmtree(out, ignore_errors=True)
         os.makedirs(out)
     prepare_cache(src, cold)
-    t0 = time.perf_counter()
-    p = subprocess.run(["/usr/bin/time", "-v", "-o", TIME_FILE, *cmd], stdout=subprocess.DEVNULL,
-                       stderr=subprocess.PIPE, text=True)
-    wall = time.perf_counter() - t0
-    if p.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd)} exited {p.returncode}:\n{p.stderr[-4000:]}")
-    rss_kib = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", open(TIME_FILE).read()).group(1))
-    return wall, rss_kib / 1024
+    wall, rss = timing.timed(list(cmd), WORK)
+    return wall, rss / (1 << 20)
 
 
 def rounds(cmds, src, pairs, warmup, cold):

@@ -121,3 +121,19 @@ fn hostile_reshard_into_the_source_folder_is_refused() {
     assert_eq!(std::fs::read(dir.join("random_states_0.pkl")).unwrap(), before);
     assert!(run(&["verify", dir.to_str().unwrap()]).status.success());
 }
+
+#[test]
+fn hostile_rng_files_of_another_world_size_are_reported_with_the_rank() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("extra");
+    copy_tree(&folder("fsdp2_w2"), &dir);
+    std::fs::copy(dir.join("random_states_1.pkl"), dir.join("random_states_2.pkl")).unwrap();
+    let out = run(&["verify", "--json", dir.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let problems: Vec<&str> = doc["problems"].as_array().unwrap().iter().map(|p| p.as_str().unwrap()).collect();
+    assert!(
+        problems.iter().any(|p| p.contains("random_states_2.pkl: rank 2") && p.contains("saved by 2 ranks")),
+        "{problems:?}"
+    );
+}
