@@ -8,6 +8,9 @@
 //! - `convert` writes safetensors, torch or DCP files, with casts, dedupe and sharding.
 //! - `reshard` writes a sharded checkpoint for another world size: DCP in FSDP2's layout, ZeRO as
 //!   DeepSpeed's universal checkpoint.
+//!
+//! An accelerate `save_state` folder is its parts: `merge` merges one of its models (and its
+//! optimizer) as that model's own format merges, `reshard` rewrites the whole folder.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -15,7 +18,7 @@ use std::path::{Path, PathBuf};
 use crate::blockscale::{self, BlockScaling, Compute};
 use crate::catalog::{Checkpoint, TensorInfo};
 use crate::dtype::Dtype;
-use crate::error::{Error, Result};
+use crate::error::{Error, IoContext, Result};
 use crate::formats::accelerate::{OptimizerState, SaveState};
 use crate::formats::{self, dcp, deepspeed};
 pub use crate::outcome::Outcome;
@@ -509,9 +512,8 @@ fn reshard_save_state(state: &SaveState, out: &Path, world: u64, opts: &WriteOpt
             let scratch = tmp.join(format!(".universal_{}", m.index));
             let o = deepspeed::reshard(&m.checkpoint, z, &scratch, world, opts)?;
             let tag = name.to_string_lossy().into_owned();
-            std::fs::rename(scratch.join(format!("{}_universal", z.tag)), tmp.join(&tag))
-                .map_err(|e| Error::Io { path: tmp.join(&tag), source: e })?;
-            std::fs::remove_dir_all(&scratch).map_err(|e| Error::Io { path: scratch.clone(), source: e })?;
+            std::fs::rename(scratch.join(format!("{}_universal", z.tag)), tmp.join(&tag)).at(tmp.join(&tag))?;
+            std::fs::remove_dir_all(&scratch).at(&scratch)?;
             last_tag = Some(tag);
             add(o, &mut outcome);
         } else if m.checkpoint.detail::<dcp::DcpSource>().is_some() {
@@ -548,8 +550,8 @@ fn reshard_save_state(state: &SaveState, out: &Path, world: u64, opts: &WriteOpt
         None => Vec::new(),
     };
     // Everything else at the top of the folder is independent of the world size.
-    for entry in std::fs::read_dir(&state.root).map_err(|e| Error::Io { path: state.root.clone(), source: e })? {
-        let path = entry.map_err(|e| Error::Io { path: state.root.clone(), source: e })?.path();
+    for entry in std::fs::read_dir(&state.root).at(&state.root)? {
+        let path = entry.at(&state.root)?.path();
         if done_paths.contains(&path.as_path()) || deepspeed_root.contains(&path) {
             continue;
         }
