@@ -37,71 +37,11 @@ pub fn inspect_json(out: &mut impl Write, ck: &ckpt::Checkpoint) -> anyhow::Resu
         "totals": { "files": ck.files().len(), "tensors": ck.tensors().len(), "bytes": ck.total_bytes() },
     });
     if let (Some(state), Some(map)) = (ck.save_state(), doc.as_object_mut()) {
-        map.insert("components".into(), components_json(state));
+        map.insert("components".into(), state.to_json());
     }
     serde_json::to_writer_pretty(&mut *out, &doc)?;
     writeln!(out)?;
     Ok(())
-}
-
-/// The `components` of an accelerate `save_state` folder (see the README for the schema).
-fn components_json(s: &ckpt::SaveState) -> serde_json::Value {
-    let values = |c: &ckpt::Component| -> serde_json::Map<String, serde_json::Value> {
-        c.values.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
-    };
-    let plain = |c: &ckpt::Component| json!({ "index": c.index, "path": c.path, "values": values(c), "classes": c.classes, "refused": c.refused });
-    let models: Vec<_> = s
-        .models
-        .iter()
-        .map(|m| {
-            let ck = &m.checkpoint;
-            json!({ "index": m.index, "path": m.path, "format": ck.format().name(), "tensors": ck.tensors().len(),
-                    "bytes": ck.total_bytes(), "world_size": ck.world_size(), "zero_stage": ck.zero_stage() })
-        })
-        .collect();
-    let optimizers: Vec<_> = s
-        .optimizers
-        .iter()
-        .map(|o| {
-            let format = match &o.state {
-                ckpt::OptimizerState::Own(ck) => ck.format().name(),
-                _ => "in-model",
-            };
-            json!({ "index": o.index, "path": o.path, "format": format, "param_groups": o.param_groups, "params": o.params,
-                    "state_tensors": o.state_tensors, "step": o.step })
-        })
-        .collect();
-    let rng: Vec<_> = s
-        .rng
-        .iter()
-        .map(|r| json!({ "rank": r.rank, "path": r.path, "step": r.state.step, "generators": r.state.generators }))
-        .collect();
-    let data: Vec<_> = s
-        .data
-        .iter()
-        .map(|(c, p)| {
-            let mut v = plain(c);
-            if let (Some(p), Some(m)) = (p, v.as_object_mut()) {
-                m.insert(
-                    "position".into(),
-                    json!({ "kind": p.kind, "epoch": p.epoch, "seed": p.seed, "batches_yielded": p.batches_yielded,
-                    "samples_yielded": p.samples_yielded, "finished": p.finished, "num_workers": p.num_workers }),
-                );
-            }
-            v
-        })
-        .collect();
-    json!({
-        "world_size": s.world_size,
-        "models": models,
-        "optimizers": optimizers,
-        "schedulers": s.schedulers.iter().map(plain).collect::<Vec<_>>(),
-        "scaler": s.scaler.as_ref().map(plain),
-        "rng": rng,
-        "data": data,
-        "custom": s.custom.iter().map(plain).collect::<Vec<_>>(),
-        "other_files": s.other,
-    })
 }
 
 /// What `inspect` prints, after the first model's tensors, for a `save_state` folder.

@@ -337,6 +337,9 @@ def test_merge_picks_a_model_of_an_accelerate_save_state_folder(tmp_path):
     folder = FX / "accelerate" / "two_models"
     info = ckpt.inspect(folder)
     assert info.format == "accelerate-state"
+    assert [m["path"].rsplit("/", 1)[-1] for m in info.components["models"]] == ["model.safetensors", "model_1.safetensors"]
+    assert info.components["schedulers"][0]["values"]["last_epoch"] == 1
+    assert ckpt.inspect(folder / "model.safetensors").components is None
     out = tmp_path / "m1.safetensors"
     ckpt.merge(folder, out, model=1)
     assert out.read_bytes() == (folder / "model_1.safetensors").read_bytes()

@@ -101,6 +101,8 @@ class CheckpointInfo:
     world_size: Optional[int]
     zero_stage: Optional[int]
     total_bytes: int
+    #: An accelerate ``save_state`` folder's components, as ``ckpt inspect --json`` gives them.
+    components: Optional[Dict[str, Any]] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -175,6 +177,7 @@ def inspect(path: PathLike, *, tag: Optional[str] = None) -> CheckpointInfo:
         world_size=d["world_size"],
         zero_stage=d["zero_stage"],
         total_bytes=d["total_bytes"],
+        components=d.get("components"),
     )
 
 

@@ -444,6 +444,69 @@ impl SaveState {
     }
 }
 
+impl SaveState {
+    /// The components as the JSON `ckpt inspect --json` prints under `components` (the README
+    /// documents the schema).
+    pub fn to_json(&self) -> serde_json::Value {
+        let values = |c: &Component| -> serde_json::Map<String, serde_json::Value> {
+            c.values.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
+        };
+        let plain = |c: &Component| serde_json::json!({ "index": c.index, "path": c.path, "values": values(c), "classes": c.classes, "refused": c.refused });
+        let models: Vec<_> = self
+            .models
+            .iter()
+            .map(|m| {
+                let ck = &m.checkpoint;
+                serde_json::json!({ "index": m.index, "path": m.path, "format": ck.format().name(), "tensors": ck.tensors().len(),
+                        "bytes": ck.total_bytes(), "world_size": ck.world_size(), "zero_stage": ck.zero_stage() })
+            })
+            .collect();
+        let optimizers: Vec<_> = self
+            .optimizers
+            .iter()
+            .map(|o| {
+                let format = match &o.state {
+                    OptimizerState::Own(ck) => ck.format().name(),
+                    _ => "in-model",
+                };
+                serde_json::json!({ "index": o.index, "path": o.path, "format": format, "param_groups": o.param_groups, "params": o.params,
+                        "state_tensors": o.state_tensors, "step": o.step })
+            })
+            .collect();
+        let rng: Vec<_> = self
+            .rng
+            .iter()
+            .map(|r| serde_json::json!({ "rank": r.rank, "path": r.path, "step": r.state.step, "generators": r.state.generators }))
+            .collect();
+        let data: Vec<_> = self
+            .data
+            .iter()
+            .map(|(c, p)| {
+                let mut v = plain(c);
+                if let (Some(p), Some(m)) = (p, v.as_object_mut()) {
+                    m.insert(
+                        "position".into(),
+                        serde_json::json!({ "kind": p.kind, "epoch": p.epoch, "seed": p.seed, "batches_yielded": p.batches_yielded,
+                        "samples_yielded": p.samples_yielded, "finished": p.finished, "num_workers": p.num_workers }),
+                    );
+                }
+                v
+            })
+            .collect();
+        serde_json::json!({
+            "world_size": self.world_size,
+            "models": models,
+            "optimizers": optimizers,
+            "schedulers": self.schedulers.iter().map(plain).collect::<Vec<_>>(),
+            "scaler": self.scaler.as_ref().map(plain),
+            "rng": rng,
+            "data": data,
+            "custom": self.custom.iter().map(plain).collect::<Vec<_>>(),
+            "other_files": self.other,
+        })
+    }
+}
+
 impl Checkpoint {
     /// The components of an accelerate `save_state` folder, when this is one.
     pub fn save_state(&self) -> Option<&SaveState> {
