@@ -3,7 +3,7 @@ and records what each rank's loader yields next, for `test_accelerate_data_bridg
 
     torchrun --nproc_per_node P accelerate_data_job.py OUT_DIR CONFIGS_JSON
 
-Each config: {"name", "len", "batch_size", "seed", "epoch", "k", "drop_last"}: the loader
+Each config: {"name", "len", "batch_size", "seed", "epoch", "k", "drop_last"[, "workers"]}: the loader
 runs `epoch` whole epochs, then `k` batches, then `save_state(OUT_DIR/name)`; the rest of
 that epoch is recorded per rank in OUT_DIR/name.rank{R}.json.
 """
@@ -23,7 +23,9 @@ def main():
     for c in configs:
         cfg = DataLoaderConfiguration(use_stateful_dataloader=True, use_seedable_sampler=True, data_seed=c["seed"])
         acc = Accelerator(cpu=True, dataloader_config=cfg, kwargs_handlers=[InitProcessGroupKwargs(backend="gloo")])
-        dl = acc.prepare(DataLoader(list(range(c["len"])), batch_size=c["batch_size"], shuffle=True, drop_last=c["drop_last"]))
+        base = DataLoader(list(range(c["len"])), batch_size=c["batch_size"], shuffle=True, drop_last=c["drop_last"],
+                          num_workers=c.get("workers", 0))
+        dl = acc.prepare(base)
         for _ in range(c["epoch"]):
             for _ in dl:
                 pass
