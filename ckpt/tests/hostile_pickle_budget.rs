@@ -119,3 +119,25 @@ fn torch_shards_each_within_budget_but_not_together() {
         ": memory budget exceeded: the objects and values of 30780 bytes of pickle need more than 18747136 bytes",
     );
 }
+
+#[test]
+fn save_state_value_files_each_within_budget_but_not_together() {
+    // A real accelerate folder with 64 custom objects of a 10 MB value each: a folder's value
+    // files (RNG, schedulers, scaler, data position, custom objects) share one budget, so the
+    // second object runs out of it instead of the folder holding 640 MB.
+    let dir = tempfile::tempdir().unwrap();
+    let folder = dir.path().join("state");
+    std::fs::create_dir(&folder).unwrap();
+    let real = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../fixtures/accelerate/one_model");
+    for src in [real, hostile("save_state_values")] {
+        for e in std::fs::read_dir(src).unwrap() {
+            let e = e.unwrap();
+            std::fs::copy(e.path(), folder.join(e.file_name())).unwrap();
+        }
+    }
+    let err = ckpt::Checkpoint::open(folder.to_str().unwrap()).unwrap_err().to_string();
+    let named = folder.join("custom_checkpoint_1.pkl");
+    assert!(err.starts_with(&format!("{}: ", named.display())) && err.contains("memory budget exceeded"), "{err}");
+    let report = ckpt::verify(folder.to_str().unwrap()).unwrap();
+    assert!(report.problems.iter().any(|p| p.to_string() == err), "{:?}", report.problems);
+}

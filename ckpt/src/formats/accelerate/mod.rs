@@ -29,10 +29,12 @@
 pub(crate) mod rng;
 
 use std::path::{Path, PathBuf};
+use std::rc::Rc;
 use std::sync::Arc;
 
 use crate::catalog::{Checkpoint, Format, Parts, Scan};
 use crate::error::{Error, IoContext, Result};
+use crate::formats::torch::pickle::{Budget, Limits};
 use crate::formats::{dcp, torch};
 use crate::value::Leaf;
 use rng::RngState;
@@ -294,6 +296,9 @@ impl SaveState {
         }
         entries.sort_by_key(|(k, i, _)| (*i, *k as u8));
         let mut problems = Vec::new();
+        // Every value file's values are kept together: their pickles share one budget, so a
+        // folder of many files cannot hold more than one large file could.
+        let budget = Budget::shared(Limits::default());
         let mut state = SaveState {
             root: root.to_path_buf(),
             models: Vec::new(),
@@ -340,16 +345,18 @@ impl SaveState {
                         Err(e) => problems.push(e),
                     }
                 }
-                Kind::Scheduler => push_component(&mut state.schedulers, component(i, &path, &[]), &mut problems),
+                Kind::Scheduler => {
+                    push_component(&mut state.schedulers, component(i, &path, &[], &budget), &mut problems)
+                }
                 Kind::Scaler => {
                     let mut one = Vec::new();
-                    push_component(&mut one, component(i, &path, &[]), &mut problems);
+                    push_component(&mut one, component(i, &path, &[], &budget), &mut problems);
                     state.scaler = one.pop();
                 }
-                Kind::Custom => push_component(&mut state.custom, component(i, &path, &[]), &mut problems),
+                Kind::Custom => push_component(&mut state.custom, component(i, &path, &[], &budget), &mut problems),
                 Kind::DataLoader | Kind::Sampler => {
                     let classes = if kind == Kind::Sampler { SAMPLER_CLASSES } else { &[] };
-                    match component(i, &path, classes) {
+                    match component(i, &path, classes, &budget) {
                         Ok(c) => {
                             let pos = if c.refused.is_some() {
                                 None
@@ -363,7 +370,7 @@ impl SaveState {
                         Err(e) => problems.push(e),
                     }
                 }
-                Kind::Rng => match rng::read_rng_state(&path) {
+                Kind::Rng => match rng::read_sharing(&path, &budget) {
                     Ok(s) => state.rng.push(Rng { rank: i as u64, path, state: s }),
                     Err(e) => problems.push(e),
                 },
@@ -523,9 +530,9 @@ fn push_component(into: &mut Vec<Component>, c: Result<Component>, problems: &mu
 
 /// Reads a values file with the allow-list `classes` added to torch's; a refused global makes
 /// the component `refused`, not an error, so `inspect` can name it.
-fn component(index: usize, path: &Path, classes: &'static [&'static str]) -> Result<Component> {
+fn component(index: usize, path: &Path, classes: &'static [&'static str], budget: &Rc<Budget>) -> Result<Component> {
     let mut c = Component { index, path: path.to_path_buf(), values: Vec::new(), classes: Vec::new(), refused: None };
-    let f = match torch::read_with_classes(path, classes) {
+    let f = match torch::read_with_classes_sharing(path, classes, budget) {
         Ok(f) => f,
         Err(Error::RefusedGlobal { global, .. }) => {
             c.refused = Some(global);

@@ -17,7 +17,10 @@
 use std::path::Path;
 
 use crate::error::{Error, Result};
+use std::rc::Rc;
+
 use crate::formats::torch;
+use crate::formats::torch::pickle::{Budget, Limits};
 use crate::value::Leaf;
 
 /// The classes a `random_states_N.pkl` may name besides torch's weights-only globals: numpy's
@@ -60,7 +63,12 @@ fn bad(path: &Path, reason: impl Into<String>) -> Error {
 /// Reads one rank's RNG file as data. A global outside torch's weights-only list and numpy's
 /// array reconstruction is refused by name before anything is built.
 pub fn read_rng_state(path: &Path) -> Result<RngState> {
-    let f = torch::read_with_classes(path, RNG_CLASSES)?;
+    read_sharing(path, &Budget::shared(Limits::default()))
+}
+
+/// [`read_rng_state`] charging `budget`, which the other value files of the folder share.
+pub(crate) fn read_sharing(path: &Path, budget: &Rc<Budget>) -> Result<RngState> {
+    let f = torch::read_with_classes_sharing(path, RNG_CLASSES, budget)?;
     let mut out = RngState { step: None, generators: Vec::new(), numpy: None, torch_state_len: None };
     for (key, leaf) in &f.leaves {
         let top = key.split('.').next().unwrap_or(key);

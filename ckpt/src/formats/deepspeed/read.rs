@@ -9,8 +9,10 @@ use crate::catalog::{Chunk, SourceFile};
 use crate::dtype::Dtype;
 use crate::error::{Error, IoContext, Result};
 use crate::formats::torch::flatten::Leaf;
+use crate::formats::torch::pickle::{Budget, Limits};
 use crate::formats::torch::{self, TorchFile, TorchTensor};
 use crate::shape::numel;
+use std::rc::Rc;
 
 /// The DeepSpeed classes an optim-states file may name (see the module docs for what each is).
 pub(super) const OPTIM_CLASSES: &[&str] = &[
@@ -93,8 +95,14 @@ struct RankFile {
 }
 
 impl RankFile {
-    fn read(path: &Path, rank: u64, index: usize, classes: &'static [&'static str]) -> Result<RankFile> {
-        let f = torch::read_with_classes(path, classes)?;
+    fn read(
+        path: &Path,
+        rank: u64,
+        index: usize,
+        classes: &'static [&'static str],
+        budget: &Rc<Budget>,
+    ) -> Result<RankFile> {
+        let f = torch::read_with_classes_sharing(path, classes, budget)?;
         let tensors = f.tensors.iter().enumerate().map(|(i, t)| (t.name.clone(), i)).collect();
         let leaves = f.leaves.iter().enumerate().map(|(i, (k, _))| (k.clone(), i)).collect();
         Ok(RankFile { rank, index, f, tensors, leaves })
@@ -267,9 +275,11 @@ fn read_tag(tag_dir: PathBuf, tag: String) -> Result<ZeroCheckpoint> {
     let Some((first_rank, first_path)) = optim.first().cloned() else {
         return Err(bad(&tag_dir, 0, "optim_states", "no `*_optim_states.pt` file in the tag folder"));
     };
-    // Rank 0 says the stage and the world size; every rank file must agree.
+    // Rank 0 says the stage and the world size; every rank file must agree. All rank files'
+    // values are kept together, under one pickle budget.
+    let budget = Budget::shared(Limits::default());
     let mut files: Vec<RankFile> = Vec::new();
-    let r0 = RankFile::read(&first_path, first_rank, 0, OPTIM_CLASSES)?;
+    let r0 = RankFile::read(&first_path, first_rank, 0, OPTIM_CLASSES, &budget)?;
     if first_rank != 0 {
         let missing = tag_dir.join(file_name(&first_path).replacen(&format!("rank_{first_rank}_"), "rank_0_", 1));
         return Err(Error::MissingRankFile { path: missing, rank: 0, world: optim.len() as u64 });
@@ -285,7 +295,7 @@ fn read_tag(tag_dir: PathBuf, tag: String) -> Result<ZeroCheckpoint> {
             return Err(Error::MissingRankFile { path: missing, rank: r, world });
         };
         if r > 0 {
-            let f = RankFile::read(path, r, files.len(), OPTIM_CLASSES)?;
+            let f = RankFile::read(path, r, files.len(), OPTIM_CLASSES, &budget)?;
             if partition_count(&f)? != world {
                 return Err(f.err(
                     "optimizer_state_dict.partition_count",
@@ -315,7 +325,7 @@ fn read_tag(tag_dir: PathBuf, tag: String) -> Result<ZeroCheckpoint> {
         if !path.is_file() {
             return Err(Error::MissingRankFile { path, rank: 0, world });
         }
-        models.push(RankFile::read(&path, 0, files.len() + models.len(), &[])?);
+        models.push(RankFile::read(&path, 0, files.len() + models.len(), &[], &budget)?);
     } else {
         let found = rank_files(&tag_dir, "_model_states.pt")?;
         for r in 0..world {
@@ -326,7 +336,7 @@ fn read_tag(tag_dir: PathBuf, tag: String) -> Result<ZeroCheckpoint> {
                     return Err(Error::MissingRankFile { path, rank: r, world });
                 }
             };
-            models.push(RankFile::read(&path, r, files.len() + models.len(), &[])?);
+            models.push(RankFile::read(&path, r, files.len() + models.len(), &[], &budget)?);
         }
     }
     let m0 = &models[0];

@@ -170,6 +170,17 @@ fn read_sharing(path: &Path, budget: &Rc<Budget>) -> Result<TorchFile> {
 /// format's own allow-list, e.g. DeepSpeed's enums); they come out as inert instances among the
 /// leaves. Legacy (non-zip) files are refused: the formats that need this never wrote them.
 pub(crate) fn read_with_classes(path: &Path, classes: &'static [&'static str]) -> Result<TorchFile> {
+    read_with_classes_sharing(path, classes, &Budget::shared(Limits::default()))
+}
+
+/// [`read_with_classes`] for one of several files whose values are kept together (the rank
+/// files of a ZeRO checkpoint, the value files of a `save_state` folder): their pickles charge
+/// the one `budget`, so many files cannot add up to more memory than one large file may use.
+pub(crate) fn read_with_classes_sharing(
+    path: &Path,
+    classes: &'static [&'static str],
+    budget: &Rc<Budget>,
+) -> Result<TorchFile> {
     let file = crate::io::open(path)?;
     let len = file.metadata().at(path)?.len();
     let mut head = [0u8; 4];
@@ -178,7 +189,7 @@ pub(crate) fn read_with_classes(path: &Path, classes: &'static [&'static str]) -
     if head != *b"PK\x03\x04" {
         return Err(bad_file(path, "not a zip-format torch file"));
     }
-    read_zip(&file, len, path, classes, &Budget::shared(Limits::default()))
+    read_zip(&file, len, path, classes, budget)
 }
 
 fn read_zip(
