@@ -230,7 +230,7 @@ fn read_zip(
     };
     let flat = if script {
         // A TorchScript archive: the state dict is what its module tree declares.
-        flatten::Flat { tensors: torchscript::tensors(file, &archive, &prefix, path)?, leaves: Vec::new() }
+        flatten::Flat { tensors: torchscript::tensors(file, &archive, &prefix, path, budget)?, leaves: Vec::new() }
     } else {
         let data = archive.read_entry(file, pkl, MAX_PICKLE_LEN)?;
         let p =

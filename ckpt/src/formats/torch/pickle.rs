@@ -411,6 +411,11 @@ pub(crate) fn load_script(data: &[u8], limits: Limits) -> R<Pickle> {
     run(data, limits, &[], true, None)
 }
 
+/// [`load_script`] charging `budget`, which the other files of its checkpoint share.
+pub(crate) fn load_script_shared(data: &[u8], limits: Limits, budget: &Rc<Budget>) -> R<Pickle> {
+    run(data, limits, &[], true, Some(budget))
+}
+
 fn run(
     data: &[u8],
     limits: Limits,

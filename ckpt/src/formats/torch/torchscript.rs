@@ -64,6 +64,7 @@ pub(crate) fn tensors(
     archive: &Archive,
     prefix: &str,
     path: &std::path::Path,
+    budget: &std::rc::Rc<pickle::Budget>,
 ) -> Result<Vec<(String, TensorRef)>> {
     let bad =
         |reason: String| Error::BadTorchFile { path: path.to_path_buf(), reason: format!("TorchScript: {reason}") };
@@ -81,7 +82,8 @@ pub(crate) fn tensors(
         return Err(bad(format!("no `{pkl_name}` record")));
     };
     let data = archive.read_entry(file, pkl, super::MAX_PICKLE_LEN)?;
-    let p = pickle::load_script(&data, Limits::default()).map_err(|r| super::refusal(path, &pkl_name, r))?;
+    let p =
+        pickle::load_script_shared(&data, Limits::default(), budget).map_err(|r| super::refusal(path, &pkl_name, r))?;
     let mut walk = Walk { p: &p, classes: &classes, names: HashSet::new(), out: Vec::new(), visits: 0 };
     walk.module("", p.root, 0).map_err(bad)?;
     Ok(walk.out)
