@@ -24,6 +24,7 @@ from .errors import UsageError
 __all__ = [
     "DataLoaderConfiguration",
     "ShardedBatchSampler",
+    "IterableDatasetShard",
     "prepare_data_loader",
     "TokenDataset",
     "ArrowDataset",
@@ -215,6 +216,278 @@ def _rank0_settings(mine: Tuple[int, int, bool, bool, DataLoaderConfiguration], 
     return length, batch_size, drop_last, shuffle, config
 
 
+# --- iterable datasets (accelerate's IterableDatasetShard and DataLoaderDispatcher) -------------
+
+def _iterable_shard_class() -> Any:
+    global _IterableDatasetShard
+    if _IterableDatasetShard is None:
+        import torch
+        from torch.utils.data import IterableDataset
+
+        class IterableDatasetShard(IterableDataset):
+            """accelerate 1.15's ``IterableDatasetShard``: every rank reads the whole stream, cuts
+            it into global batches (``batch_size`` with ``split_batches``, else ``batch_size *
+            num_processes``) and keeps its slice of each; unless ``drop_last``, the last short
+            global batch is completed with whole copies of the first one. ``len()`` is
+            accelerate's, which ignores ``split_batches`` (too large in split mode)."""
+
+            def __init__(self, dataset: Any, batch_size: int = 1, drop_last: bool = False,
+                         num_processes: int = 1, process_index: int = 0, split_batches: bool = False) -> None:
+                if split_batches and batch_size > 1 and batch_size % num_processes != 0:
+                    raise UsageError(
+                        f"To use `IterableDatasetShard` in `split_batches` mode, the batch size ({batch_size}) "
+                        f"needs to be a round multiple of the number of processes ({num_processes})."
+                    )
+                self.dataset = dataset
+                self.batch_size = batch_size
+                self.drop_last = drop_last
+                self.num_processes = num_processes
+                self.process_index = process_index
+                self.split_batches = split_batches
+                self.epoch = 0  # accelerate leaves it unset until set_epoch (its loader always calls it)
+
+            def set_epoch(self, epoch: int) -> None:
+                self.epoch = epoch
+                if hasattr(self.dataset, "set_epoch"):
+                    self.dataset.set_epoch(epoch)
+
+            def __len__(self) -> int:
+                if self.drop_last:
+                    return (len(self.dataset) // (self.batch_size * self.num_processes)) * self.batch_size
+                return -(-len(self.dataset) // (self.batch_size * self.num_processes)) * self.batch_size
+
+            def __iter__(self) -> Iterator[Any]:
+                if (not hasattr(self.dataset, "set_epoch") and isinstance(getattr(self.dataset, "generator", None), torch.Generator)):
+                    self.dataset.generator.manual_seed(self.epoch)
+                real = self.batch_size if self.split_batches else self.batch_size * self.num_processes
+                per = self.batch_size // self.num_processes if self.split_batches else self.batch_size
+                mine = range(self.process_index * per, (self.process_index + 1) * per)
+                first: Optional[List[Any]] = None
+                cur: List[Any] = []
+                for x in self.dataset:
+                    cur.append(x)
+                    if len(cur) == real:
+                        for i in mine:
+                            yield cur[i]
+                        if first is None:
+                            first = cur.copy()
+                        cur = []
+                if not self.drop_last and cur:
+                    if first is None:
+                        first = cur.copy()
+                    while len(cur) < real:
+                        cur += first
+                    for i in mine:
+                        yield cur[i]
+
+        IterableDatasetShard.__module__ = __name__
+        IterableDatasetShard.__qualname__ = "IterableDatasetShard"
+        _IterableDatasetShard = IterableDatasetShard
+    return _IterableDatasetShard
+
+
+_IterableDatasetShard: Any = None
+_LOADERS: Dict[Tuple[type, bool], type] = {}
+
+
+def __getattr__(name: str) -> Any:
+    # ``IterableDatasetShard`` subclasses torch's ``IterableDataset``; torch is imported on first use.
+    if name == "IterableDatasetShard":
+        return _iterable_shard_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _concat(data: List[Any]) -> Any:
+    import torch
+    from collections.abc import Mapping
+
+    if isinstance(data[0], (tuple, list)):
+        items = [_concat([d[i] for d in data]) for i in range(len(data[0]))]
+        return type(data[0])(*items) if hasattr(data[0], "_fields") else type(data[0])(items)
+    if isinstance(data[0], Mapping):
+        return type(data[0])({k: _concat([d[k] for d in data]) for k in data[0].keys()})
+    if isinstance(data[0], torch.Tensor):
+        try:
+            return torch.cat(data, dim=0)
+        except RuntimeError as e:
+            raise RuntimeError(
+                "You can't use batches of different size with `dispatch_batches=True` or when using an `IterableDataset`."
+                "either pass `dispatch_batches=False` and have each process fetch its own batch "
+                " or pass `split_batches=True`. By doing so, the main process will fetch a full batch and "
+                "slice it into `num_processes` batches for each process."
+            ) from e
+    if len(data) == 1:
+        return data[0]
+    raise TypeError(f"Can only concatenate tensors but got {type(data[0])}")
+
+
+def _slice(data: Any, sl: slice) -> Any:
+    import torch
+    from collections.abc import Mapping
+
+    if isinstance(data, (tuple, list)):
+        items = [_slice(d, sl) for d in data]
+        return type(data)(*items) if hasattr(data, "_fields") else type(data)(items)
+    if isinstance(data, Mapping):
+        return type(data)({k: _slice(v, sl) for k, v in data.items()})
+    return data[sl] if isinstance(data, torch.Tensor) else data
+
+
+def _find_batch_size(data: Any) -> int:
+    import torch
+    from collections.abc import Mapping
+
+    if isinstance(data, (tuple, list, Mapping)) and len(data) == 0:
+        raise ValueError(f"Cannot find the batch size from empty {type(data)}.")
+    if isinstance(data, (tuple, list)):
+        return _find_batch_size(data[0])
+    if isinstance(data, Mapping):
+        return _find_batch_size(data[next(iter(data.keys()))])
+    if not isinstance(data, torch.Tensor):
+        raise TypeError(f"Can only find the batch size of tensors but got {type(data)}.")
+    return int(data.shape[0])
+
+
+def _iterable_loader_class(base: type, dispatch: bool) -> type:
+    """A subclass of the loader class (torchdata's ``StatefulDataLoader`` or torch's
+    ``DataLoader``) with accelerate's epoch handling: ``iteration`` starts at 0, each pass calls
+    ``set_epoch(iteration)`` first and a pass read to its end adds one (``DataLoaderShard`` /
+    ``DataLoaderDispatcher``)."""
+    key = (base, dispatch)
+    if key in _LOADERS:
+        return _LOADERS[key]
+
+    class _Iterable(base):  # type: ignore[misc, valid-type]
+        def set_epoch(self, epoch: int) -> None:
+            self.iteration = epoch
+            if hasattr(self.dataset, "set_epoch"):
+                self.dataset.set_epoch(epoch)
+
+        def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+            self.set_epoch(getattr(self, "iteration", 0))
+            if dispatch:
+                yield from self._dispatch(super().__iter__())
+            else:
+                yield from super().__iter__()
+            self.iteration += 1
+
+        if dispatch:
+            def __len__(self) -> int:
+                whole = super().__len__()
+                if self._st_split:
+                    return whole
+                if self.drop_last:
+                    return whole // self._st_world
+                return -(-whole // self._st_world)
+
+            def _dispatch(self, it: Iterator[Any]) -> Iterator[Any]:
+                P, p, split, drop_last = self._st_world, self._st_rank, self._st_split, self.drop_last
+                coll = self._st_collective
+                reader = coll is None or p == 0
+                bcast = (lambda obj: obj) if coll is None else (lambda obj: _broadcast_object(obj, coll))
+                stopped = [False]
+
+                def fetch() -> List[Any]:
+                    batches: Optional[List[Any]] = None
+                    if reader:
+                        try:
+                            if split:
+                                info = [next(it), False]
+                            else:
+                                batches = []
+                                for _ in range(P):
+                                    batches.append(next(it))
+                                info = [_concat(batches), False]
+                        except StopIteration:
+                            info = [None, True]
+                    else:
+                        info = [None, stopped[0]]
+                    info = bcast(info)
+                    stopped[0] = info[1]
+                    if stopped[0] and not split and not drop_last:
+                        info = [_concat(batches), False] if reader and batches else [None, True]
+                        info = bcast(info)
+                    return info
+
+                first = None
+                nxt = fetch()
+                stop = False
+                while not stop:
+                    batch = nxt[0]
+                    if batch is None:
+                        return  # an empty stream (accelerate fails on it with a ValueError)
+                    if not drop_last and first is None:
+                        first = _slice(batch, slice(0, P))
+                    obs = _find_batch_size(batch)
+                    per = obs // P
+                    stop = stopped[0]
+                    if not stop:
+                        nxt = fetch()
+                        if stopped[0] and nxt[0] is None:
+                            stop = True
+                    if not drop_last and stop and obs % P != 0:
+                        batch = _concat([batch, first])
+                        per += 1
+                    yield _slice(batch, slice(p * per, (p + 1) * per))
+
+    _Iterable.__name__ = _Iterable.__qualname__ = ("Dispatched" if dispatch else "Sharded") + base.__name__
+    _LOADERS[key] = _Iterable
+    return _Iterable
+
+
+def _broadcast_object(obj: Any, coll: Any) -> Any:
+    """Rank 0's ``obj`` on every rank (``broadcast_object_list`` through ``TorchCollective``'s group)."""
+    import torch.distributed as dist
+
+    box = [obj if coll.rank == 0 else None]
+    dist.broadcast_object_list(box, src=0, group=coll.group)
+    return box[0]
+
+
+def _prepare_iterable(dataloader: Any, world: int, rank: int, config: DataLoaderConfiguration, Loader: type,
+                      extra: Dict[str, Any]) -> Any:
+    batch_size, drop_last = dataloader.batch_size, bool(dataloader.drop_last)
+    if batch_size is None:
+        raise UsageError("prepare_data_loader: an iterable dataset needs a loader with `batch_size=` (not None)")
+    if world < 1 or not 0 <= rank < world:
+        raise UsageError(f"prepare_data_loader: process_index {rank} is not in a world of {world}")
+    split = bool(config.split_batches)
+    if split and batch_size > 1 and batch_size % world != 0:
+        raise UsageError(
+            f"To use a `DataLoader` in `split_batches` mode, the batch size ({batch_size}) "
+            f"needs to be a round multiple of the number of processes ({world})."
+        )
+    # accelerate's Accelerator (device placement on) resolves dispatch_batches=None to True here
+    dispatch = True if config.dispatch_batches is None else bool(config.dispatch_batches)
+    common = dict(num_workers=dataloader.num_workers, collate_fn=dataloader.collate_fn, pin_memory=dataloader.pin_memory,
+                  timeout=dataloader.timeout, worker_init_fn=dataloader.worker_init_fn,
+                  multiprocessing_context=dataloader.multiprocessing_context, **extra)
+    if dispatch:
+        coll = None
+        if world > 1:
+            import torch.distributed as dist
+
+            if dist.is_available() and dist.is_initialized() and dist.get_world_size() == world and dist.get_rank() == rank:
+                from ._dist import TorchCollective
+
+                coll = TorchCollective(rank, world)
+        loader = _iterable_loader_class(Loader, True)(dataloader.dataset, batch_size=batch_size, drop_last=drop_last, **common)
+        loader._st_world, loader._st_rank, loader._st_split, loader._st_collective = world, rank, split, coll
+    else:
+        if split and batch_size // world == 0:  # accelerate passes batch_size=0 on, which torch refuses
+            raise UsageError(f"batch_size should be a positive integer value, but got batch_size={batch_size // world} "
+                             f"(split_batches: {batch_size} // {world} processes)")
+        dataset = dataloader.dataset
+        if world != 1:
+            dataset = _iterable_shard_class()(dataset, batch_size=batch_size, drop_last=drop_last,
+                                               num_processes=world, process_index=rank, split_batches=split)
+        loader = _iterable_loader_class(Loader, False)(
+            dataset, batch_size=batch_size // world if split else batch_size, drop_last=drop_last,
+            generator=dataloader.generator, **common)
+    loader.iteration = 0
+    return loader
+
+
 def prepare_data_loader(
     dataloader: Any,
     *,
@@ -248,7 +521,16 @@ def prepare_data_loader(
 
     config = dataloader_config or DataLoaderConfiguration()
     if isinstance(dataloader.dataset, IterableDataset):
-        raise UsageError("prepare_data_loader: iterable datasets are not supported here (map-style datasets only)")
+        try:
+            from torchdata.stateful_dataloader import StatefulDataLoader as ILoader
+        except ImportError:
+            from torch.utils.data import DataLoader as ILoader
+        world, rank = _world(num_processes, process_index)
+        iextra: Dict[str, Any] = {}
+        if dataloader.num_workers > 0:
+            iextra["prefetch_factor"] = dataloader.prefetch_factor
+            iextra["persistent_workers"] = dataloader.persistent_workers
+        return _prepare_iterable(dataloader, world, rank, config, ILoader, iextra)
     batch_sampler = dataloader.batch_sampler
     if not isinstance(batch_sampler, BatchSampler):
         raise UsageError("prepare_data_loader: the loader must batch with torch's `BatchSampler` (batch_size=...)")
