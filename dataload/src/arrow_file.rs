@@ -17,14 +17,21 @@
 //! Either way the record batches are decoded when the dataset is opened, and decoding is
 //! zero-copy: the columns point into the memory map. Opening therefore costs the metadata,
 //! not the data; a batch of rows is then gathered from the record batches it touches.
+//!
+//! A record batch whose body is compressed (LZ4 frame or zstd, `BodyCompression` in its
+//! message) cannot be viewed in place. In the file form it stays packed: its row count comes
+//! from the message header, and it is decompressed when rows of it are read, the last few kept
+//! (memory is a few record batches, not the file). A stream has no footer to find its record
+//! batches by, so a compressed stream is decompressed whole when opened.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use arrow_array::RecordBatch;
 use arrow_buffer::Buffer;
 use arrow_ipc::convert::try_fb_to_schema;
 use arrow_ipc::reader::{read_footer_length, FileDecoder, StreamDecoder};
+use arrow_ipc::Block;
 use arrow_schema::SchemaRef;
 
 use crate::error::{DataloadError, Result};
@@ -33,13 +40,22 @@ use crate::source::{resolve_files, DataFile, FileFingerprint, Fingerprint, Shard
 use crate::table::{check_same_schema, gather_rows, resolve_columns};
 
 const FILE_MAGIC: &[u8] = b"ARROW1";
+/// Decompressed record batches kept for reuse.
+const PACKED_CACHE: usize = 4;
+/// A compressed body may declare at most this many times its own size once decompressed (and
+/// always [`MIN_DECLARED`]): arrow allocates what a buffer declares before decompressing it, so
+/// an unchecked 8-byte length in a tiny file would ask for exabytes.
+const MAX_RATIO: u64 = 256;
+const MIN_DECLARED: u64 = 64 << 20;
 
 /// Rows of one or more Arrow IPC files or streams (see the module docs).
 #[derive(Debug, Clone)]
 pub struct ArrowDataset {
     schema: SchemaRef,
     /// Every record batch of every file, in dataset order.
-    batches: Vec<RecordBatch>,
+    batches: Vec<Unit>,
+    /// The last compressed record batches decoded, by index in `batches`, newest last.
+    unpacked: Arc<Mutex<Vec<(usize, RecordBatch)>>>,
     /// Rows per record batch.
     index: ShardIndex,
     fingerprint: Fingerprint,
@@ -47,6 +63,34 @@ pub struct ArrowDataset {
     files: Vec<MappedFile>,
     /// The file (index in `files`) of each record batch.
     batch_file: Vec<usize>,
+}
+
+/// One record batch: decoded in place, or compressed and decoded when read.
+#[derive(Debug, Clone)]
+enum Unit {
+    Viewed(RecordBatch),
+    Packed(Arc<Packed>),
+}
+
+/// A compressed record batch of an IPC file: its block in the memory map and the file's
+/// decoder (schema, projection, dictionaries).
+#[derive(Debug)]
+struct Packed {
+    decoder: Arc<FileDecoder>,
+    block: Block,
+    data: Buffer,
+    rows: usize,
+    path: PathBuf,
+    first_row: u64,
+}
+
+impl Unit {
+    fn num_rows(&self) -> usize {
+        match self {
+            Unit::Viewed(b) => b.num_rows(),
+            Unit::Packed(p) => p.rows,
+        }
+    }
 }
 
 /// One file of an [`ArrowDataset`] and where its memory map lies (the record batches keep the
@@ -98,6 +142,7 @@ impl ArrowDataset {
             index: ShardIndex::new(batches.iter().map(|b| b.num_rows() as u64)),
             schema,
             batches,
+            unpacked: Arc::new(Mutex::new(Vec::new())),
             fingerprint: Fingerprint { format: "arrow", options, files: fps },
             files: mapped,
             batch_file,
@@ -126,7 +171,7 @@ impl ArrowDataset {
             return Ok(None);
         }
         let (row, n) = (usize::try_from(row).unwrap_or(usize::MAX), usize::try_from(len).unwrap_or(usize::MAX));
-        let batch = self.batches[unit].slice(row, n);
+        let batch = self.batch(unit)?.slice(row, n);
         let file = &self.files[self.batch_file[unit]];
         let in_file = batch
             .columns()
@@ -144,6 +189,42 @@ impl ArrowDataset {
             })
             .collect();
         Ok(Some(ContiguousRows { batch, in_file }))
+    }
+
+    /// Record batch `u`, decompressed first if it is packed.
+    fn batch(&self, u: usize) -> Result<RecordBatch> {
+        let packed = match &self.batches[u] {
+            Unit::Viewed(b) => return Ok(b.clone()),
+            Unit::Packed(p) => p,
+        };
+        let mut cache = self.unpacked.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(i) = cache.iter().position(|(k, _)| *k == u) {
+            let hit = cache.remove(i);
+            let b = hit.1.clone();
+            cache.push(hit);
+            return Ok(b);
+        }
+        let b = packed
+            .decoder
+            .read_record_batch(&packed.block, &packed.data)
+            .map_err(|e| DataloadError::BadRecord {
+                path: packed.path.clone(),
+                row: packed.first_row,
+                column: "*".into(),
+                reason: e.to_string(),
+            })?
+            .ok_or_else(|| bad(&packed.path, "record batch block holds no record batch"))?;
+        if b.num_rows() != packed.rows {
+            return Err(bad(
+                &packed.path,
+                format!("a record batch of {} rows whose header says {}", b.num_rows(), packed.rows),
+            ));
+        }
+        if cache.len() >= PACKED_CACHE {
+            cache.remove(0);
+        }
+        cache.push((u, b.clone()));
+        Ok(b)
     }
 
     /// Schema of the rows (after column selection).
@@ -169,12 +250,12 @@ impl Source for ArrowDataset {
     }
 
     fn read_batch(&self, indices: &[u64]) -> Result<RecordBatch> {
-        gather_rows(&self.schema, &self.index, indices, |u| Ok(self.batches[u].clone()))
+        gather_rows(&self.schema, &self.index, indices, |u| self.batch(u))
     }
 }
 
 /// The (selected) schema, the record batches, the size of one file and the address of its map.
-fn read_file(file: &DataFile, columns: Option<&[String]>) -> Result<(SchemaRef, Vec<RecordBatch>, u64, usize)> {
+fn read_file(file: &DataFile, columns: Option<&[String]>) -> Result<(SchemaRef, Vec<Unit>, u64, usize)> {
     let bytes = map_file(&file.path)?;
     let size = bytes.len() as u64;
     let addr = bytes.as_ptr() as usize;
@@ -183,7 +264,8 @@ fn read_file(file: &DataFile, columns: Option<&[String]>) -> Result<(SchemaRef, 
     let (schema, batches) = if buffer.starts_with(FILE_MAGIC) {
         read_ipc_file(&buffer, columns, &path)?
     } else {
-        read_ipc_stream(buffer, columns, &path)?
+        let (schema, batches) = read_ipc_stream(buffer, columns, &path)?;
+        (schema, batches.into_iter().map(Unit::Viewed).collect())
     };
     Ok((schema, batches, size, addr))
 }
@@ -192,7 +274,7 @@ fn bad(path: &Path, reason: impl ToString) -> DataloadError {
     DataloadError::BadFormat { path: path.to_owned(), format: "arrow ipc", reason: reason.to_string() }
 }
 
-fn read_ipc_file(buffer: &Buffer, columns: Option<&[String]>, path: &Path) -> Result<(SchemaRef, Vec<RecordBatch>)> {
+fn read_ipc_file(buffer: &Buffer, columns: Option<&[String]>, path: &Path) -> Result<(SchemaRef, Vec<Unit>)> {
     let len = buffer.len();
     let trailer: [u8; 10] = len
         .checked_sub(10)
@@ -220,12 +302,27 @@ fn read_ipc_file(buffer: &Buffer, columns: Option<&[String]>, path: &Path) -> Re
     };
     for block in footer.dictionaries().iter().flatten() {
         let data = block_data(block.offset(), block.metaDataLength(), block.bodyLength())?;
+        compressed_rows(&data, block.metaDataLength(), path)?;
         decoder.read_dictionary(block, &data).map_err(|e| bad(path, e))?;
     }
+    let decoder = Arc::new(decoder);
     let mut batches = Vec::new();
     let mut row = 0u64;
     for block in footer.recordBatches().iter().flatten() {
         let data = block_data(block.offset(), block.metaDataLength(), block.bodyLength())?;
+        if let Some(rows) = compressed_rows(&data, block.metaDataLength(), path)? {
+            let packed = Packed {
+                decoder: Arc::clone(&decoder),
+                block: *block,
+                data,
+                rows,
+                path: path.to_owned(),
+                first_row: row,
+            };
+            row += rows as u64;
+            batches.push(Unit::Packed(Arc::new(packed)));
+            continue;
+        }
         let batch = decoder
             .read_record_batch(block, &data)
             .map_err(|e| DataloadError::BadRecord {
@@ -236,9 +333,101 @@ fn read_ipc_file(buffer: &Buffer, columns: Option<&[String]>, path: &Path) -> Re
             })?
             .ok_or_else(|| bad(path, "record batch block holds no record batch"))?;
         row += batch.num_rows() as u64;
-        batches.push(batch);
+        batches.push(Unit::Viewed(batch));
     }
     Ok((schema, batches))
+}
+
+/// The row count of a record batch block whose body is compressed, from its message header
+/// (`None` for an uncompressed one, decoded in place), once the sizes its buffers declare are
+/// checked; a dictionary batch's are checked the same way. `meta_len` is the block's metadata
+/// length, prefix included: the body follows it.
+fn compressed_rows(data: &Buffer, meta_len: i32, path: &Path) -> Result<Option<usize>> {
+    let meta = match data.get(..4) {
+        Some([0xff, 0xff, 0xff, 0xff]) => data.get(8..),
+        Some(_) => data.get(4..),
+        None => None,
+    }
+    .ok_or_else(|| bad(path, "a record batch block shorter than its message prefix"))?;
+    let message = arrow_ipc::root_as_message(meta).map_err(|e| bad(path, e))?;
+    let body = usize::try_from(meta_len).ok().and_then(|m| data.get(m..)).unwrap_or_default();
+    let batch = match (message.header_as_record_batch(), message.header_as_dictionary_batch()) {
+        (Some(b), _) => b,
+        (None, Some(d)) => match d.data() {
+            Some(b) => b,
+            None => return Ok(None),
+        },
+        (None, None) => return Ok(None),
+    };
+    if !check_declared_sizes(&batch, body, path)? {
+        return Ok(None);
+    }
+    usize::try_from(batch.length())
+        .map(Some)
+        .map_err(|_| bad(path, format!("a record batch of {} rows", batch.length())))
+}
+
+/// For a compressed batch, checks what its buffers declare against [`MAX_RATIO`]; returns
+/// whether it is compressed.
+fn check_declared_sizes(batch: &arrow_ipc::RecordBatch<'_>, body: &[u8], path: &Path) -> Result<bool> {
+    if batch.compression().is_none() {
+        return Ok(false);
+    }
+    let mut total = 0u64;
+    for b in batch.buffers().into_iter().flatten() {
+        if b.length() == 0 {
+            continue;
+        }
+        let head = usize::try_from(b.offset()).ok().and_then(|o| body.get(o..o.checked_add(8)?)).ok_or_else(|| {
+            bad(path, format!("a compressed buffer at body offset {} lies outside the body", b.offset()))
+        })?;
+        let declared = i64::from_le_bytes(head.try_into().unwrap_or([0; 8]));
+        let n = match declared {
+            -1 => u64::try_from(b.length()).unwrap_or(u64::MAX).saturating_sub(8),
+            n => u64::try_from(n).map_err(|_| bad(path, format!("a compressed buffer declares {n} bytes")))?,
+        };
+        total = total.saturating_add(n);
+    }
+    let cap = (body.len() as u64).saturating_mul(MAX_RATIO).max(MIN_DECLARED);
+    if total > cap {
+        return Err(bad(
+            path,
+            format!(
+                "a compressed record batch declares {total} bytes from a {}-byte body (more than {MAX_RATIO} times, or {MIN_DECLARED}): refused",
+                body.len()
+            ),
+        ));
+    }
+    Ok(true)
+}
+
+/// Checks every compressed message of a stream before it is decoded: the stream is read once,
+/// whole, so each declared size must be sane before arrow allocates it.
+fn check_stream_sizes(buffer: &[u8], path: &Path) -> Result<()> {
+    let mut at = 0usize;
+    while at + 4 <= buffer.len() {
+        let word = |i: usize| buffer.get(i..i + 4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+        let (meta_len, fb_at) = match word(at) {
+            Some(0xffff_ffff) => (word(at + 4).unwrap_or(0) as usize, at + 8),
+            Some(n) => (n as usize, at + 4),
+            None => break,
+        };
+        if meta_len == 0 {
+            break;
+        }
+        let Some(meta) = fb_at.checked_add(meta_len).and_then(|end| buffer.get(fb_at..end)) else { break };
+        let Ok(message) = arrow_ipc::root_as_message(meta) else { break };
+        let body_len = usize::try_from(message.bodyLength()).unwrap_or(usize::MAX);
+        let body_at = fb_at + meta_len;
+        let body = body_at.checked_add(body_len).and_then(|end| buffer.get(body_at..end)).unwrap_or_default();
+        let batch =
+            message.header_as_record_batch().or_else(|| message.header_as_dictionary_batch().and_then(|d| d.data()));
+        if let Some(b) = batch {
+            check_declared_sizes(&b, body, path)?;
+        }
+        at = body_at.saturating_add(body_len);
+    }
+    Ok(())
 }
 
 fn read_ipc_stream(
@@ -246,6 +435,7 @@ fn read_ipc_stream(
     columns: Option<&[String]>,
     path: &Path,
 ) -> Result<(SchemaRef, Vec<RecordBatch>)> {
+    check_stream_sizes(&buffer, path)?;
     let mut decoder = StreamDecoder::new();
     let mut batches = Vec::new();
     let mut row = 0u64;

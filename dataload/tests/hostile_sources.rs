@@ -169,3 +169,51 @@ fn zstd_line_index_without_frames() {
     let err = JsonlDataset::open(&data, IndexPlacement::Beside, 2).unwrap_err();
     assert_eq!(err.to_string(), corrupt_index_message(&idx, &data, "no frames, but 10 bytes of text"));
 }
+
+/// The first record batch of an IPC file: where its body starts, and its message's buffers.
+fn first_batch_buffers(bytes: &[u8]) -> (usize, Vec<(usize, usize)>) {
+    let n = bytes.len();
+    let footer_len = i32::from_le_bytes(bytes[n - 10..n - 6].try_into().unwrap()) as usize;
+    let footer = arrow_ipc::root_as_footer(&bytes[n - 10 - footer_len..n - 10]).unwrap();
+    let block = footer.recordBatches().unwrap().get(0);
+    let (off, meta_len) = (block.offset() as usize, block.metaDataLength() as usize);
+    let message = arrow_ipc::root_as_message(&bytes[off + 8..off + meta_len]).unwrap();
+    let batch = message.header_as_record_batch().unwrap();
+    assert!(batch.compression().is_some(), "a compressed fixture");
+    let buffers = batch.buffers().unwrap().iter().map(|b| (b.offset() as usize, b.length() as usize)).collect();
+    (off + meta_len, buffers)
+}
+
+#[test]
+fn a_compressed_arrow_buffer_declaring_exabytes_is_refused_before_anything_is_allocated() {
+    // An IPC file's compressed buffer starts with its length once decompressed, which arrow
+    // allocates before decompressing: a real zstd file with one such length raised to 2^60.
+    for stream in [false, true] {
+        let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../fixtures/dataload_sources/table_zstd.arrow");
+        let mut bytes = std::fs::read(&src).unwrap();
+        let (body, buffers) = first_batch_buffers(&bytes);
+        let (at, _) = buffers.iter().copied().find(|(_, len)| *len >= 8).unwrap();
+        bytes[body + at..body + at + 8].copy_from_slice(&(1i64 << 60).to_le_bytes());
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join(if stream { "bomb.arrows" } else { "bomb.arrow" });
+        if stream {
+            // The same messages without the file's magic and footer: an IPC stream.
+            let n = bytes.len();
+            let footer_len = i32::from_le_bytes(bytes[n - 10..n - 6].try_into().unwrap()) as usize;
+            bytes = bytes[8..n - 10 - footer_len].to_vec();
+        }
+        std::fs::write(&path, &bytes).unwrap();
+        let err = match dataload::ArrowDataset::open(&path, None) {
+            Err(e) => e,
+            // The file form finds it when the batch is read.
+            Ok(ds) => ds.read_batch(&[0]).unwrap_err(),
+        };
+        let text = err.to_string();
+        assert!(
+            text.contains(&path.display().to_string())
+                && text.contains("a compressed record batch declares 11529215046068")
+                && text.contains("refused"),
+            "{text}"
+        );
+    }
+}

@@ -235,6 +235,18 @@ fn fingerprint_survives_a_move_and_sees_a_changed_shard() {
 }
 
 #[test]
+fn compressed_arrow_ipc_files_match_pyarrow_and_are_never_taken_for_views() {
+    for codec in ["zstd", "lz4"] {
+        let file = ArrowDataset::open(dir().join(format!("table_{codec}.arrow")), None).unwrap();
+        check_table(&file, codec);
+        // The buffers are decoded into fresh memory: no column is located in the file.
+        let rows = file.contiguous_rows(52, 8).unwrap().unwrap();
+        assert_eq!(rows.batch.num_rows(), 8);
+        assert!(rows.in_file.iter().all(Option::is_none), "{codec}: {:?}", rows.in_file);
+    }
+}
+
+#[test]
 fn arrow_contiguous_rows_are_located_in_the_file() {
     let path = dir().join("table.arrow");
     let file = ArrowDataset::open(&path, None).unwrap();

@@ -123,6 +123,23 @@ def test_arrow_numeric_columns_are_views_of_the_memory_map(tmp_path, name, strea
     assert isinstance(a["n"], np.ma.MaskedArray) and np.ma.getmaskarray(a["n"]).tolist() == [i % 3 == 0 for i in range(12, 17)]
 
 
+@pytest.mark.parametrize("codec", ["zstd", "lz4"])
+@pytest.mark.parametrize("stream", [False, True], ids=["file", "stream"])
+def test_compressed_arrow_ipc_reads_as_pyarrow_does_and_is_copied(tmp_path, codec, stream):
+    import pyarrow as pa
+
+    path = _write_ipc(tmp_path / ("t.arrows" if stream else "t.arrow"), compression=codec, stream=stream)
+    want = (pa.ipc.open_stream if stream else pa.ipc.open_file)(str(path)).read_all()
+    ds = ArrowDataset(path)
+    assert len(ds) == want.num_rows
+    picks = [29, 0, 14, 15, 3]
+    got = ds.get_batch(picks)
+    for col in ("x", "y", "s"):
+        assert list(got[col]) == [want.column(col)[i].as_py() for i in picks], col
+    inside = ds.get_batch(range(12, 17))["x"]  # one record batch, but decompressed: no view of the file
+    assert inside.tolist() == list(range(12, 17)) and inside.base is None or not np.shares_memory(inside, ds.get_batch(range(12, 17))["x"])
+
+
 def test_arrow_copies_where_a_view_is_impossible(tmp_path):
     ds = ArrowDataset(_write_ipc(tmp_path / "t.arrow"))
     view = ds.get_batch(range(10, 20))["x"]
