@@ -125,10 +125,10 @@ def len_or_type(ds):
 
 def test_split_batches_needs_a_batch_size_divisible_by_the_world():
     dl = DataLoader(Stream(10), batch_size=3)
-    with pytest.raises(UsageError, match="round multiple"):
+    with pytest.raises(UsageError, match="does not divide"):
         prepare_data_loader(dl, num_processes=2, process_index=0,
                             dataloader_config=DataLoaderConfiguration(split_batches=True, dispatch_batches=False))
-    with pytest.raises(UsageError, match="round multiple"):
+    with pytest.raises(UsageError, match="does not divide"):
         IterableDatasetShard(Stream(10), batch_size=3, num_processes=2, split_batches=True)
 
 

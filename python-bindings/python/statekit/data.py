@@ -235,8 +235,8 @@ def _iterable_shard_class() -> Any:
                          num_processes: int = 1, process_index: int = 0, split_batches: bool = False) -> None:
                 if split_batches and batch_size > 1 and batch_size % num_processes != 0:
                     raise UsageError(
-                        f"To use `IterableDatasetShard` in `split_batches` mode, the batch size ({batch_size}) "
-                        f"needs to be a round multiple of the number of processes ({num_processes})."
+                        f"IterableDatasetShard(split_batches=True): batch size {batch_size} does not divide "
+                        f"among {num_processes} processes"
                     )
                 self.dataset = dataset
                 self.batch_size = batch_size
@@ -311,14 +311,13 @@ def _concat(data: List[Any]) -> Any:
             return torch.cat(data, dim=0)
         except RuntimeError as e:
             raise RuntimeError(
-                "You can't use batches of different size with `dispatch_batches=True` or when using an `IterableDataset`."
-                "either pass `dispatch_batches=False` and have each process fetch its own batch "
-                " or pass `split_batches=True`. By doing so, the main process will fetch a full batch and "
-                "slice it into `num_processes` batches for each process."
+                "dispatch_batches=True: the batches rank 0 read for one step differ in shape and cannot be "
+                "joined; use dispatch_batches=False (each rank reads its own) or split_batches=True "
+                "(rank 0 reads one batch and cuts it)"
             ) from e
     if len(data) == 1:
         return data[0]
-    raise TypeError(f"Can only concatenate tensors but got {type(data[0])}")
+    raise TypeError(f"dispatch_batches=True joins tensors, not {type(data[0]).__name__}")
 
 
 def _slice(data: Any, sl: slice) -> Any:
@@ -338,13 +337,13 @@ def _find_batch_size(data: Any) -> int:
     from collections.abc import Mapping
 
     if isinstance(data, (tuple, list, Mapping)) and len(data) == 0:
-        raise ValueError(f"Cannot find the batch size from empty {type(data)}.")
+        raise ValueError(f"a batch that is an empty {type(data).__name__} has no batch size")
     if isinstance(data, (tuple, list)):
         return _find_batch_size(data[0])
     if isinstance(data, Mapping):
         return _find_batch_size(data[next(iter(data.keys()))])
     if not isinstance(data, torch.Tensor):
-        raise TypeError(f"Can only find the batch size of tensors but got {type(data)}.")
+        raise TypeError(f"the batch size is read from tensors, not {type(data).__name__}")
     return int(data.shape[0])
 
 
@@ -454,8 +453,8 @@ def _prepare_iterable(dataloader: Any, world: int, rank: int, config: DataLoader
     split = bool(config.split_batches)
     if split and batch_size > 1 and batch_size % world != 0:
         raise UsageError(
-            f"To use a `DataLoader` in `split_batches` mode, the batch size ({batch_size}) "
-            f"needs to be a round multiple of the number of processes ({world})."
+            f"prepare_data_loader(split_batches=True): batch size {batch_size} does not divide "
+            f"among {world} processes"
         )
     # accelerate's Accelerator (device placement on) resolves dispatch_batches=None to True here
     dispatch = True if config.dispatch_batches is None else bool(config.dispatch_batches)
