@@ -10,6 +10,7 @@ import json
 import os
 import sys
 
+import torch.distributed
 from accelerate import PartialState
 from accelerate.data_loader import prepare_data_loader as accelerate_prepare
 from torch.utils.data import DataLoader, IterableDataset
@@ -53,6 +54,9 @@ def main(out):
     results = []
     for n, bs, drop_last, split in CONFIGS:
         for dispatch in (True, False):
+            # Keep the ranks in step: a loader that failed on one rank part-way through its
+            # collectives must not pair its leftovers with the next loader's.
+            torch.distributed.barrier()
             entry = {"config": [n, bs, drop_last, split, dispatch]}
             for who in ("accelerate", "statekit"):
                 dl = DataLoader(RankStream(n, rank), batch_size=bs, drop_last=drop_last)
@@ -68,6 +72,8 @@ def main(out):
             results.append(entry)
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
         json.dump(results, f)
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
