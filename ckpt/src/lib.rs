@@ -48,7 +48,7 @@ pub use catalog::{Checkpoint, Chunk, Format, SourceFile, TensorInfo};
 pub use dtype::Dtype;
 pub use error::{escape_controls, Error, Result};
 pub use formats::accelerate::rng::{read_rng_state, NumpyRng, RngState};
-pub use formats::accelerate::{Component, DataPosition, Model, Optimizer, OptimizerState, Rng, SaveState};
+pub use formats::accelerate::{Component, DataPosition, Model, Optimizer, OptimizerState, ResumePoint, Rng, SaveState};
 pub use open::OpenOptions;
 pub use ops::{
     convert, merge, reshard, split, ConvertOptions, MergeOptions, Outcome, TargetFormat, MAX_WORLD_SIZE, OPTIMIZER_NAME,

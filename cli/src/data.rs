@@ -294,27 +294,11 @@ fn from_accelerate(dir: &std::path::Path, loader: &LoaderArgs, args: &StateArgs)
     let Some(saved) = ck.save_state() else {
         anyhow::bail!("{}: not an accelerate `save_state` folder (it is {})", dir.display(), ck.format().name());
     };
-    let pos = saved.data_position(args.dataloader);
-    let stateful = pos.filter(|p| p.kind == "dl_state_dict");
-    let k = match (stateful.and_then(|p| p.batches_yielded), args.step) {
-        (Some(k), None) => k,
-        (Some(k), Some(s)) if k == s => k,
-        (Some(k), Some(s)) => anyhow::bail!(
-            "{}: the folder saved the position ({k} batches per rank), which `--step {s}` contradicts",
-            stateful.map_or(dir.to_path_buf(), |p| p.path.clone()).display()
-        ),
-        (None, Some(s)) => s,
-        (None, None) => anyhow::bail!(
-            "{}: accelerate saved no data position for dataloader {} (a map-style loader without \
-             `use_stateful_dataloader`); pass `--step K`, the batches each rank had read in the epoch, \
-             as accelerate's resume recipe passes to `skip_first_batches`",
-            dir.display(),
-            args.dataloader
-        ),
-    };
-    let sampler = pos.filter(|p| p.kind == "sampler");
+    let point = saved
+        .resume_point(args.dataloader, args.step, args.epoch)
+        .map_err(|e| anyhow::anyhow!("{e}{}", if args.step.is_none() { " (`--step K`)" } else { "" }))?;
     let mut loader = loader.clone();
-    if let Some(seed) = sampler.and_then(|p| p.seed) {
+    if let Some(seed) = point.seed {
         match loader.seed {
             Some(s) if s != i128::from(seed) => {
                 anyhow::bail!("`--seed {s}` contradicts the seed {seed} the saved sampler holds")
@@ -325,17 +309,9 @@ fn from_accelerate(dir: &std::path::Path, loader: &LoaderArgs, args: &StateArgs)
             }
         }
     }
-    let epoch = sampler.and_then(|p| p.epoch).or(args.epoch).unwrap_or(0);
-    let world = saved.world_size;
-    let mut l = loader.loader(world, 0)?;
-    l.set_epoch(epoch);
-    // A dispatched loader's `skip_first_batches` counts the underlying sampler's batches, of
-    // which one step takes `world` (one with `split_batches`).
-    let per_step = match l.geometry().mode {
-        dataload::ShardMode::Dispatch if !loader.split_batches => world,
-        _ => 1,
-    };
-    l.skip_first_batches(k.saturating_mul(per_step));
+    let mut l = loader.loader(point.world_size, 0)?;
+    l.set_epoch(point.epoch);
+    l.skip_steps(point.batches);
     Ok(l.state_dict())
 }
 

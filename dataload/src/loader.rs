@@ -344,6 +344,18 @@ impl ShardedSampler {
         }
     }
 
+    /// Continues after `k` steps of the current epoch, counted as accelerate's loaders count
+    /// what they yielded (a stateful loader's `_num_yielded`): `k` of this rank's batches, or
+    /// for a dispatched loader `k` global steps, each `world_size` underlying batches (one
+    /// with `split_batches`).
+    pub fn skip_steps(&mut self, k: u64) {
+        let per_step = match self.geometry.mode {
+            ShardMode::Dispatch if !self.config.split_batches => self.geometry.world_size,
+            _ => 1,
+        };
+        self.skip_first_batches(k.saturating_mul(per_step));
+    }
+
     /// Batches this rank really gets in the current epoch, from where it started reading it.
     pub fn len(&mut self) -> Result<u64> {
         let rank = self.rank;

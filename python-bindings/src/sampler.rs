@@ -77,6 +77,43 @@ impl Sampler {
         self.inner.skip_first_batches(k)
     }
 
+    /// Continues where dataloader `dataloader` of the accelerate `save_state` folder `folder`
+    /// stopped: its saved batches per rank (or `step`) on the folder's world, moved to this
+    /// sampler's world by the elastic rule. A seed the folder's pickled sampler holds must be
+    /// this sampler's.
+    #[pyo3(signature = (folder, dataloader=0, step=None, epoch=None))]
+    fn resume_from_accelerate(
+        &mut self,
+        py: Python<'_>,
+        folder: &str,
+        dataloader: usize,
+        step: Option<u64>,
+        epoch: Option<u64>,
+    ) -> PyResult<()> {
+        let point = py
+            .detach(|| {
+                let ck = ckpt::Checkpoint::open(folder)?;
+                match ck.save_state() {
+                    Some(s) => s.resume_point(dataloader, step, epoch).map(Some),
+                    None => Ok(None),
+                }
+            })
+            .map_err(errors::ckpt)?
+            .ok_or_else(|| errors::usage(format!("{folder}: not an accelerate `save_state` folder")))?;
+        let state = self.inner.state_dict();
+        if let (Some(saved), dataload::SamplerSpec::SeedableRandom { seed }) = (point.seed, &state.sampler) {
+            if i128::from(saved) != *seed {
+                return Err(errors::usage(format!(
+                    "{folder}: the saved sampler's seed is {saved}, this sampler's {seed}"
+                )));
+            }
+        }
+        let mut saved = ShardedSampler::from_state(&state, point.world_size, 0).map_err(errors::dataload)?;
+        saved.set_epoch(point.epoch);
+        saved.skip_steps(point.batches);
+        self.inner.load_state_dict(&saved.state_dict()).map_err(errors::dataload)
+    }
+
     #[getter]
     fn epoch(&self) -> u64 {
         self.inner.epoch()

@@ -92,3 +92,17 @@ def test_a_pickled_sampler_gives_the_epoch_and_seed(tmp_path):
     proc = run_ckpt("data", "state", "--from-accelerate", folder, "--len", 12, "--batch-size", 4, "--step", 0,
                     "--shuffle", "--seed", 99, check=False)
     assert proc.returncode == 2 and "contradicts" in proc.stderr
+
+
+@pytest.mark.parametrize("config", [c for c in CONFIGS if not c.get("workers")], ids=lambda c: c["name"])
+def test_the_python_sampler_resumes_from_the_folder_at_accelerates_next_batch(saved, config):
+    from statekit.data import ShardedBatchSampler
+
+    world, out = saved
+    for rank in range(world):
+        theirs = json.loads((out / f"{config['name']}.rank{rank}.json").read_text())["rest"]
+        s = ShardedBatchSampler(config["len"], config["batch_size"], num_processes=world, process_index=rank,
+                                shuffle=True, seed=config["seed"], drop_last=config["drop_last"])
+        s.resume_from_accelerate(out / config["name"], epoch=config["epoch"])
+        assert s.epoch == config["epoch"]
+        assert list(iter(s)) == theirs, f"rank {rank}"

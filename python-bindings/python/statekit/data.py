@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from . import _native
@@ -160,6 +161,16 @@ class ShardedBatchSampler:
     def skip_first_batches(self, num_batches: int) -> None:
         """accelerate's ``skip_first_batches`` for the current epoch, in O(1)."""
         self._native.skip_first_batches(int(num_batches))
+
+    def resume_from_accelerate(self, folder: Any, *, dataloader: int = 0, step: Optional[int] = None,
+                               epoch: Optional[int] = None) -> None:
+        """Continues where an accelerate ``save_state`` folder says the data stream was:
+        dataloader ``dataloader``'s stateful state (batches every rank had read), else ``step``
+        (accelerate's resume recipe: the count passed to ``skip_first_batches``); the epoch from
+        its pickled ``SeedableRandomSampler``, else ``epoch``. Saved on any world size."""
+        self._native.resume_from_accelerate(os.fspath(folder), dataloader,
+                                            None if step is None else int(step),
+                                            None if epoch is None else int(epoch))
 
     def __len__(self) -> int:
         return int(self._native.epoch_len())

@@ -211,6 +211,20 @@ pub struct DataPosition {
     pub num_workers: Option<u64>,
 }
 
+/// Where a run accelerate saved continues in its data stream (see [`SaveState::resume_point`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ResumePoint {
+    /// Batches (steps) every rank had read in the epoch.
+    pub batches: u64,
+    /// The epoch.
+    pub epoch: u64,
+    /// The sampler's seed, where the folder holds a pickled `SeedableRandomSampler`.
+    pub seed: Option<i64>,
+    /// The ranks that saved it, whose batches `batches` counts.
+    pub world_size: u64,
+}
+
 /// An accelerate `save_state` folder, every component read as data.
 #[derive(Debug)]
 #[non_exhaustive]
@@ -440,6 +454,44 @@ impl SaveState {
     /// The optimizer of index `n`.
     pub fn optimizer(&self, n: usize) -> Option<&Optimizer> {
         self.optimizers.iter().find(|o| o.index == n)
+    }
+
+    /// Where dataloader `n` continues: the batches every rank had read from its stateful state
+    /// (`_num_yielded`), else `step` (accelerate's resume recipe: the caller's own count, as
+    /// passed to `skip_first_batches`); the epoch and seed from a pickled sampler, else
+    /// `epoch` (default 0). A `step` that contradicts the saved position, or no position and no
+    /// `step`, is refused naming the file.
+    pub fn resume_point(&self, n: usize, step: Option<u64>, epoch: Option<u64>) -> Result<ResumePoint> {
+        let of = |kind: &str| {
+            self.data.iter().filter(|(c, _)| c.index == n).find_map(|(_, p)| p.as_ref().filter(|p| p.kind == kind))
+        };
+        let (stateful, sampler) = (of("dl_state_dict"), of("sampler"));
+        let batches = match (stateful.and_then(|p| p.batches_yielded), step) {
+            (Some(k), None) => k,
+            (Some(k), Some(s)) if k == s => k,
+            (Some(k), Some(s)) => {
+                let path = stateful.map_or(self.root.as_path(), |p| p.path.as_path());
+                return Err(bad(
+                    path,
+                    None,
+                    format!("saved the position ({k} batches per rank), which step {s} contradicts"),
+                ));
+            }
+            (None, Some(s)) => s,
+            (None, None) => {
+                return Err(bad(
+                    &self.root,
+                    None,
+                    format!(
+                        "accelerate saved no data position for dataloader {n} (a map-style loader without \
+                         `use_stateful_dataloader`); give the step, the batches each rank had read in the epoch, \
+                         as accelerate's resume recipe passes to `skip_first_batches`"
+                    ),
+                ))
+            }
+        };
+        let epoch = sampler.and_then(|p| p.epoch).or(epoch).unwrap_or(0);
+        Ok(ResumePoint { batches, epoch, seed: sampler.and_then(|p| p.seed), world_size: self.world_size })
     }
 
     /// The data position of dataloader `n`: its stateful state, else its pickled sampler.
