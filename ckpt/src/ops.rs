@@ -494,9 +494,7 @@ fn merge_save_state(state: &SaveState, out: &Path, options: &MergeOptions, opts:
 /// - a stateful dataloader's position moves by `dataload`'s N → M rule: the `N·k` batches all
 ///   ranks had read become `⌊N·k/M⌋` per rank, the remainder read again.
 fn reshard_save_state(state: &SaveState, out: &Path, world: u64, opts: &WriteOptions<'_>) -> Result<Outcome> {
-    if std::fs::symlink_metadata(out).is_ok() {
-        return Err(bad(out, "already exists; a resharded `save_state` folder is written to a new path"));
-    }
+    // A new folder only: `Stage::folder` refuses an existing path (or link) before writing.
     let stage = crate::write::Stage::folder(out)?;
     let tmp = stage.path().to_path_buf();
     let mut outcome = Outcome { world_size: Some(world), ..Outcome::default() };

@@ -414,7 +414,7 @@ fn commit(dir: &Path, tmp: &Path, gathered: &[Vec<u8>], world: u64) -> std::resu
     let meta = encode::encode(&items, &abs, &encode::uuid4());
     let meta_path = tmp.join(METADATA_NAME);
     let write_meta = || -> Result<()> {
-        let f = OpenOptions::new().write(true).create_new(true).open(&meta_path).at(&meta_path)?;
+        let f = crate::write::create_new(&meta_path)?;
         f.write_all_at(&meta, 0).at(&meta_path)?;
         f.sync_all().at(&meta_path)?;
         sync_dir(tmp)?;

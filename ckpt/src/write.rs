@@ -643,15 +643,20 @@ impl Drop for TempSet {
 /// the world-size-independent files of a folder being built in a stage.
 pub(crate) fn copy_durable(src: &Path, dst: &Path) -> Result<()> {
     let mut from = crate::io::open(src)?;
-    let mut to = OpenOptions::new().write(true).create_new(true).custom_flags(libc::O_NOFOLLOW).open(dst).at(dst)?;
+    let mut to = create_new(dst)?;
     std::io::copy(&mut from, &mut to).at(dst)?;
     to.sync_all().at(dst)
 }
 
+/// Creates the new file `path` for writing, refusing one that exists (or a link there).
+pub(crate) fn create_new(path: &Path) -> Result<File> {
+    OpenOptions::new().write(true).create_new(true).custom_flags(libc::O_NOFOLLOW).open(path).at(path)
+}
+
 /// Writes the small new file `path` (which must not exist) and makes it durable.
 pub(crate) fn write_small(path: &Path, bytes: &[u8]) -> Result<()> {
-    let mut to = OpenOptions::new().write(true).create_new(true).custom_flags(libc::O_NOFOLLOW).open(path).at(path)?;
-    std::io::Write::write_all(&mut to, bytes).at(path)?;
+    let mut to = create_new(path)?;
+    to.write_all(bytes).at(path)?;
     to.sync_all().at(path)
 }
 

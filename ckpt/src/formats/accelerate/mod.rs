@@ -462,10 +462,7 @@ impl SaveState {
     /// `epoch` (default 0). A `step` that contradicts the saved position, or no position and no
     /// `step`, is refused naming the file.
     pub fn resume_point(&self, n: usize, step: Option<u64>, epoch: Option<u64>) -> Result<ResumePoint> {
-        let of = |kind: &str| {
-            self.data.iter().filter(|(c, _)| c.index == n).find_map(|(_, p)| p.as_ref().filter(|p| p.kind == kind))
-        };
-        let (stateful, sampler) = (of("dl_state_dict"), of("sampler"));
+        let (stateful, sampler) = (self.position_of(n, "dl_state_dict"), self.position_of(n, "sampler"));
         let batches = match (stateful.and_then(|p| p.batches_yielded), step) {
             (Some(k), None) => k,
             (Some(k), Some(s)) if k == s => k,
@@ -496,10 +493,12 @@ impl SaveState {
 
     /// The data position of dataloader `n`: its stateful state, else its pickled sampler.
     pub fn data_position(&self, n: usize) -> Option<&DataPosition> {
-        let of = |kind: &str| {
-            self.data.iter().filter(|(c, _)| c.index == n).find_map(|(_, p)| p.as_ref().filter(|p| p.kind == kind))
-        };
-        of("dl_state_dict").or_else(|| of("sampler"))
+        self.position_of(n, "dl_state_dict").or_else(|| self.position_of(n, "sampler"))
+    }
+
+    /// Dataloader `n`'s position from the file of `kind` (`dl_state_dict` or `sampler`).
+    fn position_of(&self, n: usize, kind: &str) -> Option<&DataPosition> {
+        self.data.iter().filter(|(c, _)| c.index == n).find_map(|(_, p)| p.as_ref().filter(|p| p.kind == kind))
     }
 }
 
@@ -640,10 +639,13 @@ fn loader_position(c: &Component) -> DataPosition {
             u("_snapshot._main_snapshot._num_workers"),
         ),
     };
-    let samples = ["_index_sampler_state.samples_yielded", "_sampler_iter_state.samples_yielded"]
-        .iter()
-        .chain(&["_snapshot._main_snapshot._index_sampler_state.samples_yielded"])
-        .find_map(|n| u(n));
+    let samples = [
+        "_index_sampler_state.samples_yielded",
+        "_sampler_iter_state.samples_yielded",
+        "_snapshot._main_snapshot._index_sampler_state.samples_yielded",
+    ]
+    .iter()
+    .find_map(|n| u(n));
     DataPosition {
         path: c.path.clone(),
         kind: "dl_state_dict",
@@ -822,7 +824,7 @@ pub(crate) fn write_loader_state(src: &Path, dst: &Path, from: u64, to: u64) -> 
         &Leaf::Dict(root),
         dst,
     )?;
-    let file = std::fs::OpenOptions::new().write(true).create_new(true).open(dst).at(dst)?;
+    let file = crate::write::create_new(dst)?;
     file.set_len(layout.file_len).at(dst)?;
     layout.write_fixed_at(&file, dst, 0)?;
     layout.finish_at(&file, dst, 0)?;
