@@ -30,7 +30,6 @@ it to `DIR/rank{r}.json`. A rank exits 1 when a check not named in `--ignore` fa
 """
 
 import argparse
-import hashlib
 import json
 import logging
 import os
@@ -74,20 +73,6 @@ def compare(got_tensors, got_values, want_tensors, want_values):
         if json.dumps(got_values.get(k, "<missing>")) != json.dumps(want_values.get(k, "<missing>")):
             bad.append(k)
     return bad
-
-
-def sha(b):
-    return hashlib.sha256(b).hexdigest()
-
-
-def rng_digest(torch_state, np_state, py_state):
-    kind, key, pos = np_state[:3]
-    return {
-        "torch_sha256": sha(torch_state.contiguous().numpy().tobytes()),
-        "numpy": {"kind": kind, "pos": int(pos), "key_sha256": sha(np.asarray(key).astype("<u4").tobytes())},
-        "python": {"version": py_state[0], "pos": int(py_state[1][-1]),
-                   "key_sha256": sha(np.asarray(py_state[1][:-1], dtype=np.uint64).astype("<u4").tobytes())},
-    }
 
 
 def main():
@@ -164,7 +149,7 @@ def main():
         res["detail"]["dl_mismatch"] = bad
 
         rng_file = os.path.join(args.dir, f"random_states_{rank}.pkl")
-        digest = rng_digest(*now_rng)
+        digest = worker.rng_digest(*now_rng)
         rng = {"file": os.path.basename(rng_file), "file_present": os.path.exists(rng_file),
                "source_rank": [int(r) for r, d in sorted(ref["random_states"].items(), key=lambda x: int(x[0]))
                                if d["torch_sha256"] == digest["torch_sha256"]
@@ -175,7 +160,7 @@ def main():
             saved = torch.load(rng_file, weights_only=False)
             rng["loaded"] = {
                 "torch": torch.equal(now_rng[0], saved["torch_manual_seed"]),
-                "numpy": rng_digest(saved["torch_manual_seed"], saved["numpy_random_seed"],
+                "numpy": worker.rng_digest(saved["torch_manual_seed"], saved["numpy_random_seed"],
                                     saved["random_state"])["numpy"] == digest["numpy"],
                 "python": now_rng[2] == saved["random_state"],
             }

@@ -2,7 +2,9 @@
 Python tools (torch, safetensors, huggingface_hub) and compare bytes."""
 
 import os
+import socket
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -23,6 +25,22 @@ def run_ckpt(*args, check=True, env=None) -> subprocess.CompletedProcess:
     if check and proc.returncode != 0:
         raise AssertionError(f"ckpt {' '.join(map(str, args))} exited {proc.returncode}: {proc.stderr}")
     return proc
+
+
+VENV_BIN = Path(sys.executable).parent
+
+
+def torchrun(nproc: int, script, *args, env=None, timeout: int = 300, cwd=None) -> subprocess.CompletedProcess:
+    """Runs `script ARGS...` on `nproc` local ranks under the venv's torchrun (gloo on CPU): a
+    free port on 127.0.0.1, the venv's bin first on PATH (ninja for DeepSpeed), one OpenMP
+    thread per rank, and `env` added to the environment."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    full = {**os.environ, "PATH": f"{VENV_BIN}:{os.environ.get('PATH', '')}", "OMP_NUM_THREADS": "1", **(env or {})}
+    cmd = [str(VENV_BIN / "torchrun"), "--nproc_per_node", str(nproc), "--master_addr", "127.0.0.1",
+           "--master_port", str(port), str(script), *map(str, args)]
+    return subprocess.run(cmd, capture_output=True, text=True, env=full, timeout=timeout, cwd=cwd)
 
 
 def files_of(d: Path) -> dict:

@@ -9,18 +9,12 @@ rank's loader yields next; the test turns each folder into a state with the CLI 
 """
 
 import json
-import os
-import socket
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, run_ckpt
+from conftest import ROOT, run_ckpt, torchrun
 
 JOB = ROOT / "tests" / "python" / "accelerate_data_job.py"
-TORCHRUN = Path(sys.executable).with_name("torchrun")
 
 CONFIGS = [
     {"name": "e0_k3", "len": 23, "batch_size": 3, "seed": 1234, "epoch": 0, "k": 3, "drop_last": False},
@@ -33,19 +27,11 @@ CONFIGS = [
 ]
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module", params=[1, 2], ids=["1rank", "2ranks"])
 def saved(request, tmp_path_factory):
     world = request.param
     out = tmp_path_factory.mktemp(f"acc_w{world}")
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    cmd = [str(TORCHRUN), f"--nproc_per_node={world}", f"--master_port={free_port()}", str(JOB), str(out), json.dumps(CONFIGS)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    proc = torchrun(world, JOB, out, json.dumps(CONFIGS), timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return world, out
 

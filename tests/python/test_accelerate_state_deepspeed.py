@@ -17,21 +17,16 @@ Each torchrun takes ~7 s (OMP_NUM_THREADS=1, a free port per run, DS_ACCELERATOR
 """
 
 import json
-import os
 import shutil
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import FIXTURES, ROOT, run_ckpt
+from conftest import FIXTURES, ROOT, run_ckpt, torchrun
 
 ACC = FIXTURES / "accelerate"
 EXPECTED = ACC / "expected_more.json"
 CHECK = ROOT / "tests" / "python" / "accelerate_ds_load_check.py"
-VENV_BIN = Path(sys.executable).parent
 CASES = ("ds_z2_w2", "ds_z3_w2", "ds_two_models_w2")
 SOURCE_WORLD = 2
 
@@ -39,23 +34,11 @@ pytest.importorskip("deepspeed")
 pytest.importorskip("accelerate")
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def load_check(folder, m, case, results, universal):
     """Runs the checker on m ranks; returns (exit code, per-rank results, output tail)."""
     shutil.rmtree(results, ignore_errors=True)
-    env = {**os.environ, "PATH": f"{VENV_BIN}:{os.environ.get('PATH', '')}", "OMP_NUM_THREADS": "1",
-           "DS_ACCELERATOR": "cpu"}
-    cmd = [str(VENV_BIN / "torchrun"), "--nproc_per_node", str(m), "--master_addr", "127.0.0.1",
-           "--master_port", str(free_port()), str(CHECK), "--dir", str(folder), "--case", case,
-           "--results", str(results)]
-    if universal:
-        cmd.append("--universal")
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, cwd=str(results.parent))
+    args = ["--dir", folder, "--case", case, "--results", results] + (["--universal"] if universal else [])
+    proc = torchrun(m, CHECK, *args, env={"DS_ACCELERATOR": "cpu"}, cwd=str(results.parent))
     ranks = []
     for r in range(m):
         p = Path(results) / f"rank{r}.json"

@@ -13,40 +13,26 @@ Each torchrun takes a few seconds (OMP_NUM_THREADS=1, a free port per run).
 """
 
 import json
-import os
 import shutil
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import FIXTURES, ROOT, run_ckpt
+from conftest import FIXTURES, ROOT, run_ckpt, torchrun
 
 ACC = FIXTURES / "accelerate"
 EXPECTED = ACC / "expected_fsdp2.json"
 CHECK = ROOT / "tests" / "python" / "accelerate_load_check.py"
-VENV_BIN = Path(sys.executable).parent
 SOURCES = {"fsdp2_w2": 2, "fsdp2_w3": 3}
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def load_check(folder, m, case, results, ignore=()):
     """Runs the checker on m ranks; returns (exit code, per-rank results, stderr tail)."""
     shutil.rmtree(results, ignore_errors=True)
-    env = {**os.environ, "PATH": f"{VENV_BIN}:{os.environ.get('PATH', '')}", "OMP_NUM_THREADS": "1"}
-    cmd = [str(VENV_BIN / "torchrun"), "--nproc_per_node", str(m), "--master_addr", "127.0.0.1",
-           "--master_port", str(free_port()), str(CHECK), "--dir", str(folder), "--reference", str(EXPECTED),
-           "--case", case, "--results", str(results)]
+    args = ["--dir", folder, "--reference", EXPECTED, "--case", case, "--results", results]
     if ignore:
-        cmd += ["--ignore", ",".join(ignore)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+        args += ["--ignore", ",".join(ignore)]
+    proc = torchrun(m, CHECK, *args)
     ranks = []
     for r in range(m):
         p = Path(results) / f"rank{r}.json"

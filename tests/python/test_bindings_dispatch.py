@@ -4,38 +4,22 @@ rank, over two epochs and several configurations, and a mid-epoch resume that yi
 the rest."""
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from torch.utils.data import DataLoader
 
+from conftest import torchrun
 from statekit.data import DataLoaderConfiguration, prepare_data_loader
 from statekit.errors import StateMismatch
 
 HERE = Path(__file__).resolve().parent
-VENV_BIN = Path(sys.executable).parent
-
-
-def free_port():
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
 def job(tmp_path_factory):
     out = tmp_path_factory.mktemp("dispatch")
-    env = {**os.environ, "PATH": f"{VENV_BIN}:{os.environ.get('PATH', '')}", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(
-        [str(VENV_BIN / "torchrun"), "--nproc-per-node", "2", "--master-port", str(free_port()),
-         str(HERE / "bindings_dispatch_job.py"), str(out)],
-        capture_output=True, text=True, env=env, timeout=300,
-    )
+    proc = torchrun(2, HERE / "bindings_dispatch_job.py", out)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
 

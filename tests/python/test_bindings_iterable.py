@@ -8,6 +8,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
+from conftest import torchrun
 from statekit.data import DataLoaderConfiguration, IterableDatasetShard, prepare_data_loader
 from statekit.errors import UsageError
 
@@ -237,24 +238,10 @@ def test_dispatch_one_process_is_the_plain_loader():
 @pytest.fixture(scope="module")
 def job(tmp_path_factory):
     import json
-    import os
-    import socket
-    import subprocess
-    import sys
     from pathlib import Path
 
-    here = Path(__file__).resolve().parent
-    venv_bin = Path(sys.executable).parent
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     out = tmp_path_factory.mktemp("iterable")
-    env = {**os.environ, "PATH": f"{venv_bin}:{os.environ.get('PATH', '')}", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(
-        [str(venv_bin / "torchrun"), "--nproc-per-node", "2", "--master-port", str(port),
-         str(here / "bindings_iterable_job.py"), str(out)],
-        capture_output=True, text=True, env=env, timeout=300,
-    )
+    proc = torchrun(2, Path(__file__).resolve().parent / "bindings_iterable_job.py", out)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
 

@@ -3,7 +3,6 @@ writes is read by torch's dcp.load, accelerate merge-weights and ckpt merge, to 
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -11,28 +10,15 @@ import safetensors.torch
 import torch
 import torch.distributed.checkpoint as dcp
 
+from conftest import VENV_BIN, torchrun
 from statekit import ckpt
 from statekit.errors import ShardedSaveError
 
 HERE = Path(__file__).resolve().parent
-VENV_BIN = Path(sys.executable).parent
-
-
-def free_port():
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_job(tmp_path, world):
-    env = {**os.environ, "PATH": f"{VENV_BIN}:{os.environ.get('PATH', '')}", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(
-        [str(VENV_BIN / "torchrun"), "--nproc-per-node", str(world), "--master-port", str(free_port()),
-         str(HERE / "bindings_sharded_job.py"), str(tmp_path)],
-        capture_output=True, text=True, env=env, timeout=300,
-    )
+    proc = torchrun(world, HERE / "bindings_sharded_job.py", tmp_path)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return torch.load(tmp_path / "expected.pt", weights_only=True)
 
