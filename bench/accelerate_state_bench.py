@@ -25,7 +25,6 @@ merge-weights` (the tool a user runs today) and a durable `cp -r` of the folder 
 
 import argparse
 import glob
-import hashlib
 import json
 import os
 import platform
@@ -40,6 +39,7 @@ ROOT = os.path.dirname(HERE)
 WORK = os.path.join(HERE, "work", "accelerate_state")
 sys.path.insert(0, os.path.join(HERE, "py"))
 import timing  # noqa: E402
+from digest import sha256_file  # noqa: E402
 PY = sys.executable
 BIN = os.path.dirname(PY)
 WIDTH = 4096
@@ -143,14 +143,6 @@ def rounds(cmds, src, pairs, warmup, cold):
     return res
 
 
-def sha256(p):
-    h = hashlib.sha256()
-    with open(p, "rb") as f:
-        for b in iter(lambda: f.read(1 << 24), b""):
-            h.update(b)
-    return h.hexdigest()
-
-
 def tensors_equal(a_file, b_file):
     import torch
     from safetensors import safe_open
@@ -216,7 +208,7 @@ def main():
 
     a_file = os.path.join(out_ck, "model.safetensors")
     b_file = os.path.join(out_acc, "model.safetensors")
-    byte_same = sha256(a_file) == sha256(b_file)
+    byte_same = sha256_file(a_file) == sha256_file(b_file)
     tensor_same = byte_same or tensors_equal(a_file, b_file)
     out_size = os.path.getsize(a_file)
     # The listing, cut to the totals, the first tensor rows and the component summary.

@@ -15,7 +15,6 @@ safetensors file, `accelerate merge-weights` (the path users run today) against 
 """
 
 import argparse
-import hashlib
 import json
 import os
 import re
@@ -27,6 +26,8 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "bench", "py"))
+from digest import sha256_file  # noqa: E402
 WORK = os.path.join(ROOT, "bench", "work")
 BIN = os.path.dirname(sys.executable)
 
@@ -79,14 +80,6 @@ def measure(name, cmd, out_dir, repeats):
     med = statistics.median(walls)
     print(f"{name:24s} median {med:8.2f} s   peak RSS {rss / 1024:9.1f} MiB", flush=True)
     return {"wall_s": med, "walls": walls, "peak_rss_mib": rss / 1024}
-
-
-def sha256_file(p):
-    h = hashlib.sha256()
-    with open(p, "rb") as f:
-        for block in iter(lambda: f.read(1 << 24), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def same_bits(x, y):
