@@ -17,15 +17,20 @@
 //! - [`Zero3`]: DeepSpeed ZeRO stage 3, each parameter cut into `ceil(numel / world)` pieces,
 //!   concatenated per rank in parameter order.
 //!
+//! A tensor sharded as N-D boxes (DCP chunks, DTensor local shards on any dims) is a list of
+//! [`Region`]s; [`check_tiling`] decides, for every format, whether they cover it exactly.
+//!
 //! Two layouts over the same tensors give a resharding plan ([`reshard`]): the range copies that
 //! turn buffers of one layout into buffers of the other, N ranks to M.
 
 mod fsdp;
 mod layout;
+mod region;
 mod reshard;
 mod zero;
 
 pub use fsdp::{chunk_rows, FlatEntry, FlatParamInfo, Fsdp1Flat, Fsdp2};
 pub use layout::{Layout, LayoutError, Piece, TensorSpec};
+pub use region::{check_tiling, Region, TilingError};
 pub use reshard::{reshard, RangeCopy};
 pub use zero::{Zero12, Zero3};
