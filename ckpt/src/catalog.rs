@@ -2,8 +2,13 @@
 //!
 //! A catalog lists logical tensors (name, dtype, shape), each described by where its bytes are
 //! in the source files ([`TensorData`]): byte ranges whose concatenation is the row-major tensor
-//! (a safetensors tensor, a DCP tensor's dim-0 chunks, a ZeRO parameter's slices of the flat
-//! rank partitions), or a strided view on a storage record (a torch tensor). A tensor also says
+//! (a safetensors tensor, a ZeRO parameter's slices of the flat rank partitions), or *boxes*
+//! ([`TensorBox`]): N-D regions of the tensor, each a strided view on a stored buffer. A torch
+//! tensor is one box, the whole tensor, viewed through its strides; a DCP tensor is one box per
+//! saved chunk, on any dims (FSDP2 on dim 0, tensor parallel on dim 1, both on a 2-D mesh), each
+//! possibly strided itself (a `channels_last` chunk). [`Checkpoint::new`] checks that a tensor's
+//! boxes tile it exactly, once for every format. Reading the tensor row-major merges the boxes'
+//! runs in order ([`TensorInfo::runs`]). A tensor also says
 //! the dtype its bytes are stored in, which may differ from the dtype it is written as (ZeRO's
 //! bf16 frozen parameters merge to fp32). Operations never look at formats again: they plan
 //! copies from these descriptions.
@@ -19,8 +24,9 @@ use std::sync::Arc;
 
 use crate::dtype::Dtype;
 use crate::error::{Error, Result};
-use crate::shape::{self, Runs};
+use crate::shape::{self, Walk};
 use crate::value::Leaf;
+use fsdp_state::Region;
 
 /// The on-disk layout a checkpoint was read from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -68,6 +74,15 @@ pub struct SourceFile {
     pub len: u64,
     /// The file's `__metadata__` (safetensors), in file order.
     pub metadata: Vec<(String, String)>,
+    /// The rank that wrote it, for the rank files of sharded checkpoints.
+    pub rank: Option<u64>,
+}
+
+impl SourceFile {
+    /// A file of `len` bytes with no metadata and no rank.
+    pub(crate) fn new(path: PathBuf, len: u64) -> SourceFile {
+        SourceFile { path, len, metadata: Vec::new(), rank: None }
+    }
 }
 
 /// A byte range of a source file.
@@ -86,9 +101,48 @@ pub struct Chunk {
 pub(crate) enum TensorData {
     /// The row-major bytes are these ranges, concatenated.
     Ranges(Vec<Chunk>),
-    /// A strided view (`offset` and `strides` in elements) on the storage of `len` bytes at
-    /// absolute offset `base` of `file`.
-    Strided { file: usize, base: u64, len: u64, offset: u64, strides: Vec<u64> },
+    /// N-D boxes that tile the tensor, each a strided view on stored bytes.
+    Boxes(Vec<TensorBox>),
+}
+
+/// A box of a tensor and where its elements are: the elements of `region` of the global tensor
+/// are a strided view (`offset` and `strides` in elements, one stride per dim of the region) on
+/// the storage of `len` bytes at absolute offset `base` of `file`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TensorBox {
+    /// Where the box sits in the global tensor.
+    pub region: Region,
+    /// Index into [`Checkpoint::files`].
+    pub file: usize,
+    /// Absolute offset of its storage in that file.
+    pub base: u64,
+    /// Bytes of its storage.
+    pub len: u64,
+    /// Element offset of the view in the storage.
+    pub offset: u64,
+    /// Element strides of the view, one per dim.
+    pub strides: Vec<u64>,
+}
+
+impl TensorBox {
+    /// A box that is the whole tensor of `shape`: a torch tensor's view on its storage.
+    pub(crate) fn whole(shape: &[u64], file: usize, base: u64, len: u64, offset: u64, strides: Vec<u64>) -> TensorBox {
+        TensorBox { region: Region::whole(shape), file, base, len, offset, strides }
+    }
+
+    /// The box's runs placed in the row-major order of a tensor of `shape` (`dst_strides` its
+    /// contiguous strides), as `(tensor byte offset, absolute file offset, length)`.
+    fn walk(&self, dst_strides: &[u64], elem: u64) -> impl Iterator<Item = (u64, u64, u64)> + Send + use<> {
+        let dst_offset: u64 = self.region.offsets.iter().zip(dst_strides).map(|(&o, &s)| o * s).sum();
+        let base = self.base;
+        Walk::new(self.offset, &self.region.sizes, &self.strides, dst_offset, dst_strides, elem)
+            .map(move |(dst, src, len)| (dst, base + src, len))
+    }
+
+    /// Runs of the box on its own.
+    fn run_total(&self, dst_strides: &[u64], elem: u64) -> u64 {
+        Walk::new(self.offset, &self.region.sizes, &self.strides, 0, dst_strides, elem).total()
+    }
 }
 
 /// File, storage base, offset, strides, shape, dtype: equal keys read the same bytes.
@@ -133,9 +187,19 @@ impl TensorInfo {
     pub fn location(&self) -> Option<(usize, u64)> {
         match &self.data {
             TensorData::Ranges(c) => c.iter().find(|c| c.len > 0).or(c.first()).map(|c| (c.file, c.offset)),
-            TensorData::Strided { file, base, offset, .. } => {
-                Some((*file, base.saturating_add(offset.saturating_mul(self.stored.bits() / 8))))
-            }
+            TensorData::Boxes(b) => b
+                .iter()
+                .find(|b| !b.region.is_empty())
+                .or(b.first())
+                .map(|b| (b.file, b.base.saturating_add(b.offset.saturating_mul(self.stored.bits() / 8)))),
+        }
+    }
+
+    /// The boxes it is made of, when it is read as boxes (torch views, DCP chunks).
+    pub fn boxes(&self) -> &[TensorBox] {
+        match &self.data {
+            TensorData::Boxes(b) => b,
+            TensorData::Ranges(_) => &[],
         }
     }
 
@@ -155,26 +219,36 @@ impl TensorInfo {
     }
 
     /// The stored bytes as absolute `(file, offset, len)` runs, in row-major order; adjacent
-    /// runs are merged.
+    /// runs of one range or box are merged. Several boxes are merged by their place in the
+    /// tensor: the boxes tile it, so the runs follow each other with no gap.
     pub(crate) fn runs(&self) -> Box<dyn Iterator<Item = (usize, u64, u64)> + Send + '_> {
         match &self.data {
             TensorData::Ranges(c) => Box::new(c.iter().filter(|c| c.len > 0).map(|c| (c.file, c.offset, c.len))),
-            TensorData::Strided { file, base, offset, strides, .. } => {
-                let (file, base) = (*file, *base);
-                Box::new(
-                    Runs::new(*offset, &self.shape, strides, self.stored.bits() / 8)
-                        .map(move |(o, l)| (file, base + o, l)),
-                )
+            TensorData::Boxes(boxes) => {
+                let elem = self.stored.bits() / 8;
+                let dst = shape::contiguous_strides(&self.shape).unwrap_or_else(|| vec![0; self.shape.len()]);
+                let mut live = boxes.iter().filter(|b| !b.region.is_empty());
+                match (live.next(), live.next()) {
+                    (None, _) => Box::new(std::iter::empty()),
+                    (Some(b), None) => {
+                        let file = b.file;
+                        Box::new(b.walk(&dst, elem).map(move |(_, off, len)| (file, off, len)))
+                    }
+                    _ => Box::new(MergedRuns::new(boxes, &dst, elem)),
+                }
             }
         }
     }
 
-    /// How many runs [`TensorInfo::runs`] yields.
+    /// How many runs [`TensorInfo::runs`] yields (at most; boxes that happen to abut in one file
+    /// are counted apart).
     pub(crate) fn run_count(&self) -> u64 {
         match &self.data {
             TensorData::Ranges(c) => c.iter().filter(|c| c.len > 0).count() as u64,
-            TensorData::Strided { offset, strides, .. } => {
-                Runs::new(*offset, &self.shape, strides, self.stored.bits() / 8).total()
+            TensorData::Boxes(boxes) => {
+                let elem = self.stored.bits() / 8;
+                let dst = shape::contiguous_strides(&self.shape).unwrap_or_else(|| vec![0; self.shape.len()]);
+                boxes.iter().filter(|b| !b.region.is_empty()).map(|b| b.run_total(&dst, elem)).sum()
             }
         }
     }
@@ -188,9 +262,10 @@ impl TensorInfo {
         /// How much larger than its storage a view may be before it counts as a broadcast.
         const FACTOR: u64 = 16;
         match &self.data {
-            TensorData::Strided { len, .. } => {
+            TensorData::Boxes(boxes) => {
+                let len = boxes.iter().map(|b| b.len).fold(0u64, u64::saturating_add);
                 let out = self.byte_len().max(self.stored_len());
-                (out > SMALL && out > len.saturating_mul(FACTOR)).then_some((out, *len))
+                (out > SMALL && out > len.saturating_mul(FACTOR)).then_some((out, len))
             }
             TensorData::Ranges(_) => None,
         }
@@ -220,13 +295,13 @@ impl TensorInfo {
     }
 
     /// Identity of the bytes it reads: tensors with equal keys are exact aliases (torch's tied
-    /// weights). Only views have one; ranges never alias.
+    /// weights). Only whole views have one; ranges and tensors of several boxes never alias.
     pub(crate) fn alias_key(&self) -> Option<AliasKey<'_>> {
-        match &self.data {
-            TensorData::Strided { file, base, offset, strides, .. } => {
-                Some((*file, *base, *offset, strides.as_slice(), self.shape.as_slice(), self.dtype))
+        match self.boxes() {
+            [b] if b.region.is_whole(&self.shape) => {
+                Some((b.file, b.base, b.offset, b.strides.as_slice(), self.shape.as_slice(), self.dtype))
             }
-            TensorData::Ranges(_) => None,
+            _ => None,
         }
     }
 }
@@ -331,14 +406,48 @@ impl Checkpoint {
                         return Err(where_(format!("holds {total} bytes, its shape needs {need}")));
                     }
                 }
-                TensorData::Strided { file, base, len, offset, strides } => {
-                    let f = p.files.get(*file).ok_or_else(|| where_("names an unknown source file".into()))?;
-                    if base.checked_add(*len).is_none_or(|end| end > f.len) {
-                        return Err(where_("its storage lies past the end of the file".into()));
+                TensorData::Boxes(boxes) => {
+                    for b in boxes {
+                        let at = |reason: String| box_error(&p, t, b, reason);
+                        let f = p.files.get(b.file).ok_or_else(|| where_("names an unknown source file".into()))?;
+                        if b.base.checked_add(b.len).is_none_or(|end| end > f.len) {
+                            return Err(at(format!(
+                                "the storage of the box at offsets {:?} lies past the end of the file",
+                                b.region.offsets
+                            )));
+                        }
+                        if b.strides.len() != b.region.sizes.len() {
+                            return Err(at(format!(
+                                "the box at offsets {:?} has {} strides for {} dims",
+                                b.region.offsets,
+                                b.strides.len(),
+                                b.region.sizes.len()
+                            )));
+                        }
+                        let extent =
+                            shape::extent(b.offset, &b.region.sizes, &b.strides).and_then(|e| e.checked_mul(elem));
+                        if extent.is_none_or(|e| e > b.len) {
+                            return Err(at(format!(
+                                "the view of the box at offsets {:?} reaches past its storage",
+                                b.region.offsets
+                            )));
+                        }
                     }
-                    let extent = shape::extent(*offset, &t.shape, strides).and_then(|e| e.checked_mul(elem));
-                    if need > 0 && extent.is_none_or(|e| e > *len) {
-                        return Err(where_("its view reaches past its storage".into()));
+                    // One box that is the whole tensor (every torch tensor) tiles it trivially.
+                    let trivial = matches!(boxes.as_slice(), [b] if b.region.is_whole(&t.shape));
+                    if !trivial {
+                        let regions: Vec<Region> = boxes.iter().map(|b| b.region.clone()).collect();
+                        if let Err(e) = fsdp_state::check_tiling(&t.shape, &regions) {
+                            return Err(match e.index().and_then(|i| boxes.get(i)) {
+                                Some(b) => box_error(&p, t, b, e.to_string()),
+                                None => Error::BadBox {
+                                    path: p.root.clone(),
+                                    tensor: t.name.clone(),
+                                    rank: None,
+                                    reason: e.to_string(),
+                                },
+                            });
+                        }
                     }
                 }
             }
@@ -561,6 +670,65 @@ impl Checkpoint {
     }
 }
 
+/// A problem with one box of `t`, named by the file that holds it and the rank that saved it.
+fn box_error(p: &Parts, t: &TensorInfo, b: &TensorBox, reason: String) -> Error {
+    let file = p.files.get(b.file);
+    Error::BadBox {
+        path: file.map_or_else(|| p.root.clone(), |f| f.path.clone()),
+        tensor: t.name.clone(),
+        rank: file.and_then(|f| f.rank),
+        reason,
+    }
+}
+
+/// The row-major runs of a tensor made of several boxes: each box's walk yields its runs in
+/// increasing tensor offset, and a min-heap on that offset interleaves them.
+struct MergedRuns {
+    walks: Vec<(usize, Walk, u64)>,
+    heap: std::collections::BinaryHeap<std::cmp::Reverse<(u64, usize)>>,
+    heads: Vec<Option<(u64, u64, u64)>>,
+}
+
+impl MergedRuns {
+    fn new(boxes: &[TensorBox], dst_strides: &[u64], elem: u64) -> MergedRuns {
+        let mut walks = Vec::with_capacity(boxes.len());
+        for b in boxes.iter().filter(|b| !b.region.is_empty()) {
+            let dst_offset: u64 = b.region.offsets.iter().zip(dst_strides).map(|(&o, &s)| o * s).sum();
+            walks.push((
+                b.file,
+                Walk::new(b.offset, &b.region.sizes, &b.strides, dst_offset, dst_strides, elem),
+                b.base,
+            ));
+        }
+        let mut heads = Vec::with_capacity(walks.len());
+        let mut heap = std::collections::BinaryHeap::with_capacity(walks.len());
+        for (i, (_, w, _)) in walks.iter_mut().enumerate() {
+            let head = w.next();
+            if let Some((dst, _, _)) = head {
+                heap.push(std::cmp::Reverse((dst, i)));
+            }
+            heads.push(head);
+        }
+        MergedRuns { walks, heap, heads }
+    }
+}
+
+impl Iterator for MergedRuns {
+    type Item = (usize, u64, u64);
+    fn next(&mut self) -> Option<(usize, u64, u64)> {
+        let std::cmp::Reverse((_, i)) = self.heap.pop()?;
+        let (_, src, len) = self.heads.get_mut(i)?.take()?;
+        let (file, walk, base) = self.walks.get_mut(i)?;
+        let (file, base) = (*file, *base);
+        let next = walk.next();
+        if let Some((dst, _, _)) = next {
+            self.heap.push(std::cmp::Reverse((dst, i)));
+        }
+        self.heads[i] = next;
+        Some((file, base + src, len))
+    }
+}
+
 /// A catalog plus the problems found while building it. Verification reports all problems;
 /// opening fails on the first.
 #[derive(Debug)]
@@ -572,5 +740,123 @@ pub(crate) struct Scan {
 impl Scan {
     pub(crate) fn clean(checkpoint: Checkpoint) -> Scan {
         Scan { checkpoint, problems: Vec::new() }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// A tensor of `shape` (i32 elements numbered row-major) cut on every dim at `cuts`, each
+    /// box stored compact in one file, in row-major or in reversed-dims (transposed) order.
+    fn tiled(shape: &[u64], cuts: &[Vec<u64>], transposed: &[bool]) -> (tempfile::TempDir, Checkpoint) {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let path = dir.path().join("data");
+        let strides = shape::contiguous_strides(shape).unwrap_or_default();
+        // Every box of the grid the cuts make.
+        let edges: Vec<Vec<u64>> = shape
+            .iter()
+            .zip(cuts)
+            .map(|(&n, c)| {
+                let mut e: Vec<u64> = c.iter().map(|&x| x % (n + 1)).chain([0, n]).collect();
+                e.sort_unstable();
+                e.dedup();
+                e
+            })
+            .collect();
+        let mut regions = vec![Region::new(Vec::<u64>::new(), Vec::<u64>::new())];
+        for e in &edges {
+            regions = regions
+                .into_iter()
+                .flat_map(|r| {
+                    e.windows(2).map(move |w| {
+                        let mut r = r.clone();
+                        r.offsets.push(w[0]);
+                        r.sizes.push(w[1] - w[0]);
+                        r
+                    })
+                })
+                .collect();
+        }
+        let mut bytes = Vec::new();
+        let mut boxes = Vec::new();
+        for (i, r) in regions.iter().enumerate() {
+            let flip = transposed.get(i % transposed.len().max(1)).copied().unwrap_or(false);
+            // Store the box with its dims in `order` (reversed when transposed).
+            let order: Vec<usize> =
+                if flip { (0..r.sizes.len()).rev().collect() } else { (0..r.sizes.len()).collect() };
+            let stored: Vec<u64> = order.iter().map(|&d| r.sizes[d]).collect();
+            let stored_strides = shape::contiguous_strides(&stored).unwrap_or_default();
+            let mut view = vec![0u64; r.sizes.len()];
+            for (k, &d) in order.iter().enumerate() {
+                view[d] = stored_strides[k];
+            }
+            let base = bytes.len() as u64;
+            let n = shape::numel(&stored).unwrap_or(0);
+            for flat in 0..n {
+                // The stored element `flat` is at box index `idx` (in `order`), global `g`.
+                let mut rest = flat;
+                let mut g = 0u64;
+                for (k, &d) in order.iter().enumerate() {
+                    let x = rest / stored_strides[k];
+                    rest %= stored_strides[k];
+                    g += (r.offsets[d] + x) * strides[d];
+                }
+                bytes.extend_from_slice(&(g as i32).to_le_bytes());
+            }
+            boxes.push(TensorBox { region: r.clone(), file: 0, base, len: n * 4, offset: 0, strides: view });
+        }
+        std::fs::write(&path, &bytes).unwrap_or_else(|e| panic!("{e}"));
+        let files = vec![SourceFile::new(path, bytes.len() as u64)];
+        let t = TensorInfo {
+            name: "t".into(),
+            dtype: Dtype::I32,
+            shape: shape.to_vec(),
+            stored: Dtype::I32,
+            data: TensorData::Boxes(boxes),
+        };
+        let ck = Checkpoint::new(Parts::new(Format::Dcp, dir.path().to_path_buf(), files, vec![t]))
+            .unwrap_or_else(|e| panic!("{e}"));
+        (dir, ck)
+    }
+
+    proptest! {
+        /// However a tensor is cut into boxes, and however each box is stored, reading it gives
+        /// its row-major elements, and a byte range of it gives that slice.
+        #[test]
+        fn boxes_read_back_row_major(
+            shape in proptest::collection::vec(0u64..6, 0..4),
+            cuts in proptest::collection::vec(proptest::collection::vec(0u64..7, 0..3), 4),
+            transposed in proptest::collection::vec(any::<bool>(), 1..4),
+            lo in 0u64..400,
+            len in 0u64..400,
+        ) {
+            let (_dir, ck) = tiled(&shape, &cuts[..shape.len()], &transposed);
+            let t = &ck.tensors()[0];
+            let n = shape::numel(&shape).unwrap_or(0);
+            let want: Vec<u8> = (0..n).flat_map(|i| (i as i32).to_le_bytes()).collect();
+            prop_assert_eq!(ck.read_tensor(t).unwrap_or_default(), want.clone());
+            let (lo, hi) = (lo.min(n * 4), (lo + len).min(n * 4));
+            prop_assert_eq!(ck.read_tensor_range(t, lo..hi).unwrap_or_default(), want[lo as usize..hi as usize].to_vec());
+            prop_assert!(t.run_count() >= t.runs().count() as u64);
+        }
+    }
+
+    #[test]
+    fn boxes_that_do_not_tile_are_refused_by_name() {
+        let (dir, ck) = tiled(&[4, 4], &[vec![2], vec![2]], &[false]);
+        let mut t = ck.tensors()[0].clone();
+        if let TensorData::Boxes(b) = &mut t.data {
+            b.pop();
+        }
+        let err = Checkpoint::new(Parts::new(Format::Dcp, dir.path().to_path_buf(), ck.files.clone(), vec![t]))
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(
+            err.ends_with("tensor `t`: the boxes leave elements of size [4, 4] uncovered, from offsets [2, 2]"),
+            "{err}"
+        );
     }
 }

@@ -230,6 +230,14 @@ pub enum Error {
         rank: Option<u64>,
         reason: String,
     },
+    /// A box of a tensor (a DCP chunk, a rank's shard) that does not fit the tensor or its file:
+    /// out of bounds, overlapping another, or leaving part of the tensor uncovered.
+    BadBox {
+        path: PathBuf,
+        tensor: String,
+        rank: Option<u64>,
+        reason: String,
+    },
     Collective {
         dir: PathBuf,
         #[source]
@@ -430,7 +438,7 @@ impl Error {
                 let path = path.display();
                 format!("{path}: DCP metadata: {reason}")
             }
-            Error::BadDcpChunk { path, tensor, rank, reason } => {
+            Error::BadDcpChunk { path, tensor, rank, reason } | Error::BadBox { path, tensor, rank, reason } => {
                 let path = path.display();
                 format!("{path}{}: tensor `{tensor}`: {reason}", rank_note(*rank))
             }

@@ -35,8 +35,9 @@ pub(crate) struct RangeCopy {
     pub len: u64,
 }
 
-/// A tensor that is not one plain range of its source (a strided view, or one to cast): read
-/// run by run through a bounded window, cast to `to`, and written contiguously at `dst_off`.
+/// A tensor that is not one plain range of its source (a strided view, boxes of small runs, or
+/// one to cast): read run by run through a bounded window, cast to `to`, and written
+/// contiguously at `dst_off`.
 #[derive(Clone, Debug)]
 pub(crate) struct Gather {
     pub tensor: TensorInfo,
@@ -44,6 +45,26 @@ pub(crate) struct Gather {
     pub dst_off: u64,
     /// Bytes computed from the tensor's instead of cast (block-scaled FP8).
     pub compute: Option<crate::blockscale::SharedCompute>,
+    /// Only these bytes of the tensor's row-major stored bytes (a rank's rows of it), uncast.
+    pub range: Option<std::ops::Range<u64>>,
+}
+
+/// Runs shorter than this on average are gathered through the window rather than copied one
+/// kernel call each: a row of a tensor-parallel shard is a few KiB.
+const MIN_COPY_RUN: u64 = 64 << 10;
+
+impl TensorInfo {
+    /// True when its stored bytes are best moved as range copies: ranges, or boxes whose runs
+    /// are few or long.
+    pub(crate) fn copies_well(&self) -> bool {
+        match &self.data {
+            TensorData::Ranges(_) => true,
+            TensorData::Boxes(_) => {
+                let runs = self.run_count();
+                runs <= 1 || self.stored_len() / runs >= MIN_COPY_RUN
+            }
+        }
+    }
 }
 
 /// Bytes of a target that depend on the rest of it (torch's CRC32s), written once every copy
@@ -80,12 +101,11 @@ impl TargetFile {
     ) {
         if compute.is_some() {
             if tensor.numel() > 0 {
-                self.gathers.push(Gather { tensor: tensor.clone(), to, dst_off, compute });
+                self.gathers.push(Gather { tensor: tensor.clone(), to, dst_off, compute, range: None });
             }
             return;
         }
-        let plain = to == tensor.stored && (matches!(tensor.data, TensorData::Ranges(_)) || tensor.run_count() <= 1);
-        if plain {
+        if to == tensor.stored && tensor.copies_well() {
             let mut at = dst_off;
             for (src, src_off, len) in tensor.runs() {
                 // Back-to-back tensors of one source become one copy (one kernel call).
@@ -96,7 +116,7 @@ impl TargetFile {
                 at += len;
             }
         } else if tensor.numel() > 0 {
-            self.gathers.push(Gather { tensor: tensor.clone(), to, dst_off, compute: None });
+            self.gathers.push(Gather { tensor: tensor.clone(), to, dst_off, compute: None, range: None });
         }
     }
 }
@@ -434,7 +454,10 @@ fn gather(
     let mut inbuf: Vec<u8> = Vec::with_capacity(window);
     let mut outbuf: Vec<u8> = Vec::new();
     let mut at = g.dst_off;
-    let mut flush = |inbuf: &mut Vec<u8>, at: &mut u64| -> Result<()> {
+    // The source span each file was read in since the last flush; released at each flush, so
+    // the pages held stay about one window's worth however the runs interleave.
+    let mut touched: Vec<(usize, u64, u64)> = Vec::new();
+    let mut flush = |inbuf: &mut Vec<u8>, at: &mut u64, touched: &mut Vec<(usize, u64, u64)>| -> Result<()> {
         let out: &[u8] = if t.stored == g.to {
             inbuf
         } else {
@@ -449,36 +472,47 @@ fn gather(
             p(out.len() as u64);
         }
         inbuf.clear();
+        for (f, lo, hi) in touched.drain(..) {
+            srcs.release(f, lo, hi - lo);
+        }
         Ok(())
     };
-    // Pages are released per storage span for views (runs revisit them), per run otherwise.
-    let mut touched: Option<(usize, u64, u64)> = None;
+    let (from, to) = g.range.as_ref().map_or((0, u64::MAX), |r| (r.start, r.end));
+    let mut pos = 0u64;
     for (file, off, len) in t.runs() {
+        // The part of this run inside the wanted range.
+        let (lo, hi) = (pos.max(from), (pos + len).min(to));
+        let run_start = pos;
+        pos += len;
+        if lo >= hi {
+            if pos >= to {
+                break;
+            }
+            continue;
+        }
+        let (off, len) = (off + (lo - run_start), hi - lo);
+        match touched.iter_mut().find(|(f, ..)| *f == file) {
+            Some((_, a, b)) => {
+                *a = (*a).min(off);
+                *b = (*b).max(off + len);
+            }
+            None => touched.push((file, off, off + len)),
+        }
         let mut done = 0u64;
         while done < len {
             let n = (len - done).min((window - inbuf.len()) as u64);
             inbuf.extend_from_slice(srcs.read(file, off + done, n)?);
             done += n;
             if inbuf.len() == window {
-                flush(&mut inbuf, &mut at)?;
+                flush(&mut inbuf, &mut at, &mut touched)?;
             }
         }
-        touched = match touched {
-            Some((f, o, l)) if f == file && o + l == off => Some((f, o, l + len)),
-            Some((f, o, l)) => {
-                srcs.release(f, o, l);
-                Some((file, off, len))
-            }
-            None => Some((file, off, len)),
-        };
+        if pos >= to {
+            break;
+        }
     }
-    if !inbuf.is_empty() {
-        flush(&mut inbuf, &mut at)?;
-    }
-    if let crate::catalog::TensorData::Strided { file, base, len, .. } = &t.data {
-        srcs.release(*file, *base, *len);
-    } else if let Some((f, o, l)) = touched {
-        srcs.release(f, o, l);
+    if !inbuf.is_empty() || !touched.is_empty() {
+        flush(&mut inbuf, &mut at, &mut touched)?;
     }
     Ok(())
 }

@@ -16,7 +16,8 @@ fn hostile(name: &str) -> PathBuf {
 fn refused(name: &str, file: &str, message: &str) {
     let dir = hostile(name);
     let src = dir.to_str().unwrap();
-    let expected = format!("{}{message}", dir.join(file).display());
+    let at = if file.is_empty() { dir.clone() } else { dir.join(file) };
+    let expected = format!("{}{message}", at.display());
     let err = ckpt::Checkpoint::open(src).unwrap_err();
     assert_eq!(err.to_string(), expected);
     assert!(err.is_invalid_data(), "{name}: verify should report it as a problem");
@@ -62,14 +63,18 @@ fn overlapping_chunks() {
     refused(
         "overlapping_chunks",
         "__1_0.distcp",
-        " (rank 1): tensor `model.embed.weight`: chunk at row 18 (18 rows) overlaps the previous chunk (rows covered so far: 19)",
+        " (rank 1): tensor `embed.weight`: box at offsets [18, 0] with sizes [18, 16] overlaps the box at offsets [0, 0] with sizes [19, 16]",
     );
 }
 
 #[test]
 fn gap_in_chunks() {
     // torch itself loads this one silently, rows 19..37 left uninitialized.
-    refused("gap_in_chunks", ".metadata", ": tensor `model.embed.weight`: chunks cover rows [0, 19) of 37");
+    refused(
+        "gap_in_chunks",
+        "",
+        ": tensor `embed.weight`: the boxes leave elements of size [37, 16] uncovered, from offsets [19, 0]",
+    );
 }
 
 #[test]
@@ -90,11 +95,14 @@ fn path_traversal() {
     );
 }
 
+/// A chunk whose metadata says one box (sizes `[24, 8]`, a column split) where its item holds
+/// another (`[12, 16]`, a row split): boxes on any dims are read, but each must be what its item
+/// holds.
 #[test]
 fn not_dim0() {
     refused(
         "not_dim0",
         "__0_0.distcp",
-        " (rank 0): tensor `model.layers.0.weight`: chunk at offsets [0, 0] with sizes [24, 8] is not a dim-0 slice of size [24, 16] (2-D or other sharding is not supported)",
+        " (rank 0): tensor `model.layers.0.weight`: the item at byte 2793 holds shape [12, 16] where the chunk at offsets [0, 0] has sizes [24, 8]",
     );
 }

@@ -154,7 +154,7 @@ pub(crate) fn read_file(path: &Path) -> Result<(SourceFile, Header)> {
     let len = file.metadata().at(path)?.len();
     let mut header = read_header_from(&file, len, path)?;
     let metadata = header.metadata.take().unwrap_or_default();
-    Ok((SourceFile { path: path.to_path_buf(), len, metadata }, header))
+    Ok((SourceFile { metadata, ..SourceFile::new(path.to_path_buf(), len) }, header))
 }
 
 /// The header's tensors as catalog entries of source file `file`.

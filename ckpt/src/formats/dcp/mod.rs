@@ -50,7 +50,7 @@ use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::catalog::{Checkpoint, Format, Parts, Scan, SourceFile, TensorInfo};
+use crate::catalog::{Checkpoint, Format, Parts, Scan, SourceFile, TensorData, TensorInfo};
 use crate::error::Result;
 use crate::outcome::Outcome;
 use crate::write::WriteOptions;
@@ -84,7 +84,13 @@ pub(crate) fn catalog(dir: PathBuf) -> Result<Scan> {
     let tensors = dcp
         .tensors
         .iter()
-        .map(|t| TensorInfo::ranges(name(&t.path), t.dtype, t.shape.clone(), t.chunks.clone()))
+        .map(|t| TensorInfo {
+            name: name(&t.path),
+            dtype: t.dtype,
+            shape: t.shape.clone(),
+            stored: t.dtype,
+            data: TensorData::Boxes(t.boxes.clone()),
+        })
         .collect();
     let values = dcp.bytes.iter().map(|b| (name(&b.path), b.value.clone())).collect();
     let mut files = dcp.files.clone();
@@ -92,7 +98,7 @@ pub(crate) fn catalog(dir: PathBuf) -> Result<Scan> {
     let meta = vec![("format".to_string(), "pt".to_string())];
     match files.first_mut() {
         Some(f) => f.metadata = meta,
-        None => files.push(SourceFile { path: dir.join(METADATA_NAME), len: 0, metadata: meta }),
+        None => files.push(SourceFile { metadata: meta, ..SourceFile::new(dir.join(METADATA_NAME), 0) }),
     }
     let mut parts = Parts::new(Format::Dcp, dir, files, tensors);
     parts.values = values;
@@ -118,19 +124,16 @@ fn single_top_level(dcp: &read::Dcp) -> bool {
     tops.len() == 1
 }
 
-/// The largest number of contiguous pieces a torch view may have to be written into a DCP
-/// item by range copies; `ckpt convert` to a contiguous file first handles the rest.
-const MAX_VIEW_RUNS: u64 = 1 << 16;
-
 /// Writes `ck` as a DCP folder for `world_size` ranks into `out`, in FSDP2's layout.
 ///
-/// A DCP source is resharded: every tensor it held sharded is cut on dim 0 by `torch.chunk`
-/// rules, tensors saved whole stay whole, non-tensor values (optimizer `param_groups`) are
-/// carried byte for byte. Any other checkpoint is saved as FSDP2 saves a model state dict:
-/// keys are the tensor names, tensors of one or more dimensions are sharded on dim 0, 0-d
-/// tensors are saved whole; its non-tensor values are not carried (the outcome counts none).
+/// A DCP source is resharded: every tensor it held sharded (on any dims) is cut on dim 0 by
+/// `torch.chunk` rules, tensors saved whole stay whole, non-tensor values (optimizer
+/// `param_groups`) are carried byte for byte. Any other checkpoint is saved as FSDP2 saves a
+/// model state dict: keys are the tensor names, tensors of one or more dimensions are sharded on
+/// dim 0, 0-d tensors are saved whole; its non-tensor values are not carried (the outcome counts
+/// none).
 pub(crate) fn write(ck: &Checkpoint, out: &Path, world_size: u64, opts: &WriteOptions<'_>) -> Result<Outcome> {
-    if let Some(dcp) = ck.detail::<DcpSource>() {
+    if let Some(dcp) = ck.detail::<DcpSource>().filter(|d| d.tensors.len() == ck.tensors.len()) {
         // A tensor saved as several chunks was a DTensor. With one data file, everything is one
         // chunk and nothing tells a parameter from a buffer, so tensors are sharded as a plain
         // checkpoint's are.
@@ -138,31 +141,28 @@ pub(crate) fn write(ck: &Checkpoint, out: &Path, world_size: u64, opts: &WriteOp
         let tensors: Vec<SrcTensor> = dcp
             .tensors
             .iter()
-            .map(|t| SrcTensor {
+            .zip(&ck.tensors)
+            .map(|(t, info)| SrcTensor {
                 key: t.key.clone(),
                 path: t.path.clone(),
-                dtype: t.dtype,
-                shape: t.shape.clone(),
-                chunks: t.chunks.clone(),
-                sharded: !t.shape.is_empty() && (t.saved_chunks > 1 || one_rank),
+                info: info.clone(),
+                sharded: !t.shape.is_empty() && (t.boxes.len() > 1 || one_rank),
             })
             .collect();
         let values: Vec<SrcBytes> =
             dcp.bytes.iter().map(|b| SrcBytes { key: b.key.clone(), path: b.path.clone(), chunk: b.chunk }).collect();
         return plan::write_dcp(ck, &tensors, &values, out, world_size, opts);
     }
-    let mut tensors = Vec::with_capacity(ck.tensors.len());
-    for t in &ck.tensors {
-        let file = t.location().and_then(|(f, _)| ck.files.get(f)).map_or(ck.root.as_path(), |f| f.path.as_path());
-        tensors.push(SrcTensor {
+    let tensors: Vec<SrcTensor> = ck
+        .tensors
+        .iter()
+        .map(|t| SrcTensor {
             key: t.name.clone(),
             path: vec![PathElem::Key(t.name.clone())],
             // Bytes are copied as stored (a ZeRO bf16 frozen param stays bf16).
-            dtype: t.stored,
-            shape: t.shape.clone(),
-            chunks: t.byte_ranges(file, MAX_VIEW_RUNS)?,
+            info: TensorInfo { dtype: t.stored, ..t.clone() },
             sharded: !t.shape.is_empty(),
-        });
-    }
+        })
+        .collect();
     plan::write_dcp(ck, &tensors, &[], out, world_size, opts)
 }

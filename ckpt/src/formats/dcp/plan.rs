@@ -18,26 +18,27 @@ use std::path::Path;
 
 use super::encode::{self, OutChunk, OutItem, OutKind};
 use super::metadata::PathElem;
-use crate::catalog::{Checkpoint, Chunk};
-use crate::dtype::Dtype;
+use crate::catalog::{Checkpoint, Chunk, TensorInfo};
 use crate::error::{Error, IoContext, Result};
 use crate::formats::torch::writer::{self, TorchSeal, WStorage, WTensor};
 use crate::outcome::Outcome;
 use crate::shape::numel;
-use crate::write::{self, Plan, RangeCopy, TargetFile, WriteOptions};
+use crate::write::{self, Gather, Plan, RangeCopy, TargetFile, WriteOptions};
 
-/// A tensor to write.
+/// A tensor to write: its key and path in the state dict, and the catalog tensor whose stored
+/// bytes are written (its dtype is what is stored).
 #[derive(Clone, Debug)]
 pub(crate) struct SrcTensor {
     pub key: String,
     pub path: Vec<PathElem>,
-    pub dtype: Dtype,
-    pub shape: Vec<u64>,
-    /// Row-major bytes, as catalog chunks.
-    pub chunks: Vec<Chunk>,
+    pub info: TensorInfo,
     /// Shard along dim 0 (a parameter or optimizer state) rather than save whole.
     pub sharded: bool,
 }
+
+/// Tensors whose stored bytes come in at most this many runs are written as range copies of
+/// each rank's slice; more (tensor-parallel shards, views) are gathered slice by slice.
+const MAX_COPY_RUNS: u64 = 1 << 12;
 
 /// A non-tensor item to carry over verbatim.
 #[derive(Clone, Debug)]
@@ -64,10 +65,19 @@ pub(crate) fn write_dcp(
     let bad = |reason: String| Error::BadConvert { dst: out.to_path_buf(), reason };
     let world_len = usize::try_from(world).map_err(|_| bad(format!("world size {world} is too large")))?;
     for t in tensors {
-        if !t.dtype.bits().is_multiple_of(8) {
-            return Err(bad(format!("tensor `{}` has dtype `{}`, which torch cannot store", t.key, t.dtype)));
+        if !t.info.dtype.bits().is_multiple_of(8) {
+            return Err(bad(format!("tensor `{}` has dtype `{}`, which torch cannot store", t.key, t.info.dtype)));
         }
     }
+    // Each tensor's bytes as ranges when they are few, computed once for all ranks.
+    let ranges: Vec<Option<Vec<Chunk>>> = tensors
+        .iter()
+        .map(|t| {
+            (t.info.run_count() <= MAX_COPY_RUNS && t.info.copies_well())
+                .then(|| t.info.byte_ranges(ck.root(), MAX_COPY_RUNS))
+                .transpose()
+        })
+        .collect::<Result<_>>()?;
 
     // Who holds what: sharded rows first, then each whole tensor and value on the rank with the
     // fewest bytes planned so far (lowest rank on ties).
@@ -75,9 +85,9 @@ pub(crate) fn write_dcp(
     let mut load = vec![0u64; world_len];
     let mut whole = Vec::new();
     for (i, t) in tensors.iter().enumerate() {
-        let n = t.shape.first().copied().unwrap_or(0);
+        let n = t.info.shape.first().copied().unwrap_or(0);
         let row = row_bytes(t);
-        if !t.sharded || t.shape.is_empty() || n == 0 {
+        if !t.sharded || t.info.shape.is_empty() || n == 0 {
             whole.push(i);
             continue;
         }
@@ -93,8 +103,8 @@ pub(crate) fn write_dcp(
     for i in whole {
         let r = least(&load);
         let t = &tensors[i];
-        load[r] += t.chunks.iter().map(|c| c.len).sum::<u64>();
-        let rows = if t.shape.is_empty() { 1 } else { t.shape.first().copied().unwrap_or(0) };
+        load[r] += t.info.byte_len();
+        let rows = if t.info.shape.is_empty() { 1 } else { t.info.shape.first().copied().unwrap_or(0) };
         per_rank[r].push(Placement::Rows { t: i, start: 0, rows });
     }
     for (b, v) in values.iter().enumerate() {
@@ -115,24 +125,35 @@ pub(crate) fn write_dcp(
         let path = out.join(&name);
         let mut pos = 0u64;
         let mut copies = Vec::new();
+        let mut gathers = Vec::new();
         let mut lay = Vec::new();
         for p in items {
             match *p {
                 Placement::Rows { t, start, rows } => {
                     let src = &tensors[t];
+                    let dtype = src.info.dtype;
                     let row = row_bytes(src);
-                    let mut shape = src.shape.clone();
+                    let mut shape = src.info.shape.clone();
                     let mut offsets = vec![0u64; shape.len()];
                     if let (Some(s0), Some(o0)) = (shape.first_mut(), offsets.first_mut()) {
                         *s0 = rows;
                         *o0 = start;
                     }
                     let len = rows * row;
-                    let wt = WTensor { dtype: src.dtype, shape: shape.clone(), storage: 0, offset: 0 };
-                    let layout =
-                        writer::layout_tensor("archive", &wt, WStorage { dtype: src.dtype, byte_len: len }, &path)?;
+                    let wt = WTensor { dtype, shape: shape.clone(), storage: 0, offset: 0 };
+                    let layout = writer::layout_tensor("archive", &wt, WStorage { dtype, byte_len: len }, &path)?;
                     let data_at = pos + layout.storage_offsets.first().copied().unwrap_or(0);
-                    slice_copies(&src.chunks, start * row, len, data_at, &mut copies);
+                    match &ranges[t] {
+                        Some(chunks) => slice_copies(chunks, start * row, len, data_at, &mut copies),
+                        None if len > 0 => gathers.push(Gather {
+                            tensor: src.info.clone(),
+                            to: dtype,
+                            dst_off: data_at,
+                            compute: None,
+                            range: Some(start * row..start * row + len),
+                        }),
+                        None => {}
+                    }
                     bytes += len;
                     chunks_of[t].push(OutChunk {
                         offsets,
@@ -157,13 +178,14 @@ pub(crate) fn write_dcp(
         }
         let mut target = TargetFile::new(path, Vec::new(), pos);
         target.copies = copies;
+        target.gathers = gathers;
         target.seal = Some(Box::new(TorchSeal(lay)));
         plan.targets.push(target);
     }
 
     let mut items = Vec::with_capacity(tensors.len() + values.len());
     for (t, chunks) in tensors.iter().zip(chunks_of) {
-        let kind = OutKind::Tensor { dtype: t.dtype, size: t.shape.clone(), chunks };
+        let kind = OutKind::Tensor { dtype: t.info.dtype, size: t.info.shape.clone(), chunks };
         items.push(OutItem { key: t.key.clone(), path: t.path.clone(), kind });
     }
     for (v, at) in values.iter().zip(value_at) {
@@ -200,7 +222,7 @@ pub(crate) fn write_dcp(
 /// Bytes in one dim-0 row (the whole value for a 0-d tensor).
 fn row_bytes(t: &SrcTensor) -> u64 {
     // The source catalog checked that the whole tensor's size fits, so a row's does.
-    numel(t.shape.get(1..).unwrap_or_default()).map_or(0, |n| n.saturating_mul(t.dtype.bits() / 8))
+    numel(t.info.shape.get(1..).unwrap_or_default()).map_or(0, |n| n.saturating_mul(t.info.dtype.bits() / 8))
 }
 
 /// Copies of bytes `[from, from + len)` of a tensor made of `chunks` to `dst_off` onwards.

@@ -1,18 +1,18 @@
-//! From parsed metadata to byte ranges: every item opened as the `torch.save` zip it is, every
-//! tensor's chunks checked to tile it.
+//! From parsed metadata to boxes: every item opened as the `torch.save` zip it is, every chunk
+//! located as a box of its tensor (the catalog checks that they tile it).
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::rc::Rc;
 
 use super::metadata::{self, ChunkMeta, Kind, PathElem, StorageInfo};
-use crate::catalog::{Chunk, SourceFile};
+use crate::catalog::{Chunk, SourceFile, TensorBox};
 use crate::dtype::Dtype;
 use crate::error::{Error, Result};
 use crate::formats::torch::flatten::{self, Leaf};
 use crate::formats::torch::pickle::{self, Limits, Obj, Refusal};
 use crate::formats::torch::zip;
-use crate::shape::{self as strided, Runs};
+use fsdp_state::Region;
 
 /// The largest `.metadata` we read (a model with a million chunks stays well below).
 const MAX_METADATA_LEN: u64 = 1 << 30;
@@ -27,11 +27,10 @@ pub(crate) struct DcpTensor {
     pub path: Vec<PathElem>,
     pub dtype: Dtype,
     pub shape: Vec<u64>,
-    /// Non-empty chunks in dim-0 order: concatenated, the tensor's row-major bytes.
-    pub chunks: Vec<Chunk>,
-    /// How many chunks the metadata lists (empty ones included): more than one means the tensor
-    /// was sharded (a DTensor), one means saved whole (a replicated tensor, or a world of 1).
-    pub saved_chunks: usize,
+    /// One box per chunk the metadata lists, empty ones included: more than one means the
+    /// tensor was sharded (a DTensor), one means saved whole (a replicated tensor, or a world
+    /// of 1).
+    pub boxes: Vec<TensorBox>,
 }
 
 /// A non-tensor value of a DCP checkpoint: its item, kept whole, and what it holds.
@@ -66,9 +65,8 @@ pub(crate) fn read(dir: &Path) -> Result<Dcp> {
     for item in md.items {
         match item.kind {
             Kind::Tensor { dtype, size, chunks } => {
-                let saved_chunks = chunks.len();
-                let chunks = tensor_chunks(&mut files, &item.key, dtype, &size, chunks)?;
-                tensors.push(DcpTensor { key: item.key, path: item.path, dtype, shape: size, chunks, saved_chunks });
+                let boxes = tensor_boxes(&mut files, &item.key, dtype, &chunks)?;
+                tensors.push(DcpTensor { key: item.key, path: item.path, dtype, shape: size, boxes });
             }
             Kind::Bytes { storage } => {
                 let (fi, rank) = files.get(&item.key, &storage)?;
@@ -129,7 +127,7 @@ impl Files<'_> {
                     }
                     Err(e) => return Err(Error::Io { path, source: e }),
                 };
-                self.list.push(SourceFile { path, len, metadata: Vec::new() });
+                self.list.push(SourceFile { rank, ..SourceFile::new(path, len) });
                 self.by_name.insert(name.clone(), self.list.len() - 1);
                 self.list.len() - 1
             }
@@ -214,9 +212,10 @@ fn read_bytes_item(
     })
 }
 
-/// Locates the payload of a tensor item: the bytes, in the data file, of the chunk as a
-/// row-major tensor.
-fn tensor_item(path: &Path, rank: Option<u64>, key: &str, dtype: Dtype, c: &ChunkMeta) -> Result<Chunk> {
+/// Locates the payload of a tensor item: the chunk's box, viewed through the strides the item
+/// keeps (torch saves a chunk whose storage is exactly its bytes as it is, `channels_last` or
+/// transposed included).
+fn tensor_item(path: &Path, fi: usize, rank: Option<u64>, key: &str, dtype: Dtype, c: &ChunkMeta) -> Result<TensorBox> {
     let bad = |reason: String| Error::BadDcpChunk { path: path.to_path_buf(), tensor: key.to_string(), rank, reason };
     let at = c.storage.offset;
     let (archive, prefix, p) = open_item(path, rank, key, &c.storage, None)?;
@@ -239,112 +238,38 @@ fn tensor_item(path: &Path, rank: Option<u64>, key: &str, dtype: Dtype, c: &Chun
     if e.method != zip::Method::Stored {
         return Err(bad(format!("storage record `{rec}` of the item at byte {at} is compressed")));
     }
-    let elem = dtype.bits() / 8;
     if t.storage.numel.checked_mul(t.storage.kind.elem_bytes()) != Some(e.size) {
         return Err(bad(format!(
             "storage `{rec}` of the item at byte {at} declares {} elements but holds {} bytes",
             t.storage.numel, e.size
         )));
     }
-    let numel = strided::numel(&t.shape);
-    let needed = strided::extent(t.offset, &t.shape, &t.strides).and_then(|x| x.checked_mul(elem));
-    if !dtype.bits().is_multiple_of(8)
-        || numel.and_then(|n| n.checked_mul(elem)).is_none()
-        || needed.is_none_or(|n| n > e.size)
-    {
-        return Err(bad(format!("the tensor of the item at byte {at} reaches past its storage")));
-    }
-    let len = numel.unwrap_or(0) * elem;
-    let mut runs = Runs::new(t.offset, &t.shape, &t.strides, elem);
-    // torch saves each chunk compact; a strided view would need a gather, so it is refused.
-    let start = match (runs.total(), runs.next()) {
-        (0, _) => 0,
-        (1, Some((off, l))) if l == len => off,
-        _ => return Err(bad(format!("the tensor of the item at byte {at} is not contiguous"))),
-    };
-    Ok(Chunk { file: usize::MAX, offset: at + e.data_offset + start, len })
+    // The catalog checks that the view stays inside the storage record.
+    Ok(TensorBox {
+        region: Region::new(c.offsets.clone(), c.sizes.clone()),
+        file: fi,
+        base: at + e.data_offset,
+        len: e.size,
+        offset: t.offset,
+        strides: t.strides.clone(),
+    })
 }
 
-/// Validates a tensor's chunks (dim-0 slices that tile it exactly) and locates their bytes.
-fn tensor_chunks(
-    files: &mut Files<'_>,
-    key: &str,
-    dtype: Dtype,
-    size: &[u64],
-    chunks: Vec<ChunkMeta>,
-) -> Result<Vec<Chunk>> {
-    let meta = files.meta_path.to_path_buf();
-    let bad = |path: PathBuf, rank: Option<u64>, reason: String| Error::BadDcpChunk {
-        path,
-        tensor: key.to_string(),
-        rank,
-        reason,
-    };
+/// Locates every chunk of a tensor as a box; the catalog checks that they tile it.
+fn tensor_boxes(files: &mut Files<'_>, key: &str, dtype: Dtype, chunks: &[ChunkMeta]) -> Result<Vec<TensorBox>> {
     if !dtype.bits().is_multiple_of(8) {
-        return Err(bad(meta, None, format!("dtype `{dtype}` is not supported")));
+        return Err(Error::BadDcpChunk {
+            path: files.meta_path.to_path_buf(),
+            tensor: key.to_string(),
+            rank: None,
+            reason: format!("dtype `{dtype}` is not supported"),
+        });
     }
-    let elem = dtype.bits() / 8;
-    let row_bytes = size.iter().skip(1).try_fold(elem, |a, &d| a.checked_mul(d));
-    let total = size.first().and_then(|&n| row_bytes.and_then(|r| r.checked_mul(n)));
-    let (Some(row_bytes), Some(_)) = (row_bytes, if size.is_empty() { Some(elem) } else { total }) else {
-        return Err(bad(meta, None, format!("size {size:?} overflows")));
-    };
-    let mut placed: Vec<(u64, u64, Chunk, PathBuf, Option<u64>)> = Vec::with_capacity(chunks.len());
-    for c in &chunks {
+    let mut out = Vec::with_capacity(chunks.len());
+    for c in chunks {
         let (fi, rank) = files.get(key, &c.storage)?;
         let path = files.list[fi].path.clone();
-        let dim0_slice = c.offsets.len() == size.len()
-            && c.sizes.len() == size.len()
-            && c.offsets.iter().skip(1).all(|&o| o == 0)
-            && c.sizes.iter().zip(size).skip(1).all(|(a, b)| a == b);
-        if !dim0_slice {
-            return Err(bad(
-                path,
-                rank,
-                format!(
-                    "chunk at offsets {:?} with sizes {:?} is not a dim-0 slice of size {size:?} \
-                     (2-D or other sharding is not supported)",
-                    c.offsets, c.sizes
-                ),
-            ));
-        }
-        let (start, rows) = match (c.offsets.first(), c.sizes.first()) {
-            (Some(&o), Some(&n)) => (o, n),
-            _ => (0, 1), // a 0-d tensor: one chunk, the whole value
-        };
-        let end = start.checked_add(rows);
-        let limit = size.first().copied().unwrap_or(1);
-        if end.is_none_or(|e| e > limit) {
-            return Err(bad(
-                path,
-                rank,
-                format!("chunk at offsets {:?} with sizes {:?} lies outside size {size:?}", c.offsets, c.sizes),
-            ));
-        }
-        let mut chunk = tensor_item(&path, rank, key, dtype, c)?;
-        chunk.file = fi;
-        if rows > 0 && row_bytes > 0 {
-            placed.push((start, rows, chunk, path, rank));
-        }
-    }
-    placed.sort_by_key(|&(start, ..)| start);
-    let n = size.first().copied().unwrap_or(1);
-    let mut next = 0u64;
-    let mut out = Vec::with_capacity(placed.len());
-    for (start, rows, chunk, path, rank) in placed {
-        if start != next {
-            let what = if start < next { "overlaps the previous chunk" } else { "leaves a gap before it" };
-            return Err(bad(
-                path,
-                rank,
-                format!("chunk at row {start} ({rows} rows) {what} (rows covered so far: {next})"),
-            ));
-        }
-        next = start + rows;
-        out.push(chunk);
-    }
-    if next != n && row_bytes > 0 {
-        return Err(bad(meta, None, format!("chunks cover rows [0, {next}) of {n}")));
+        out.push(tensor_item(&path, fi, rank, key, dtype, c)?);
     }
     Ok(out)
 }

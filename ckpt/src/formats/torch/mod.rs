@@ -59,7 +59,7 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 
-use crate::catalog::{Checkpoint, Format, Parts, Scan, SourceFile, TensorData, TensorInfo};
+use crate::catalog::{Checkpoint, Format, Parts, Scan, SourceFile, TensorBox, TensorData, TensorInfo};
 use crate::dtype::Dtype;
 use crate::error::{Error, IoContext, Result};
 use crate::formats::hf_index::Index;
@@ -527,11 +527,11 @@ pub(crate) fn catalog(root: PathBuf, format: Format) -> Result<Scan> {
     for (fi, f) in set.files.into_iter().enumerate() {
         for t in f.tensors {
             let (base, len) = f.storages.get(t.storage).map_or((0, 0), |s| (s.file_offset, s.byte_len));
-            let data = TensorData::Strided { file: fi, base, len, offset: t.offset, strides: t.strides };
+            let data = TensorData::Boxes(vec![TensorBox::whole(&t.shape, fi, base, len, t.offset, t.strides)]);
             tensors.push(TensorInfo { name: t.name, dtype: t.dtype, shape: t.shape, stored: t.dtype, data });
         }
         values.extend(f.leaves);
-        files.push(SourceFile { path: f.path, len: f.len, metadata: Vec::new() });
+        files.push(SourceFile::new(f.path, f.len));
     }
     let mut parts = Parts::new(format, root, files, tensors);
     parts.index_metadata = set.index.map(|i| i.metadata);
