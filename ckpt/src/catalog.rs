@@ -653,14 +653,20 @@ impl Checkpoint {
 
     /// Everything the checkpoint says beyond its tensors, folded once for every writer: the
     /// files' `__metadata__` (with `format`), then the index's metadata other than `total_size`
-    /// (which writers recompute), then the non-tensor values as JSON. A key seen earlier wins.
+    /// (which writers recompute), then the non-tensor values, each as its JSON text. A key seen
+    /// earlier wins.
+    ///
+    /// Metadata is text (safetensors' `__metadata__` maps strings to strings), so a value is
+    /// carried as JSON text even where it is itself a string: the string `"1e-8"` and the float
+    /// `1e-8` stay apart (`"\"1e-8\""` and `"1e-8"`), and every value reads back with its type.
     pub(crate) fn metadata(&self) -> Result<Vec<(String, serde_json::Value)>> {
         let mut out: Vec<(String, serde_json::Value)> =
             self.file_metadata()?.into_iter().map(|(k, v)| (k, serde_json::Value::String(v))).collect();
         let mut seen: HashSet<String> = out.iter().map(|(k, _)| k.clone()).collect();
         let index = self.index_metadata.iter().flat_map(|m| m.iter()).filter(|(k, _)| *k != "total_size");
-        for (k, v) in
-            index.map(|(k, v)| (k.clone(), v.clone())).chain(self.values.iter().map(|(k, v)| (k.clone(), v.to_json())))
+        for (k, v) in index
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .chain(self.values.iter().map(|(k, v)| (k.clone(), serde_json::Value::String(v.to_json().to_string()))))
         {
             if seen.insert(k.clone()) {
                 out.push((k, v));

@@ -62,6 +62,28 @@ pub enum LayoutError {
     BadPadding { group: usize, expected: usize, found: usize },
     #[error("layouts describe different tensors: `{left}` vs `{right}`")]
     TensorMismatch { left: String, right: String },
+    #[error("a device mesh of shape {mesh:?} needs {} placements, got {placements}", mesh.len())]
+    PlacementCount { mesh: Vec<u64>, placements: usize },
+    #[error("device mesh {mesh:?} has no ranks along mesh dim {mesh_dim}")]
+    EmptyMeshDim { mesh: Vec<u64>, mesh_dim: usize },
+    #[error("device mesh {mesh:?} has more ranks than fit in 64 bits")]
+    MeshOverflow { mesh: Vec<u64> },
+    #[error("shape {shape:?} has more elements than fit in 64 bits")]
+    ShapeOverflow { shape: Vec<u64> },
+    #[error("the placement on mesh dim {mesh_dim} shards dim {dim} of a {ndim}-dimensional tensor")]
+    ShardDim { mesh_dim: usize, dim: usize, ndim: usize },
+    #[error("the _StridedShard on mesh dim {mesh_dim} has a split factor of 0")]
+    ZeroSplitFactor { mesh_dim: usize },
+    #[error("the split factors could cut a rank's share of shape {shape:?} into {bound} boxes, more than {limit}")]
+    TooFragmented { shape: Vec<u64>, bound: u64, limit: u64 },
+    #[error("{coordinate:?} is not a coordinate of device mesh {mesh:?}")]
+    BadCoordinate { coordinate: Vec<u64>, mesh: Vec<u64> },
+    #[error("rank {rank} is not in a mesh of {world} ranks")]
+    BadRank { rank: u64, world: u64 },
+    #[error("the rank at mesh coordinate {coordinate:?} holds {runs} separate runs of dim {dim}, not one box")]
+    NotABox { coordinate: Vec<u64>, dim: usize, runs: usize },
+    #[error("`{text}` is not a DTensor placement (torch writes `Shard(dim=0)`, `Replicate()`, `_StridedShard(dim=0, sf=2)`, `Partial(sum)`)")]
+    BadPlacement { text: String },
 }
 
 /// How a list of tensors is spread over ranks.

@@ -17,18 +17,25 @@
 //! - [`Zero3`]: DeepSpeed ZeRO stage 3, each parameter cut into `ceil(numel / world)` pieces,
 //!   concatenated per rank in parameter order.
 //!
+//! A [`DTensorLayout`] is a DTensor's layout over an N-D device mesh (`Shard`, `Replicate`,
+//! `Partial` and FSDP2 + TP's `_StridedShard` [`Placement`]s, with torch's uneven and nested
+//! splitting): the box of the global tensor each rank holds, or, for the few `_StridedShard`
+//! orders that scatter a rank's share, the boxes.
+//!
 //! A tensor sharded as N-D boxes (DCP chunks, DTensor local shards on any dims) is a list of
 //! [`Region`]s; [`check_tiling`] decides, for every format, whether they cover it exactly.
 //!
 //! Two layouts over the same tensors give a resharding plan ([`reshard`]): the range copies that
 //! turn buffers of one layout into buffers of the other, N ranks to M.
 
+mod dtensor;
 mod fsdp;
 mod layout;
 mod region;
 mod reshard;
 mod zero;
 
+pub use dtensor::{Block, DTensorLayout, Placement, ReduceOp, MAX_BLOCKS};
 pub use fsdp::{chunk_rows, FlatEntry, FlatParamInfo, Fsdp1Flat, Fsdp2};
 pub use layout::{Layout, LayoutError, Piece, TensorSpec};
 pub use region::{check_tiling, Region, TilingError};
