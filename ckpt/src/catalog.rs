@@ -42,6 +42,10 @@ pub enum Format {
     TorchSharded,
     /// A `torch.distributed.checkpoint` folder: `.metadata` and `__R_0.distcp` rank files.
     Dcp,
+    /// DCP's Hugging Face storage (`HuggingFaceStorageWriter(save_distributed=True)`): one
+    /// `shard-R-model-K-of-N.safetensors` per rank and output file, each tensor's box offsets in
+    /// `__metadata__`.
+    DcpSafetensors,
     /// A DeepSpeed ZeRO checkpoint folder (`latest` and a tag folder of rank files), seen as
     /// its merged tensors: buffers, frozen params, fp32 master weights, aliases.
     DeepSpeed,
@@ -59,6 +63,7 @@ impl Format {
             Format::Torch => "torch",
             Format::TorchSharded => "hf-sharded-torch",
             Format::Dcp => "dcp",
+            Format::DcpSafetensors => "dcp-safetensors",
             Format::DeepSpeed => "deepspeed-zero",
             Format::AccelerateState => "accelerate-state",
         }

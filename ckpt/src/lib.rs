@@ -44,11 +44,12 @@ mod verify;
 mod write;
 
 pub use blockscale::BlockScaling;
-pub use catalog::{Checkpoint, Chunk, Format, SourceFile, TensorInfo};
+pub use catalog::{Checkpoint, Chunk, Format, SourceFile, TensorBox, TensorInfo};
 pub use dtype::Dtype;
 pub use error::{escape_controls, Error, Result};
 pub use formats::accelerate::rng::{read_rng_state, NumpyRng, RngState};
 pub use formats::accelerate::{Component, DataPosition, Model, Optimizer, OptimizerState, ResumePoint, Rng, SaveState};
+pub use fsdp_state::Region;
 pub use open::OpenOptions;
 pub use ops::{
     convert, merge, reshard, split, ConvertOptions, MergeOptions, Outcome, TargetFormat, MAX_WORLD_SIZE, OPTIMIZER_NAME,

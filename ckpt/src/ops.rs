@@ -134,6 +134,14 @@ pub fn merge(ck: &Checkpoint, out: &Path, options: &MergeOptions, opts: &WriteOp
             ),
         ));
     }
+    // DCP's HF storage merged into a folder is what torch's consolidation writes.
+    let to_folder = out.is_dir() || out.extension().is_none_or(|e| !e.eq_ignore_ascii_case("safetensors"));
+    if let (Some(hf), true) = (ck.detail::<dcp::hf_storage::HfStorage>(), to_folder) {
+        if options.optimizer || options.max_shard_size.is_some() {
+            return Err(bad(out, "`optimizer` and `max_shard_size` do not apply to DCP safetensors shards"));
+        }
+        return dcp::hf_storage::write_consolidated(ck, hf, out, opts);
+    }
     let zero = ck.detail::<deepspeed::ZeroCheckpoint>();
     if zero.is_none() && (options.optimizer || options.max_shard_size.is_some()) {
         return Err(bad(
@@ -415,8 +423,9 @@ fn name_of(f: TargetFormat) -> &'static str {
 }
 
 /// Writes `ck` again for `world_size` ranks into `out`: a DCP folder in FSDP2's layout (every
-/// tensor the source held sharded is cut on dim 0 by `torch.chunk` rules, tensors saved whole
-/// stay whole, non-tensor values are carried byte for byte), or a ZeRO checkpoint as DeepSpeed's
+/// tensor the source held sharded, on any dims, is cut on dim 0 by `torch.chunk` rules, tensors
+/// saved whole stay whole, non-tensor values are carried byte for byte; DCP's safetensors
+/// shards come out as such a folder too), or a ZeRO checkpoint as DeepSpeed's
 /// universal checkpoint, which DeepSpeed loads with `load_universal` on any world size.
 pub fn reshard(ck: &Checkpoint, out: &Path, world_size: u64, opts: &WriteOptions<'_>) -> Result<Outcome> {
     check_world(world_size, out)?;
@@ -426,9 +435,10 @@ pub fn reshard(ck: &Checkpoint, out: &Path, world_size: u64, opts: &WriteOptions
     if let Some(z) = ck.detail::<deepspeed::ZeroCheckpoint>() {
         return deepspeed::reshard(ck, z, out, world_size, opts);
     }
-    match ck.detail::<dcp::DcpSource>() {
-        Some(_) => dcp::write(ck, out, world_size, opts),
-        None => Err(bad(
+    // DCP's safetensors shards reshard to a DCP folder, which `dcp.load` reads on any mesh.
+    match ck.detail::<dcp::DcpSource>().is_some() || ck.format == crate::Format::DcpSafetensors {
+        true => dcp::write(ck, out, world_size, opts),
+        false => Err(bad(
             out,
             format!(
                 "{} is not a DCP folder (no `.metadata`); hint: `ckpt convert SRC OUT --to dcp --world-size M`",

@@ -23,7 +23,11 @@ pub fn inspect_json(out: &mut impl Write, ck: &ckpt::Checkpoint) -> anyhow::Resu
         .map(|t| {
             let file = t.location().map(|(f, _)| &ck.files()[f].path);
             let offset = t.location().map(|(_, o)| o);
-            json!({ "name": t.name, "dtype": t.dtype.to_string(), "shape": t.shape, "file": file, "offset": offset, "bytes": t.byte_len() })
+            let mut entry = json!({ "name": t.name, "dtype": t.dtype.to_string(), "shape": t.shape, "file": file, "offset": offset, "bytes": t.byte_len() });
+            if let (false, Some(map)) = (t.boxes().is_empty(), entry.as_object_mut()) {
+                map.insert("boxes".into(), t.boxes().iter().map(|b| box_json(ck, b)).collect());
+            }
+            entry
         })
         .collect();
     let mut doc = json!({
@@ -42,6 +46,35 @@ pub fn inspect_json(out: &mut impl Write, ck: &ckpt::Checkpoint) -> anyhow::Resu
     serde_json::to_writer_pretty(&mut *out, &doc)?;
     writeln!(out)?;
     Ok(())
+}
+
+/// One box of a tensor: where it sits in the tensor, and the strided view on the stored bytes
+/// that holds it (storage `offset` is the absolute byte offset of its storage in `file`).
+fn box_json(ck: &ckpt::Checkpoint, b: &ckpt::TensorBox) -> serde_json::Value {
+    let file = ck.files().get(b.file);
+    json!({
+        "offsets": b.region.offsets,
+        "sizes": b.region.sizes,
+        "file": file.map(|f| &f.path),
+        "rank": file.and_then(|f| f.rank),
+        "storage_offset": b.base,
+        "storage_bytes": b.len,
+        "view_offset": b.offset,
+        "strides": b.strides,
+    })
+}
+
+/// How a tensor of several boxes is cut: `4 (dims 0, 1)`, the dims some box does not span.
+fn cut(t: &ckpt::TensorInfo) -> String {
+    let live: Vec<&ckpt::TensorBox> = t.boxes().iter().filter(|b| !b.region.is_empty()).collect();
+    if live.len() <= 1 {
+        return String::new();
+    }
+    let dims: Vec<String> = (0..t.shape.len())
+        .filter(|&d| live.iter().any(|b| b.region.sizes.get(d) != t.shape.get(d)))
+        .map(|d| d.to_string())
+        .collect();
+    format!("{} (dim{} {})", live.len(), if dims.len() == 1 { "" } else { "s" }, dims.join(", "))
 }
 
 /// What `inspect` prints, after the first model's tensors, for a `save_state` folder.
@@ -148,7 +181,9 @@ pub fn inspect_text(out: &mut impl Write, ck: &ckpt::Checkpoint) -> anyhow::Resu
     writeln!(out, "tensors: {}", ck.tensors().len())?;
     writeln!(out, "bytes:   {} ({})", ck.total_bytes(), human(ck.total_bytes()))?;
     writeln!(out)?;
-    let rows: Vec<[String; 5]> = ck
+    // A BOXES column when some tensor is cut into several boxes (DCP, on any dims).
+    let boxed = ck.tensors().iter().any(|t| !cut(t).is_empty());
+    let rows: Vec<Vec<String>> = ck
         .tensors()
         .iter()
         .map(|t| {
@@ -160,11 +195,18 @@ pub fn inspect_text(out: &mut impl Write, ck: &ckpt::Checkpoint) -> anyhow::Resu
             // Names come from the file: a newline in one must not forge a row.
             let name = ckpt::escape_controls(&t.name).into_owned();
             let file = ckpt::escape_controls(&file).into_owned();
-            [name, t.dtype.to_string(), format!("{:?}", t.shape), file, t.byte_len().to_string()]
+            let mut row = vec![name, t.dtype.to_string(), format!("{:?}", t.shape), file, t.byte_len().to_string()];
+            if boxed {
+                row.push(cut(t));
+            }
+            row
         })
         .collect();
-    let header = ["NAME", "DTYPE", "SHAPE", "FILE", "BYTES"].map(String::from);
-    let mut widths = header.clone().map(|h| h.len());
+    let mut header: Vec<String> = ["NAME", "DTYPE", "SHAPE", "FILE", "BYTES"].map(String::from).to_vec();
+    if boxed {
+        header.push("BOXES".into());
+    }
+    let mut widths: Vec<usize> = header.iter().map(String::len).collect();
     for r in &rows {
         for (w, c) in widths.iter_mut().zip(r) {
             *w = (*w).max(c.chars().count());
@@ -173,9 +215,9 @@ pub fn inspect_text(out: &mut impl Write, ck: &ckpt::Checkpoint) -> anyhow::Resu
     for r in std::iter::once(&header).chain(&rows) {
         let line: Vec<String> = r
             .iter()
-            .zip(widths)
+            .zip(&widths)
             .enumerate()
-            .map(|(i, (c, w))| if i == 4 { format!("{c:>w$}") } else { format!("{c:<w$}") })
+            .map(|(i, (c, &w))| if i == 4 { format!("{c:>w$}") } else { format!("{c:<w$}") })
             .collect();
         writeln!(out, "{}", line.join("  ").trim_end())?;
     }

@@ -28,6 +28,7 @@ pub(crate) const DETECTORS: &[(Format, Detect)] = &[
     (Format::TorchSharded, torch::detect_sharded_file),
     (Format::Torch, torch::detect_file),
     (Format::HfSharded, hf_index::detect),
+    (Format::DcpSafetensors, dcp::hf_storage::detect),
     (Format::Safetensors, safetensors::detect),
     (Format::TorchSharded, torch::detect_sharded_folder),
     (Format::Torch, torch::detect_folder),
@@ -40,6 +41,7 @@ pub(crate) fn catalog(format: Format, root: PathBuf, tag: Option<&str>) -> Resul
         Format::HfSharded => hf_index::catalog(root),
         Format::Torch | Format::TorchSharded => torch::catalog(root, format),
         Format::Dcp => dcp::catalog(root),
+        Format::DcpSafetensors => dcp::hf_storage::catalog(root),
         Format::DeepSpeed => deepspeed::catalog(root, tag),
         Format::AccelerateState => accelerate::catalog(root),
     }

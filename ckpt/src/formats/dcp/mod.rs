@@ -42,6 +42,7 @@
 //! ([`encode`]).
 
 pub(crate) mod encode;
+pub(crate) mod hf_storage;
 pub(crate) mod metadata;
 mod plan;
 mod read;
@@ -153,6 +154,9 @@ pub(crate) fn write(ck: &Checkpoint, out: &Path, world_size: u64, opts: &WriteOp
             dcp.bytes.iter().map(|b| SrcBytes { key: b.key.clone(), path: b.path.clone(), chunk: b.chunk }).collect();
         return plan::write_dcp(ck, &tensors, &values, out, world_size, opts);
     }
+    // DCP's safetensors shards tell parameters from replicated tensors as DCP does: by their
+    // number of boxes.
+    let by_boxes = ck.format == Format::DcpSafetensors && ck.world_size.is_some_and(|w| w > 1);
     let tensors: Vec<SrcTensor> = ck
         .tensors
         .iter()
@@ -161,7 +165,7 @@ pub(crate) fn write(ck: &Checkpoint, out: &Path, world_size: u64, opts: &WriteOp
             path: vec![PathElem::Key(t.name.clone())],
             // Bytes are copied as stored (a ZeRO bf16 frozen param stays bf16).
             info: TensorInfo { dtype: t.stored, ..t.clone() },
-            sharded: !t.shape.is_empty(),
+            sharded: !t.shape.is_empty() && (!by_boxes || t.boxes().len() > 1),
         })
         .collect();
     plan::write_dcp(ck, &tensors, &[], out, world_size, opts)

@@ -1,0 +1,401 @@
+//! DCP's Hugging Face storage: what `HuggingFaceStorageWriter(save_distributed=True)` writes
+//! (torchtitan saves HF-format checkpoints this way), and what torch's
+//! `consolidate_safetensors_files` makes of it.
+//!
+//! # On disk
+//!
+//! A folder of `shard-{R}-model-{K}-of-{N}.safetensors` files, numbers zero-padded to five
+//! digits: `R` is the saving rank plus one, `K` of `N` the output file the writer's
+//! `fqn_to_index_mapping` assigned the tensors to (1 of 1 without one). There is no index and no
+//! `.metadata`. Each file is an ordinary safetensors file holding that rank's box of every tensor
+//! it saved, as a compact tensor; its `__metadata__` has `format: pt`, `DCP_VERSION: "1.0"` and
+//! `DCP_SHARDING_INFO`, a JSON object with one entry per tensor, `{"saved_offsets": [...]}`,
+//! the box's offsets in the global tensor. The entries are in the order the rank's state dict
+//! listed them (the header itself is sorted by dtype and name). Replicated tensors are saved by
+//! one rank only, as DCP's dedup picks it. The global shape is not written anywhere: torch takes
+//! it as the largest `offset + size` per dim over the boxes, and so do we.
+//!
+//! # Consolidated
+//!
+//! `consolidate_safetensors_files(input_dir, output_dir, fqn_to_index_mapping)` writes
+//! `model-{K}-of-{N}.safetensors` files holding the full tensors, in mapping order (the state
+//! dict's, when the writer consolidates itself), with a header that is Python's
+//! `json.dumps({name: {"shape", "dtype", "data_offsets"}})` (spaces after `:` and `,`, no
+//! padding, no `__metadata__`), and a `model.safetensors.index.json` (`json.dump(indent=2)`:
+//! `metadata.total_size` and `weight_map`). [`write_consolidated`] writes exactly that, taking
+//! the mapping from the shard names and the order from `DCP_SHARDING_INFO`.
+
+use std::collections::{BinaryHeap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use fsdp_state::Region;
+
+use crate::catalog::{Checkpoint, Format, Parts, Scan, TensorBox, TensorData, TensorInfo};
+use crate::dtype::Dtype;
+use crate::error::{Error, IoContext, Result};
+use crate::formats::hf_index;
+use crate::formats::safetensors as st;
+use crate::outcome::Outcome;
+use crate::shape;
+use crate::write::{self, Plan, TargetFile, WriteOptions};
+
+/// The `__metadata__` key that holds each tensor's offsets.
+const SHARDING_KEY: &str = "DCP_SHARDING_INFO";
+/// The index `consolidate_safetensors_files` writes.
+const INDEX_NAME: &str = "model.safetensors.index.json";
+
+/// `shard-{R}-model-{K}-of-{N}.safetensors`, parsed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct ShardName {
+    shard: u64,
+    index: u64,
+    of: u64,
+}
+
+fn parse_name(name: &str) -> Option<ShardName> {
+    let five = |s: &str| (s.len() == 5 && s.bytes().all(|b| b.is_ascii_digit())).then(|| s.parse().ok()).flatten();
+    let rest = name.strip_prefix("shard-")?.strip_suffix(".safetensors")?;
+    let (shard, rest) = rest.split_once("-model-")?;
+    let (index, of) = rest.split_once("-of-")?;
+    let n = ShardName { shard: five(shard)?, index: five(index)?, of: five(of)? };
+    (n.shard >= 1 && n.index >= 1 && n.index <= n.of).then_some(n)
+}
+
+/// The shard files of a folder, sorted by shard then file index.
+fn shard_files(dir: &Path) -> Result<Vec<(ShardName, PathBuf)>> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).at(dir)? {
+        let entry = entry.at(dir)?;
+        if let Some(n) = entry.file_name().to_str().and_then(parse_name) {
+            out.push((n, entry.path()));
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// A folder of `shard-*-model-*-of-*.safetensors` files with no safetensors index beside them.
+pub(crate) fn detect(path: &Path) -> Result<Option<PathBuf>> {
+    if !path.is_dir() || path.join(INDEX_NAME).exists() {
+        return Ok(None);
+    }
+    Ok((!shard_files(path)?.is_empty()).then(|| path.to_path_buf()))
+}
+
+/// What the consolidated output needs beyond the catalog: each tensor's output file, `(K, N)`.
+#[derive(Clone, Debug)]
+pub(crate) struct HfStorage {
+    pub file_of: Vec<(u64, u64)>,
+}
+
+/// One tensor as the shard files describe it.
+struct Found {
+    dtype: Dtype,
+    boxes: Vec<TensorBox>,
+    file_of: (u64, u64),
+}
+
+/// Reads the shard folder `dir` into a catalog: one box per tensor per shard file.
+pub(crate) fn catalog(dir: PathBuf) -> Result<Scan> {
+    let shards = shard_files(&dir)?;
+    let mut files = Vec::with_capacity(shards.len());
+    let mut found: HashMap<String, Found> = HashMap::new();
+    // Each file's tensors in its state-dict order, merged into one order below.
+    let mut orders: Vec<Vec<String>> = Vec::with_capacity(shards.len());
+    for (fi, (name, path)) in shards.iter().enumerate() {
+        let (mut file, header) = st::read_file(path)?;
+        let rank = name.shard - 1;
+        let bad = |tensor: &str, reason: String| Error::BadBox {
+            path: path.clone(),
+            tensor: tensor.to_string(),
+            rank: Some(rank),
+            reason,
+        };
+        let info = file.metadata.iter().find(|(k, _)| k == SHARDING_KEY).map(|(_, v)| v.clone());
+        let Some(info) = info else {
+            return Err(Error::BadMetadata {
+                path: path.clone(),
+                reason: format!("a DCP shard file has no `{SHARDING_KEY}` entry in its `__metadata__`"),
+            });
+        };
+        let info: serde_json::Map<String, serde_json::Value> = serde_json::from_str(&info).map_err(|e| {
+            Error::BadMetadata { path: path.clone(), reason: format!("`{SHARDING_KEY}` is not a JSON object: {e}") }
+        })?;
+        let offsets_of = |tensor: &str| -> Result<Vec<u64>> {
+            let v = info.get(tensor).and_then(|e| e.get("saved_offsets"));
+            let Some(serde_json::Value::Array(a)) = v else {
+                return Err(bad(tensor, format!("`{SHARDING_KEY}` has no `saved_offsets` list for it")));
+            };
+            a.iter()
+                .map(|x| x.as_u64().ok_or_else(|| bad(tensor, format!("`saved_offsets` holds {x}, not an offset"))))
+                .collect()
+        };
+        let start = header.data_start();
+        for t in &header.tensors {
+            let offsets = offsets_of(&t.name)?;
+            if offsets.len() != t.shape.len() {
+                return Err(bad(
+                    &t.name,
+                    format!(
+                        "`saved_offsets` {offsets:?} has {} dims, its shape {:?} has {}",
+                        offsets.len(),
+                        t.shape,
+                        t.shape.len()
+                    ),
+                ));
+            }
+            let strides = shape::contiguous_strides(&t.shape).unwrap_or_default();
+            let b = TensorBox {
+                region: Region::new(offsets, t.shape.clone()),
+                file: fi,
+                base: start + t.begin,
+                len: t.end - t.begin,
+                offset: 0,
+                strides,
+            };
+            let entry = found.entry(t.name.clone()).or_insert_with(|| Found {
+                dtype: t.dtype,
+                boxes: Vec::new(),
+                file_of: (name.index, name.of),
+            });
+            if entry.dtype != t.dtype {
+                return Err(bad(
+                    &t.name,
+                    format!("its box is `{}` where another shard's is `{}`", t.dtype, entry.dtype),
+                ));
+            }
+            if entry.file_of != (name.index, name.of) {
+                let (k, n) = entry.file_of;
+                return Err(bad(
+                    &t.name,
+                    format!("it is in output file {} of {} here and {k} of {n} in another shard", name.index, name.of),
+                ));
+            }
+            entry.boxes.push(b);
+        }
+        if let Some(extra) = info.keys().find(|k| !header.tensors.iter().any(|t| &t.name == *k)) {
+            return Err(bad(extra, format!("`{SHARDING_KEY}` lists it but the file holds no such tensor")));
+        }
+        orders.push(info.keys().cloned().collect());
+        // Only `format` is the checkpoint's metadata; the rest describes this one shard.
+        file.metadata.retain(|(k, _)| k == "format");
+        file.rank = Some(rank);
+        files.push(file);
+    }
+    let mut tensors = Vec::with_capacity(found.len());
+    let mut file_of = Vec::with_capacity(found.len());
+    for name in merged_order(&orders) {
+        let Some(f) = found.remove(&name) else { continue };
+        // The global shape is the boxes' extent, as torch's reader and consolidation take it.
+        let dims = f.boxes.first().map_or(0, |b| b.region.sizes.len());
+        if let Some(b) = f.boxes.iter().find(|b| b.region.sizes.len() != dims) {
+            return Err(Error::BadBox {
+                path: files.get(b.file).map_or_else(|| dir.clone(), |f| f.path.clone()),
+                tensor: name,
+                rank: files.get(b.file).and_then(|f| f.rank),
+                reason: format!("its box has {} dims where another shard's has {dims}", b.region.sizes.len()),
+            });
+        }
+        let mut size = vec![0u64; dims];
+        for b in &f.boxes {
+            for (s, (&o, &n)) in size.iter_mut().zip(b.region.offsets.iter().zip(&b.region.sizes)) {
+                *s = (*s).max(o.saturating_add(n));
+            }
+        }
+        file_of.push(f.file_of);
+        tensors.push(TensorInfo {
+            name,
+            dtype: f.dtype,
+            shape: size,
+            stored: f.dtype,
+            data: TensorData::Boxes(f.boxes),
+        });
+    }
+    let world = shards.iter().map(|(n, _)| n.shard).max();
+    let mut parts = Parts::new(Format::DcpSafetensors, dir, files, tensors);
+    parts.world_size = world;
+    parts.detail = Some(Arc::new(HfStorage { file_of }));
+    Ok(Scan::clean(Checkpoint::new(parts)?))
+}
+
+/// One order for every tensor, from each file's order of its own: each file lists a
+/// subsequence of the state dict (a replicated tensor is in one file only), so the state dict's
+/// order is a topological order of "comes before" in any file. Ties go to the tensor seen first.
+fn merged_order(orders: &[Vec<String>]) -> Vec<String> {
+    let mut id: HashMap<&str, usize> = HashMap::new();
+    let mut names: Vec<&str> = Vec::new();
+    for o in orders {
+        for n in o {
+            id.entry(n.as_str()).or_insert_with(|| {
+                names.push(n.as_str());
+                names.len() - 1
+            });
+        }
+    }
+    let mut next: Vec<Vec<usize>> = vec![Vec::new(); names.len()];
+    let mut indegree = vec![0usize; names.len()];
+    for o in orders {
+        for w in o.windows(2) {
+            let (a, b) = (id[w[0].as_str()], id[w[1].as_str()]);
+            next[a].push(b);
+            indegree[b] += 1;
+        }
+    }
+    let mut ready: BinaryHeap<std::cmp::Reverse<usize>> =
+        (0..names.len()).filter(|&i| indegree[i] == 0).map(std::cmp::Reverse).collect();
+    let mut out = Vec::with_capacity(names.len());
+    let mut done = vec![false; names.len()];
+    while let Some(std::cmp::Reverse(i)) = ready.pop() {
+        done[i] = true;
+        out.push(names[i].to_string());
+        for &j in &next[i] {
+            indegree[j] -= 1;
+            if indegree[j] == 0 {
+                ready.push(std::cmp::Reverse(j));
+            }
+        }
+    }
+    // Files that disagree (a cycle) cannot come from one state dict; keep first-seen order.
+    out.extend((0..names.len()).filter(|&i| !done[i]).map(|i| names[i].to_string()));
+    out
+}
+
+/// Writes what `consolidate_safetensors_files` writes for this folder into `out`: the full
+/// tensors in `model-{K}-of-{N}.safetensors` files and their index.
+pub(crate) fn write_consolidated(
+    ck: &Checkpoint,
+    hf: &HfStorage,
+    out: &Path,
+    opts: &WriteOptions<'_>,
+) -> Result<Outcome> {
+    // Output files in the order their first tensor comes, tensors in catalog order.
+    let mut groups: Vec<((u64, u64), Vec<usize>)> = Vec::new();
+    for (i, k) in hf.file_of.iter().enumerate() {
+        match groups.iter_mut().find(|(g, _)| g == k) {
+            Some((_, members)) => members.push(i),
+            None => groups.push((*k, vec![i])),
+        }
+    }
+    let mut plan = Plan::default();
+    let mut weight_map = Vec::with_capacity(ck.tensors.len());
+    let mut total = 0u64;
+    let mut files = Vec::with_capacity(groups.len() + 1);
+    for ((k, n), members) in &groups {
+        let name = format!("model-{k:05}-of-{n:05}.safetensors");
+        let path = out.join(&name);
+        let mut header = String::from("{");
+        let mut at = 0u64;
+        let mut places = Vec::with_capacity(members.len());
+        for (j, &i) in members.iter().enumerate() {
+            let t = &ck.tensors[i];
+            if !t.dtype.in_safetensors() {
+                return Err(Error::NotInSafetensors { tensor: t.name.clone(), dtype: t.dtype.to_string() });
+            }
+            let len = t.byte_len();
+            if j > 0 {
+                header.push_str(", ");
+            }
+            let dims: Vec<String> = t.shape.iter().map(u64::to_string).collect();
+            header.push_str(&format!(
+                "{}: {{\"shape\": [{}], \"dtype\": \"{}\", \"data_offsets\": [{at}, {}]}}",
+                py_json_string(&t.name),
+                dims.join(", "),
+                t.dtype.safetensors_name(),
+                at + len
+            ));
+            places.push((i, at));
+            weight_map.push((t.name.clone(), name.clone()));
+            at += len;
+        }
+        header.push('}');
+        let json = header.into_bytes();
+        let mut head = (json.len() as u64).to_le_bytes().to_vec();
+        head.extend_from_slice(&json);
+        let data_start = head.len() as u64;
+        let mut target = TargetFile::new(path.clone(), head, data_start + at);
+        for (i, off) in places {
+            let t = &ck.tensors[i];
+            target.place(t, t.dtype, data_start + off, None);
+        }
+        total += at;
+        plan.targets.push(target);
+        files.push(path);
+    }
+    let index = out.join(INDEX_NAME);
+    plan.trailers.push((index.clone(), render_index(total, &weight_map).into_bytes()));
+    plan.stale =
+        write::stale_files(out, |n| hf_index::is_managed_name(n, "model", ".safetensors"), |n| n == INDEX_NAME)?;
+    write::execute(&plan, ck, opts)?;
+    files.push(index);
+    Ok(Outcome { files, tensors: ck.tensors.len(), bytes: total, ..Outcome::default() })
+}
+
+/// `json.dump({"metadata": {"total_size": total}, "weight_map": {...}}, f, indent=2)`.
+fn render_index(total: u64, weight_map: &[(String, String)]) -> String {
+    let mut s = format!("{{\n  \"metadata\": {{\n    \"total_size\": {total}\n  }},\n  \"weight_map\": {{");
+    for (i, (k, v)) in weight_map.iter().enumerate() {
+        s.push_str(if i == 0 { "\n    " } else { ",\n    " });
+        s.push_str(&format!("{}: {}", py_json_string(k), py_json_string(v)));
+    }
+    s.push_str(if weight_map.is_empty() { "}\n}" } else { "\n  }\n}" });
+    s
+}
+
+/// A string as Python's `json.dumps` writes it (`ensure_ascii`: everything outside ASCII as
+/// `\uXXXX`, UTF-16 surrogate pairs beyond the BMP).
+fn py_json_string(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            '\u{8}' => out.push_str("\\b"),
+            '\u{c}' => out.push_str("\\f"),
+            c if c.is_ascii() && !c.is_ascii_control() => out.push(c),
+            c => {
+                let mut units = [0u16; 2];
+                for u in c.encode_utf16(&mut units) {
+                    out.push_str(&format!("\\u{u:04x}"));
+                }
+            }
+        }
+    }
+    out.push('"');
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shard_names() {
+        assert_eq!(
+            parse_name("shard-00002-model-00001-of-00003.safetensors"),
+            Some(ShardName { shard: 2, index: 1, of: 3 })
+        );
+        assert_eq!(parse_name("shard-0002-model-00001-of-00003.safetensors"), None);
+        assert_eq!(parse_name("model-00001-of-00003.safetensors"), None);
+        assert_eq!(parse_name("shard-00000-model-00001-of-00001.safetensors"), None);
+    }
+
+    #[test]
+    fn orders_merge_into_the_state_dicts() {
+        let o = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        // `b` replicated, saved by the second rank only.
+        assert_eq!(merged_order(&[o(&["a", "c"]), o(&["a", "b", "c"])]), o(&["a", "b", "c"]));
+        assert_eq!(merged_order(&[o(&["x"]), o(&["y"])]), o(&["x", "y"]));
+    }
+
+    #[test]
+    fn python_json() {
+        assert_eq!(py_json_string("a.b"), "\"a.b\"");
+        assert_eq!(py_json_string("é\"\u{1F600}\u{1}"), "\"\\u00e9\\\"\\ud83d\\ude00\\u0001\"");
+        assert_eq!(render_index(0, &[]), "{\n  \"metadata\": {\n    \"total_size\": 0\n  },\n  \"weight_map\": {}\n}");
+    }
+}
