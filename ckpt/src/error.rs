@@ -107,6 +107,12 @@ pub enum Error {
     NotACheckpoint {
         path: PathBuf,
     },
+    /// A folder of `.safetensors` files that fit no layout: `found` names some of them.
+    UnknownSafetensorsLayout {
+        path: PathBuf,
+        count: usize,
+        found: Vec<String>,
+    },
     BadSize {
         input: String,
         reason: String,
@@ -337,6 +343,17 @@ impl Error {
             Error::UnsafeShardPath { index, tensor, file } => {
                 let index = index.display();
                 format!("{index}: `weight_map` entry `{tensor}` points at `{file}`, which is not a plain file name in the index's folder")
+            }
+            Error::UnknownSafetensorsLayout { path, count, found } => {
+                let path = path.display();
+                let more = if *count > found.len() { ", …" } else { "" };
+                let names: Vec<String> = found.iter().map(|n| format!("`{}`", escape_controls(n))).collect();
+                format!(
+                    "{path}: {count} `.safetensors` file(s) ({}{more}) fit no checkpoint layout: expected \
+                     `model.safetensors`, a `*.safetensors.index.json` naming them, a single file, or DCP \
+                     shards `shard-NNNNN-model-NNNNN-of-NNNNN.safetensors`",
+                    names.join(", ")
+                )
             }
             Error::NotACheckpoint { path } => {
                 let path = path.display();

@@ -70,6 +70,7 @@ impl Error {
             self,
             Error::Io { .. }
                 | Error::NotACheckpoint { .. }
+                | Error::UnknownSafetensorsLayout { .. }
                 | Error::BadSize { .. }
                 | Error::BadHubUrl { .. }
                 | Error::NotInHubCache { .. }

@@ -55,6 +55,18 @@ fn detect_path(path: &Path) -> Result<(Format, PathBuf)> {
             return Ok((*format, root));
         }
     }
+    if meta.is_dir() {
+        // Say what is there when it looks like a checkpoint but fits no layout.
+        let (_, singles) = formats::safetensors::folder_files(path)?;
+        if !singles.is_empty() {
+            let found = singles.iter().take(4).filter_map(|p| p.file_name()).map(|n| n.to_string_lossy().into_owned());
+            return Err(Error::UnknownSafetensorsLayout {
+                path: path.to_path_buf(),
+                count: singles.len(),
+                found: found.collect(),
+            });
+        }
+    }
     Err(Error::NotACheckpoint { path: path.to_path_buf() })
 }
 
