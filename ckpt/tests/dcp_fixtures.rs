@@ -9,73 +9,24 @@
 //! that merging the result gives the very same file.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::collections::BTreeMap;
+mod common;
+
 use std::path::{Path, PathBuf};
 
 use ckpt::{Checkpoint, WriteOptions};
+use common::{reference, reshard_round_trip, values};
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../fixtures/dcp")
 }
 
-/// `name → (dtype, shape, bytes)` of a safetensors file, and its `__metadata__`.
-type Tensors = BTreeMap<String, (String, Vec<usize>, Vec<u8>)>;
-
-fn load(path: &Path) -> (Tensors, BTreeMap<String, String>) {
-    let bytes = std::fs::read(path).unwrap();
-    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    let tensors = st
-        .tensors()
-        .into_iter()
-        .map(|(name, v)| (name, (format!("{:?}", v.dtype()), v.shape().to_vec(), v.data().to_vec())))
-        .collect();
-    let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
-    (tensors, meta.metadata().clone().unwrap_or_default().into_iter().collect())
-}
-
-fn merge(src: &Path, out: &Path) -> (Tensors, BTreeMap<String, String>) {
-    let ck = Checkpoint::open(src.to_str().unwrap()).unwrap();
-    assert_eq!(ck.format().name(), "dcp");
-    ckpt::merge(&ck, out, &Default::default(), &WriteOptions::default()).unwrap();
-    load(out)
-}
-
-/// The reference tensors, each name prefixed by `prefix`.
-fn reference(file: &Path, prefix: &str) -> Tensors {
-    load(file).0.into_iter().map(|(k, v)| (format!("{prefix}{k}"), v)).collect()
+fn merge(src: &Path, out: &Path) -> (common::Tensors, std::collections::BTreeMap<String, String>) {
+    common::merge(src, out, "dcp")
 }
 
 /// The optimizer's non-tensor values as `expected_optim.json` records them, prefixed.
-fn reference_values(case: &Path, prefix: &str) -> BTreeMap<String, serde_json::Value> {
-    let text = std::fs::read_to_string(case.join("expected_optim.json")).unwrap();
-    let json: serde_json::Value = serde_json::from_str(&text).unwrap();
-    json["non_tensor_leaves"]
-        .as_object()
-        .unwrap()
-        .iter()
-        .map(|(k, v)| (format!("{prefix}{k}"), v["value"].clone()))
-        .collect()
-}
-
-fn values(meta: &BTreeMap<String, String>) -> BTreeMap<String, serde_json::Value> {
-    meta.iter().filter(|(k, _)| *k != "format").map(|(k, v)| (k.clone(), serde_json::from_str(v).unwrap())).collect()
-}
-
-/// Reshards `src` to each world size and checks the merge of the result equals `merged`.
-fn reshard_round_trip(src: &Path, merged: &Path, dir: &Path) {
-    let want = std::fs::read(merged).unwrap();
-    let source = Checkpoint::open(src.to_str().unwrap()).unwrap();
-    for m in [1u64, 3, 5] {
-        let out = dir.join(format!("resharded-{m}"));
-        let done = ckpt::reshard(&source, &out, m, &WriteOptions::default()).unwrap();
-        assert!(done.files.len() as u64 <= m + 1, "at most one file per rank, then `.metadata`");
-        let again = dir.join(format!("resharded-{m}.safetensors"));
-        let ck = Checkpoint::open(out.to_str().unwrap()).unwrap();
-        ckpt::merge(&ck, &again, &Default::default(), &WriteOptions::default()).unwrap();
-        assert_eq!(std::fs::read(&again).unwrap(), want, "{}: resharded to {m} ranks", src.display());
-        let report = ckpt::verify(out.to_str().unwrap()).unwrap();
-        assert!(report.is_valid(), "{:?}", report.problems);
-    }
+fn reference_values(case: &Path, prefix: &str) -> std::collections::BTreeMap<String, serde_json::Value> {
+    common::reference_values(&case.join("expected_optim.json"), "non_tensor_leaves", prefix)
 }
 
 /// A `{"model": …, "optim": …}` checkpoint: two top-level keys, so nothing is stripped.

@@ -1,6 +1,9 @@
-//! Helpers shared by the torch fixture tables: convert a checkpoint the way a user would, and
-//! compare tensor lists whatever order a format stores them in.
+//! Helpers shared by the fixture tables: convert a checkpoint the way a user would, compare
+//! tensor lists whatever order a format stores them in, merge and reshard DCP folders.
 #![allow(dead_code, clippy::unwrap_used)]
+
+use std::collections::BTreeMap;
+use std::path::Path;
 
 use ckpt::{Checkpoint, ConvertOptions, WriteOptions};
 
@@ -19,4 +22,64 @@ pub fn to_safetensors(ck: &Checkpoint) -> (tempfile::TempDir, Checkpoint) {
 pub fn by_name(mut records: Vec<serde_json::Value>) -> Vec<serde_json::Value> {
     records.sort_by_key(|v| v["name"].as_str().unwrap().to_string());
     records
+}
+
+/// `name → (dtype, shape, bytes)` of a safetensors file.
+pub type Tensors = BTreeMap<String, (String, Vec<usize>, Vec<u8>)>;
+
+/// The tensors of a safetensors file, and its `__metadata__`.
+pub fn load(path: &Path) -> (Tensors, BTreeMap<String, String>) {
+    let bytes = std::fs::read(path).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let tensors = st
+        .tensors()
+        .into_iter()
+        .map(|(name, v)| (name, (format!("{:?}", v.dtype()), v.shape().to_vec(), v.data().to_vec())))
+        .collect();
+    let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
+    (tensors, meta.metadata().clone().unwrap_or_default().into_iter().collect())
+}
+
+/// The reference tensors of a safetensors file, each name prefixed by `prefix`.
+pub fn reference(file: &Path, prefix: &str) -> Tensors {
+    load(file).0.into_iter().map(|(k, v)| (format!("{prefix}{k}"), v)).collect()
+}
+
+/// Merges the checkpoint at `src` (of format `format`) into one safetensors file `out`.
+pub fn merge(src: &Path, out: &Path, format: &str) -> (Tensors, BTreeMap<String, String>) {
+    let ck = Checkpoint::open(src.to_str().unwrap()).unwrap();
+    assert_eq!(ck.format().name(), format);
+    ckpt::merge(&ck, out, &Default::default(), &WriteOptions::default()).unwrap();
+    load(out)
+}
+
+/// The non-tensor values of a merged file's `__metadata__` (all but `format`), parsed.
+pub fn values(meta: &BTreeMap<String, String>) -> BTreeMap<String, serde_json::Value> {
+    meta.iter().filter(|(k, _)| *k != "format").map(|(k, v)| (k.clone(), serde_json::from_str(v).unwrap())).collect()
+}
+
+/// The `non_tensor_leaves`-style values of a generator's JSON (`{key: {python_type, value}}`
+/// under `field`, or at the top when `field` is empty), each key prefixed.
+pub fn reference_values(file: &Path, field: &str, prefix: &str) -> BTreeMap<String, serde_json::Value> {
+    let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(file).unwrap()).unwrap();
+    let leaves = if field.is_empty() { &json } else { &json[field] };
+    leaves.as_object().unwrap().iter().map(|(k, v)| (format!("{prefix}{k}"), v["value"].clone())).collect()
+}
+
+/// Reshards `src` to 1, 3 and 5 ranks and checks that merging each result gives the file
+/// `merged`, and that each verifies.
+pub fn reshard_round_trip(src: &Path, merged: &Path, dir: &Path) {
+    let want = std::fs::read(merged).unwrap();
+    let source = Checkpoint::open(src.to_str().unwrap()).unwrap();
+    for m in [1u64, 3, 5] {
+        let out = dir.join(format!("resharded-{m}"));
+        let done = ckpt::reshard(&source, &out, m, &WriteOptions::default()).unwrap();
+        assert!(done.files.len() as u64 <= m + 1, "at most one file per rank, then `.metadata`");
+        let again = dir.join(format!("resharded-{m}.safetensors"));
+        let ck = Checkpoint::open(out.to_str().unwrap()).unwrap();
+        ckpt::merge(&ck, &again, &Default::default(), &WriteOptions::default()).unwrap();
+        assert!(std::fs::read(&again).unwrap() == want, "{}: resharded to {m} ranks", src.display());
+        let report = ckpt::verify(out.to_str().unwrap()).unwrap();
+        assert!(report.is_valid(), "{:?}", report.problems);
+    }
 }
