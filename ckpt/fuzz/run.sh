@@ -39,6 +39,7 @@ PY
             done ;;
         dcp_metadata)
             for f in "$fixtures"/dcp/*/checkpoint/.metadata "$fixtures"/dcp/*/checkpoint/*/.metadata \
+                     "$fixtures"/dcp_nd/*/checkpoint/.metadata \
                      "$fixtures"/hostile/dcp/*/.metadata "$fixtures"/hostile/pickle_budget/*/.metadata; do
                 cp "$f" "$corpus/$(echo "$f" | sha1sum | cut -c1-16)"
             done ;;
@@ -60,7 +61,7 @@ PY
     esac
 }
 
-for target in unpickle torch_zip dcp_metadata hf_index safetensors_header; do
+for target in unpickle torch_zip dcp_metadata hf_index safetensors_header tiling; do
     seed "$target"
     cargo fuzz build --release "$target"
     cargo fuzz run --release "$target" "corpus/$target" -- \

@@ -31,3 +31,25 @@ pub fn safetensors_header(data: &[u8]) {
         let _ = crate::formats::safetensors::header_tensors(header, 0);
     }
 }
+
+/// The check that a tensor's boxes tile it (every format's DCP chunks, shards, views): the
+/// first byte is the number of dims (up to 4), then one byte per dim of the shape, then boxes
+/// as one offset and one size byte per dim. It must answer, in bounded time and memory, for any
+/// set of boxes.
+pub fn tiling(data: &[u8]) {
+    let Some((&dims, rest)) = data.split_first() else { return };
+    let dims = usize::from(dims % 5);
+    let Some((shape, rest)) = rest.split_at_checked(dims) else { return };
+    let shape: Vec<u64> = shape.iter().map(|&d| u64::from(d % 64)).collect();
+    let boxes: Vec<fsdp_state::Region> = rest
+        .chunks_exact((2 * dims).max(1))
+        .map(|b| {
+            let (o, s) = b.split_at(dims.min(b.len()));
+            fsdp_state::Region::new(
+                o.iter().map(|&x| u64::from(x % 65)).collect::<Vec<_>>(),
+                s.iter().map(|&x| u64::from(x % 65)).collect::<Vec<_>>(),
+            )
+        })
+        .collect();
+    let _ = fsdp_state::check_tiling(&shape, &boxes);
+}

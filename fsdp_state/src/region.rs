@@ -80,6 +80,8 @@ pub enum TilingError {
     Gap { shape: Vec<u64>, at: Vec<u64> },
     #[error("size {shape:?} has more elements than fit in 64 bits")]
     Overflow { shape: Vec<u64> },
+    #[error("{boxes} boxes of size {shape:?} are too irregular to check that they tile it")]
+    TooIrregular { boxes: usize, shape: Vec<u64> },
 }
 
 impl TilingError {
@@ -89,7 +91,7 @@ impl TilingError {
             TilingError::Rank { index, .. }
             | TilingError::OutOfBounds { index, .. }
             | TilingError::Overlap { index, .. } => Some(*index),
-            TilingError::Gap { .. } | TilingError::Overflow { .. } => None,
+            TilingError::Gap { .. } | TilingError::Overflow { .. } | TilingError::TooIrregular { .. } => None,
         }
     }
 }
@@ -97,6 +99,12 @@ impl TilingError {
 /// How many grid cells per box the cell-marking check may use before it falls back to the
 /// pairwise one.
 const CELLS_PER_BOX: u64 = 64;
+/// How many box pairs the pairwise check compares before it gives up: boxes that no framework
+/// writes (irregular on several dims at once, hundreds of thousands of them) would otherwise
+/// make a small metadata file cost hours.
+const MAX_PAIR_CHECKS: u64 = 1 << 26;
+/// The most cells the grid check marks beyond one per box (4 bytes each).
+const MAX_CELLS: u64 = 1 << 24;
 
 /// Checks that `boxes` tile a tensor of `shape` exactly (see the module docs). A 0-d tensor is
 /// tiled by one box with no dims.
@@ -143,9 +151,12 @@ pub fn check_tiling(shape: &[u64], boxes: &[Region]) -> Result<(), TilingError> 
         })
         .collect();
     let cells = cuts.iter().try_fold(1u64, |a, c| a.checked_mul(c.len() as u64 - 1));
-    let budget = (full.len() as u64).max(1).saturating_mul(CELLS_PER_BOX);
+    // Regular grids need one cell per box; the slack for irregular ones is capped so that the
+    // marks stay within 64 MiB.
+    let k = (full.len() as u64).max(1);
+    let budget = k.saturating_mul(CELLS_PER_BOX).min(k.max(MAX_CELLS));
     match cells {
-        Some(n) if n <= budget => mark_cells(shape, boxes, &full, &cuts, n),
+        Some(n) if n <= budget && boxes.len() < u32::MAX as usize => mark_cells(shape, boxes, &full, &cuts, n),
         _ => pairwise(shape, boxes, &full, total),
     }
 }
@@ -174,7 +185,9 @@ fn mark_cells(
     for d in (0..dims.saturating_sub(1)).rev() {
         strides[d] = strides[d + 1] * (cuts[d + 1].len() - 1);
     }
-    let mut owner: Vec<Option<usize>> = vec![None; cells as usize];
+    // The box owning each cell, `u32::MAX` for none (boxes beyond that count use the pairwise
+    // check, see `check_tiling`).
+    let mut owner: Vec<u32> = vec![u32::MAX; cells as usize];
     for &i in full {
         let b = &boxes[i];
         // The cell intervals the box spans on each dim (its edges are cut points).
@@ -188,10 +201,10 @@ fn mark_cells(
         let mut idx: Vec<usize> = span.iter().map(|&(lo, _)| lo).collect();
         'cells: loop {
             let cell: usize = idx.iter().zip(&strides).map(|(&x, &s)| x * s).sum();
-            if let Some(j) = owner[cell] {
-                return Err(overlap_error(boxes, i, j));
+            if owner[cell] != u32::MAX {
+                return Err(overlap_error(boxes, i, owner[cell] as usize));
             }
-            owner[cell] = Some(i);
+            owner[cell] = i as u32;
             // Odometer over the box's sub-grid.
             let mut d = dims;
             loop {
@@ -207,7 +220,7 @@ fn mark_cells(
             }
         }
     }
-    if let Some(cell) = owner.iter().position(Option::is_none) {
+    if let Some(cell) = owner.iter().position(|&o| o == u32::MAX) {
         let mut rest = cell;
         let at = (0..dims)
             .map(|d| {
@@ -222,14 +235,29 @@ fn mark_cells(
 }
 
 fn pairwise(shape: &[u64], boxes: &[Region], full: &[usize], total: u64) -> Result<(), TilingError> {
-    // Sorted on dim 0, a box can only overlap the boxes that start before it ends on dim 0.
+    // Sweep along the dim where the boxes start at the most places: sorted on it, a box can only
+    // overlap the boxes that start before it ends there.
+    let d = (0..shape.len())
+        .max_by_key(|&d| {
+            let mut starts: Vec<u64> = full.iter().map(|&i| boxes[i].offsets[d]).collect();
+            starts.sort_unstable();
+            starts.dedup();
+            starts.len()
+        })
+        .unwrap_or(0);
+    let start = |i: usize| boxes[i].offsets.get(d).copied().unwrap_or(0);
     let mut order: Vec<usize> = full.to_vec();
-    order.sort_by_key(|&i| (boxes[i].offsets.first().copied().unwrap_or(0), i));
+    order.sort_by_key(|&i| (start(i), i));
+    let mut checks = 0u64;
     for (k, &i) in order.iter().enumerate() {
-        let end0 = boxes[i].offsets.first().copied().unwrap_or(0) + boxes[i].sizes.first().copied().unwrap_or(1);
+        let end = start(i) + boxes[i].sizes.get(d).copied().unwrap_or(1);
         for &j in &order[k + 1..] {
-            if boxes[j].offsets.first().copied().unwrap_or(0) >= end0 {
+            if start(j) >= end {
                 break;
+            }
+            checks += 1;
+            if checks > MAX_PAIR_CHECKS {
+                return Err(TilingError::TooIrregular { boxes: full.len(), shape: shape.to_vec() });
             }
             if boxes[i].overlaps(&boxes[j]) {
                 return Err(overlap_error(boxes, j, i));
@@ -258,6 +286,8 @@ fn first_gap(shape: &[u64], boxes: &[Region], full: &[usize]) -> Vec<u64> {
         }
     }
     candidates.sort();
+    // Found in the first few candidates in practice; the bound keeps a hostile set cheap.
+    candidates.truncate(4096);
     let inside =
         |p: &[u64], b: &Region| p.iter().zip(&b.offsets).zip(&b.sizes).all(|((&x, &o), &n)| x >= o && x < o + n);
     candidates.into_iter().find(|p| !full.iter().any(|&i| inside(p, &boxes[i]))).unwrap_or_else(|| vec![0; shape.len()])
@@ -299,6 +329,16 @@ mod tests {
         assert!(check_tiling(&[], &[]).is_err());
         assert_eq!(check_tiling(&[0, 4], &[r(&[0, 0], &[0, 4])]), Ok(()));
         assert_eq!(check_tiling(&[0, 4], &[]), Ok(()));
+    }
+
+    #[test]
+    fn a_hostile_staircase_is_bounded() {
+        // Boxes all spanning dim 0, in a staircase on dims 1 and 2: too many cells for the grid,
+        // and every pair overlaps on the sweep dim.
+        let k = 20_000u64;
+        let b: Vec<Region> = (0..k).map(|i| r(&[0, i, 0], &[1, 1, k - i])).collect();
+        let err = check_tiling(&[1, k, k], &b);
+        assert!(matches!(err, Err(TilingError::Gap { .. }) | Err(TilingError::TooIrregular { .. })), "{err:?}");
     }
 
     #[test]
