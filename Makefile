@@ -78,6 +78,9 @@ fixtures: setup
 	$(PY) fixtures/gen/dataload_sources.py
 	PATH=$(VENV)/bin:$$PATH $(PY) fixtures/gen/dcp_fixtures.py
 	$(PY) fixtures/gen/hostile_dcp.py
+	PATH=$(VENV)/bin:$$PATH $(PY) fixtures/gen/dcp_nd_fixtures.py
+	$(PY) fixtures/gen/hostile_dcp_nd.py
+	PATH=$(VENV)/bin:$$PATH $(PY) fixtures/gen/dtensor_layouts.py
 	PATH=$(VENV)/bin:$$PATH $(PY) fixtures/gen/deepspeed_fixtures.py
 	PATH=$(VENV)/bin:$$PATH $(PY) fixtures/gen/deepspeed_hostile.py
 	python3 fixtures/gen/hostile_outputs.py

@@ -114,13 +114,13 @@ pub(crate) fn catalog(dir: PathBuf) -> Result<Scan> {
         };
         let info = file.metadata.iter().find(|(k, _)| k == SHARDING_KEY).map(|(_, v)| v.clone());
         let Some(info) = info else {
-            return Err(Error::BadMetadata {
+            return Err(Error::BadDcpMetadata {
                 path: path.clone(),
-                reason: format!("a DCP shard file has no `{SHARDING_KEY}` entry in its `__metadata__`"),
+                reason: format!("the shard file has no `{SHARDING_KEY}` entry in its `__metadata__`"),
             });
         };
         let info: serde_json::Map<String, serde_json::Value> = serde_json::from_str(&info).map_err(|e| {
-            Error::BadMetadata { path: path.clone(), reason: format!("`{SHARDING_KEY}` is not a JSON object: {e}") }
+            Error::BadDcpMetadata { path: path.clone(), reason: format!("`{SHARDING_KEY}` is not a JSON object: {e}") }
         })?;
         let offsets_of = |tensor: &str| -> Result<Vec<u64>> {
             let v = info.get(tensor).and_then(|e| e.get("saved_offsets"));
