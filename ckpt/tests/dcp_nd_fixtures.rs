@@ -130,7 +130,7 @@ fn hf_storage_w4() {
     assert_eq!(ck.format().name(), "dcp-safetensors");
     assert_eq!(ck.world_size(), Some(4));
     ckpt::merge(&ck, &folder, &Default::default(), &WriteOptions::default()).unwrap();
-    let want = dir.join("expected_consolidated_state_dict_order");
+    let want = dir.join("expected_consolidated");
     let mut names: Vec<String> =
         std::fs::read_dir(&want).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
     names.sort();
