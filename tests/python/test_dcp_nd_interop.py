@@ -207,3 +207,22 @@ def test_merge_hf_storage_matches_consolidate(tmp_path):
         if name.endswith(".safetensors"):
             assert_same_tensors(read_st(out / name)[0], read_st(case / "expected_consolidated_by_name" / name)[0],
                                 f"{name} against the by-name consolidation")
+
+
+@pytest.mark.parametrize("case", ["tp_fsdp2_2x2", "dtensor_dims_w4"])
+def test_convert_to_torch_and_split_to_hub_shards(tmp_path, case):
+    """Boxes on any dims go to every output: a `torch.save` file that torch's weights-only loader
+    reads, and huggingface_hub's sharded layout that safetensors reads, both equal to the
+    references."""
+    want = expected_tensors(case)
+    pt = tmp_path / "model.bin"
+    run_ckpt("convert", ckpt_dir(case), pt)
+    got = {k: v for k, v in torch.load(pt, weights_only=True).items() if torch.is_tensor(v)}
+    assert_same_tensors(got, want, f"{case}: convert to torch")
+    shards = tmp_path / "shards"
+    run_ckpt("split", ckpt_dir(case), shards, "--max-shard-size", "256")
+    index = json.loads((shards / "model.safetensors.index.json").read_text())
+    got = {}
+    for name in sorted(set(index["weight_map"].values())):
+        got.update(read_st(shards / name)[0])
+    assert_same_tensors(got, want, f"{case}: split into hub shards")
