@@ -52,6 +52,9 @@ pub enum Format {
     /// An accelerate `save_state` folder: models, optimizers, schedulers, RNG and data
     /// position files; seen as its first model, every component in [`Checkpoint::save_state`].
     AccelerateState,
+    /// A transformers `Trainer` `checkpoint-N/` folder: a `save_state` folder with the
+    /// `Trainer`'s own files (`trainer_state.json`, `rng_state_R.pth`, `optimizer.pt`, ...).
+    Trainer,
 }
 
 impl Format {
@@ -66,6 +69,7 @@ impl Format {
             Format::DcpSafetensors => "dcp-safetensors",
             Format::DeepSpeed => "deepspeed-zero",
             Format::AccelerateState => "accelerate-state",
+            Format::Trainer => "trainer",
         }
     }
 }

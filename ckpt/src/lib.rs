@@ -48,6 +48,7 @@ pub use catalog::{Checkpoint, Chunk, Format, SourceFile, TensorBox, TensorInfo};
 pub use dtype::Dtype;
 pub use error::{escape_controls, Error, Result};
 pub use formats::accelerate::rng::{read_rng_state, NumpyRng, RngState};
+pub use formats::accelerate::trainer::{TrainerResume, TrainerState};
 pub use formats::accelerate::{Component, DataPosition, Model, Optimizer, OptimizerState, ResumePoint, Rng, SaveState};
 pub use fsdp_state::Region;
 pub use open::OpenOptions;

@@ -514,15 +514,27 @@ fn reshard_save_state(state: &SaveState, out: &Path, world: u64, opts: &WriteOpt
     };
     let mut done_paths: Vec<&Path> = Vec::new();
     let mut last_tag = None;
+    let mut resharded_zero = false;
     for m in &state.models {
         let name = m.path.file_name().map(PathBuf::from).unwrap_or_default();
         if let Some(z) = m.checkpoint.detail::<deepspeed::ZeroCheckpoint>() {
             let scratch = tmp.join(format!(".universal_{}", m.index));
             let o = deepspeed::reshard(&m.checkpoint, z, &scratch, world, opts)?;
-            let tag = name.to_string_lossy().into_owned();
-            std::fs::rename(scratch.join(format!("{}_universal", z.tag)), tmp.join(&tag)).at(tmp.join(&tag))?;
+            let universal = format!("{}_universal", z.tag);
+            if state.trainer.is_some() {
+                // The `Trainer` resumes from any `global_step*` folder, and DeepSpeed with
+                // `load_universal` follows `latest_universal`: DeepSpeed's own names stay.
+                std::fs::rename(scratch.join(&universal), tmp.join(&universal)).at(tmp.join(&universal))?;
+                let latest = scratch.join("latest_universal");
+                std::fs::rename(&latest, tmp.join("latest_universal")).at(tmp.join("latest_universal"))?;
+            } else {
+                // accelerate's `load_state` loads the tag it saved, by name.
+                let tag = name.to_string_lossy().into_owned();
+                std::fs::rename(scratch.join(&universal), tmp.join(&tag)).at(tmp.join(&tag))?;
+                last_tag = Some(tag);
+            }
             std::fs::remove_dir_all(&scratch).at(&scratch)?;
-            last_tag = Some(tag);
+            resharded_zero = true;
             add(o, &mut outcome);
         } else if m.checkpoint.detail::<dcp::DcpSource>().is_some() {
             add(dcp::write(&m.checkpoint, &tmp.join(&name), world, opts)?, &mut outcome);
@@ -540,10 +552,11 @@ fn reshard_save_state(state: &SaveState, out: &Path, world: u64, opts: &WriteOpt
             }
         }
     }
+    // Rank r of the new world continues rank r mod N's generators.
     let n = state.rng.len() as u64;
     for r in (0..world).filter(|_| n > 0) {
         let src = &state.rng[(r % n) as usize].path;
-        crate::write::copy_durable(src, &tmp.join(format!("random_states_{r}.pkl")))?;
+        crate::write::copy_durable(src, &tmp.join(state.rng_name(r, world)))?;
     }
     done_paths.extend(state.rng.iter().map(|r| r.path.as_path()));
     for (c, pos) in &state.data {
@@ -553,9 +566,9 @@ fn reshard_save_state(state: &SaveState, out: &Path, world: u64, opts: &WriteOpt
             done_paths.push(&c.path);
         }
     }
-    let deepspeed_root: Vec<PathBuf> = match &last_tag {
-        Some(_) => ["latest", "latest_universal", "zero_to_fp32.py"].iter().map(|f| state.root.join(f)).collect(),
-        None => Vec::new(),
+    let deepspeed_root: Vec<PathBuf> = match resharded_zero {
+        true => ["latest", "latest_universal", "zero_to_fp32.py"].iter().map(|f| state.root.join(f)).collect(),
+        false => Vec::new(),
     };
     // Everything else at the top of the folder is independent of the world size.
     for entry in std::fs::read_dir(&state.root).at(&state.root)? {

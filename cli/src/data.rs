@@ -114,14 +114,23 @@ pub struct PlanArgs {
 #[derive(Args, Debug, Clone, PartialEq, Eq)]
 pub struct StateArgs {
     /// A loader state written by `ShardedSampler::state_dict` (JSON).
-    #[arg(required_unless_present = "from_accelerate", conflicts_with = "from_accelerate")]
+    #[arg(required_unless_present_any = ["from_accelerate", "from_trainer"], conflicts_with_all = ["from_accelerate", "from_trainer"])]
     pub file: Option<PathBuf>,
     /// Instead, the position an accelerate `save_state` folder saved (`dl_state_dict.bin`,
     /// `sampler.bin`), as our loader state for the loader described by the flags below; with
     /// `--json` the `LoaderState` itself, which `ShardedSampler::load_state_dict` continues from
     /// at the same next sample, on any world size.
-    #[arg(long, value_name = "DIR")]
+    #[arg(long, value_name = "DIR", conflicts_with = "from_trainer")]
     pub from_accelerate: Option<PathBuf>,
+    /// Instead, where a transformers `Trainer` resuming from its `checkpoint-N/` folder continues:
+    /// `global_step` from `trainer_state.json`, as whole steps of `--gradient-accumulation-steps`
+    /// batches into the epoch, for the loader described by the flags below.
+    #[arg(long, value_name = "DIR")]
+    pub from_trainer: Option<PathBuf>,
+    /// With `--from-trainer`: the run's `gradient_accumulation_steps` (its `training_args.bin`
+    /// holds it, and is never read).
+    #[arg(long, value_name = "K", default_value_t = 1, requires = "from_trainer")]
+    pub gradient_accumulation_steps: u64,
     /// The described loader (with `--from-accelerate`).
     #[command(flatten)]
     pub loader: LoaderArgs,
@@ -243,7 +252,16 @@ fn state(args: &StateArgs) -> anyhow::Result<String> {
             }
             st
         }
-        (None, None, _) => anyhow::bail!("give a state FILE, or `--from-accelerate DIR --len N --batch-size B`"),
+        (None, None, loader) if args.from_trainer.is_some() => {
+            let st = from_trainer(args.from_trainer.as_deref().unwrap_or(std::path::Path::new(".")), loader, args)?;
+            if args.json {
+                return Ok(st.to_json()? + "\n");
+            }
+            st
+        }
+        (None, None, _) => anyhow::bail!(
+            "give a state FILE, `--from-accelerate DIR` or `--from-trainer DIR`, with `--len N --batch-size B`"
+        ),
     };
     let mut ranks = Vec::new();
     let mut geometry = None;
@@ -312,6 +330,26 @@ fn from_accelerate(dir: &std::path::Path, loader: &LoaderArgs, args: &StateArgs)
     let mut l = loader.loader(point.world_size, 0)?;
     l.set_epoch(point.epoch);
     l.skip_steps(point.batches);
+    Ok(l.state_dict())
+}
+
+/// Our loader state where a `Trainer` resuming from `dir` continues: the epoch and the batches
+/// into it that `trainer_state.json`'s `global_step` means for this loader (O(1): nothing is
+/// replayed).
+fn from_trainer(dir: &std::path::Path, loader: &LoaderArgs, args: &StateArgs) -> anyhow::Result<LoaderState> {
+    let ck = ckpt::Checkpoint::open(&dir.to_string_lossy())?;
+    let Some(trainer) = ck.save_state().and_then(|s| s.trainer.as_ref()) else {
+        anyhow::bail!(
+            "{}: not a `Trainer` checkpoint folder (no `trainer_state.json`; it is {})",
+            dir.display(),
+            ck.format().name()
+        );
+    };
+    let world = ck.save_state().map_or(1, |s| s.world_size);
+    let mut l = loader.loader(world, 0)?;
+    let point = trainer.resume_point(l.len()?, args.gradient_accumulation_steps)?;
+    l.set_epoch(point.epoch);
+    l.skip_first_batches(point.batches);
     Ok(l.state_dict())
 }
 

@@ -84,7 +84,14 @@ pub fn components_text(out: &mut impl Write, s: &ckpt::SaveState) -> anyhow::Res
         ckpt::escape_controls(&n).into_owned()
     };
     writeln!(out)?;
-    writeln!(out, "accelerate save_state, saved by {} rank(s):", s.world_size)?;
+    match &s.trainer {
+        Some(t) => {
+            let epoch = t.epoch.map(|e| format!(", epoch {e}")).unwrap_or_default();
+            let max = t.max_steps.map(|m| format!(" of {m}")).unwrap_or_default();
+            writeln!(out, "Trainer checkpoint, saved by {} rank(s): step {}{max}{epoch}", s.world_size, t.global_step)?;
+        }
+        None => writeln!(out, "accelerate save_state, saved by {} rank(s):", s.world_size)?,
+    }
     for m in &s.models {
         let ck = &m.checkpoint;
         let world = ck.world_size().map(|w| format!(", {w} ranks")).unwrap_or_default();
@@ -142,6 +149,12 @@ pub fn components_text(out: &mut impl Write, s: &ckpt::SaveState) -> anyhow::Res
     for r in &s.rng {
         let step = r.state.step.map_or("-".into(), |s| s.to_string());
         writeln!(out, "  rng rank {}: {} (step {step}; {})", r.rank, name(&r.path), r.state.generators.join(", "))?;
+    }
+    if let Some(c) = &s.training_args {
+        // Listed by the class it names; never read.
+        let classes =
+            c.refused.iter().chain(&c.classes).map(|g| format!("`{}`", ckpt::escape_controls(g))).collect::<Vec<_>>();
+        writeln!(out, "  training args: {} (names {}; not read)", name(&c.path), classes.join(", "))?;
     }
     for (c, p) in &s.data {
         let what = match p {

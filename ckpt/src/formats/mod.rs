@@ -43,6 +43,6 @@ pub(crate) fn catalog(format: Format, root: PathBuf, tag: Option<&str>) -> Resul
         Format::Dcp => dcp::catalog(root),
         Format::DcpSafetensors => dcp::hf_storage::catalog(root),
         Format::DeepSpeed => deepspeed::catalog(root, tag),
-        Format::AccelerateState => accelerate::catalog(root),
+        Format::AccelerateState | Format::Trainer => accelerate::catalog(root),
     }
 }

@@ -25,8 +25,12 @@
 //!
 //! The folder opens as a [`Checkpoint`] of its first model (so `convert` and `split` apply to
 //! it), with the whole [`SaveState`] as its detail.
+//!
+//! transformers' `Trainer` folders (`checkpoint-N/`) are read the same way, with the
+//! `Trainer`'s own names beside accelerate's ([`trainer`]).
 
 pub(crate) mod rng;
+pub(crate) mod trainer;
 
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
@@ -55,6 +59,14 @@ enum Kind {
     Scaler,
     Rng,
     Custom,
+    /// A sharded model's index (`model.safetensors.index.json`, `pytorch_model.bin.index.json`).
+    Index,
+    /// The `Trainer`'s `rng_state[_R].pth`.
+    TrainerRng,
+    /// The `Trainer`'s `trainer_state.json`.
+    TrainerState,
+    /// The `Trainer`'s pickled `TrainingArguments`.
+    TrainingArgs,
 }
 
 /// `stem[_i]ext` → `Some(i)` (no index is 0), for the names accelerate numbers from the second.
@@ -77,13 +89,44 @@ fn index(digits: &str) -> Option<usize> {
     canonical.then(|| digits.parse().ok()).flatten()
 }
 
+/// The order entries of one index are read in. Of two copies of a model, the first is the model
+/// and the other a plain file: a DeepSpeed tag (which holds the optimizer and reshards to a
+/// universal checkpoint) before accelerate's FSDP files, before the `Trainer`'s
+/// `save_pretrained` copy. Models come before the components checked against them.
+fn priority(kind: Kind) -> u8 {
+    match kind {
+        Kind::DeepSpeed => 0,
+        Kind::FsdpSharded => 1,
+        Kind::FsdpFull => 2,
+        Kind::Safetensors => 3,
+        Kind::Index => 4,
+        Kind::TorchBin => 5,
+        other => 6 + other as u8,
+    }
+}
+
 /// What the entry `name` of a save_state folder is, and its index (a rank for RNG files).
 fn classify(name: &str, is_dir: bool) -> Option<(Kind, usize)> {
     if is_dir {
         return always_numbered(name, "pytorch_model_fsdp_", "")
             .map(|i| (Kind::FsdpSharded, i))
             .or_else(|| always_numbered(name, "optimizer_", "").map(|i| (Kind::OptimizerSharded, i)))
-            .or_else(|| numbered(name, "pytorch_model", "").map(|i| (Kind::DeepSpeed, i)));
+            .or_else(|| numbered(name, "pytorch_model", "").map(|i| (Kind::DeepSpeed, i)))
+            // The `Trainer`'s DeepSpeed tag (a universal checkpoint, `global_stepN_universal`, is
+            // written for another world size, not read).
+            .or_else(|| always_numbered(name, "global_step", "").map(|_| (Kind::DeepSpeed, 0)));
+    }
+    let trainer = match name {
+        "optimizer.pt" => Some((Kind::Optimizer, 0)),
+        "scheduler.pt" => Some((Kind::Scheduler, 0)),
+        "rng_state.pth" => Some((Kind::TrainerRng, 0)),
+        "model.safetensors.index.json" | "pytorch_model.bin.index.json" => Some((Kind::Index, 0)),
+        trainer::STATE_NAME => Some((Kind::TrainerState, 0)),
+        trainer::ARGS_NAME => Some((Kind::TrainingArgs, 0)),
+        _ => always_numbered(name, "rng_state_", ".pth").map(|r| (Kind::TrainerRng, r)),
+    };
+    if trainer.is_some() {
+        return trainer;
     }
     let table: [(&str, &str, Kind); 8] = [
         ("model", ".safetensors", Kind::Safetensors),
@@ -245,8 +288,14 @@ pub struct SaveState {
     pub data: Vec<(Component, Option<DataPosition>)>,
     /// `register_for_checkpointing` objects, by index.
     pub custom: Vec<Component>,
-    /// Entries of the folder that are none of the above (`latest`, `zero_to_fp32.py`).
+    /// Entries of the folder that are none of the above (`latest`, `zero_to_fp32.py`,
+    /// `config.json`), and second copies of a model (a `Trainer` under FSDP writes both
+    /// `model.safetensors` and `pytorch_model_fsdp.bin`).
     pub other: Vec<PathBuf>,
+    /// The `Trainer`'s `trainer_state.json`, when the folder is a `Trainer` checkpoint.
+    pub trainer: Option<trainer::TrainerState>,
+    /// The `Trainer`'s `training_args.bin`: the classes it names, never read.
+    pub training_args: Option<Component>,
     /// The number of ranks that saved it: the sharded models' world size, else the number of
     /// RNG files.
     pub world_size: u64,
@@ -264,8 +313,11 @@ pub(crate) fn detect(path: &Path) -> Result<Option<PathBuf>> {
         let is_dir = entry.file_type().at(path)?.is_dir();
         let name = entry.file_name();
         let Some((kind, _)) = name.to_str().and_then(|n| classify(n, is_dir)) else { continue };
-        // A model file alone is just a model; a DeepSpeed tag folder alone is a ZeRO checkpoint.
-        if !matches!(kind, Kind::Safetensors | Kind::TorchBin | Kind::DeepSpeed) {
+        // A model file alone is just a model; a DeepSpeed tag folder alone is a ZeRO checkpoint; a
+        // sharded model's index, or a lone `optimizer.pt`, is not a `Trainer` folder.
+        if !matches!(kind, Kind::Safetensors | Kind::TorchBin | Kind::DeepSpeed | Kind::Index | Kind::Optimizer)
+            || name == "optimizer.bin"
+        {
             return Ok(Some(path.to_path_buf()));
         }
     }
@@ -281,9 +333,10 @@ fn bad(path: &Path, rank: Option<u64>, reason: impl Into<String>) -> Error {
 /// and rank.
 pub(crate) fn catalog(root: PathBuf) -> Result<Scan> {
     let (state, problems) = SaveState::read(&root)?;
+    let format = if state.trainer.is_some() { Format::Trainer } else { Format::AccelerateState };
     let mut parts = match state.models.first() {
-        Some(m) => m.checkpoint.parts_copy(Format::AccelerateState, root.clone()),
-        None => Parts::new(Format::AccelerateState, root.clone(), Vec::new(), Vec::new()),
+        Some(m) => m.checkpoint.parts_copy(format, root.clone()),
+        None => Parts::new(format, root.clone(), Vec::new(), Vec::new()),
     };
     parts.world_size = Some(state.world_size);
     parts.members = crate::io::files_under(&root)?;
@@ -308,7 +361,7 @@ impl SaveState {
                 None => other.push(path),
             }
         }
-        entries.sort_by_key(|(k, i, _)| (*i, *k as u8));
+        entries.sort_by_key(|(k, i, _)| (*i, priority(*k)));
         let mut problems = Vec::new();
         // Every value file's values are kept together: their pickles share one budget, so a
         // folder of many files cannot hold more than one large file could.
@@ -323,18 +376,45 @@ impl SaveState {
             data: Vec::new(),
             custom: Vec::new(),
             other,
+            trainer: None,
+            training_args: None,
             world_size: 0,
         };
         for (kind, i, path) in entries {
             let text = path.to_string_lossy().into_owned();
             match kind {
-                Kind::Safetensors | Kind::TorchBin | Kind::FsdpFull | Kind::FsdpSharded => {
+                Kind::Safetensors | Kind::TorchBin | Kind::FsdpFull | Kind::FsdpSharded | Kind::Index => {
+                    // One model per index: a second copy (the `Trainer` under FSDP saves both its
+                    // own `model.safetensors` and accelerate's `pytorch_model_fsdp.bin`) is kept
+                    // as a file of the folder.
+                    if state.models.iter().any(|m| m.index == i) {
+                        state.other.push(path);
+                        continue;
+                    }
                     match Checkpoint::open(&text) {
                         Ok(checkpoint) => state.models.push(Model { index: i, path, checkpoint }),
                         Err(e) => problems.push(e),
                     }
                 }
+                Kind::TrainerState => match trainer::read_state(&path) {
+                    Ok(t) => state.trainer = Some(t),
+                    Err(e) => problems.push(e),
+                },
+                Kind::TrainingArgs => {
+                    // Named, never read: the pickle is a `TrainingArguments` object.
+                    let mut one = Vec::new();
+                    push_component(&mut one, component(i, &path, &[], &budget), &mut problems);
+                    state.training_args = one.pop();
+                }
+                Kind::TrainerRng => match rng::read_sharing(&path, rng::Keys::TRAINER, &budget) {
+                    Ok(s) => state.rng.push(Rng { rank: i as u64, path, state: s }),
+                    Err(e) => problems.push(e),
+                },
                 Kind::DeepSpeed => {
+                    if state.models.iter().any(|m| m.index == i) {
+                        state.other.push(path);
+                        continue;
+                    }
                     let tag = path.file_name().map(|n| n.to_string_lossy().into_owned());
                     match crate::formats::deepspeed::catalog(root.to_path_buf(), tag.as_deref()) {
                         Ok(scan) => {
@@ -384,7 +464,7 @@ impl SaveState {
                         Err(e) => problems.push(e),
                     }
                 }
-                Kind::Rng => match rng::read_sharing(&path, &budget) {
+                Kind::Rng => match rng::read_sharing(&path, rng::Keys::ACCELERATE, &budget) {
                     Ok(s) => state.rng.push(Rng { rank: i as u64, path, state: s }),
                     Err(e) => problems.push(e),
                 },
@@ -410,7 +490,7 @@ impl SaveState {
         let w = self.world_size;
         for r in (0..w).filter(|_| !self.rng.is_empty()) {
             if !self.rng.iter().any(|f| f.rank == r) {
-                let path = self.root.join(format!("random_states_{r}.pkl"));
+                let path = self.root.join(self.rng_name(r, w));
                 out.push(bad(
                     &path,
                     Some(r),
@@ -444,6 +524,14 @@ impl SaveState {
             }
         }
         out
+    }
+
+    /// The name of rank `rank`'s RNG file in a folder of this kind saved by `world` ranks.
+    pub(crate) fn rng_name(&self, rank: u64, world: u64) -> String {
+        match self.trainer {
+            Some(_) => trainer::rng_name(rank, world),
+            None => format!("random_states_{rank}.pkl"),
+        }
     }
 
     /// The model of index `n`.
@@ -561,6 +649,8 @@ impl SaveState {
             "data": data,
             "custom": self.custom.iter().map(plain).collect::<Vec<_>>(),
             "other_files": self.other,
+            "trainer": self.trainer.as_ref().map(trainer::TrainerState::to_json),
+            "training_args": self.training_args.as_ref().map(plain),
         })
     }
 }

@@ -7,6 +7,11 @@
 //! byte tensor) and, where present, `torch_cuda_manual_seed`, `torch_xpu_manual_seed`, ...
 //! (one byte tensor per device).
 //!
+//! transformers' `Trainer` writes `rng_state.pth` (one process) or `rng_state_{rank}.pth`: a dict
+//! of `python` (`random.getstate()`), `numpy` (`np.random.get_state()`, as above), `cpu`
+//! (`torch.random.get_rng_state()`) and, on accelerators, `cuda` (or `npu`, `xla`, ...): the same
+//! states under other keys, read the same way ([`Keys::TRAINER`]).
+//!
 //! The numpy array is pickled as `numpy._core.multiarray._reconstruct(numpy.ndarray, (0,),
 //! b"b")` followed by `BUILD` with `(1, shape, dtype, is_fortran, raw bytes)`, its dtype as
 //! `numpy.dtype("u4", False, True)` with its own `BUILD` state. Those three names are the file's
@@ -28,15 +33,34 @@ use crate::value::Leaf;
 const RNG_CLASSES: &[&str] =
     &["numpy._core.multiarray._reconstruct", "numpy.core.multiarray._reconstruct", "numpy.ndarray", "numpy.dtype"];
 
-/// What one rank's `random_states_N.pkl` holds.
+/// Where a file kind keeps each generator: accelerate's `random_states_N.pkl` or the `Trainer`'s
+/// `rng_state_N.pth`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Keys {
+    /// The micro-step counter (accelerate only).
+    step: Option<&'static str>,
+    /// `np.random.get_state()`.
+    numpy: &'static str,
+    /// `torch.get_rng_state()`.
+    torch: &'static str,
+}
+
+impl Keys {
+    pub(crate) const ACCELERATE: Keys =
+        Keys { step: Some("step"), numpy: "numpy_random_seed", torch: "torch_manual_seed" };
+    pub(crate) const TRAINER: Keys = Keys { step: None, numpy: "numpy", torch: "cpu" };
+}
+
+/// What one rank's RNG file holds.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct RngState {
     /// accelerate's `step`: `accumulate()` calls since the last end of a dataloader, not
-    /// optimizer steps.
+    /// optimizer steps (the `Trainer`'s files have none).
     pub step: Option<i64>,
     /// The generators saved, by key, in file order (`random_state`, `numpy_random_seed`,
-    /// `torch_manual_seed`, `torch_cuda_manual_seed`, ...).
+    /// `torch_manual_seed`, `torch_cuda_manual_seed`, ...; the `Trainer`'s `python`, `numpy`,
+    /// `cpu`, `cuda`).
     pub generators: Vec<String>,
     /// numpy's legacy generator state, decoded from its array.
     pub numpy: Option<NumpyRng>,
@@ -63,32 +87,34 @@ fn bad(path: &Path, reason: impl Into<String>) -> Error {
 /// Reads one rank's RNG file as data. A global outside torch's weights-only list and numpy's
 /// array reconstruction is refused by name before anything is built.
 pub fn read_rng_state(path: &Path) -> Result<RngState> {
-    read_sharing(path, &Budget::shared(Limits::default()))
+    let trainer = path.extension().is_some_and(|e| e == "pth");
+    read_sharing(path, if trainer { Keys::TRAINER } else { Keys::ACCELERATE }, &Budget::shared(Limits::default()))
 }
 
-/// [`read_rng_state`] charging `budget`, which the other value files of the folder share.
-pub(crate) fn read_sharing(path: &Path, budget: &Rc<Budget>) -> Result<RngState> {
+/// [`read_rng_state`] for a file that keeps its generators under `keys`, charging `budget`,
+/// which the other value files of the folder share.
+pub(crate) fn read_sharing(path: &Path, keys: Keys, budget: &Rc<Budget>) -> Result<RngState> {
     let f = torch::read_with_classes_sharing(path, RNG_CLASSES, budget)?;
     let mut out = RngState { step: None, generators: Vec::new(), numpy: None, torch_state_len: None };
     for (key, leaf) in &f.leaves {
         let top = key.split('.').next().unwrap_or(key);
-        if key == "step" {
+        if Some(key.as_str()) == keys.step {
             out.step = match leaf {
                 Leaf::Int(i) => Some(*i),
-                _ => return Err(bad(path, "`step` is not an integer")),
+                _ => return Err(bad(path, format!("`{key}` is not an integer"))),
             };
         } else if !out.generators.iter().any(|g| g == top) {
             out.generators.push(top.to_string());
         }
-        if key == "numpy_random_seed" {
-            out.numpy = Some(numpy_state(leaf).map_err(|r| bad(path, format!("`numpy_random_seed`: {r}")))?);
+        if key == keys.numpy {
+            out.numpy = Some(numpy_state(leaf).map_err(|r| bad(path, format!("`{key}`: {r}")))?);
         }
     }
     for t in &f.tensors {
         if !out.generators.contains(&t.name) {
             out.generators.push(t.name.clone());
         }
-        if t.name == "torch_manual_seed" {
+        if t.name == keys.torch {
             out.torch_state_len = Some(crate::shape::numel(&t.shape).unwrap_or(0));
         }
     }
