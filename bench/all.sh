@@ -12,6 +12,7 @@ CKPT=target/release/ckpt
 bash bench/safetensors.sh
 CKPT_BIN=$PWD/$CKPT BENCH_DIR=bench/work/torch bash -c 'mkdir -p "$BENCH_DIR" && bash bench/torch_convert.sh'
 "$PY" bench/dcp_bench.py --repeats 3 --write-results --rust "$CKPT merge {src} {out}/model.safetensors"
+"$PY" bench/dcp_tp_bench.py --repeats 3 --write-results --ckpt "$CKPT"
 "$PY" bench/ds_bench.py --ckpt "$CKPT"
 "$PY" bench/vs_cp.py --ckpt "$CKPT" --pairs "${VS_CP_PAIRS:-7}"
 "$PY" bench/fp8_bench.py --ckpt "$CKPT"
