@@ -85,12 +85,43 @@ pub struct SourceFile {
     pub metadata: Vec<(String, String)>,
     /// The rank that wrote it, for the rank files of sharded checkpoints.
     pub rank: Option<u64>,
+    /// The globals its pickle names (torch files), as written, in first-seen order.
+    pub globals: Vec<String>,
+    /// Bytes decoded from the file rather than stored in it (a torch file's numpy arrays),
+    /// addressed from `len` on: `[len, len + inline.len())`.
+    pub(crate) inline: Inline,
+}
+
+/// Bytes held in memory for a source file, shared by the clones of its catalog.
+#[derive(Clone, Default)]
+pub(crate) struct Inline(pub Option<std::sync::Arc<[u8]>>);
+
+impl std::fmt::Debug for Inline {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Inline({} bytes)", self.len())
+    }
+}
+
+impl Inline {
+    pub(crate) fn len(&self) -> u64 {
+        self.0.as_ref().map_or(0, |b| b.len() as u64)
+    }
 }
 
 impl SourceFile {
     /// A file of `len` bytes with no metadata and no rank.
     pub(crate) fn new(path: PathBuf, len: u64) -> SourceFile {
-        SourceFile { path, len, metadata: Vec::new(), rank: None }
+        SourceFile { path, len, metadata: Vec::new(), rank: None, globals: Vec::new(), inline: Inline::default() }
+    }
+
+    /// Holds `bytes` decoded from the file, addressed past its end.
+    pub(crate) fn set_inline(&mut self, bytes: Vec<u8>) {
+        self.inline = Inline((!bytes.is_empty()).then(|| std::sync::Arc::from(bytes)));
+    }
+
+    /// The end of what its tensors may address: the file, then the bytes decoded from it.
+    pub(crate) fn extent(&self) -> u64 {
+        self.len.saturating_add(self.inline.len())
     }
 }
 
@@ -401,7 +432,7 @@ impl Checkpoint {
                     let mut total = 0u64;
                     for c in chunks {
                         let file = p.files.get(c.file).ok_or_else(|| where_("names an unknown source file".into()))?;
-                        if c.offset.checked_add(c.len).is_none_or(|end| end > file.len) {
+                        if c.offset.checked_add(c.len).is_none_or(|end| end > file.extent()) {
                             return Err(where_(format!(
                                 "bytes {}..{} lie past the end of the {}-byte file",
                                 c.offset,
@@ -419,7 +450,7 @@ impl Checkpoint {
                     for b in boxes {
                         let at = |reason: String| box_error(&p, t, b, reason);
                         let f = p.files.get(b.file).ok_or_else(|| where_("names an unknown source file".into()))?;
-                        if b.base.checked_add(b.len).is_none_or(|end| end > f.len) {
+                        if b.base.checked_add(b.len).is_none_or(|end| end > f.extent()) {
                             return Err(at(format!(
                                 "the storage of the box at offsets {:?} lies past the end of the file",
                                 b.region.offsets
@@ -545,10 +576,25 @@ impl Checkpoint {
         self.tensors.iter().map(TensorInfo::byte_len).sum()
     }
 
+    /// The file and offset of a tensor's bytes when a reader may map them from the file as they
+    /// are: [`TensorInfo::contiguous`], and stored in the file rather than decoded from its
+    /// pickle (a numpy array in a torch file is read with [`Checkpoint::read_tensor_into`]).
+    pub fn mappable(&self, tensor: &TensorInfo) -> Option<(usize, u64)> {
+        tensor
+            .contiguous()
+            .filter(|&(f, off)| self.files.get(f).is_some_and(|f| off.saturating_add(tensor.byte_len()) <= f.len))
+    }
+
+    /// True when the tensor's bytes are decoded from its file's pickle (a numpy array) rather
+    /// than stored in the file.
+    pub fn is_decoded(&self, tensor: &TensorInfo) -> bool {
+        tensor.location().is_some_and(|(f, off)| self.files.get(f).is_some_and(|f| off >= f.len && f.inline.len() > 0))
+    }
+
     /// Reads a tensor's bytes into memory (row-major, little-endian, in its dtype). For
     /// inspection and tests; operations never hold whole tensors.
     pub fn read_tensor(&self, tensor: &TensorInfo) -> Result<Vec<u8>> {
-        let sources = crate::io::Sources::open(self.files.iter().map(|f| f.path.as_path()))?;
+        let sources = crate::io::Sources::of(&self.files)?;
         let mut raw = Vec::with_capacity(usize::try_from(tensor.stored_len()).unwrap_or(0));
         for (file, offset, len) in tensor.runs() {
             raw.extend_from_slice(sources.read(file, offset, len)?);
@@ -570,7 +616,7 @@ impl Checkpoint {
 
     /// [`Checkpoint::read_tensor_into`] for many tensors, opening the source files once.
     pub fn read_tensors_into(&self, jobs: &mut [(&TensorInfo, &mut [u8])]) -> Result<()> {
-        let sources = crate::io::Sources::open(self.files.iter().map(|f| f.path.as_path()))?;
+        let sources = crate::io::Sources::of(&self.files)?;
         for (tensor, out) in jobs.iter_mut() {
             let have = out.len();
             let wrong = || Error::BadConvert {
@@ -616,7 +662,7 @@ impl Checkpoint {
                 (usize::try_from(range.start).unwrap_or(usize::MAX), usize::try_from(range.end).unwrap_or(usize::MAX));
             return Ok(all.get(lo..hi.min(all.len())).unwrap_or_default().to_vec());
         }
-        let sources = crate::io::Sources::open(self.files.iter().map(|f| f.path.as_path()))?;
+        let sources = crate::io::Sources::of(&self.files)?;
         let mut out = Vec::with_capacity(usize::try_from(range.end.saturating_sub(range.start)).unwrap_or(0));
         let mut at = 0u64;
         for (file, offset, len) in tensor.runs() {

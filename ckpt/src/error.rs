@@ -187,6 +187,19 @@ pub enum Error {
         path: PathBuf,
         global: String,
     },
+    /// A torch file naming globals outside torch's weights-only list and the option
+    /// `allow_globals`: the one refused first, then the file's others (at most 16 in all).
+    GlobalNotAllowed {
+        path: PathBuf,
+        globals: Vec<String>,
+        /// Whether `allow_globals` named anything.
+        allowing: bool,
+    },
+    /// An option's value that cannot be used.
+    BadOption {
+        option: &'static str,
+        reason: String,
+    },
     BadPickle {
         path: PathBuf,
         record: String,
@@ -417,6 +430,23 @@ impl Error {
                 let path = path.display();
                 format!("{path}: refusing global `{global}`: only the tensor-rebuilding globals of torch's weights-only loader are allowed")
             }
+            Error::GlobalNotAllowed { path, globals, allowing } => {
+                let path = path.display();
+                let (first, rest) = globals.split_first().map_or(("", &[][..]), |(f, r)| (f.as_str(), r));
+                let others = if rest.is_empty() {
+                    String::new()
+                } else {
+                    let names: Vec<String> = rest.iter().map(|g| format!("`{g}`")).collect();
+                    format!(" (and {})", names.join(", "))
+                };
+                let them = if rest.is_empty() { "it" } else { "them" };
+                if *allowing {
+                    format!("{path}: refusing global `{first}`{others}: only the tensor-rebuilding globals of torch's weights-only loader and those `allow_globals` names are allowed")
+                } else {
+                    format!("{path}: refusing global `{first}`{others}: only the tensor-rebuilding globals of torch's weights-only loader are allowed; `allow_globals` reads {them} as inert data, nothing imported or called")
+                }
+            }
+            Error::BadOption { option, reason } => format!("`{option}`: {reason}"),
             Error::BadPickle { path, record, at, reason } => {
                 let path = path.display();
                 format!("{path}: `{record}` at byte {at}: {reason}")

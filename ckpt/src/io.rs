@@ -158,13 +158,30 @@ fn too_large(path: &Path, size: u64, limit: u64) -> Error {
 pub(crate) struct Sources {
     files: Vec<(PathBuf, File)>,
     maps: Vec<OnceLock<std::result::Result<MappedFile, String>>>,
+    /// Bytes decoded from a file (a torch file's numpy arrays), addressed from the file's
+    /// recorded length on (see [`crate::SourceFile`]).
+    tails: Vec<Option<(u64, std::sync::Arc<[u8]>)>>,
 }
 
 impl Sources {
+    /// The files at `paths`, with nothing decoded from them.
     pub(crate) fn open<'p>(paths: impl IntoIterator<Item = &'p Path>) -> Result<Sources> {
         let files = paths.into_iter().map(|p| Ok((p.to_path_buf(), open(p)?))).collect::<Result<Vec<_>>>()?;
         let maps = files.iter().map(|_| OnceLock::new()).collect();
-        Ok(Sources { files, maps })
+        let tails = files.iter().map(|_| None).collect();
+        Ok(Sources { files, maps, tails })
+    }
+
+    /// The source files of a catalog, with the bytes decoded from them.
+    pub(crate) fn of(files: &[crate::SourceFile]) -> Result<Sources> {
+        let mut s = Sources::open(files.iter().map(|f| f.path.as_path()))?;
+        s.tails = files.iter().map(|f| f.inline.0.clone().map(|b| (f.len, b))).collect();
+        Ok(s)
+    }
+
+    /// True when `[off, off + len)` of source `i` is held in memory, not in the file.
+    pub(crate) fn in_memory(&self, i: usize, off: u64) -> bool {
+        matches!(self.tails.get(i), Some(Some((start, _))) if off >= *start)
     }
 
     /// The open file `i` and its path.
@@ -183,6 +200,11 @@ impl Sources {
     /// The bytes `[off, off + len)` of file `i`, borrowed from its map.
     pub(crate) fn read(&self, i: usize, off: u64, len: u64) -> Result<&[u8]> {
         let (_, path) = self.file(i)?;
+        if let Some(Some((start, tail))) = self.tails.get(i).filter(|_| self.in_memory(i, off)) {
+            let lo = usize::try_from(off - start).unwrap_or(usize::MAX);
+            let hi = usize::try_from(len).ok().and_then(|n| lo.checked_add(n));
+            return hi.and_then(|hi| tail.get(lo..hi)).ok_or_else(|| short_source(path, off));
+        }
         self.map(i)?.get(off, len).ok_or_else(|| short_source(path, off))
     }
 

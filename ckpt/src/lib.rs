@@ -50,6 +50,7 @@ pub use error::{escape_controls, Error, Result};
 pub use formats::accelerate::rng::{read_rng_state, NumpyRng, RngState};
 pub use formats::accelerate::trainer::{TrainerResume, TrainerState};
 pub use formats::accelerate::{Component, DataPosition, Model, Optimizer, OptimizerState, ResumePoint, Rng, SaveState};
+pub use formats::torch::allow::AllowGlobals;
 pub use fsdp_state::Region;
 pub use open::OpenOptions;
 pub use ops::{
@@ -57,7 +58,7 @@ pub use ops::{
 };
 pub use sharded::{save_sharded, KeyPart, LocalTensor, LocalValue};
 pub use size::{parse_size, DEFAULT_MAX_SHARD_SIZE};
-pub use verify::{verify, Report};
+pub use verify::{verify, verify_with, Report};
 pub use write::{CopyMethod, WriteOptions};
 
 #[doc(hidden)]
@@ -73,6 +74,7 @@ impl Error {
                 | Error::NotACheckpoint { .. }
                 | Error::UnknownSafetensorsLayout { .. }
                 | Error::BadSize { .. }
+                | Error::BadOption { .. }
                 | Error::BadHubUrl { .. }
                 | Error::NotInHubCache { .. }
                 | Error::OutputIsSource { .. }
@@ -81,5 +83,14 @@ impl Error {
                 | Error::Collective { .. }
                 | Error::ShardedSave { .. }
         )
+    }
+
+    /// The globals a torch file was refused for, when `allow_globals` could admit them: the one
+    /// refused first, then the file's others. For edges to say how to allow them.
+    pub fn unallowed_globals(&self) -> Option<&[String]> {
+        match self {
+            Error::GlobalNotAllowed { globals, .. } => Some(globals),
+            _ => None,
+        }
     }
 }

@@ -5,12 +5,39 @@ use std::path::{Path, PathBuf};
 use crate::catalog::{Checkpoint, Format, Scan};
 use crate::error::{Error, IoContext, Result};
 use crate::formats;
+use crate::AllowGlobals;
 
 /// How to open a checkpoint.
 #[derive(Clone, Debug, Default)]
 pub struct OpenOptions {
     /// DeepSpeed: the tag folder to read (default: the one named in `latest`).
     pub tag: Option<String>,
+    /// Torch files: globals beyond torch's weights-only list to read as inert data (records
+    /// of their name and state; numpy arrays as tensors). Nothing is imported or called.
+    pub allow_globals: AllowGlobals,
+}
+
+impl OpenOptions {
+    /// Refuses options that do not apply to `format`.
+    fn check(&self, format: Format, root: &Path) -> Result<()> {
+        if self.tag.is_some() && format != Format::DeepSpeed {
+            return Err(Error::BadConvert {
+                dst: root.to_path_buf(),
+                reason: format!("a tag applies to DeepSpeed checkpoints only; this is {}", format.name()),
+            });
+        }
+        if !self.allow_globals.is_empty() && !matches!(format, Format::Torch | Format::TorchSharded) {
+            return Err(Error::BadOption {
+                option: "allow_globals",
+                reason: format!(
+                    "applies to torch files (`.bin`, `.pt`, `.ckpt`, and their sharded sets) only; {} is {}",
+                    crate::escape_controls(&root.display().to_string()),
+                    format.name()
+                ),
+            });
+        }
+        Ok(())
+    }
 }
 
 impl Checkpoint {
@@ -24,13 +51,8 @@ impl Checkpoint {
     /// [`Checkpoint::open`] with options.
     pub fn open_with(src: &str, options: &OpenOptions) -> Result<Checkpoint> {
         let (format, root) = detect(src)?;
-        if options.tag.is_some() && format != Format::DeepSpeed {
-            return Err(Error::BadConvert {
-                dst: root,
-                reason: format!("a tag applies to DeepSpeed checkpoints only; this is {}", format.name()),
-            });
-        }
-        let scan = formats::catalog(format, root, options.tag.as_deref())?;
+        options.check(format, &root)?;
+        let scan = formats::catalog(format, root, options.tag.as_deref(), &options.allow_globals)?;
         match scan.problems.into_iter().next() {
             Some(first) => Err(first),
             None => Ok(scan.checkpoint),
@@ -71,6 +93,7 @@ fn detect_path(path: &Path) -> Result<(Format, PathBuf)> {
 }
 
 /// Reads a detected checkpoint, collecting the problems `verify` reports.
-pub(crate) fn scan(format: Format, root: PathBuf) -> Result<Scan> {
-    formats::catalog(format, root, None)
+pub(crate) fn scan(format: Format, root: PathBuf, options: &OpenOptions) -> Result<Scan> {
+    options.check(format, &root)?;
+    formats::catalog(format, root, options.tag.as_deref(), &options.allow_globals)
 }

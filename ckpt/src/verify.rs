@@ -10,6 +10,7 @@ use crate::catalog::Format;
 use crate::error::{Error, Result};
 use crate::manifest;
 use crate::open::{detect, scan};
+use crate::OpenOptions;
 
 /// The result of [`verify`]. Valid when `problems` is empty.
 #[derive(Debug)]
@@ -41,6 +42,11 @@ impl Report {
 /// starting (no such path, not a checkpoint, I/O failure); every defect of the checkpoint
 /// itself is a problem in the report.
 pub fn verify(src: &str) -> Result<Report> {
+    verify_with(src, &OpenOptions::default())
+}
+
+/// [`verify`] with options (a DeepSpeed tag, globals a torch file may name).
+pub fn verify_with(src: &str, options: &OpenOptions) -> Result<Report> {
     let mut report = Report {
         path: PathBuf::from(src),
         format: None,
@@ -54,7 +60,7 @@ pub fn verify(src: &str) -> Result<Report> {
     let (format, root) = detect(src)?;
     report.format = Some(format);
     report.path = root.clone();
-    let scanned = match scan(format, root) {
+    let scanned = match scan(format, root, options) {
         Ok(s) => s,
         Err(e) if e.is_invalid_data() => {
             report.problems.push(e);

@@ -208,7 +208,7 @@ pub(crate) fn execute(plan: &Plan, source: &Checkpoint, opts: &WriteOptions<'_>)
         }
         temps.create(&path)?;
     }
-    let srcs = Sources::open(sources.iter().map(|s| s.path.as_path()))?;
+    let srcs = Sources::of(sources)?;
 
     // Size each target and write its header, then fill the data in parallel pieces.
     for (t, (tmp, f)) in plan.targets.iter().zip(&temps.files) {
@@ -230,7 +230,8 @@ pub(crate) fn execute(plan: &Plan, source: &Checkpoint, opts: &WriteOptions<'_>)
     pieces.par_iter().try_for_each(|(ti, c)| {
         let (dst_path, dst) = &temps.files[*ti];
         let (src, src_path) = srcs.file(c.src)?;
-        let copied = if kernel_ok.load(Ordering::Relaxed) {
+        // Bytes decoded from a source (numpy arrays) are not in its file: copied from memory.
+        let copied = if kernel_ok.load(Ordering::Relaxed) && !srcs.in_memory(c.src, c.src_off) {
             kernel_copy(src, src_path, dst, dst_path, c, &kernel_ok)?
         } else {
             0

@@ -124,7 +124,7 @@ fn tied_alias_is_a_copy_and_frozen_is_dropped_at_stage_1() {
     assert!(find(&ck, "frozen").is_none());
     let ck = Checkpoint::open_with(
         root().join("z3_bf16_ws4").to_str().unwrap(),
-        &OpenOptions { tag: Some("global_step2".into()) },
+        &OpenOptions { tag: Some("global_step2".into()), ..OpenOptions::default() },
     )
     .unwrap();
     assert_eq!(find(&ck, "frozen").unwrap().shape, vec![3, 7]);

@@ -66,7 +66,7 @@ fn stage3_sub_groups_that_do_not_add_up_are_refused() {
 #[test]
 fn a_missing_tag_folder_is_an_io_error_naming_it() {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../fixtures/deepspeed/z1_fp32_ws2");
-    let options = OpenOptions { tag: Some("global_step9".into()) };
+    let options = OpenOptions { tag: Some("global_step9".into()), ..OpenOptions::default() };
     let err = Checkpoint::open_with(dir.to_str().unwrap(), &options).expect_err("no such tag");
     assert_eq!(err.to_string(), format!("{}/global_step9: tag folder does not exist", dir.display()));
 }

@@ -35,6 +35,23 @@ pub fn world_size() -> clap::builder::RangedU64ValueParser<u64> {
     clap::value_parser!(u64).range(1..=ckpt::MAX_WORLD_SIZE)
 }
 
+/// How a source is opened, shared by the commands that read one.
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct OpenArgs {
+    /// Torch files: read a global beyond torch's weights-only list as inert data (a dotted
+    /// name, a prefix ending in `.*`, or `*` for any; repeatable). Nothing is imported or
+    /// called: objects become records of their class and state, numpy arrays tensors.
+    #[arg(long = "allow-global", value_name = "PATTERN")]
+    pub allow_global: Vec<String>,
+}
+
+impl OpenArgs {
+    /// The library's options, with the DeepSpeed `tag` when the command has one.
+    pub fn options(&self, tag: Option<String>) -> anyhow::Result<ckpt::OpenOptions> {
+        Ok(ckpt::OpenOptions { tag, allow_globals: ckpt::AllowGlobals::new(&self.allow_global)? })
+    }
+}
+
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CopyArg {
     Auto,
@@ -55,6 +72,8 @@ pub enum Command {
         /// Print JSON (schema in the README).
         #[arg(long)]
         json: bool,
+        #[command(flatten)]
+        open: OpenArgs,
     },
     /// Split a checkpoint into huggingface_hub-style shards with an index.
     Split {
@@ -72,6 +91,8 @@ pub enum Command {
         /// than the storage they read (a tiny file must not start a write of gigabytes).
         #[arg(long)]
         allow_expanded: bool,
+        #[command(flatten)]
+        open: OpenArgs,
     },
     /// Merge a sharded or DeepSpeed ZeRO checkpoint into one `.safetensors` file, bit-exact.
     ///
@@ -105,6 +126,8 @@ pub enum Command {
         /// than the storage they read (a tiny file must not start a write of gigabytes).
         #[arg(long)]
         allow_expanded: bool,
+        #[command(flatten)]
+        open: OpenArgs,
     },
     /// Convert between safetensors and torch files (`.bin`/`.pt`/`.pth`), one file or sharded.
     ///
@@ -152,6 +175,8 @@ pub enum Command {
         /// than the storage they read (a tiny file must not start a write of gigabytes).
         #[arg(long)]
         allow_expanded: bool,
+        #[command(flatten)]
+        open: OpenArgs,
     },
     /// Rewrite a torch.distributed.checkpoint (DCP) folder for another number of ranks.
     ///
@@ -177,6 +202,8 @@ pub enum Command {
         /// Print JSON (schema in the README).
         #[arg(long)]
         json: bool,
+        #[command(flatten)]
+        open: OpenArgs,
     },
 }
 
@@ -231,6 +258,9 @@ fn main() -> ExitCode {
                 }
             }
             let _ = writeln!(std::io::stderr(), "error: {msg}");
+            if let Some(hint) = err.chain().filter_map(|c| c.downcast_ref::<ckpt::Error>()).find_map(allow_hint) {
+                let _ = writeln!(std::io::stderr(), "{hint}");
+            }
             ExitCode::from(2)
         }
     }
@@ -254,8 +284,8 @@ fn run(cli: &Cli) -> anyhow::Result<ExitCode> {
     };
     let done = match &cli.command {
         Command::Data { cmd } => return data::run(cmd.clone()),
-        Command::Inspect { path, json } => {
-            let ck = ckpt::Checkpoint::open(path)?;
+        Command::Inspect { path, json, open } => {
+            let ck = ckpt::Checkpoint::open_with(path, &open.options(None)?)?;
             if *json {
                 output::inspect_json(&mut out, &ck)?;
             } else {
@@ -266,8 +296,8 @@ fn run(cli: &Cli) -> anyhow::Result<ExitCode> {
             }
             None
         }
-        Command::Verify { path, json } => {
-            let report = ckpt::verify(path)?;
+        Command::Verify { path, json, open } => {
+            let report = ckpt::verify_with(path, &open.options(None)?)?;
             if *json {
                 output::verify_json(&mut out, &report)?;
             } else {
@@ -276,17 +306,16 @@ fn run(cli: &Cli) -> anyhow::Result<ExitCode> {
             out.flush()?;
             return Ok(if report.is_valid() { ExitCode::SUCCESS } else { ExitCode::from(1) });
         }
-        Command::Split { src, out_dir, max_shard_size, checksums, allow_expanded } => {
+        Command::Split { src, out_dir, max_shard_size, checksums, allow_expanded, open } => {
             let max = ckpt::parse_size(max_shard_size)?;
-            let ck = ckpt::Checkpoint::open(src)?;
+            let ck = ckpt::Checkpoint::open_with(src, &open.options(None)?)?;
             bar.set_total(ck.total_bytes());
             let done = ckpt::split(&ck, out_dir, max, &write(*checksums, *allow_expanded))
                 .or_else(|e| named(e, "splitting", src))?;
             Some((ck, done, "split"))
         }
-        Command::Merge { src, out: dst, model, checksums, tag, optimizer, max_shard_size, allow_expanded } => {
-            let open = ckpt::OpenOptions { tag: tag.clone() };
-            let ck = ckpt::Checkpoint::open_with(src, &open)?;
+        Command::Merge { src, out: dst, model, checksums, tag, optimizer, max_shard_size, allow_expanded, open } => {
+            let ck = ckpt::Checkpoint::open_with(src, &open.options(tag.clone())?)?;
             let options = ckpt::MergeOptions {
                 max_shard_size: max_shard_size.as_deref().map(ckpt::parse_size).transpose()?,
                 optimizer: *optimizer,
@@ -310,6 +339,7 @@ fn run(cli: &Cli) -> anyhow::Result<ExitCode> {
             dedupe,
             world_size,
             allow_expanded,
+            open,
         } => {
             let to = to.map(|t| match t {
                 ToArg::Safetensors => ckpt::TargetFormat::Safetensors,
@@ -340,7 +370,7 @@ fn run(cli: &Cli) -> anyhow::Result<ExitCode> {
                 dedupe: *dedupe,
                 world_size: *world_size,
             };
-            let ck = ckpt::Checkpoint::open(src).or_else(|e| named(e, "converting", src))?;
+            let ck = ckpt::Checkpoint::open_with(src, &open.options(None)?).or_else(|e| named(e, "converting", src))?;
             let done = ckpt::convert(&ck, dst, &options, &write(false, *allow_expanded))
                 .or_else(|e| named(e, "converting", src))?;
             if !cli.quiet {
@@ -374,6 +404,17 @@ fn run(cli: &Cli) -> anyhow::Result<ExitCode> {
     }
     out.flush()?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// The `hint:` line for a torch file refused for globals `--allow-global` could admit.
+fn allow_hint(e: &ckpt::Error) -> Option<String> {
+    let globals = e.unallowed_globals()?;
+    let flags: Vec<String> = globals.iter().map(|g| format!("--allow-global {}", ckpt::escape_controls(g))).collect();
+    Some(format!(
+        "hint: `{}` reads {} as inert data (a prefix such as `--allow-global 'omegaconf.*'` admits a module, `'*'` any global); nothing is imported or called",
+        flags.join(" "),
+        if globals.len() == 1 { "it" } else { "them" }
+    ))
 }
 
 /// Adds "VERB SRC" to an error that does not already name the source, so a message names

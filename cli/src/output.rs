@@ -14,7 +14,12 @@ pub fn inspect_json(out: &mut impl Write, ck: &ckpt::Checkpoint) -> anyhow::Resu
         .map(|f| {
             let meta: serde_json::Map<String, serde_json::Value> =
                 f.metadata.iter().map(|(k, v)| (k.clone(), v.clone().into())).collect();
-            json!({ "path": f.path, "bytes": f.len, "metadata": meta })
+            let mut entry = json!({ "path": f.path, "bytes": f.len, "metadata": meta });
+            // A pickle's globals, allowed or not (torch files).
+            if let (false, Some(map)) = (f.globals.is_empty(), entry.as_object_mut()) {
+                map.insert("globals".into(), f.globals.clone().into());
+            }
+            entry
         })
         .collect();
     let tensors: Vec<serde_json::Value> = ck
@@ -23,9 +28,16 @@ pub fn inspect_json(out: &mut impl Write, ck: &ckpt::Checkpoint) -> anyhow::Resu
         .map(|t| {
             let file = t.location().map(|(f, _)| &ck.files()[f].path);
             let offset = t.location().map(|(_, o)| o);
+            let decoded = ck.is_decoded(t);
+            let offset = offset.filter(|_| !decoded);
             let mut entry = json!({ "name": t.name, "dtype": t.dtype.to_string(), "shape": t.shape, "file": file, "offset": offset, "bytes": t.byte_len() });
-            if let (false, Some(map)) = (t.boxes().is_empty(), entry.as_object_mut()) {
-                map.insert("boxes".into(), t.boxes().iter().map(|b| box_json(ck, b)).collect());
+            if let Some(map) = entry.as_object_mut() {
+                if decoded {
+                    // A numpy array: its bytes are decoded from the file's pickle, not stored.
+                    map.insert("decoded".into(), true.into());
+                } else if !t.boxes().is_empty() {
+                    map.insert("boxes".into(), t.boxes().iter().map(|b| box_json(ck, b)).collect());
+                }
             }
             entry
         })
@@ -193,6 +205,16 @@ pub fn inspect_text(out: &mut impl Write, ck: &ckpt::Checkpoint) -> anyhow::Resu
     writeln!(out, "files:   {}", ck.files().len())?;
     writeln!(out, "tensors: {}", ck.tensors().len())?;
     writeln!(out, "bytes:   {} ({})", ck.total_bytes(), human(ck.total_bytes()))?;
+    let mut globals: Vec<&str> = Vec::new();
+    for g in ck.files().iter().flat_map(|f| &f.globals) {
+        if !globals.contains(&g.as_str()) {
+            globals.push(g);
+        }
+    }
+    if !globals.is_empty() {
+        let globals = ckpt::escape_controls(&globals.join(", ")).into_owned();
+        writeln!(out, "globals: {globals}")?;
+    }
     writeln!(out)?;
     // A BOXES column when some tensor is cut into several boxes (DCP, on any dims).
     let boxed = ck.tensors().iter().any(|t| !cut(t).is_empty());

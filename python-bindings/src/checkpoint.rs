@@ -18,17 +18,24 @@ pub(crate) struct PyCheckpoint {
     inner: Checkpoint,
 }
 
-fn open(py: Python<'_>, src: &str, tag: Option<String>) -> PyResult<Checkpoint> {
-    let opts = OpenOptions { tag };
+/// How every function here opens its source: a DeepSpeed `tag`, and `allow_globals`, the
+/// globals a torch file may name beyond torch's weights-only list, read as inert data.
+fn options(tag: Option<String>, allow_globals: Option<Vec<String>>) -> PyResult<OpenOptions> {
+    let allow_globals = ckpt::AllowGlobals::new(allow_globals.unwrap_or_default()).map_err(errors::ckpt)?;
+    Ok(OpenOptions { tag, allow_globals })
+}
+
+fn open(py: Python<'_>, src: &str, tag: Option<String>, allow_globals: Option<Vec<String>>) -> PyResult<Checkpoint> {
+    let opts = options(tag, allow_globals)?;
     py.detach(|| Checkpoint::open_with(src, &opts)).map_err(errors::ckpt)
 }
 
 #[pymethods]
 impl PyCheckpoint {
     #[new]
-    #[pyo3(signature = (src, tag=None))]
-    fn new(py: Python<'_>, src: &str, tag: Option<String>) -> PyResult<Self> {
-        Ok(Self { inner: open(py, src, tag)? })
+    #[pyo3(signature = (src, tag=None, allow_globals=None))]
+    fn new(py: Python<'_>, src: &str, tag: Option<String>, allow_globals: Option<Vec<String>>) -> PyResult<Self> {
+        Ok(Self { inner: open(py, src, tag, allow_globals)? })
     }
 
     /// The catalog as JSON: format, root, files, tensors (name, dtype, shape, bytes, and the
@@ -40,7 +47,7 @@ impl PyCheckpoint {
                 .tensors()
                 .iter()
                 .map(|t| {
-                    let at = t.contiguous();
+                    let at = ck.mappable(t);
                     json!({
                         "name": t.name,
                         "dtype": t.dtype.safetensors_name(),
@@ -51,8 +58,11 @@ impl PyCheckpoint {
                     })
                 })
                 .collect();
-            let files: Vec<Value> =
-                ck.files().iter().map(|f| json!({"path": f.path.display().to_string(), "len": f.len})).collect();
+            let files: Vec<Value> = ck
+                .files()
+                .iter()
+                .map(|f| json!({"path": f.path.display().to_string(), "len": f.len, "globals": f.globals}))
+                .collect();
             let metadata: serde_json::Map<String, Value> =
                 ck.file_metadata().unwrap_or_default().into_iter().map(|(k, v)| (k, Value::String(v))).collect();
             let values: serde_json::Map<String, Value> =
@@ -114,8 +124,10 @@ fn write_options(checksums: bool, allow_expanded: bool) -> WriteOptions<'static>
 
 /// `ckpt verify`: the report as JSON.
 #[pyfunction]
-pub(crate) fn verify(py: Python<'_>, src: &str) -> PyResult<String> {
-    let report = py.detach(|| ckpt::verify(src)).map_err(errors::ckpt)?;
+#[pyo3(signature = (src, *, allow_globals=None))]
+pub(crate) fn verify(py: Python<'_>, src: &str, allow_globals: Option<Vec<String>>) -> PyResult<String> {
+    let opts = options(None, allow_globals)?;
+    let report = py.detach(|| ckpt::verify_with(src, &opts)).map_err(errors::ckpt)?;
     Ok(json!({
         "path": report.path.display().to_string(),
         "format": report.format.map(|f| f.name()),
@@ -131,7 +143,8 @@ pub(crate) fn verify(py: Python<'_>, src: &str) -> PyResult<String> {
 
 /// `ckpt split`.
 #[pyfunction]
-#[pyo3(signature = (src, out, max_shard_size, *, tag=None, checksums=false, allow_expanded=false))]
+#[pyo3(signature = (src, out, max_shard_size, *, tag=None, checksums=false, allow_expanded=false, allow_globals=None))]
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn split(
     py: Python<'_>,
     src: &str,
@@ -140,8 +153,9 @@ pub(crate) fn split(
     tag: Option<String>,
     checksums: bool,
     allow_expanded: bool,
+    allow_globals: Option<Vec<String>>,
 ) -> PyResult<String> {
-    let ck = open(py, src, tag)?;
+    let ck = open(py, src, tag, allow_globals)?;
     let opts = write_options(checksums, allow_expanded);
     let o = py.detach(|| ckpt::split(&ck, &out, max_shard_size, &opts)).map_err(errors::ckpt)?;
     Ok(outcome_json(&o))
@@ -149,7 +163,7 @@ pub(crate) fn split(
 
 /// `ckpt merge`.
 #[pyfunction]
-#[pyo3(signature = (src, out, *, tag=None, max_shard_size=None, optimizer=false, checksums=false, allow_expanded=false, model=None))]
+#[pyo3(signature = (src, out, *, tag=None, max_shard_size=None, optimizer=false, checksums=false, allow_expanded=false, model=None, allow_globals=None))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn merge(
     py: Python<'_>,
@@ -161,8 +175,9 @@ pub(crate) fn merge(
     checksums: bool,
     allow_expanded: bool,
     model: Option<usize>,
+    allow_globals: Option<Vec<String>>,
 ) -> PyResult<String> {
-    let ck = open(py, src, tag)?;
+    let ck = open(py, src, tag, allow_globals)?;
     let opts = write_options(checksums, allow_expanded);
     let options = MergeOptions { max_shard_size, optimizer, model };
     let o = py.detach(|| ckpt::merge(&ck, &out, &options, &opts)).map_err(errors::ckpt)?;
@@ -171,7 +186,7 @@ pub(crate) fn merge(
 
 /// `ckpt convert`.
 #[pyfunction]
-#[pyo3(signature = (src, out, *, to=None, dtype=None, max_shard_size=None, dedupe=false, world_size=None, tag=None, checksums=false, allow_expanded=false))]
+#[pyo3(signature = (src, out, *, to=None, dtype=None, max_shard_size=None, dedupe=false, world_size=None, tag=None, checksums=false, allow_expanded=false, allow_globals=None))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn convert(
     py: Python<'_>,
@@ -185,6 +200,7 @@ pub(crate) fn convert(
     tag: Option<String>,
     checksums: bool,
     allow_expanded: bool,
+    allow_globals: Option<Vec<String>>,
 ) -> PyResult<String> {
     let to = match to {
         None => None,
@@ -205,7 +221,7 @@ pub(crate) fn convert(
                 .ok_or_else(|| errors::usage(format!("unknown dtype `{d}`")))?,
         ),
     };
-    let ck = open(py, src, tag)?;
+    let ck = open(py, src, tag, allow_globals)?;
     let opts = write_options(checksums, allow_expanded);
     let options = ConvertOptions { to, dtype, max_shard_size, dedupe, world_size, blocks: None };
     let o = py.detach(|| ckpt::convert(&ck, &out, &options, &opts)).map_err(errors::ckpt)?;
@@ -214,7 +230,8 @@ pub(crate) fn convert(
 
 /// `ckpt reshard`.
 #[pyfunction]
-#[pyo3(signature = (src, out, world_size, *, tag=None, checksums=false, allow_expanded=false))]
+#[pyo3(signature = (src, out, world_size, *, tag=None, checksums=false, allow_expanded=false, allow_globals=None))]
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn reshard(
     py: Python<'_>,
     src: &str,
@@ -223,8 +240,9 @@ pub(crate) fn reshard(
     tag: Option<String>,
     checksums: bool,
     allow_expanded: bool,
+    allow_globals: Option<Vec<String>>,
 ) -> PyResult<String> {
-    let ck = open(py, src, tag)?;
+    let ck = open(py, src, tag, allow_globals)?;
     let opts = write_options(checksums, allow_expanded);
     let o = py.detach(|| ckpt::reshard(&ck, &out, world_size, &opts)).map_err(errors::ckpt)?;
     Ok(outcome_json(&o))

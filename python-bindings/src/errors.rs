@@ -63,6 +63,12 @@ pub(crate) fn ckpt(e: ckpt::Error) -> PyErr {
             ckpt::Error::RefusedGlobal { path, global } => {
                 d.set_item("path", path.display().to_string())?;
                 d.set_item("global_name", global)?;
+                d.set_item("globals", vec![global.clone()])?;
+            }
+            ckpt::Error::GlobalNotAllowed { path, globals, .. } => {
+                d.set_item("path", path.display().to_string())?;
+                d.set_item("global_name", globals.first().cloned().unwrap_or_default())?;
+                d.set_item("globals", globals.clone())?;
             }
             ckpt::Error::Collective { source, .. } => {
                 d.set_item("cause", source.to_string())?;

@@ -34,12 +34,18 @@ pub(crate) const DETECTORS: &[(Format, Detect)] = &[
     (Format::Torch, torch::detect_folder),
 ];
 
-/// Reads a checkpoint whose format detection decided.
-pub(crate) fn catalog(format: Format, root: PathBuf, tag: Option<&str>) -> Result<Scan> {
+/// Reads a checkpoint whose format detection decided; torch files admit the globals `allow`
+/// names as inert data.
+pub(crate) fn catalog(
+    format: Format,
+    root: PathBuf,
+    tag: Option<&str>,
+    allow: &torch::pickle::AllowGlobals,
+) -> Result<Scan> {
     match format {
         Format::Safetensors => safetensors::catalog(root),
         Format::HfSharded => hf_index::catalog(root),
-        Format::Torch | Format::TorchSharded => torch::catalog(root, format),
+        Format::Torch | Format::TorchSharded => torch::catalog(root, format, allow),
         Format::Dcp => dcp::catalog(root),
         Format::DcpSafetensors => dcp::hf_storage::catalog(root),
         Format::DeepSpeed => deepspeed::catalog(root, tag),

@@ -38,14 +38,21 @@ class Sampler:
 def default_config_json() -> str: ...
 
 class Checkpoint:
-    def __init__(self, src: str, tag: Optional[str] = None) -> None: ...
+    def __init__(self, src: str, tag: Optional[str] = None, allow_globals: Optional[Sequence[str]] = None) -> None: ...
     def info_json(self) -> str: ...
     def read_into(self, index: int, addr: int, len: int) -> None: ...
     def read_many_into(self, jobs: Sequence[Tuple[int, int, int]]) -> None: ...
 
-def verify(src: str) -> str: ...
+def verify(src: str, *, allow_globals: Optional[Sequence[str]] = None) -> str: ...
 def split(
-    src: str, out: str, max_shard_size: int, *, tag: Optional[str] = None, checksums: bool = False, allow_expanded: bool = False
+    src: str,
+    out: str,
+    max_shard_size: int,
+    *,
+    tag: Optional[str] = None,
+    checksums: bool = False,
+    allow_expanded: bool = False,
+    allow_globals: Optional[Sequence[str]] = None,
 ) -> str: ...
 def merge(
     src: str,
@@ -57,6 +64,7 @@ def merge(
     checksums: bool = False,
     allow_expanded: bool = False,
     model: Optional[int] = None,
+    allow_globals: Optional[Sequence[str]] = None,
 ) -> str: ...
 def convert(
     src: str,
@@ -70,9 +78,17 @@ def convert(
     tag: Optional[str] = None,
     checksums: bool = False,
     allow_expanded: bool = False,
+    allow_globals: Optional[Sequence[str]] = None,
 ) -> str: ...
 def reshard(
-    src: str, out: str, world_size: int, *, tag: Optional[str] = None, checksums: bool = False, allow_expanded: bool = False
+    src: str,
+    out: str,
+    world_size: int,
+    *,
+    tag: Optional[str] = None,
+    checksums: bool = False,
+    allow_expanded: bool = False,
+    allow_globals: Optional[Sequence[str]] = None,
 ) -> str: ...
 def parse_size(text: str) -> int: ...
 def save_safetensors(

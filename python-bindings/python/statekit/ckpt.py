@@ -11,7 +11,7 @@ import dataclasses
 import json
 import mmap
 import os
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple, Union
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -103,6 +103,8 @@ class CheckpointInfo:
     total_bytes: int
     #: An accelerate ``save_state`` folder's components, as ``ckpt inspect --json`` gives them.
     components: Optional[Dict[str, Any]] = None
+    #: For each torch file (by path), the globals its pickle names, as written, allowed or not.
+    globals: Dict[str, List[str]] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -164,9 +166,19 @@ def _info(ck: "_native.Checkpoint") -> Dict[str, Any]:
     return json.loads(ck.info_json())
 
 
-def inspect(path: PathLike, *, tag: Optional[str] = None) -> CheckpointInfo:
-    """What ``ckpt inspect`` shows: format, files, tensors, metadata, values."""
-    d = _info(_native.Checkpoint(os.fspath(path), tag))
+def _allow(allow_globals: Optional[Sequence[str]]) -> Optional[List[str]]:
+    if allow_globals is None:
+        return None
+    if isinstance(allow_globals, str):
+        raise UsageError("`allow_globals` is a list of patterns, not one string")
+    return [str(p) for p in allow_globals]
+
+
+def inspect(path: PathLike, *, tag: Optional[str] = None, allow_globals: Optional[Sequence[str]] = None) -> CheckpointInfo:
+    """What ``ckpt inspect`` shows: format, files, tensors, metadata, values, and for torch
+    files the globals each one's pickle names (``globals``, by file). ``allow_globals`` as in
+    :func:`load`."""
+    d = _info(_native.Checkpoint(os.fspath(path), tag, _allow(allow_globals)))
     return CheckpointInfo(
         format=d["format"],
         root=d["root"],
@@ -178,21 +190,33 @@ def inspect(path: PathLike, *, tag: Optional[str] = None) -> CheckpointInfo:
         zero_stage=d["zero_stage"],
         total_bytes=d["total_bytes"],
         components=d.get("components"),
+        globals={f["path"]: f["globals"] for f in d["files"] if f.get("globals")},
     )
 
 
-def verify(path: PathLike) -> VerifyReport:
+def verify(path: PathLike, *, allow_globals: Optional[Sequence[str]] = None) -> VerifyReport:
     """``ckpt verify``: every defect a reader would trip on (``report.problems``)."""
-    return VerifyReport(**json.loads(_native.verify(os.fspath(path))))
+    return VerifyReport(**json.loads(_native.verify(os.fspath(path), allow_globals=_allow(allow_globals))))
 
 
 def split(
-    src: PathLike, out_dir: PathLike, *, max_shard_size: Size = "5GB", tag: Optional[str] = None, checksums: bool = False, allow_expanded: bool = False
+    src: PathLike,
+    out_dir: PathLike,
+    *,
+    max_shard_size: Size = "5GB",
+    tag: Optional[str] = None,
+    checksums: bool = False,
+    allow_expanded: bool = False,
+    allow_globals: Optional[Sequence[str]] = None,
 ) -> Outcome:
     """``ckpt split``: huggingface_hub's sharded safetensors layout in ``out_dir``."""
     size = _size(max_shard_size)
     assert size is not None
-    return _outcome(_native.split(os.fspath(src), os.fspath(out_dir), size, tag=tag, checksums=checksums, allow_expanded=allow_expanded))
+    return _outcome(
+        _native.split(
+            os.fspath(src), os.fspath(out_dir), size, tag=tag, checksums=checksums, allow_expanded=allow_expanded, allow_globals=_allow(allow_globals)
+        )
+    )
 
 
 def merge(
@@ -205,12 +229,21 @@ def merge(
     checksums: bool = False,
     allow_expanded: bool = False,
     model: Optional[int] = None,
+    allow_globals: Optional[Sequence[str]] = None,
 ) -> Outcome:
     """``ckpt merge``: one safetensors state dict from any layout (DCP, ZeRO, shards); for an
     accelerate ``save_state`` folder, its model ``model`` (default 0)."""
     return _outcome(
         _native.merge(
-            os.fspath(src), os.fspath(out), tag=tag, max_shard_size=_size(max_shard_size), optimizer=optimizer, checksums=checksums, allow_expanded=allow_expanded, model=model
+            os.fspath(src),
+            os.fspath(out),
+            tag=tag,
+            max_shard_size=_size(max_shard_size),
+            optimizer=optimizer,
+            checksums=checksums,
+            allow_expanded=allow_expanded,
+            model=model,
+            allow_globals=_allow(allow_globals),
         )
     )
 
@@ -227,6 +260,7 @@ def convert(
     tag: Optional[str] = None,
     checksums: bool = False,
     allow_expanded: bool = False,
+    allow_globals: Optional[Sequence[str]] = None,
 ) -> Outcome:
     """``ckpt convert``: to safetensors, torch (``.bin``/``.pt``) or DCP (``to="dcp"``)."""
     return _outcome(
@@ -241,6 +275,7 @@ def convert(
             tag=tag,
             checksums=checksums,
             allow_expanded=allow_expanded,
+            allow_globals=_allow(allow_globals),
         )
     )
 
@@ -250,9 +285,19 @@ def reshard(src: PathLike, out: PathLike, world_size: int, *, tag: Optional[str]
     return _outcome(_native.reshard(os.fspath(src), os.fspath(out), int(world_size), tag=tag, checksums=checksums, allow_expanded=allow_expanded))
 
 
-def load(path: PathLike, *, framework: str = "numpy", device: str = "cpu", tag: Optional[str] = None) -> LoadedStateDict:
+def load(
+    path: PathLike, *, framework: str = "numpy", device: str = "cpu", tag: Optional[str] = None, allow_globals: Optional[Sequence[str]] = None
+) -> LoadedStateDict:
     """Every tensor of the checkpoint at ``path`` (safetensors file or sharded folder, torch
     ``.bin``/``.pt``, DCP folder, DeepSpeed ZeRO folder, ``hf://``), whole.
+
+    ``allow_globals`` (torch files) names globals beyond torch's weights-only list to read as
+    inert data: each a dotted name (``"omegaconf.dictconfig.DictConfig"``), a prefix ending in
+    ``.*`` (``"omegaconf.*"``) or ``"*"``. Nothing is imported or called: an object becomes a
+    record of its class and state, every tensor reachable through it is returned under its
+    path (``state_dict.layer.weight``, ``obj.state.attr``), numpy arrays as tensors. A file
+    naming a global that is not allowed raises :class:`~statekit.errors.UnsafePickle`, whose
+    ``globals`` lists what is missing.
 
     Tensors whose bytes lie contiguous in one file (safetensors, torch's zip records) view a
     private (copy-on-write) memory map of it: nothing is copied, and writing to the array never
@@ -269,7 +314,7 @@ def load(path: PathLike, *, framework: str = "numpy", device: str = "cpu", tag: 
     torch = None
     if use_torch:
         import torch
-    ck = _native.Checkpoint(os.fspath(path), tag)
+    ck = _native.Checkpoint(os.fspath(path), tag, _allow(allow_globals))
     info = _info(ck)
     maps: Dict[int, mmap.mmap] = {}
 

@@ -45,9 +45,17 @@ class InvalidCheckpoint(CheckpointError):
 class UnsafePickle(InvalidCheckpoint):
     """A pickle asked for a global outside torch's weights-only set; nothing was executed.
 
-    ``global_name`` is the global that was refused."""
+    ``global_name`` is the global that was refused. For a torch file opened with
+    ``allow_globals``, ``globals`` lists it and the file's other globals that are not allowed
+    either: what ``allow_globals`` would need to read the file as data."""
 
     global_name: str
+    globals: list
+
+
+class BadOption(CheckpointError, ValueError):
+    """An option's value that cannot be used: an ``allow_globals`` pattern that is not a dotted
+    name, a prefix ending in ``.*`` or ``*``, or an option that does not apply to the format."""
 
 
 class BadPickle(InvalidCheckpoint):
@@ -145,6 +153,8 @@ _IO: Dict[str, Type[StatekitOSError]] = {
 
 _CKPT: Dict[str, Type[CheckpointError]] = {
     "RefusedGlobal": UnsafePickle,
+    "GlobalNotAllowed": UnsafePickle,
+    "BadOption": BadOption,
     "BadPickle": BadPickle,
     "ChecksumMismatch": ChecksumMismatch,
     "NotACheckpoint": NotACheckpoint,
@@ -216,6 +226,7 @@ __all__ = [
     "CheckpointError",
     "InvalidCheckpoint",
     "UnsafePickle",
+    "BadOption",
     "BadPickle",
     "ChecksumMismatch",
     "NotACheckpoint",

@@ -178,6 +178,130 @@ const ALLOWED: &[(&str, Global)] = &[
     ("torch.uint8", G::Dtype(Dtype::U8)),
 ];
 
+/// Globals a caller allows beyond torch's list, to be read as inert data (the option
+/// `allow_globals`; `ckpt --allow-global`): each pattern is a dotted name
+/// (`omegaconf.dictconfig.DictConfig`), a prefix ending in `.*` (`omegaconf.*`, which also
+/// admits `omegaconf` itself), or `*` for any global. Parsed once, where the option enters
+/// ([`AllowGlobals::new`]), so an invalid pattern never reaches a reader.
+///
+/// What an allowed global means is fixed and runs nothing: applied by `REDUCE` or `NEWOBJ` it
+/// makes a record of its name and arguments, `BUILD` gives the record its state and
+/// `APPENDS`/`SETITEMS` its items; nothing is imported or called. numpy's arrays and scalars
+/// among such records are decoded as data (see the torch reader's module docs).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AllowGlobals {
+    patterns: Vec<Pattern>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Pattern {
+    /// `module.name`, matched whole.
+    Name(String),
+    /// `module.` of `module.*`: every global under it, and `module` itself.
+    Prefix(String),
+    Any,
+}
+
+impl AllowGlobals {
+    /// Parses `patterns`; the error names the first invalid one.
+    pub fn new<I, S>(patterns: I) -> crate::Result<AllowGlobals>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        let mut out = Vec::new();
+        for p in patterns {
+            let p = p.as_ref();
+            let parsed = if p == "*" {
+                Pattern::Any
+            } else if let Some(prefix) = p.strip_suffix(".*") {
+                dotted(prefix, 1).then(|| Pattern::Prefix(format!("{prefix}."))).ok_or_else(|| bad_pattern(p))?
+            } else {
+                dotted(p, 2).then(|| Pattern::Name(p.to_string())).ok_or_else(|| bad_pattern(p))?
+            };
+            if !out.contains(&parsed) {
+                out.push(parsed);
+            }
+        }
+        Ok(AllowGlobals { patterns: out })
+    }
+
+    /// Every global (`*`).
+    pub fn any() -> AllowGlobals {
+        AllowGlobals { patterns: vec![Pattern::Any] }
+    }
+
+    /// True when no global is allowed beyond torch's list.
+    pub fn is_empty(&self) -> bool {
+        self.patterns.is_empty()
+    }
+
+    /// True when `global` (`module.name`, as a pickle names it or as Python resolves it) is
+    /// allowed as data.
+    pub fn allows(&self, global: &str) -> bool {
+        let fixed = python_name(global);
+        self.patterns.iter().any(|p| {
+            let hit = |g: &str| match p {
+                Pattern::Any => true,
+                Pattern::Name(n) => g == n,
+                Pattern::Prefix(pre) => g.starts_with(pre.as_str()) || Some(g) == pre.strip_suffix('.'),
+            };
+            hit(global) || hit(&fixed)
+        })
+    }
+
+    /// The patterns as they were given, in order.
+    pub fn patterns(&self) -> Vec<String> {
+        self.patterns
+            .iter()
+            .map(|p| match p {
+                Pattern::Any => "*".to_string(),
+                Pattern::Name(n) => n.clone(),
+                Pattern::Prefix(pre) => format!("{pre}*"),
+            })
+            .collect()
+    }
+}
+
+/// `n` or more dot-separated Python identifiers.
+fn dotted(s: &str, n: usize) -> bool {
+    let parts: Vec<&str> = s.split('.').collect();
+    parts.len() >= n
+        && parts.iter().all(|p| {
+            let mut c = p.chars();
+            c.next().is_some_and(|f| f == '_' || f.is_alphabetic()) && c.all(|c| c == '_' || c.is_alphanumeric())
+        })
+}
+
+fn bad_pattern(p: &str) -> crate::Error {
+    crate::Error::BadOption {
+        option: "allow_globals",
+        reason: format!(
+            "`{}` is not a dotted name (`omegaconf.dictconfig.DictConfig`), a prefix ending in `.*` (`omegaconf.*`), or `*`",
+            crate::escape_controls(p)
+        ),
+    }
+}
+
+/// The name Python 3 resolves a global to: protocol 2 writes builtins under their Python 2
+/// names (`__builtin__.long` for `int`), which the unpickler maps back (`_compat_pickle`).
+pub(crate) fn python_name(global: &str) -> String {
+    let (module, name) = global.rsplit_once('.').unwrap_or(("", global));
+    let module = match module {
+        "__builtin__" => "builtins",
+        "copy_reg" => "copyreg",
+        m => m,
+    };
+    let name = match (module, name) {
+        ("builtins", "long") => "int",
+        ("builtins", "unicode" | "basestring") => "str",
+        ("builtins", "xrange") => "range",
+        ("builtins", "unichr") => "chr",
+        (_, n) => n,
+    };
+    format!("{module}.{name}")
+}
+
 fn table() -> &'static HashMap<&'static str, Global> {
     static TABLE: OnceLock<HashMap<&'static str, Global>> = OnceLock::new();
     TABLE.get_or_init(|| ALLOWED.iter().copied().collect())

@@ -9,11 +9,24 @@
 //! tensor entry it builds is charged to the pickle's memory budget ([`Pickle::charge`]) as it is
 //! built, so that copies of one memoized string or bytes object cannot add up to more memory
 //! than the pickle is allowed.
+//!
+//! A record (an object of an allowed class, [`Obj::Instance`]) has up to five parts, named the
+//! same way as a value (JSON) and as a prefix of the names below it: `__class__` (its class),
+//! `args.N` (what `REDUCE`/`NEWOBJ` gave it), `state` (what `BUILD` gave it: a dict state
+//! gives `state.KEY`), `list.N` and `items.KEY` (the items of a list or dict subclass). A
+//! record that holds tensors is walked into, so a tensor in an object's attributes is named
+//! `obj.state.attr`; one that holds none is one value. With numpy decoding on, a numpy array
+//! is a tensor under its own name and a numpy scalar a plain value.
+//!
+//! Objects may refer to themselves (omegaconf's nodes keep their `_parent`): a reference back
+//! to an object being walked is the value `{"__cycle__": "<its dotted name>"}`, never walked
+//! again. Which objects lead to a tensor is worked out once for the whole pickle, iteratively.
 
 use std::collections::HashSet;
 use std::mem::size_of;
 
-use super::pickle::{tensor_bytes, Obj, Pickle, TensorRef, V};
+use super::numpy;
+use super::pickle::{tensor_bytes, Global, Obj, Pickle, StorageKind, StorageRef, TensorRef, V};
 
 /// Nodes the walk may visit in total.
 pub(crate) const MAX_VISITS: u64 = 1 << 23;
@@ -27,12 +40,15 @@ pub(crate) use crate::value::Leaf;
 pub(crate) struct Flat {
     pub tensors: Vec<(String, TensorRef)>,
     pub leaves: Vec<(String, Leaf)>,
+    /// The bytes of tensors decoded from the pickle (numpy arrays): the tensors over them have
+    /// a storage of kind [`StorageKind::Inline`] whose key is the index here.
+    pub inline: Vec<Vec<u8>>,
 }
 
 /// The pickle's root as one value (what `torch.save` of a non-tensor object holds, such as a
 /// DCP bytes item), with the same budget as [`flatten`].
 pub(crate) fn leaf_of(p: &Pickle) -> Result<Leaf, String> {
-    let mut w = Walk { p, visits: 0, names: HashSet::new(), out: Flat::default() };
+    let mut w = Walk::new(p, false, Vec::new());
     w.leaf(p.root, 0)
 }
 
@@ -41,12 +57,44 @@ struct Walk<'a> {
     visits: u64,
     names: HashSet<String>,
     out: Flat,
+    /// Decode numpy arrays and scalars.
+    numpy: bool,
+    /// Whether each arena object leads to a tensor.
+    reach: Vec<bool>,
+    /// The objects being walked, with the number of path segments leading to each.
+    chain: Vec<(usize, usize)>,
+    /// The path to the current value, one segment per level (at most [`MAX_NESTING`] or so).
+    segs: Vec<Seg>,
+}
+
+/// A segment of a value's path.
+enum Seg {
+    Key(String),
+    Index(usize),
+}
+
+impl std::fmt::Display for Seg {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Seg::Key(k) => f.write_str(k),
+            Seg::Index(i) => write!(f, "{i}"),
+        }
+    }
 }
 
 /// Flattens the pickle's root into named tensors and leaves; the error is a reason.
 pub(crate) fn flatten(p: &Pickle) -> Result<Flat, String> {
-    let mut w = Walk { p, visits: 0, names: HashSet::new(), out: Flat::default() };
+    flatten_with(p, false)
+}
+
+/// [`flatten`], decoding numpy arrays into tensors and numpy scalars into values when `numpy`.
+pub(crate) fn flatten_with(p: &Pickle, numpy: bool) -> Result<Flat, String> {
+    let reach = reach(p, numpy)?;
+    let mut w = Walk::new(p, numpy, reach);
     match p.obj(p.root) {
+        Some(Obj::Instance { .. }) if numpy && numpy::is_array(p, p.root) => {
+            return Err("the file holds a single numpy array, not a state dict".into())
+        }
         Some(Obj::Dict(_) | Obj::List(_) | Obj::Tuple(_) | Obj::Instance { .. }) => w.node("", p.root, 0)?,
         Some(Obj::Tensor(_)) => return Err("the file holds a single tensor, not a state dict".into()),
         _ => return Err("the file holds no dict of tensors".into()),
@@ -54,7 +102,91 @@ pub(crate) fn flatten(p: &Pickle) -> Result<Flat, String> {
     Ok(w.out)
 }
 
-impl Walk<'_> {
+/// The values directly inside an object.
+fn children(o: &Obj) -> impl Iterator<Item = V> + '_ {
+    let (a, b, c): (&[V], &[(V, V)], Option<V>) = match o {
+        Obj::Tuple(items) | Obj::List(items) => (items, &[], None),
+        Obj::Dict(items) => (&[], items, None),
+        Obj::Instance { args, state, items, .. } => {
+            let (list, dict) = items.as_deref().map_or((&[][..], &[][..]), |i| (&i.list[..], &i.dict[..]));
+            return Box::new(args.iter().chain(list).copied().chain(dict.iter().map(|&(_, v)| v)).chain(*state))
+                as Box<dyn Iterator<Item = V>>;
+        }
+        _ => (&[], &[], None),
+    };
+    Box::new(a.iter().copied().chain(b.iter().map(|&(_, v)| v)).chain(c))
+}
+
+/// Which arena objects lead to a tensor (or, decoding numpy, to an array): a breadth-first
+/// walk back from each tensor along reversed references, so shared and cyclic objects cost
+/// one visit each. Its tables are charged to the pickle's budget.
+fn reach(p: &Pickle, numpy: bool) -> Result<Vec<bool>, String> {
+    let n = p.objs.len();
+    let idx = |v: V| match v {
+        V::Obj(i) if i < n => Some(i),
+        _ => None,
+    };
+    // Reversed references as offsets into one edge array (compressed rows).
+    let mut count = vec![0u32; n + 1];
+    p.charge(n * (size_of::<u32>() + 1))?;
+    let mut edges = 0usize;
+    for o in &p.objs {
+        for c in children(o).filter_map(idx) {
+            count[c + 1] += 1;
+            edges += 1;
+        }
+    }
+    p.charge(edges * size_of::<u32>())?;
+    for i in 0..n {
+        count[i + 1] += count[i];
+    }
+    let mut fill = count.clone();
+    let mut parents = vec![0u32; edges];
+    for (i, o) in p.objs.iter().enumerate() {
+        for c in children(o).filter_map(idx) {
+            parents[fill[c] as usize] = i as u32;
+            fill[c] += 1;
+        }
+    }
+    drop(fill);
+    let mut reach = vec![false; n];
+    let mut queue: Vec<usize> = Vec::new();
+    for (i, o) in p.objs.iter().enumerate() {
+        let sink = match o {
+            Obj::Tensor(_) => true,
+            Obj::Instance { .. } => numpy && numpy::is_array(p, V::Obj(i)),
+            _ => false,
+        };
+        if sink {
+            reach[i] = true;
+            queue.push(i);
+        }
+    }
+    while let Some(i) = queue.pop() {
+        for &parent in &parents[count[i] as usize..count[i + 1] as usize] {
+            if !reach[parent as usize] {
+                reach[parent as usize] = true;
+                queue.push(parent as usize);
+            }
+        }
+    }
+    Ok(reach)
+}
+
+impl<'a> Walk<'a> {
+    fn new(p: &'a Pickle, numpy: bool, reach: Vec<bool>) -> Walk<'a> {
+        Walk {
+            p,
+            visits: 0,
+            names: HashSet::new(),
+            out: Flat::default(),
+            numpy,
+            reach,
+            chain: Vec::new(),
+            segs: Vec::new(),
+        }
+    }
+
     /// `prefix.key`, charged to the budget.
     fn join(&self, prefix: &str, key: &str) -> Result<String, String> {
         self.p.charge(size_of::<String>() + prefix.len() + 1 + key.len())?;
@@ -79,52 +211,131 @@ impl Walk<'_> {
         }
     }
 
+    fn holds_tensor(&self, v: V) -> bool {
+        matches!(v, V::Obj(i) if self.reach.get(i).copied().unwrap_or(false))
+    }
+
+    /// The value that stands for `v` when it is an object being walked: a reference back.
+    fn cycle(&self, v: V) -> Result<Option<Leaf>, String> {
+        let V::Obj(i) = v else { return Ok(None) };
+        let Some(&(_, at)) = self.chain.iter().find(|(o, _)| *o == i) else { return Ok(None) };
+        let path = self.segs.get(..at).unwrap_or_default().iter().map(Seg::to_string).collect::<Vec<_>>().join(".");
+        self.p.charge(2 * size_of::<Leaf>() + size_of::<String>() + path.len() + 16)?;
+        Ok(Some(Leaf::Dict(vec![("__cycle__".into(), Leaf::Str(path))])))
+    }
+
+    /// Runs `f` with `v` marked as being walked.
+    fn within<T>(&mut self, v: V, f: impl FnOnce(&mut Self) -> Result<T, String>) -> Result<T, String> {
+        if let V::Obj(i) = v {
+            self.chain.push((i, self.segs.len()));
+        }
+        let r = f(self);
+        if matches!(v, V::Obj(_)) {
+            self.chain.pop();
+        }
+        r
+    }
+
+    /// Runs `f` with `seg` pushed on the path (a stack as deep as the walk: not charged).
+    fn at<T>(&mut self, seg: Seg, f: impl FnOnce(&mut Self) -> Result<T, String>) -> Result<T, String> {
+        self.segs.push(seg);
+        let r = f(self);
+        self.segs.pop();
+        r
+    }
+
+    fn push_leaf(&mut self, name: &str, leaf: Leaf) -> Result<(), String> {
+        self.claim(name)?;
+        self.out.leaves.push((name.to_string(), leaf));
+        Ok(())
+    }
+
     fn node(&mut self, name: &str, v: V, depth: usize) -> Result<(), String> {
         self.tick()?;
         if depth > MAX_NESTING {
             return Err(format!("`{name}` is nested deeper than {MAX_NESTING} levels"));
         }
-        match self.p.obj(v) {
+        if let Some(back) = self.cycle(v)? {
+            return self.push_leaf(name, back);
+        }
+        let p = self.p;
+        match p.obj(v) {
             Some(Obj::Tensor(t)) => {
                 self.claim(name)?;
-                self.p.charge(size_of::<TensorRef>() + tensor_bytes(t))?;
+                p.charge(size_of::<TensorRef>() + tensor_bytes(t))?;
                 self.out.tensors.push((name.to_string(), t.clone()));
                 Ok(())
             }
-            Some(Obj::Dict(items)) if !items.is_empty() => {
+            Some(Obj::Instance { .. }) if self.numpy && numpy::is_array(p, v) => {
+                let Some(a) = numpy::array(p, v).map_err(|r| format!("`{name}`: {r}"))? else {
+                    return Err(format!("`{name}`: not a numpy array"));
+                };
+                self.claim(name)?;
+                let key = self.out.inline.len().to_string();
+                let numel = a.bytes.len() as u64;
+                let storage = StorageRef { key, kind: StorageKind::Inline, numel };
+                let t = TensorRef { storage, dtype: a.dtype, offset: 0, shape: a.shape, strides: a.strides };
+                p.charge(size_of::<TensorRef>() + tensor_bytes(&t))?;
+                self.out.inline.push(a.bytes);
+                self.out.tensors.push((name.to_string(), t));
+                Ok(())
+            }
+            Some(Obj::Dict(items)) if !items.is_empty() => self.within(v, |w| {
                 for &(k, val) in items {
-                    let key = self.key(k)?;
-                    self.node(&self.join(name, &key)?, val, depth + 1)?;
+                    let key = w.key(k)?;
+                    let full = w.join(name, &key)?;
+                    w.at(Seg::Key(key), |w| w.node(&full, val, depth + 1))?;
                 }
                 Ok(())
-            }
-            Some(Obj::List(items) | Obj::Tuple(items)) if self.holds_tensor(v, 0)? => {
+            }),
+            Some(Obj::List(items) | Obj::Tuple(items)) if self.holds_tensor(v) => self.within(v, |w| {
                 for (i, &val) in items.iter().enumerate() {
-                    self.node(&self.join(name, &i.to_string())?, val, depth + 1)?;
+                    let full = w.join(name, &i.to_string())?;
+                    w.at(Seg::Index(i), |w| w.node(&full, val, depth + 1))?;
                 }
                 Ok(())
-            }
-            // An allow-listed object whose state holds tensors (accelerate's pickled
-            // `SeedableRandomSampler` and its `torch.Generator`): its class, arguments and state
-            // under its name, the tensors among them as entries of their own.
-            Some(Obj::Instance { class, args, state }) if name.is_empty() || self.holds_tensor(v, 0)? => {
-                let (class, args, state) = (*class, args.clone(), *state);
-                let at = self.join(name, "__class__")?;
-                self.claim(&at)?;
-                self.out.leaves.push((at, Leaf::Str(class.to_string())));
-                for (i, &val) in args.iter().enumerate() {
-                    self.node(&self.join(&self.join(name, "args")?, &i.to_string())?, val, depth + 1)?;
-                }
-                if let Some(st) = state {
-                    self.node(&self.join(name, "state")?, st, depth + 1)?;
-                }
-                Ok(())
+            }),
+            // A record whose parts hold tensors (accelerate's pickled `SeedableRandomSampler`
+            // and its `torch.Generator`, an object of a class the user allowed): its class,
+            // arguments, state and items under its name, the tensors among them as entries of
+            // their own.
+            Some(Obj::Instance { class, args, state, items: more }) if name.is_empty() || self.holds_tensor(v) => {
+                let (list, items) = more.as_deref().map_or((&[][..], &[][..]), |i| (&i.list[..], &i.dict[..]));
+                self.within(v, |w| {
+                    let at = w.join(name, "__class__")?;
+                    w.push_leaf(&at, Leaf::Str(class.to_string()))?;
+                    let parts = [("args", args.as_slice()), ("list", list)];
+                    for (part, vals) in parts {
+                        let prefix = w.join(name, part)?;
+                        w.at(Seg::Key(part.into()), |w| {
+                            for (i, &val) in vals.iter().enumerate() {
+                                let full = w.join(&prefix, &i.to_string())?;
+                                w.at(Seg::Index(i), |w| w.node(&full, val, depth + 1))?;
+                            }
+                            Ok(())
+                        })?;
+                    }
+                    if !items.is_empty() {
+                        let prefix = w.join(name, "items")?;
+                        w.at(Seg::Key("items".into()), |w| {
+                            for &(k, val) in items {
+                                let key = w.key(k)?;
+                                let full = w.join(&prefix, &key)?;
+                                w.at(Seg::Key(key), |w| w.node(&full, val, depth + 1))?;
+                            }
+                            Ok(())
+                        })?;
+                    }
+                    if let Some(st) = *state {
+                        let full = w.join(name, "state")?;
+                        w.at(Seg::Key("state".into()), |w| w.node(&full, st, depth + 1))?;
+                    }
+                    Ok(())
+                })
             }
             _ => {
                 let leaf = self.leaf(v, depth)?;
-                self.claim(name)?;
-                self.out.leaves.push((name.to_string(), leaf));
-                Ok(())
+                self.push_leaf(name, leaf)
             }
         }
     }
@@ -142,86 +353,44 @@ impl Walk<'_> {
         }
     }
 
-    fn holds_tensor(&mut self, v: V, depth: usize) -> Result<bool, String> {
-        self.tick()?;
-        if depth > MAX_NESTING {
-            return Err(format!("a value is nested deeper than {MAX_NESTING} levels"));
-        }
-        Ok(match self.p.obj(v) {
-            Some(Obj::Tensor(_)) => true,
-            Some(Obj::List(items) | Obj::Tuple(items)) => {
-                for &i in items {
-                    if self.holds_tensor(i, depth + 1)? {
-                        return Ok(true);
-                    }
-                }
-                false
-            }
-            Some(Obj::Dict(items)) => {
-                for &(_, i) in items {
-                    if self.holds_tensor(i, depth + 1)? {
-                        return Ok(true);
-                    }
-                }
-                false
-            }
-            Some(Obj::Instance { args, state, .. }) => {
-                for &i in args.iter().chain(state.iter()) {
-                    if self.holds_tensor(i, depth + 1)? {
-                        return Ok(true);
-                    }
-                }
-                false
-            }
-            _ => false,
-        })
-    }
-
     fn leaf(&mut self, v: V, depth: usize) -> Result<Leaf, String> {
         self.tick()?;
         if depth > MAX_NESTING {
             return Err(format!("a value is nested deeper than {MAX_NESTING} levels"));
         }
-        let payload = match self.p.obj(v) {
+        let p = self.p;
+        let payload = match p.obj(v) {
             Some(Obj::Str(s)) => s.len(),
             Some(Obj::Bytes(b)) => b.len(),
             _ => 0,
         };
-        self.p.charge(size_of::<Leaf>() + payload)?;
+        p.charge(size_of::<Leaf>() + payload)?;
+        if let Some(back) = self.cycle(v)? {
+            return Ok(back);
+        }
+        if let Some(s) = self.numpy.then(|| numpy::scalar(p, v)).flatten() {
+            return Ok(s);
+        }
         Ok(match v {
             V::None => Leaf::None,
             V::Bool(b) => Leaf::Bool(b),
             V::Int(i) => Leaf::Int(i),
             V::Float(f) => Leaf::Float(f),
-            V::Obj(_) => match self.p.obj(v) {
+            V::Obj(_) => match p.obj(v) {
                 Some(Obj::Str(s)) => Leaf::Str(s.clone()),
                 Some(Obj::Bytes(b)) => Leaf::Bytes(b.clone()),
-                Some(Obj::List(items) | Obj::Tuple(items)) => {
-                    let mut out = Vec::with_capacity(items.len());
-                    for &i in items {
-                        out.push(self.leaf(i, depth + 1)?);
-                    }
-                    Leaf::List(out)
-                }
-                Some(Obj::Dict(items)) => {
-                    let mut out = Vec::with_capacity(items.len());
-                    for &(k, i) in items {
-                        out.push((self.key(k)?, self.leaf(i, depth + 1)?));
-                    }
-                    Leaf::Dict(out)
-                }
+                Some(Obj::List(items) | Obj::Tuple(items)) => self.within(v, |w| w.list(items, depth))?,
+                Some(Obj::Dict(items)) => self.within(v, |w| w.dict(items, depth))?,
                 Some(Obj::BigInt(_)) => return Err("integers wider than 64 bits are not supported".into()),
                 // A dtype stored as a value (a config's `torch_dtype`): kept as its name.
-                Some(Obj::Global(super::pickle::Global::Dtype(d))) => {
+                Some(Obj::Global(Global::Dtype(d))) => {
                     Leaf::Str(format!("torch.{}", super::pickle::torch_dtype_name(*d).unwrap_or("unknown")))
                 }
-                Some(Obj::Global(super::pickle::Global::OtherDtype(name) | super::pickle::Global::QScheme(name))) => {
-                    Leaf::Str((*name).to_string())
-                }
-                // A format's own class passed as an argument (numpy's `ndarray` to its
-                // `_reconstruct`): kept as its name, never imported.
-                Some(Obj::Global(super::pickle::Global::Class(name))) => {
-                    Leaf::Dict(vec![("__class__".to_string(), Leaf::Str((*name).to_string()))])
+                Some(Obj::Global(Global::OtherDtype(name) | Global::QScheme(name))) => Leaf::Str((*name).to_string()),
+                // An allowed class passed as a value (numpy's `ndarray` to its `_reconstruct`,
+                // Lightning's `hparams_type`): kept as its name, never imported.
+                Some(Obj::Global(Global::Class(c))) => {
+                    Leaf::Dict(vec![("__class__".to_string(), Leaf::Str(p.class_name(*c).to_string()))])
                 }
                 Some(Obj::Global(g)) => return Err(format!("a bare `{g:?}` is not a value")),
                 // JSON has no complex numbers; the two parts keep the value exact.
@@ -231,22 +400,43 @@ impl Walk<'_> {
                 Some(Obj::EmptyTensor(_)) => return Err("a legacy tensor was never given its storage".into()),
                 Some(Obj::Script { .. }) => return Err("a TorchScript object outside a TorchScript archive".into()),
                 Some(Obj::Storage(_) | Obj::StorageView { .. }) => return Err("a bare storage is not supported".into()),
-                // An allow-listed object of a format's own class (a DeepSpeed enum, a DCP
-                // dataclass) is kept as data: its class, constructor arguments and state.
-                Some(Obj::Instance { class, args, state }) => {
-                    let mut fields = vec![("__class__".to_string(), Leaf::Str((*class).to_string()))];
-                    let mut list = Vec::with_capacity(args.len());
-                    for &a in args {
-                        list.push(self.leaf(a, depth + 1)?);
+                // A record (a DeepSpeed enum, a DCP dataclass, an object of a class the user
+                // allowed) is kept as data: its class, constructor arguments, state and items.
+                Some(Obj::Instance { class, args, state, items: more }) => self.within(v, |w| {
+                    let (list, items) = more.as_deref().map_or((&[][..], &[][..]), |i| (&i.list[..], &i.dict[..]));
+                    let mut fields = vec![("__class__".to_string(), Leaf::Str(class.to_string()))];
+                    fields.push(("args".to_string(), w.at(Seg::Key("args".into()), |w| w.list(args, depth))?));
+                    if !list.is_empty() {
+                        fields.push(("list".to_string(), w.at(Seg::Key("list".into()), |w| w.list(list, depth))?));
                     }
-                    fields.push(("args".to_string(), Leaf::List(list)));
-                    if let Some(st) = state {
-                        fields.push(("state".to_string(), self.leaf(*st, depth + 1)?));
+                    if !items.is_empty() {
+                        fields.push(("items".to_string(), w.at(Seg::Key("items".into()), |w| w.dict(items, depth))?));
                     }
-                    Leaf::Dict(fields)
-                }
+                    if let Some(st) = *state {
+                        fields.push(("state".to_string(), w.at(Seg::Key("state".into()), |w| w.leaf(st, depth + 1))?));
+                    }
+                    Ok(Leaf::Dict(fields))
+                })?,
                 Some(Obj::Tensor(_)) | None => return Err("unexpected tensor".into()),
             },
         })
+    }
+
+    fn list(&mut self, items: &[V], depth: usize) -> Result<Leaf, String> {
+        let mut out = Vec::with_capacity(items.len());
+        for (i, &item) in items.iter().enumerate() {
+            out.push(self.at(Seg::Index(i), |w| w.leaf(item, depth + 1))?);
+        }
+        Ok(Leaf::List(out))
+    }
+
+    fn dict(&mut self, items: &[(V, V)], depth: usize) -> Result<Leaf, String> {
+        let mut out = Vec::with_capacity(items.len());
+        for &(k, item) in items {
+            let key = self.key(k)?;
+            let val = self.at(Seg::Key(key.clone()), |w| w.leaf(item, depth + 1))?;
+            out.push((key, val));
+        }
+        Ok(Leaf::Dict(out))
     }
 }

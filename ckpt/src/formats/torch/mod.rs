@@ -47,6 +47,7 @@
 
 pub(crate) mod allow;
 pub(crate) mod flatten;
+pub(crate) mod numpy;
 pub(crate) mod pickle;
 use crate::shape as strided;
 pub(crate) mod torchscript;
@@ -65,7 +66,7 @@ use crate::error::{Error, IoContext, Result};
 use crate::formats::hf_index::Index;
 use crate::shape::Runs;
 use flatten::Leaf;
-use pickle::{Budget, Limits, Obj, Refusal, StorageKind};
+use pickle::{AllowGlobals, Budget, Limits, Obj, Refusal, StorageKind};
 
 /// The largest `data.pkl` we read.
 pub(crate) const MAX_PICKLE_LEN: u64 = 256 << 20;
@@ -112,6 +113,11 @@ pub(crate) struct TorchFile {
     pub tensors: Vec<TorchTensor>,
     pub storages: Vec<Storage>,
     pub leaves: Vec<(String, Leaf)>,
+    /// Every global the file's pickle names, as written, in first-seen order.
+    pub globals: Vec<String>,
+    /// Bytes decoded from the pickle (numpy arrays), addressed past the end of the file: the
+    /// storage of such a tensor starts at `len` + its offset here.
+    pub inline: Vec<u8>,
 }
 
 /// True when `path` starts like a torch file (a zip, or a legacy pickle stream).
@@ -131,27 +137,51 @@ pub(crate) fn refusal(path: &Path, record: &str, r: Refusal) -> Error {
     }
 }
 
+/// Bytes between the end of a file and the first array decoded from it.
+const TAIL_GAP: usize = 8;
+
+/// The most names a refusal lists.
+const MAX_LISTED: usize = 16;
+
+/// The refusal of a torch file read with the user's `allow`: the global refused first, then
+/// every other global of the pickle (`data`) that is not allowed either, so that one message
+/// says all that `allow_globals` would need.
+fn refusal_allowing(path: &Path, record: &str, r: Refusal, data: &[u8], allow: &AllowGlobals) -> Error {
+    match r {
+        Refusal::Global(global) => {
+            let mut globals = vec![global];
+            for g in pickle::globals_named(data, Limits::default()) {
+                if globals.len() < MAX_LISTED && !globals.contains(&g) && !pickle::admitted(&g, &[], allow) {
+                    globals.push(g);
+                }
+            }
+            Error::GlobalNotAllowed { path: path.to_path_buf(), globals, allowing: !allow.is_empty() }
+        }
+        r => refusal(path, record, r),
+    }
+}
+
 fn bad_file(path: &Path, reason: impl Into<String>) -> Error {
     Error::BadTorchFile { path: path.to_path_buf(), reason: reason.into() }
 }
 
-/// Reads a torch file.
-pub(crate) fn read(path: &Path) -> Result<TorchFile> {
-    read_sharing(path, &Budget::shared(Limits::default()))
+/// Reads a torch file, with the globals `allow` names read as inert records.
+pub(crate) fn read(path: &Path, allow: &AllowGlobals) -> Result<TorchFile> {
+    read_sharing(path, allow, &Budget::shared(Limits::default()))
 }
 
 /// Reads a torch file whose pickles charge `budget`, which the other files of its checkpoint
 /// share: their values are kept together.
-fn read_sharing(path: &Path, budget: &Rc<Budget>) -> Result<TorchFile> {
+fn read_sharing(path: &Path, allow: &AllowGlobals, budget: &Rc<Budget>) -> Result<TorchFile> {
     let file = crate::io::open(path)?;
     let len = file.metadata().at(path)?.len();
     let mut head = [0u8; 8];
     let n = usize::try_from(len.min(8)).unwrap_or(0);
     ReadAt::read_exact_at(&file, head.get_mut(..n).unwrap_or_default(), 0).at(path)?;
     if head.starts_with(b"PK\x03\x04") {
-        read_zip(&file, len, path, &[], budget)
+        read_zip(&file, len, path, Admit::User(allow), budget)
     } else if head.starts_with(&[0x80, 0x02, 0x8a]) {
-        read_legacy(&file, len, path, budget)
+        read_legacy(&file, len, path, allow, budget)
     } else if head.starts_with(b"PYTORCH1") {
         Err(bad_file(path, "legacy torch format (the 1.x preview release) is not supported"))
     } else {
@@ -189,16 +219,50 @@ pub(crate) fn read_with_classes_sharing(
     if head != *b"PK\x03\x04" {
         return Err(bad_file(path, "not a zip-format torch file"));
     }
-    read_zip(&file, len, path, classes, budget)
+    read_zip(&file, len, path, Admit::Format(classes), budget)
 }
 
-fn read_zip(
-    file: &File,
-    len: u64,
-    path: &Path,
-    classes: &'static [&'static str],
-    budget: &Rc<Budget>,
-) -> Result<TorchFile> {
+/// What a pickle may name beyond torch's weights-only list.
+#[derive(Clone, Copy)]
+enum Admit<'a> {
+    /// A format's own classes (a refusal is [`Error::RefusedGlobal`]).
+    Format(&'static [&'static str]),
+    /// The user's `allow_globals` (a refusal lists what else is missing, and numpy arrays
+    /// are decoded when anything is allowed).
+    User(&'a AllowGlobals),
+}
+
+impl Admit<'_> {
+    fn is_format(self) -> bool {
+        matches!(self, Admit::Format(c) if !c.is_empty())
+    }
+
+    /// Runs the pickle `data` (record `record`) and flattens it; also the globals it names.
+    fn flatten(
+        self,
+        data: &[u8],
+        path: &Path,
+        record: &str,
+        budget: &Rc<Budget>,
+    ) -> Result<(flatten::Flat, Vec<String>)> {
+        let (p, numpy) = match self {
+            Admit::Format(classes) => {
+                let p = pickle::load_shared(data, Limits::default(), classes, budget)
+                    .map_err(|r| refusal(path, record, r))?;
+                (p, false)
+            }
+            Admit::User(allow) => {
+                let p = pickle::load_allowing(data, Limits::default(), allow, budget)
+                    .map_err(|r| refusal_allowing(path, record, r, data, allow))?;
+                (p, !allow.is_empty())
+            }
+        };
+        let flat = flatten::flatten_with(&p, numpy).map_err(|reason| bad_file(path, reason))?;
+        Ok((flat, p.globals))
+    }
+}
+
+fn read_zip(file: &File, len: u64, path: &Path, admit: Admit<'_>, budget: &Rc<Budget>) -> Result<TorchFile> {
     let archive = zip::Archive::open(file, len, path)?;
     let Some(first) = archive.entries.first() else {
         return Err(bad_file(path, "empty archive"));
@@ -212,7 +276,7 @@ fn read_zip(
     }
     let has = |n: &str| archive.find(&format!("{prefix}{n}")).is_some();
     let script = torchscript::is_torchscript(&archive, &prefix);
-    if script && !classes.is_empty() {
+    if script && admit.is_format() {
         return Err(bad_file(path, "a TorchScript archive (`torch.jit.save`), not a `torch.save` file"));
     }
     if !has("version") && !has(".data/version") {
@@ -228,19 +292,24 @@ fn read_zip(
     let Some(pkl) = archive.find(&pkl_name) else {
         return Err(bad_file(path, format!("no `{pkl_name}` record")));
     };
-    let flat = if script {
+    let (flat, globals) = if script {
         // A TorchScript archive: the state dict is what its module tree declares.
-        flatten::Flat { tensors: torchscript::tensors(file, &archive, &prefix, path, budget)?, leaves: Vec::new() }
+        let tensors = torchscript::tensors(file, &archive, &prefix, path, budget)?;
+        (flatten::Flat { tensors, ..flatten::Flat::default() }, Vec::new())
     } else {
         let data = archive.read_entry(file, pkl, MAX_PICKLE_LEN)?;
-        let p =
-            pickle::load_shared(&data, Limits::default(), classes, budget).map_err(|r| refusal(path, &pkl_name, r))?;
-        flatten::flatten(&p).map_err(|reason| bad_file(path, reason))?
+        admit.flatten(&data, path, &pkl_name, budget)?
     };
     let mut storages: Vec<Storage> = Vec::new();
     let mut by_key: HashMap<String, usize> = HashMap::new();
     let mut tensors = Vec::with_capacity(flat.tensors.len());
+    let (inline, at) = inline_storages(&flat.inline, len, &mut storages);
     for (name, t) in flat.tensors {
+        if t.storage.kind == StorageKind::Inline {
+            let si = t.storage.key.parse::<usize>().ok().and_then(|k| at.get(k).copied()).unwrap_or(usize::MAX);
+            tensors.push(check_tensor(path, name, t, si, &storages)?);
+            continue;
+        }
         let si = match by_key.get(&t.storage.key) {
             Some(&i) => i,
             None => {
@@ -262,7 +331,30 @@ fn read_zip(
         };
         tensors.push(check_tensor(path, name, t, si, &storages)?);
     }
-    Ok(TorchFile { path: path.to_path_buf(), len, tensors, storages, leaves: flat.leaves })
+    Ok(TorchFile { path: path.to_path_buf(), len, tensors, storages, leaves: flat.leaves, globals, inline })
+}
+
+/// Lays the decoded arrays end to end past the end of the file (`len`), one storage each:
+/// the bytes, and each array's index in `storages`. They start after a gap of [`TAIL_GAP`]
+/// bytes, so that no run of the file's own bytes ever abuts one of them (a copy plan merges
+/// adjacent runs, and these are read from memory, those from the file).
+fn inline_storages(arrays: &[Vec<u8>], len: u64, storages: &mut Vec<Storage>) -> (Vec<u8>, Vec<usize>) {
+    if arrays.is_empty() {
+        return (Vec::new(), Vec::new());
+    }
+    let mut tail = vec![0u8; TAIL_GAP];
+    tail.reserve(arrays.iter().map(Vec::len).sum());
+    let mut at = Vec::with_capacity(arrays.len());
+    for (i, a) in arrays.iter().enumerate() {
+        at.push(storages.len());
+        storages.push(Storage {
+            key: format!("<numpy array {i}>"),
+            file_offset: len + tail.len() as u64,
+            byte_len: a.len() as u64,
+        });
+        tail.extend_from_slice(a);
+    }
+    (tail, at)
 }
 
 fn bad_tensor(path: &Path, tensor: &str, reason: String) -> Error {
@@ -314,27 +406,30 @@ fn check_tensor(
     Ok(TorchTensor { name, dtype: t.dtype, shape: t.shape, strides: t.strides, offset: t.offset, storage: si })
 }
 
-fn read_legacy(file: &File, len: u64, path: &Path, budget: &Rc<Budget>) -> Result<TorchFile> {
+fn read_legacy(file: &File, len: u64, path: &Path, allow: &AllowGlobals, budget: &Rc<Budget>) -> Result<TorchFile> {
     let legacy = |reason: String| bad_file(path, format!("legacy torch format: {reason}"));
     let map = crate::io::map(file, path)?;
     let all = map.get(0, len).ok_or_else(|| legacy("cannot map the file".into()))?;
     let mut pos = 0usize;
-    let mut next = |what: &str| -> Result<pickle::Pickle> {
+    // Only the object pickle may name the globals `allow` admits.
+    let mut next = |what: &str, allow: &AllowGlobals| -> Result<pickle::Pickle> {
         let rest = all.get(pos..).unwrap_or_default();
         let window = rest.get(..usize::try_from(MAX_PICKLE_LEN).unwrap_or(usize::MAX)).unwrap_or(rest);
-        let p = pickle::load_shared(window, Limits::default(), &[], budget).map_err(|r| refusal(path, what, r))?;
+        let p = pickle::load_allowing(window, Limits::default(), allow, budget)
+            .map_err(|r| refusal_allowing(path, what, r, window, allow))?;
         pos += p.end;
         Ok(p)
     };
-    let magic = next("magic number")?;
+    let none = AllowGlobals::default();
+    let magic = next("magic number", &none)?;
     if !matches!(magic.obj(magic.root), Some(Obj::BigInt(b)) if b[..] == LEGACY_MAGIC) {
         return Err(legacy("bad magic number".into()));
     }
-    let proto = next("protocol version")?;
+    let proto = next("protocol version", &none)?;
     if proto.root != pickle::V::Int(1001) {
         return Err(legacy("unknown protocol version".into()));
     }
-    let info = next("system info")?;
+    let info = next("system info", &none)?;
     let little = match info.obj(info.root) {
         Some(Obj::Dict(items)) => items.iter().any(|&(k, v)| {
             matches!(info.obj(k), Some(Obj::Str(s)) if s == "little_endian") && v == pickle::V::Bool(true)
@@ -344,15 +439,15 @@ fn read_legacy(file: &File, len: u64, path: &Path, budget: &Rc<Budget>) -> Resul
     if !little {
         return Err(legacy("only little-endian files are supported".into()));
     }
-    let obj = next("data pickle")?;
-    let flat = flatten::flatten(&obj).map_err(|reason| bad_file(path, reason))?;
+    let obj = next("data pickle", allow)?;
+    let flat = flatten::flatten_with(&obj, !allow.is_empty()).map_err(|reason| bad_file(path, reason))?;
     let mut kinds: HashMap<&str, StorageKind> = HashMap::new();
     for o in &obj.objs {
         if let Obj::Storage(s) | Obj::StorageView { storage: s, .. } = o {
             kinds.insert(&s.key, s.kind);
         }
     }
-    let keys = next("storage keys")?;
+    let keys = next("storage keys", &none)?;
     let Some(Obj::List(key_list)) = keys.obj(keys.root) else {
         return Err(legacy("storage key list is missing".into()));
     };
@@ -383,13 +478,20 @@ fn read_legacy(file: &File, len: u64, path: &Path, budget: &Rc<Budget>) -> Resul
         at = end;
     }
     let mut tensors = Vec::with_capacity(flat.tensors.len());
+    let (inline, at_inline) = inline_storages(&flat.inline, len, &mut storages);
     for (name, t) in flat.tensors {
+        if t.storage.kind == StorageKind::Inline {
+            let si = t.storage.key.parse::<usize>().ok().and_then(|k| at_inline.get(k).copied()).unwrap_or(usize::MAX);
+            tensors.push(check_tensor(path, name, t, si, &storages)?);
+            continue;
+        }
         let Some(&si) = by_key.get(&t.storage.key) else {
             return Err(bad_tensor(path, &name, format!("its storage `{}` is not in the file", t.storage.key)));
         };
         tensors.push(check_tensor(path, name, t, si, &storages)?);
     }
-    Ok(TorchFile { path: path.to_path_buf(), len, tensors, storages, leaves: flat.leaves })
+    let globals = obj.globals.clone();
+    Ok(TorchFile { path: path.to_path_buf(), len, tensors, storages, leaves: flat.leaves, globals, inline })
 }
 
 /// Entry points for the fuzz targets (`ckpt/fuzz`): run a parser on arbitrary bytes. Never panic,
@@ -438,9 +540,9 @@ pub(crate) struct TorchSet {
 
 /// Reads a torch file, or an index and its shards, checking that the index and the shards
 /// agree.
-pub(crate) fn read_set(path: &Path, format: Format) -> Result<TorchSet> {
+pub(crate) fn read_set(path: &Path, format: Format, allow: &AllowGlobals) -> Result<TorchSet> {
     if format == Format::Torch {
-        return Ok(TorchSet { index: None, files: vec![read(path)?] });
+        return Ok(TorchSet { index: None, files: vec![read(path, allow)?] });
     }
     let index = Index::read(path)?;
     let dir = index.dir().to_path_buf();
@@ -456,7 +558,7 @@ pub(crate) fn read_set(path: &Path, format: Format) -> Result<TorchSet> {
             let tensor = index.weight_map.iter().find(|(_, f)| f == name).map(|(t, _)| t.clone()).unwrap_or_default();
             return Err(Error::MissingShard { index: path.to_path_buf(), tensor, file: name.to_string() });
         }
-        let f = read_sharing(&shard, &budget)?;
+        let f = read_sharing(&shard, allow, &budget)?;
         for t in &f.tensors {
             if let Some(&prev) = holder.get(&t.name) {
                 let first: &TorchFile = &files[prev];
@@ -517,10 +619,11 @@ pub(crate) fn detect_folder(path: &Path) -> Result<Option<PathBuf>> {
     Ok((path.is_dir() && single.is_file()).then_some(single))
 }
 
-/// The catalog view of a torch checkpoint: every tensor a strided view on its storage record,
-/// every non-tensor value by its dotted name.
-pub(crate) fn catalog(root: PathBuf, format: Format) -> Result<Scan> {
-    let set = read_set(&root, format)?;
+/// The catalog view of a torch checkpoint: every tensor a strided view on its storage record
+/// (a numpy array decoded from the pickle: on its bytes, held past the end of the file), every
+/// non-tensor value by its dotted name.
+pub(crate) fn catalog(root: PathBuf, format: Format, allow: &AllowGlobals) -> Result<Scan> {
+    let set = read_set(&root, format, allow)?;
     let mut files = Vec::with_capacity(set.files.len());
     let mut tensors = Vec::new();
     let mut values = Vec::new();
@@ -531,7 +634,10 @@ pub(crate) fn catalog(root: PathBuf, format: Format) -> Result<Scan> {
             tensors.push(TensorInfo { name: t.name, dtype: t.dtype, shape: t.shape, stored: t.dtype, data });
         }
         values.extend(f.leaves);
-        files.push(SourceFile::new(f.path, f.len));
+        let mut source = SourceFile::new(f.path, f.len);
+        source.globals = f.globals;
+        source.set_inline(f.inline);
+        files.push(source);
     }
     let mut parts = Parts::new(format, root, files, tensors);
     parts.index_metadata = set.index.map(|i| i.metadata);

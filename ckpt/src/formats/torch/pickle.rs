@@ -29,10 +29,11 @@
 //! adds `FRAME`, `SHORT_BINUNICODE`, `MEMOIZE`, `STACK_GLOBAL`).
 
 use std::cell::Cell;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::mem::size_of;
 use std::rc::Rc;
 
+pub(crate) use super::allow::AllowGlobals;
 use crate::dtype::Dtype;
 
 /// Bounds on what a pickle may make us hold.
@@ -130,13 +131,16 @@ pub(crate) enum StorageKind {
     Typed(Dtype),
     /// `torch.storage.UntypedStorage`: numel counts bytes.
     Untyped,
+    /// Bytes decoded from the pickle itself (a numpy array), never named by one: numel counts
+    /// bytes, and the key is an index into [`super::flatten::Flat::inline`].
+    Inline,
 }
 
 impl StorageKind {
     pub(crate) fn elem_bytes(self) -> u64 {
         match self {
             StorageKind::Typed(d) => d.bits() / 8,
-            StorageKind::Untyped => 1,
+            StorageKind::Untyped | StorageKind::Inline => 1,
         }
     }
 }
@@ -183,9 +187,10 @@ pub(crate) enum Global {
     /// Admitted by torch, but what it builds has no bytes we can read: the full name, and
     /// what it builds.
     Unreadable(&'static str, &'static str),
-    /// A class (or constructor function) from the caller's format-specific allow-list, by its
-    /// `module.name`. Applying it builds an [`Obj::Instance`] and runs nothing.
-    Class(&'static str),
+    /// A class (or constructor function) from the caller's format-specific allow-list or from
+    /// the user's `allow_globals`: an index into [`Pickle::classes`]. Applying it builds an
+    /// [`Obj::Instance`] and runs nothing.
+    Class(u32),
     /// A TorchScript class (`__torch__.…`), admitted only when reading a TorchScript archive:
     /// an index into [`Pickle::script_classes`]. Applying it builds an [`Obj::Script`].
     Script(usize),
@@ -226,12 +231,15 @@ pub(crate) enum Obj {
     Global(Global),
     Storage(StorageRef),
     Tensor(TensorRef),
-    /// An object of an allow-listed [`Global::Class`]: the constructor arguments (`REDUCE`,
-    /// `NEWOBJ`) and the state given to `BUILD`, kept as data.
+    /// An object of an allow-listed [`Global::Class`] (a record): its class as Python names it,
+    /// the constructor arguments (`REDUCE`, `NEWOBJ`), the state given to `BUILD`, and the
+    /// items `APPENDS`/`SETITEMS` gave it (a list or dict subclass), kept as data.
     Instance {
-        class: &'static str,
+        class: Rc<str>,
         args: Vec<V>,
         state: Option<V>,
+        /// Boxed: few records have items, and every arena slot is as large as the largest.
+        items: Option<Box<Items>>,
     },
     /// A TorchScript object: its class (an index into [`Pickle::script_classes`]) and the
     /// attribute dict that `BUILD` gave it.
@@ -252,6 +260,13 @@ pub(crate) enum Obj {
     EmptyTensor(Dtype),
 }
 
+/// The items of a record of a list or dict subclass.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Items {
+    pub list: Vec<V>,
+    pub dict: Vec<(V, V)>,
+}
+
 /// A finished unpickling: the arena and the top value.
 #[derive(Debug)]
 pub(crate) struct Pickle {
@@ -261,6 +276,10 @@ pub(crate) struct Pickle {
     pub end: usize,
     /// The TorchScript classes the pickle named, by full name.
     pub script_classes: Vec<String>,
+    /// The allow-listed classes ([`Global::Class`]), as Python names them.
+    pub classes: Vec<Rc<str>>,
+    /// Every global the pickle named, as written (`module.name`), in first-seen order.
+    pub globals: Vec<String>,
     /// What is left of the memory budget, for the walks over the arena.
     pub budget: Rc<Budget>,
 }
@@ -271,6 +290,11 @@ impl Pickle {
             V::Obj(i) => self.objs.get(i),
             _ => None,
         }
+    }
+
+    /// The name of an allow-listed class.
+    pub(crate) fn class_name(&self, i: u32) -> &str {
+        self.classes.get(i as usize).map_or("?", |c| c)
     }
 
     /// Charges `bytes` that a walk over the arena builds to the pickle's memory budget.
@@ -289,7 +313,13 @@ fn heap_bytes(o: &Obj) -> usize {
     match o {
         Obj::Str(s) => s.len(),
         Obj::Bytes(b) | Obj::BigInt(b) => b.len(),
-        Obj::Tuple(items) | Obj::List(items) | Obj::Instance { args: items, .. } => items.len() * size_of::<V>(),
+        Obj::Tuple(items) | Obj::List(items) => items.len() * size_of::<V>(),
+        Obj::Instance { args, items, .. } => {
+            args.len() * size_of::<V>()
+                + items.as_ref().map_or(0, |i| {
+                    size_of::<Items>() + i.list.len() * size_of::<V>() + i.dict.len() * size_of::<(V, V)>()
+                })
+        }
         Obj::Dict(items) => items.len() * size_of::<(V, V)>(),
         Obj::Storage(s) | Obj::StorageView { storage: s, .. } => s.key.len(),
         Obj::Tensor(t) => tensor_bytes(t),
@@ -365,6 +395,14 @@ struct Machine<'a> {
     op_at: usize,
     limits: Limits,
     classes: &'static [&'static str],
+    /// The user's globals allowed as data.
+    allow: &'a AllowGlobals,
+    /// Allow-listed classes met so far ([`Global::Class`]), and their index by written name.
+    class_names: Vec<Rc<str>>,
+    class_index: HashMap<String, u32>,
+    /// Every global named, as written, and the set of them.
+    globals: Vec<String>,
+    seen_globals: HashSet<String>,
     /// Whether TorchScript's own globals are admitted (a `torch.jit.save` archive).
     script: bool,
     script_classes: Vec<String>,
@@ -386,6 +424,25 @@ pub(crate) fn load(data: &[u8], limits: Limits) -> R<Pickle> {
     load_with_classes(data, limits, &[])
 }
 
+/// Like [`load_shared`], with the user's `allow` admitting more globals as inert records.
+pub(crate) fn load_allowing(data: &[u8], limits: Limits, allow: &AllowGlobals, budget: &Rc<Budget>) -> R<Pickle> {
+    run(data, limits, &[], allow, false, Some(budget)).0
+}
+
+/// Every global the pickle at the start of `data` names, as written, in first-seen order: the
+/// pickle run with every global admitted as a record (nothing is called either way), up to
+/// its end or the first defect.
+pub(crate) fn globals_named(data: &[u8], limits: Limits) -> Vec<String> {
+    run(data, limits, &[], &AllowGlobals::any(), false, None).1
+}
+
+/// True when `global` (`module.name` as written) is admitted by torch's list, `classes` or
+/// `allow`.
+pub(crate) fn admitted(global: &str, classes: &[&str], allow: &AllowGlobals) -> bool {
+    let (module, name) = global.rsplit_once('.').unwrap_or(("", global));
+    resolve_global(module, name).is_some() || classes.contains(&global) || allow.allows(global)
+}
+
 /// Like [`load_with_classes`], charging `budget`, which other pickles share (see [`Budget`]);
 /// `limits` other than the budget's own apply to this pickle.
 pub(crate) fn load_shared(
@@ -394,35 +451,37 @@ pub(crate) fn load_shared(
     classes: &'static [&'static str],
     budget: &Rc<Budget>,
 ) -> R<Pickle> {
-    run(data, limits, classes, false, Some(budget))
+    run(data, limits, classes, &AllowGlobals::default(), false, Some(budget)).0
 }
 
 /// Like [`load`], with extra classes allowed as opaque data: `classes` lists `module.name`
 /// entries of a format that pickles its own types (DCP's metadata dataclasses, DeepSpeed's
 /// enums). Each is understood by the caller; none is ever imported or called.
 pub(crate) fn load_with_classes(data: &[u8], limits: Limits, classes: &'static [&'static str]) -> R<Pickle> {
-    run(data, limits, classes, false, None)
+    run(data, limits, classes, &AllowGlobals::default(), false, None).0
 }
 
 /// Like [`load`], for the object pickle of a TorchScript archive: classes under `__torch__.`
 /// become inert [`Obj::Script`] objects and TorchScript's list and type-tag helpers give back
 /// their argument. Nothing is imported or called here either.
 pub(crate) fn load_script(data: &[u8], limits: Limits) -> R<Pickle> {
-    run(data, limits, &[], true, None)
+    run(data, limits, &[], &AllowGlobals::default(), true, None).0
 }
 
 /// [`load_script`] charging `budget`, which the other files of its checkpoint share.
 pub(crate) fn load_script_shared(data: &[u8], limits: Limits, budget: &Rc<Budget>) -> R<Pickle> {
-    run(data, limits, &[], true, Some(budget))
+    run(data, limits, &[], &AllowGlobals::default(), true, Some(budget)).0
 }
 
+/// Runs the machine; also gives back the globals it saw, whatever the outcome.
 fn run(
     data: &[u8],
     limits: Limits,
     classes: &'static [&'static str],
+    allow: &AllowGlobals,
     script: bool,
     shared: Option<&Rc<Budget>>,
-) -> R<Pickle> {
+) -> (R<Pickle>, Vec<String>) {
     let budget = shared.map_or_else(|| Budget::shared(limits), Rc::clone);
     let before = budget.len.get();
     budget.len.set(before.saturating_add(data.len()));
@@ -432,6 +491,11 @@ fn run(
         op_at: 0,
         limits,
         classes,
+        allow,
+        class_names: Vec::new(),
+        class_index: HashMap::new(),
+        globals: Vec::new(),
+        seen_globals: HashSet::new(),
         script,
         script_classes: Vec::new(),
         root_keys: HashMap::new(),
@@ -443,15 +507,61 @@ fn run(
         memo: HashMap::new(),
         budget,
     };
-    let root = m.run()?;
+    let root = match m.run() {
+        Ok(root) => root,
+        Err(e) => return (Err(e), m.globals),
+    };
     // A pickle read from a stream (a legacy file) is only as long as what was consumed: the
     // walks over it get the budget of that length.
     m.budget.len.set(before.saturating_add(m.pos));
-    m.charge(0)?;
-    Ok(Pickle { objs: m.objs, root, end: m.pos, script_classes: m.script_classes, budget: m.budget })
+    if let Err(e) = m.charge(0) {
+        return (Err(e), m.globals);
+    }
+    let globals = m.globals.clone();
+    let p = Pickle {
+        objs: m.objs,
+        root,
+        end: m.pos,
+        script_classes: m.script_classes,
+        classes: m.class_names,
+        globals: m.globals,
+        budget: m.budget,
+    };
+    (Ok(p), globals)
 }
 
 impl Machine<'_> {
+    /// Notes a global the pickle names, once.
+    fn note_global(&mut self, full: &str) -> R<()> {
+        if !self.seen_globals.contains(full) {
+            self.charge(3 * size_of::<String>() + 2 * full.len())?;
+            self.seen_globals.insert(full.to_string());
+            self.globals.push(full.to_string());
+        }
+        Ok(())
+    }
+
+    /// The [`Global::Class`] of an allow-listed `full` name, registered on first use.
+    fn class_of(&mut self, full: &str) -> R<Global> {
+        if let Some(&i) = self.class_index.get(full) {
+            return Ok(Global::Class(i));
+        }
+        let Ok(i) = u32::try_from(self.class_names.len()) else {
+            return self.bad("too many classes");
+        };
+        let python = super::allow::python_name(full);
+        self.charge(2 * size_of::<String>() + full.len() + python.len() + 32)?;
+        self.class_names.push(Rc::from(python.as_str()));
+        self.class_index.insert(full.to_string(), i);
+        Ok(Global::Class(i))
+    }
+
+    /// A fresh record of class `class`.
+    fn instance(&mut self, class: u32, args: Vec<V>) -> R<V> {
+        let class = self.class_names.get(class as usize).map_or_else(|| Rc::from("?"), Rc::clone);
+        self.alloc(Obj::Instance { class, args, state: None, items: None })
+    }
+
     fn bad<T>(&self, reason: impl Into<String>) -> R<T> {
         Err(Refusal::Bad { at: self.op_at, reason: reason.into() })
     }
@@ -514,7 +624,9 @@ impl Machine<'_> {
     }
     fn alloc(&mut self, o: Obj) -> R<V> {
         let d = match &o {
-            Obj::Tuple(items) | Obj::List(items) => items.iter().map(|&v| self.depth_of(v) + 1).max().unwrap_or(1),
+            Obj::Tuple(items) | Obj::List(items) | Obj::Instance { args: items, .. } => {
+                items.iter().map(|&v| self.depth_of(v) + 1).max().unwrap_or(1)
+            }
             Obj::Dict(items) => items.iter().map(|&(_, v)| self.depth_of(v) + 1).max().unwrap_or(1),
             _ => 0,
         };
@@ -585,10 +697,11 @@ impl Machine<'_> {
         }
     }
     fn global(&mut self, module: &str, name: &str) -> R<()> {
-        let extra =
-            self.classes.iter().find(|c| c.strip_prefix(module).and_then(|r| r.strip_prefix('.')) == Some(name));
-        let found = match resolve_global(module, name).or(extra.map(|c| Global::Class(c))) {
+        let full = format!("{module}.{name}");
+        self.note_global(&full)?;
+        let found = match resolve_global(module, name) {
             Some(g) => Some(g),
+            None if self.classes.contains(&full.as_str()) || self.allow.allows(&full) => Some(self.class_of(&full)?),
             None if self.script => self.script_global(module, name)?,
             None => None,
         };
@@ -597,7 +710,7 @@ impl Machine<'_> {
                 let v = self.alloc(Obj::Global(g))?;
                 self.push(v)
             }
-            None => Err(Refusal::Global(format!("{module}.{name}"))),
+            None => Err(Refusal::Global(full)),
         }
     }
     /// The globals a TorchScript object pickle adds: its own classes and two kinds of helper.
@@ -670,6 +783,9 @@ impl Machine<'_> {
                 }
                 Some(Obj::Global(Global::Unreadable(name, _) | Global::OtherDtype(name) | Global::QScheme(name))) => {
                     format!("`{name}`")
+                }
+                Some(Obj::Global(Global::Class(c))) => {
+                    format!("`{}`", self.class_names.get(*c as usize).map_or("?", |c| c))
                 }
                 Some(Obj::Global(g)) => format!("`{g:?}`"),
                 Some(Obj::Storage(_) | Obj::StorageView { .. }) => "a storage".into(),
@@ -917,7 +1033,7 @@ impl Machine<'_> {
                             let Some(args) = self.items_of(args).map(<[V]>::to_vec) else {
                                 return self.bad("NEWOBJ arguments must be a tuple");
                             };
-                            let v = self.alloc(Obj::Instance { class, args, state: None })?;
+                            let v = self.instance(class, args)?;
                             self.push(v)?
                         }
                         Some(Global::Script(class)) if self.items_of(args).is_some_and(<[V]>::is_empty) => {
@@ -954,6 +1070,15 @@ impl Machine<'_> {
                         continue;
                     }
                     let dict_state = matches!(self.obj_at(state), Some(Obj::Dict(_)));
+                    let d = self.depth_of(state) + 1;
+                    if matches!(self.objs.get(idx), Some(Obj::Instance { state: None, .. })) {
+                        if d > self.limits.max_depth {
+                            return self.bad(format!("nesting deeper than {} levels", self.limits.max_depth));
+                        }
+                        if let Some(slot) = self.depth.get_mut(idx) {
+                            *slot = (*slot).max(d);
+                        }
+                    }
                     match self.objs.get_mut(idx) {
                         Some(Obj::Dict(_) | Obj::Tensor(_)) => {}
                         Some(Obj::Instance { state: slot @ None, .. }) => *slot = Some(state),
@@ -986,11 +1111,22 @@ impl Machine<'_> {
         if d > self.limits.max_depth {
             return self.bad(format!("nesting deeper than {} levels", self.limits.max_depth));
         }
-        if matches!(self.obj_at(target), Some(Obj::List(_))) {
-            self.charge(items.len() * size_of::<V>())?;
+        match self.obj_at(target) {
+            Some(Obj::List(_)) => self.charge(items.len() * size_of::<V>())?,
+            Some(Obj::Instance { items: have, .. }) => {
+                let boxed = if have.is_none() { size_of::<Items>() } else { 0 };
+                self.charge(boxed + items.len() * size_of::<V>())?
+            }
+            _ => {}
         }
         if let V::Obj(i) = target {
-            if let Some(Obj::List(list)) = self.objs.get_mut(i) {
+            // A record of a list subclass gets its items the way a list does.
+            let list = match self.objs.get_mut(i) {
+                Some(Obj::List(list)) => Some(list),
+                Some(Obj::Instance { items, .. }) => Some(&mut items.get_or_insert_with(Box::default).list),
+                _ => None,
+            };
+            if let Some(list) = list {
                 list.extend(items);
                 if let Some(slot) = self.depth.get_mut(i) {
                     *slot = (*slot).max(d);
@@ -1006,11 +1142,22 @@ impl Machine<'_> {
         if d > self.limits.max_depth {
             return self.bad(format!("nesting deeper than {} levels", self.limits.max_depth));
         }
-        if matches!(self.obj_at(target), Some(Obj::Dict(_))) {
-            self.charge(items.len() * size_of::<(V, V)>())?;
+        match self.obj_at(target) {
+            Some(Obj::Dict(_)) => self.charge(items.len() * size_of::<(V, V)>())?,
+            Some(Obj::Instance { items: have, .. }) => {
+                let boxed = if have.is_none() { size_of::<Items>() } else { 0 };
+                self.charge(boxed + items.len() * size_of::<(V, V)>())?
+            }
+            _ => {}
         }
         if let V::Obj(i) = target {
-            if let Some(Obj::Dict(dict)) = self.objs.get_mut(i) {
+            // A record of a dict subclass (`defaultdict`, an `AttributeDict`) likewise.
+            let dict = match self.objs.get_mut(i) {
+                Some(Obj::Dict(dict)) => Some(dict),
+                Some(Obj::Instance { items, .. }) => Some(&mut items.get_or_insert_with(Box::default).dict),
+                _ => None,
+            };
+            if let Some(dict) = dict {
                 // Repeated keys are kept here and refused when names are flattened.
                 dict.extend(items);
                 if let Some(slot) = self.depth.get_mut(i) {
@@ -1121,7 +1268,7 @@ impl Machine<'_> {
             return self.bad("REDUCE arguments must be a tuple");
         };
         match (g, a.as_slice()) {
-            (Global::Class(class), _) => self.alloc(Obj::Instance { class, args: a, state: None }),
+            (Global::Class(class), _) => self.instance(class, a),
             (Global::Unreadable(global, what), _) => self.unreadable(global, what),
             (Global::OrderedDict | Global::Counter, []) => self.alloc(Obj::Dict(Vec::new())),
             // `Counter(mapping)`, the way a Counter pickles itself.
@@ -1434,8 +1581,10 @@ mod tests {
         let data = b"\x80\x02cpkg\nThing\n)\x81}X\x01\x00\x00\x00aK\x05sb.";
         assert_eq!(load(data, Limits::default()).err(), Some(Refusal::Global("pkg.Thing".into())));
         let p = load_with_classes(data, Limits::default(), &["pkg.Thing"]).unwrap_or_else(|e| panic!("{e:?}"));
-        let Some(Obj::Instance { class, args, state: Some(state) }) = p.obj(p.root) else { panic!("not an instance") };
-        assert_eq!((*class, args.len()), ("pkg.Thing", 0));
+        let Some(Obj::Instance { class, args, state: Some(state), .. }) = p.obj(p.root) else {
+            panic!("not an instance")
+        };
+        assert_eq!((&**class, args.len()), ("pkg.Thing", 0));
         let Some(Obj::Dict(fields)) = p.obj(*state) else { panic!("state is not a dict") };
         assert_eq!(fields.len(), 1);
         assert_eq!(fields[0].1, V::Int(5));
