@@ -208,6 +208,22 @@ impl Sources {
         self.map(i)?.get(off, len).ok_or_else(|| short_source(path, off))
     }
 
+    /// Reads `buf.len()` bytes of file `i` at `off` with `pread`, bypassing the map (no pages
+    /// of ours stay resident afterwards).
+    pub(crate) fn read_into(&self, i: usize, off: u64, buf: &mut [u8]) -> Result<()> {
+        if self.in_memory(i, off) {
+            let bytes = self.read(i, off, buf.len() as u64)?;
+            buf.copy_from_slice(bytes);
+            return Ok(());
+        }
+        let (file, path) = self.file(i)?;
+        match ReadAt::read_exact_at(file, buf, off) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Err(short_source(path, off)),
+            Err(e) => Err(Error::Io { path: path.to_path_buf(), source: e }),
+        }
+    }
+
     /// Drops the resident pages of `[off, off + len)` of file `i`, if it is mapped.
     pub(crate) fn release(&self, i: usize, off: u64, len: u64) {
         if let Some(Some(Ok(m))) = self.maps.get(i).map(OnceLock::get) {

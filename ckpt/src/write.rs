@@ -52,6 +52,8 @@ pub(crate) struct Gather {
 /// Runs shorter than this on average are gathered through the window rather than copied one
 /// kernel call each: a row of a tensor-parallel shard is a few KiB.
 const MIN_COPY_RUN: u64 = 64 << 10;
+/// Boxes with at most this many runs are copied run by run whatever their length.
+const FEW_RUNS: u64 = 64;
 
 impl TensorInfo {
     /// True when its stored bytes are best moved as range copies: ranges, or boxes whose runs
@@ -60,8 +62,9 @@ impl TensorInfo {
         match &self.data {
             TensorData::Ranges(_) => true,
             TensorData::Boxes(_) => {
+                // A few kernel copies cost nothing whatever their size (FSDP2's dim-0 chunks).
                 let runs = self.run_count();
-                runs <= 1 || self.stored_len() / runs >= MIN_COPY_RUN
+                runs <= FEW_RUNS || self.stored_len() / runs >= MIN_COPY_RUN
             }
         }
     }
@@ -184,6 +187,13 @@ impl std::fmt::Debug for WriteOptions<'_> {
 const PIECE: u64 = 64 << 20;
 /// The user-space copy window: what one thread holds resident at most.
 const WINDOW: u64 = 8 << 20;
+/// What all gathering threads hold together at most: with many threads each window shrinks,
+/// down to [`MIN_WINDOW`], so the peak stays near this whatever the machine.
+const GATHER_BUDGET: u64 = 32 << 20;
+const MIN_WINDOW: u64 = 1 << 20;
+/// Runs at least this long are read into the window with `pread` (no mapped pages to hold or
+/// drop); shorter ones, a strided view's elements, come from the map.
+const PREAD_MIN: u64 = 1 << 10;
 
 /// Runs `plan`, reading from `sources`. On error, no target or temporary is left behind and
 /// nothing that existed before is touched.
@@ -450,8 +460,10 @@ fn gather(
         });
     }
     let in_elem = (t.stored.bits() / 8).max(1) as usize;
+    let threads = rayon::current_num_threads().max(1) as u64;
+    let budget = (GATHER_BUDGET / threads).clamp(MIN_WINDOW, WINDOW) as usize;
     // A window holds whole elements, so a cast never splits one.
-    let window = (WINDOW as usize / in_elem).max(1) * in_elem;
+    let window = (budget / in_elem).max(1) * in_elem;
     let mut inbuf: Vec<u8> = Vec::with_capacity(window);
     let mut outbuf: Vec<u8> = Vec::new();
     let mut at = g.dst_off;
@@ -492,17 +504,26 @@ fn gather(
             continue;
         }
         let (off, len) = (off + (lo - run_start), hi - lo);
-        match touched.iter_mut().find(|(f, ..)| *f == file) {
-            Some((_, a, b)) => {
-                *a = (*a).min(off);
-                *b = (*b).max(off + len);
+        let mapped = len < PREAD_MIN;
+        if mapped {
+            match touched.iter_mut().find(|(f, ..)| *f == file) {
+                Some((_, a, b)) => {
+                    *a = (*a).min(off);
+                    *b = (*b).max(off + len);
+                }
+                None => touched.push((file, off, off + len)),
             }
-            None => touched.push((file, off, off + len)),
         }
         let mut done = 0u64;
         while done < len {
             let n = (len - done).min((window - inbuf.len()) as u64);
-            inbuf.extend_from_slice(srcs.read(file, off + done, n)?);
+            if mapped {
+                inbuf.extend_from_slice(srcs.read(file, off + done, n)?);
+            } else {
+                let at = inbuf.len();
+                inbuf.resize(at + n as usize, 0);
+                srcs.read_into(file, off + done, &mut inbuf[at..])?;
+            }
             done += n;
             if inbuf.len() == window {
                 flush(&mut inbuf, &mut at, &mut touched)?;
