@@ -406,8 +406,16 @@ fn run(cli: &Cli) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// The `hint:` line for a torch file refused for globals `--allow-global` could admit.
+/// The `hint:` line for a torch file refused for globals `--allow-global` could admit, or for
+/// a pattern it cannot take.
 fn allow_hint(e: &ckpt::Error) -> Option<String> {
+    if let ckpt::Error::BadOption { option: "allow_globals", .. } = e {
+        return Some(
+            "hint: `--allow-global` applies to torch files and takes a dotted name, a prefix ending in `.*` \
+             (quoted: `'omegaconf.*'`), or `'*'`"
+                .into(),
+        );
+    }
     let globals = e.unallowed_globals()?;
     let flags: Vec<String> = globals.iter().map(|g| format!("--allow-global {}", ckpt::escape_controls(g))).collect();
     Some(format!(
