@@ -134,11 +134,13 @@ fn numpy_arrays_scalars_and_a_device() {
         &[],
         &format!(
             "refusing global `numpy._core.multiarray._reconstruct` (and `numpy.ndarray`, `numpy.dtype`, \
-             `__builtin__.bytes`, `numpy._core.multiarray.scalar`): {WEIGHTS_ONLY}; `allow_globals` reads them as \
-             inert data, nothing imported or called"
+             `__builtin__.bytes`, `numpy._core.multiarray.scalar`, `torch.nn.modules.linear.Linear`): {WEIGHTS_ONLY}; \
+             `allow_globals` reads them as inert data, nothing imported or called"
         ),
     );
-    let ck = matches_reference("numpy_arrays.pt", &["numpy.*", "builtins.bytes"]);
+    let ck = matches_reference("numpy_arrays.pt", &["numpy.*", "builtins.bytes", "torch.nn.*"]);
+    // A whole module's parameters are in its record's state.
+    assert!(ck.tensors().iter().any(|t| t.name == "module.state._parameters.weight"));
     let t = |n: &str| ck.tensors().iter().find(|t| t.name == n).unwrap().clone();
     // Fortran order is kept as strides and read row-major; big-endian elements are swapped.
     assert_eq!(t("arrays.fortran").shape, [3, 4]);

@@ -62,7 +62,17 @@ fn a_bad_pattern_is_a_usage_error() {
 #[test]
 fn inspect_json_lists_the_globals_and_decoded_arrays() {
     let path = unsafe_fixture("numpy_arrays.pt");
-    let out = run(&["inspect", "--json", &path, "--allow-global", "numpy.*", "--allow-global", "builtins.bytes"]);
+    let out = run(&[
+        "inspect",
+        "--json",
+        &path,
+        "--allow-global",
+        "numpy.*",
+        "--allow-global",
+        "builtins.bytes",
+        "--allow-global",
+        "torch.nn.*",
+    ]);
     assert!(out.status.success(), "{}", stderr(&out));
     let doc: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
     let expected: serde_json::Value =
@@ -77,7 +87,16 @@ fn inspect_json_lists_the_globals_and_decoded_arrays() {
     assert_eq!(doc["values"]["device"], "cuda:1");
 
     // The text form has one line of globals, allowed or not.
-    let out = run(&["inspect", &path, "--allow-global", "numpy.*", "--allow-global", "builtins.bytes"]);
+    let out = run(&[
+        "inspect",
+        &path,
+        "--allow-global",
+        "numpy.*",
+        "--allow-global",
+        "builtins.bytes",
+        "--allow-global",
+        "torch.nn.*",
+    ]);
     let globals = expected["globals"].as_array().unwrap().iter().map(|g| g.as_str().unwrap()).collect::<Vec<_>>();
     assert!(stdout(&out).contains(&format!("\nglobals: {}\n", globals.join(", "))), "{}", stdout(&out));
 }

@@ -19,7 +19,7 @@ OMEGACONF = ["omegaconf.*", "typing.Any", "builtins.dict", "builtins.list", "bui
 
 CASES = [
     ("lightning.ckpt", OMEGACONF),
-    ("numpy_arrays.pt", ["numpy.*", "builtins.bytes"]),
+    ("numpy_arrays.pt", ["numpy.*", "builtins.bytes", "torch.nn.*"]),
     ("numpy1_arrays.pt", ["numpy.*"]),
     ("training_args.bin", ["transformers.*", "accelerate.*"]),
     ("payload.pt", ["*"]),
@@ -65,7 +65,7 @@ def doc_globals(name):
 
 
 def test_numpy_arrays_come_back_as_arrays():
-    got = ckpt.load(FX / "numpy_arrays.pt", allow_globals=["numpy.*", "builtins.bytes"])
+    got = ckpt.load(FX / "numpy_arrays.pt", allow_globals=["numpy.*", "builtins.bytes", "torch.nn.*"])
     assert np.array_equal(got["arrays.fortran"], np.arange(12, dtype=np.int32).reshape(3, 4))
     assert np.array_equal(got["arrays.big_endian"], np.arange(4, dtype=np.float32))
     assert got["arrays.f64_0d"].shape == () and got["arrays.f64_0d"] == 3.25

@@ -440,3 +440,49 @@ impl<'a> Walk<'a> {
         Ok(Leaf::Dict(out))
     }
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use crate::formats::torch::pickle::{load_allowing, AllowGlobals, Budget, Limits};
+
+    fn read(data: &[u8]) -> Flat {
+        let p = load_allowing(data, Limits::default(), &AllowGlobals::any(), &Budget::shared(Limits::default()))
+            .unwrap_or_else(|e| panic!("{e:?}"));
+        flatten_with(&p, true).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    #[test]
+    fn a_reference_back_is_a_cycle_value() {
+        // `d = {}; d["me"] = d`, and a record whose state points at it: `{"me": d, "r": R(state={"up": d})}`.
+        let data =
+            b"\x80\x02}q\x00X\x02\x00\x00\x00meh\x00sX\x01\x00\x00\x00rcpkg\nR\n)\x81}X\x02\x00\x00\x00uph\x00sbs.";
+        let flat = read(data);
+        assert_eq!(flat.leaves[0], ("me".into(), Leaf::Dict(vec![("__cycle__".into(), Leaf::Str(String::new()))])));
+        let Leaf::Dict(r) = &flat.leaves[1].1 else { panic!("{:?}", flat.leaves) };
+        assert_eq!(flat.leaves[1].0, "r");
+        assert_eq!(r[0], ("__class__".into(), Leaf::Str("pkg.R".into())));
+        let state = Leaf::Dict(vec![("up".into(), Leaf::Dict(vec![("__cycle__".into(), Leaf::Str(String::new()))]))]);
+        assert_eq!(r.last(), Some(&("state".into(), state)));
+    }
+
+    #[test]
+    fn records_of_dict_and_list_subclasses_keep_their_items() {
+        // `defaultdict(dict, {"a": 1})` and a list subclass `pkg.L([2])`, as protocol 2 pickles them.
+        let data = b"\x80\x02}(X\x01\x00\x00\x00dccollections\ndefaultdict\nc__builtin__\ndict\n\x85R(X\x01\x00\x00\x00aK\x01uX\x01\x00\x00\x00lcpkg\nL\n)\x81(K\x02eu.";
+        let flat = read(data);
+        let json: Vec<(String, serde_json::Value)> =
+            flat.leaves.iter().map(|(k, v)| (k.clone(), v.to_json())).collect();
+        assert_eq!(
+            json,
+            [
+                (
+                    "d".to_string(),
+                    serde_json::json!({ "__class__": "collections.defaultdict", "args": [{ "__class__": "builtins.dict" }], "items": { "a": 1 } })
+                ),
+                ("l".to_string(), serde_json::json!({ "__class__": "pkg.L", "args": [], "list": [2] })),
+            ]
+        );
+    }
+}

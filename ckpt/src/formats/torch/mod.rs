@@ -500,11 +500,18 @@ fn read_legacy(file: &File, len: u64, path: &Path, allow: &AllowGlobals, budget:
 pub(crate) mod fuzz {
     use super::*;
 
-    /// The restricted unpickler, then the state-dict walk.
+    /// The restricted unpickler, then the state-dict walk; then the same with every global
+    /// admitted as a record (`allow_globals = ["*"]`) and numpy decoding on, and the scan
+    /// that lists a refused file's globals.
     pub fn unpickle(data: &[u8]) {
         if let Ok(p) = pickle::load(data, Limits::default()) {
             let _ = flatten::flatten(&p);
         }
+        let budget = Budget::shared(Limits::default());
+        if let Ok(p) = pickle::load_allowing(data, Limits::default(), &AllowGlobals::any(), &budget) {
+            let _ = flatten::flatten_with(&p, true);
+        }
+        let _ = pickle::globals_named(data, Limits::default());
     }
 
     /// The reader of a TorchScript code record's `__parameters__`/`__buffers__` declarations.
