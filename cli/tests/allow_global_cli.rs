@@ -160,10 +160,11 @@ fn inspect_help_shows_the_flag() {
     assert_eq!(stdout(&out), std::fs::read_to_string(&snapshot).unwrap());
 }
 
-/// `name → (dtype, shape, bytes)` and the `__metadata__` of a safetensors file.
-fn common_load(
-    path: &std::path::Path,
-) -> (std::collections::BTreeMap<String, (String, Vec<usize>, Vec<u8>)>, std::collections::BTreeMap<String, String>) {
+/// `name → (dtype, shape, bytes)` of a safetensors file.
+type Tensors = std::collections::BTreeMap<String, (String, Vec<usize>, Vec<u8>)>;
+
+/// The tensors and the `__metadata__` of a safetensors file.
+fn common_load(path: &std::path::Path) -> (Tensors, std::collections::BTreeMap<String, String>) {
     let bytes = std::fs::read(path).unwrap();
     let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
     let tensors = st
