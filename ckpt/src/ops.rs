@@ -362,7 +362,7 @@ struct BlockPlan {
 fn block_plan(ck: &Checkpoint, scaling: BlockScaling, dst: &Path) -> Result<BlockPlan> {
     let mut p = BlockPlan { computed: HashMap::new(), dropped: Default::default(), added: HashMap::new() };
     let index: HashMap<&str, usize> = ck.tensors.iter().enumerate().map(|(i, t)| (t.name.as_str(), i)).collect();
-    let srcs = crate::io::Sources::open(ck.files.iter().map(|f| f.path.as_path()))?;
+    let srcs = crate::io::Sources::of(&ck.files)?;
     let check_block = |b: u64| if b == 0 { Err(bad(dst, "the block size must be at least 1")) } else { Ok(b) };
     match scaling {
         BlockScaling::Dequantize { to, block } => {
