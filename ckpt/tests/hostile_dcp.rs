@@ -4,6 +4,8 @@
 //! output left behind), and checks that the payload of `forbidden_global` never ran.
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use std::path::{Path, PathBuf};
 
 const MARKER: &str = "statekit-pwned";
@@ -12,28 +14,11 @@ fn hostile(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../fixtures/hostile/dcp").join(name)
 }
 
-/// `file` is relative to the case's folder; `message` follows `{path}: `.
+/// `file` is relative to the case's folder (empty: the folder itself); `message` follows it.
 fn refused(name: &str, file: &str, message: &str) {
     let dir = hostile(name);
-    let src = dir.to_str().unwrap();
     let at = if file.is_empty() { dir.clone() } else { dir.join(file) };
-    let expected = format!("{}{message}", at.display());
-    let err = ckpt::Checkpoint::open(src).unwrap_err();
-    assert_eq!(err.to_string(), expected);
-    assert!(err.is_invalid_data(), "{name}: verify should report it as a problem");
-
-    let report = ckpt::verify(src).unwrap();
-    assert_eq!(report.format.map(|f| f.name()), Some("dcp"));
-    assert_eq!(report.problems.iter().map(ToString::to_string).collect::<Vec<_>>(), vec![expected.clone()]);
-
-    let out = tempfile::tempdir().unwrap();
-    let target = out.path().join("resharded");
-    let err = ckpt::Checkpoint::open(src)
-        .and_then(|ck| ckpt::reshard(&ck, &target, 2, &ckpt::WriteOptions::default()))
-        .unwrap_err();
-    assert_eq!(err.to_string(), expected);
-    assert!(!target.exists(), "{name}: no output left behind");
-
+    let out = common::refused_everywhere(&dir, "dcp", &format!("{}{message}", at.display()));
     for d in [Path::new("."), dir.as_path(), out.path()] {
         assert!(!d.join(MARKER).exists(), "{name}: the payload ran");
     }

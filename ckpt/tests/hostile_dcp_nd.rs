@@ -5,6 +5,8 @@
 //! (reported as a problem) and `reshard` (no output left behind).
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use std::path::PathBuf;
 
 fn hostile(name: &str) -> PathBuf {
@@ -14,24 +16,8 @@ fn hostile(name: &str) -> PathBuf {
 /// `file` is relative to the case's folder (empty: the folder itself); `message` follows it.
 fn refused(name: &str, format: &str, file: &str, message: &str) {
     let dir = hostile(name);
-    let src = dir.to_str().unwrap();
     let at = if file.is_empty() { dir.clone() } else { dir.join(file) };
-    let expected = format!("{}{message}", at.display());
-    let err = ckpt::Checkpoint::open(src).unwrap_err();
-    assert_eq!(err.to_string(), expected);
-    assert!(err.is_invalid_data(), "{name}: verify should report it as a problem");
-
-    let report = ckpt::verify(src).unwrap();
-    assert_eq!(report.format.map(|f| f.name()), Some(format));
-    assert_eq!(report.problems.iter().map(ToString::to_string).collect::<Vec<_>>(), vec![expected.clone()]);
-
-    let out = tempfile::tempdir().unwrap();
-    let target = out.path().join("resharded");
-    let err = ckpt::Checkpoint::open(src)
-        .and_then(|ck| ckpt::reshard(&ck, &target, 2, &ckpt::WriteOptions::default()))
-        .unwrap_err();
-    assert_eq!(err.to_string(), expected);
-    assert!(!target.exists(), "{name}: no output left behind");
+    common::refused_everywhere(&dir, format, &format!("{}{message}", at.display()));
 }
 
 #[test]

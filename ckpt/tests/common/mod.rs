@@ -83,3 +83,25 @@ pub fn reshard_round_trip(src: &Path, merged: &Path, dir: &Path) {
         assert!(report.is_valid(), "{:?}", report.problems);
     }
 }
+
+/// A hostile checkpoint folder `dir` of format `format`, refused with exactly `expected` by the
+/// catalog reader (as invalid data), by `verify` (as its one problem) and by `reshard` (leaving no
+/// output). Returns the temporary folder the reshard wrote into, for checks of its own.
+pub fn refused_everywhere(dir: &Path, format: &str, expected: &str) -> tempfile::TempDir {
+    let src = dir.to_str().unwrap();
+    let err = Checkpoint::open(src).unwrap_err();
+    assert_eq!(err.to_string(), expected);
+    assert!(err.is_invalid_data(), "{src}: verify should report it as a problem");
+
+    let report = ckpt::verify(src).unwrap();
+    assert_eq!(report.format.map(|f| f.name()), Some(format));
+    assert_eq!(report.problems.iter().map(ToString::to_string).collect::<Vec<_>>(), vec![expected.to_string()]);
+
+    let out = tempfile::tempdir().unwrap();
+    let target = out.path().join("resharded");
+    let err =
+        Checkpoint::open(src).and_then(|ck| ckpt::reshard(&ck, &target, 2, &WriteOptions::default())).unwrap_err();
+    assert_eq!(err.to_string(), expected);
+    assert!(!target.exists(), "{src}: no output left behind");
+    out
+}
