@@ -8,13 +8,21 @@ use std::rc::Rc;
 use super::metadata::{self, ChunkMeta, Kind, PathElem, StorageInfo};
 use crate::catalog::{Chunk, SourceFile, TensorBox};
 use crate::dtype::Dtype;
-use crate::error::{Error, Result};
+use crate::error::{Error, IoContext, Result};
 use crate::formats::torch::flatten::{self, Leaf};
 use crate::formats::torch::pickle::{self, Limits, Obj, Refusal};
 use crate::formats::torch::zip;
 use fsdp_state::Region;
 
-/// The largest `.metadata` we read (a model with a million chunks stays well below).
+/// The smallest item a data file can hold: a `torch.save` archive, its `data.pkl` and its
+/// zip records (torch's own are over 700 bytes, the payload aligned at 64).
+const MIN_ITEM_LEN: u64 = 512;
+/// What one item may take in a real `.metadata` (torch's take about 250 bytes: the key, a
+/// chunk's offsets and sizes, its file, offset and length), with room for long keys.
+const METADATA_PER_ITEM: u64 = 1024;
+/// The `.metadata` a checkpoint of small data files may have whatever they hold.
+const MIN_METADATA_CAP: u64 = 16 << 20;
+/// The largest `.metadata` we read at all (a model with a million chunks stays well below).
 const MAX_METADATA_LEN: u64 = 1 << 30;
 /// The largest `data.pkl` of one item: a tensor item's is ~200 bytes, a bytes item holds one
 /// small Python value.
@@ -53,7 +61,7 @@ pub(crate) struct Dcp {
 /// Reads the DCP folder `dir`.
 pub(crate) fn read(dir: &Path) -> Result<Dcp> {
     let meta_path = dir.join(super::METADATA_NAME);
-    let data = crate::io::read_capped(&meta_path, MAX_METADATA_LEN)?;
+    let data = read_metadata(dir, &meta_path)?;
     let md = metadata::parse(&data, &meta_path)?;
 
     let mut files = Files { dir, meta_path: &meta_path, list: Vec::new(), by_name: HashMap::new() };
@@ -78,6 +86,49 @@ pub(crate) fn read(dir: &Path) -> Result<Dcp> {
         }
     }
     Ok(Dcp { files: files.list, tensors, bytes })
+}
+
+/// Reads `.metadata`, refused past what a real one needs for the items the folder's other files
+/// can hold: at most one per [`MIN_ITEM_LEN`] bytes, each taking at most [`METADATA_PER_ITEM`].
+/// The metadata is read before it names its data files, so every other file of the folder is
+/// counted as one.
+fn read_metadata(dir: &Path, meta_path: &Path) -> Result<Vec<u8>> {
+    let len = std::fs::metadata(meta_path).at(meta_path)?.len();
+    let (files, data_len) = data_files(dir, meta_path)?;
+    let items = data_len / MIN_ITEM_LEN;
+    let cap = items.saturating_mul(METADATA_PER_ITEM).clamp(MIN_METADATA_CAP, MAX_METADATA_LEN);
+    if len > cap {
+        return Err(Error::BadDcpMetadata {
+            path: meta_path.to_path_buf(),
+            reason: format!(
+                "`.metadata` is {len} bytes, over the {cap} bytes allowed: the folder's {files} other files \
+                 ({data_len} bytes) hold at most {items} items of {MIN_ITEM_LEN} bytes or more, \
+                 at {METADATA_PER_ITEM} bytes of metadata each ({MIN_METADATA_CAP} bytes at least)"
+            ),
+        });
+    }
+    // The cap again, for a file that grows between the two looks.
+    crate::io::read_capped(meta_path, cap)
+}
+
+/// How many plain files besides `.metadata` the folder holds, and their total length.
+fn data_files(dir: &Path, meta_path: &Path) -> Result<(u64, u64)> {
+    let (mut n, mut total) = (0u64, 0u64);
+    for entry in std::fs::read_dir(dir).at(dir)? {
+        let entry = entry.at(dir)?;
+        if entry.path() == meta_path {
+            continue;
+        }
+        // `DirEntry::metadata` does not follow links; a data file may be one.
+        match std::fs::metadata(entry.path()) {
+            Ok(m) if m.is_file() => {
+                n += 1;
+                total = total.saturating_add(m.len());
+            }
+            _ => {}
+        }
+    }
+    Ok((n, total))
 }
 
 /// The data files named by the metadata, opened once each.

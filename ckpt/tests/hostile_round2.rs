@@ -1,0 +1,81 @@
+//! The second round of hostile inputs (issue 22, section 5), made at test time: each is refused
+//! by name, or read, within a memory bound measured as the peak RSS (`VmHWM`) of a child process
+//! running the one case, not by the budget's own count.
+#![cfg(target_os = "linux")]
+#![allow(clippy::unwrap_used)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const CHILD: &str = "STATEKIT_ROUND2_CHILD";
+
+fn fixtures() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../fixtures")
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        if e.file_type().unwrap().is_file() {
+            std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+        }
+    }
+}
+
+/// Runs the test `name` of this binary again in a child process and returns its peak RSS in
+/// bytes; in the child (where `CHILD` is set) returns `None` and the caller does the work.
+fn peak_rss_of(name: &str) -> Option<u64> {
+    if std::env::var_os(CHILD).is_some() {
+        return None;
+    }
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args([name, "--exact", "--nocapture", "--test-threads=1"])
+        .env(CHILD, "1")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{name} in a child: {text}");
+    // The harness may print the test's name on the same line.
+    let kb: u64 = text
+        .split_once("peak-rss-kb: ")
+        .and_then(|(_, rest)| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("{name}: no peak RSS reported: {text}"))
+        .parse()
+        .unwrap();
+    Some(kb << 10)
+}
+
+/// In the child: reports its peak RSS for [`peak_rss_of`].
+fn report_peak_rss() {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let kb = status.lines().find_map(|l| l.strip_prefix("VmHWM:")).unwrap().trim().trim_end_matches(" kB").trim();
+    println!("peak-rss-kb: {kb}");
+}
+
+#[test]
+fn dcp_sparse_metadata_refused_before_it_is_read() {
+    const LIMIT: u64 = 64 << 20;
+    if let Some(peak) = peak_rss_of("dcp_sparse_metadata_refused_before_it_is_read") {
+        assert!(peak < LIMIT, "peak RSS {peak} bytes, over {LIMIT}");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("ck");
+    copy_dir(&fixtures().join("dcp/fsdp2_w8_f32_bare/checkpoint"), &dir);
+    // A real metadata, then a gigabyte of holes.
+    std::fs::OpenOptions::new().write(true).open(dir.join(".metadata")).unwrap().set_len(1 << 30).unwrap();
+    let src = dir.to_str().unwrap();
+    let expected = format!(
+        "{}: DCP metadata: `.metadata` is 1073741824 bytes, over the 16777216 bytes allowed: the folder's 8 other \
+         files (73164 bytes) hold at most 142 items of 512 bytes or more, at 1024 bytes of metadata each \
+         (16777216 bytes at least)",
+        dir.join(".metadata").display()
+    );
+    let err = ckpt::Checkpoint::open(src).unwrap_err();
+    assert_eq!(err.to_string(), expected);
+    assert!(err.is_invalid_data());
+    let report = ckpt::verify(src).unwrap();
+    assert_eq!(report.problems.iter().map(ToString::to_string).collect::<Vec<_>>(), vec![expected.clone()]);
+    report_peak_rss();
+}
