@@ -79,3 +79,42 @@ fn dcp_sparse_metadata_refused_before_it_is_read() {
     assert_eq!(report.problems.iter().map(ToString::to_string).collect::<Vec<_>>(), vec![expected.clone()]);
     report_peak_rss();
 }
+
+#[test]
+fn deepspeed_broadcast_buffer_is_one_view_not_a_range_per_element() {
+    // `fixtures/gen/hostile_round2.py`: the buffer `scale` is 2^30 fp32 elements of stride 0
+    // over a 20-byte storage. It used to become one range per element (a 12 GB table).
+    const LIMIT: u64 = 256 << 20;
+    if let Some(peak) = peak_rss_of("deepspeed_broadcast_buffer_is_one_view_not_a_range_per_element") {
+        assert!(peak < LIMIT, "peak RSS {peak} bytes, over {LIMIT}");
+        return;
+    }
+    let dir = fixtures().join("hostile/round2/deepspeed_broadcast_buffer");
+    let src = dir.to_str().unwrap();
+    let ck = ckpt::Checkpoint::open(src).unwrap();
+    let scale = ck.tensors().iter().find(|t| t.name == "scale").unwrap();
+    assert_eq!(scale.shape, vec![1 << 30]);
+
+    let report = ckpt::verify(src).unwrap();
+    assert!(report.problems.is_empty(), "{:?}", report.problems);
+    assert_eq!(
+        report.warnings,
+        vec!["tensor `scale` is a broadcast view: writing it takes 4294967296 bytes from a 20-byte storage, which \
+              split, merge and convert refuse without `--allow-expanded`"
+            .to_string()]
+    );
+
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("merged.safetensors");
+    let err = ckpt::merge(&ck, &out, &ckpt::MergeOptions::default(), &ckpt::WriteOptions::default()).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "{}: tensor `scale` is a broadcast view: writing it takes 4294967296 bytes from a 20-byte storage; \
+             hint: `--allow-expanded` writes it anyway",
+            dir.join("global_step2/mp_rank_00_model_states.pt").display()
+        )
+    );
+    assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0, "no output left behind");
+    report_peak_rss();
+}

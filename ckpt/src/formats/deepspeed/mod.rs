@@ -82,9 +82,8 @@ pub(crate) fn catalog(dir: PathBuf, tag: Option<&str>) -> Result<Scan> {
     let as_fp32 = |d: Dtype| if crate::cast::is_wide(d) { Dtype::F32 } else { d };
     let mut tensors: Vec<TensorInfo> = Vec::new();
     for t in zero.buffers.iter().chain(&zero.frozen) {
-        let mut info = TensorInfo::ranges(t.name.clone(), as_fp32(t.dtype), t.shape.clone(), t.chunks.clone());
-        info.stored = t.dtype;
-        tensors.push(info);
+        let (name, shape, data) = (t.name.clone(), t.shape.clone(), t.data.clone());
+        tensors.push(TensorInfo { name, dtype: as_fp32(t.dtype), shape, stored: t.dtype, data });
     }
     for p in &zero.params {
         tensors.push(TensorInfo::ranges(p.name.clone(), Dtype::F32, p.shape.clone(), p.fp32.clone()));

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use fsdp_state::{Layout, TensorSpec, Zero12, Zero3};
 
-use crate::catalog::{Chunk, SourceFile};
+use crate::catalog::{Chunk, SourceFile, TensorBox, TensorData};
 use crate::dtype::Dtype;
 use crate::error::{Error, IoContext, Result};
 use crate::formats::torch::flatten::Leaf;
@@ -24,14 +24,16 @@ pub(super) const OPTIM_CLASSES: &[&str] = &[
 /// `partition_count` cannot make us allocate per-rank tables of absurd size.
 const MAX_WORLD: u64 = 1 << 16;
 
-/// A tensor of the checkpoint: where its row-major bytes are in the rank files.
+/// A tensor of the checkpoint: where its bytes are in the rank files.
 #[derive(Clone, Debug)]
 pub(crate) struct ZeroTensor {
     pub name: String,
     pub dtype: Dtype,
     pub shape: Vec<u64>,
-    /// Ranges of [`ZeroCheckpoint::files`], in order.
-    pub chunks: Vec<Chunk>,
+    /// Ranges of [`ZeroCheckpoint::files`] in order (stage-3 fragments), or the view a buffer
+    /// or a frozen param was saved as, strides kept: a broadcast view of a few bytes must stay
+    /// one box, for the catalog's broadcast rule, not become one range per element.
+    pub data: TensorData,
 }
 
 /// A trainable parameter: fp32 master weights and Adam moments, each as ranges of the rank
@@ -140,7 +142,8 @@ impl RankFile {
     fn need_tensor(&self, key: &str) -> Result<&TorchTensor> {
         self.tensor(key).ok_or_else(|| self.err(key, "tensor is missing"))
     }
-    /// Ranges of a tensor of any layout, in row-major order.
+    /// Ranges of a tensor of any layout, in row-major order: one per run, so only for layouts
+    /// checked to have few (a flat vector).
     fn chunks(&self, t: &TorchTensor) -> Vec<Chunk> {
         let base = self.f.storages.get(t.storage).map_or(0, |s| s.file_offset);
         let mut out: Vec<Chunk> = Vec::new();
@@ -151,6 +154,11 @@ impl RankFile {
             }
         }
         out
+    }
+    /// A tensor of any layout as the view it is on its storage, like a torch file's tensors.
+    fn view(&self, t: &TorchTensor) -> TensorData {
+        let (base, len) = self.f.storages.get(t.storage).map_or((0, 0), |s| (s.file_offset, s.byte_len));
+        TensorData::Boxes(vec![TensorBox::whole(&t.shape, self.index, base, len, t.offset, t.strides.clone())])
     }
     /// A 1-D contiguous fp32 vector: its start in the file and its element count.
     fn flat_f32(&self, key: &str) -> Result<(u64, u64)> {
@@ -360,7 +368,7 @@ fn read_tag(tag_dir: PathBuf, tag: String) -> Result<ZeroCheckpoint> {
                 name: name.to_string(),
                 dtype: t.dtype,
                 shape: t.shape.clone(),
-                chunks: m0.chunks(t),
+                data: m0.view(t),
             });
         }
     }
@@ -421,7 +429,7 @@ fn read_tag(tag_dir: PathBuf, tag: String) -> Result<ZeroCheckpoint> {
                             m0.err(&key, format!("holds shape {:?}, `frozen_param_shapes` says {shape:?}", t.shape))
                         );
                     }
-                    Ok(ZeroTensor { name: name.clone(), dtype: t.dtype, shape: shape.clone(), chunks: m0.chunks(t) })
+                    Ok(ZeroTensor { name: name.clone(), dtype: t.dtype, shape: shape.clone(), data: m0.view(t) })
                 })
                 .collect::<Result<_>>()?,
         }
@@ -622,6 +630,11 @@ fn frozen_zero3(models: &[RankFile], shapes: &[(String, Vec<u64>)], world: u64) 
             if *dtype.get_or_insert(t.dtype) != t.dtype {
                 return Err(m.err(&key, format!("dtype `{}` differs from rank 0's", t.dtype)));
             }
+            // DeepSpeed saves each fragment as a slice of a flat partition: any other layout (a
+            // broadcast view above all) is not one it wrote.
+            if t.shape.len() != 1 || (t.shape[0] > 1 && t.strides.first() != Some(&1)) {
+                return Err(m.err(&key, format!("shape {:?} strides {:?}: expected a flat vector", t.shape, t.strides)));
+            }
             let keep = n.saturating_sub(m.rank * part).min(part) * (t.dtype.bits() / 8);
             let mut left = keep;
             for c in m.chunks(t) {
@@ -633,7 +646,8 @@ fn frozen_zero3(models: &[RankFile], shapes: &[(String, Vec<u64>)], world: u64) 
                 left -= len;
             }
         }
-        out.push(ZeroTensor { name: name.clone(), dtype: dtype.unwrap_or(Dtype::F32), shape: shape.clone(), chunks });
+        let data = TensorData::Ranges(chunks);
+        out.push(ZeroTensor { name: name.clone(), dtype: dtype.unwrap_or(Dtype::F32), shape: shape.clone(), data });
     }
     Ok(out)
 }
