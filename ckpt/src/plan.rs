@@ -271,24 +271,19 @@ pub(crate) fn safetensors(outs: &[Out<'_>], meta: &Meta, dest: &Dest, plan: &mut
     let (files, total) = cut(outs, dest, hf_index::SINGLE_NAME, "model", ".safetensors");
     let one = files.len() == 1;
     for (path, members) in &files {
-        let tensors: Vec<OutTensor> = members
+        let tensors: Vec<OutTensor<'_>> = members
             .iter()
             .map(|&i| {
                 let o = &outs[i];
-                OutTensor {
-                    name: o.tensor.name.clone(),
-                    dtype: o.dtype,
-                    shape: o.tensor.shape.clone(),
-                    len: o.byte_len(),
-                }
+                OutTensor { name: &o.tensor.name, dtype: o.dtype, shape: &o.tensor.shape, len: o.byte_len() }
             })
             .collect();
-        let layout = st::layout(tensors, &meta.file(one), path)?;
-        let at: HashMap<&str, u64> = layout.tensors.iter().map(|(t, off)| (t.name.as_str(), *off)).collect();
+        let layout = st::layout(&tensors, &meta.file(one), path)?;
+        drop(tensors);
         let mut target = TargetFile::new(path.clone(), layout.head, layout.file_len);
-        for &i in members {
+        for (&i, &at) in members.iter().zip(&layout.offsets) {
             let o = &outs[i];
-            target.place(o.tensor, o.dtype, at.get(o.tensor.name.as_str()).copied().unwrap_or(0), o.compute.clone());
+            target.place(o.tensor, o.dtype, at, o.compute.clone());
         }
         plan.targets.push(target);
     }

@@ -308,11 +308,11 @@ impl<'de, V: Deserialize<'de>> Deserialize<'de> for Entries<V> {
 }
 
 /// One tensor to be written: its name, dtype, shape and byte length.
-#[derive(Clone, Debug)]
-pub(crate) struct OutTensor {
-    pub name: String,
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct OutTensor<'a> {
+    pub name: &'a str,
     pub dtype: Dtype,
-    pub shape: Vec<u64>,
+    pub shape: &'a [u64],
     pub len: u64,
 }
 
@@ -321,47 +321,72 @@ pub(crate) struct OutTensor {
 pub(crate) struct Layout {
     /// `N` as 8 little-endian bytes followed by the padded JSON header.
     pub head: Vec<u8>,
-    /// Tensors in on-disk order with their absolute offsets in the file.
-    pub tensors: Vec<(OutTensor, u64)>,
+    /// The absolute file offset of each tensor, in the order they were given.
+    pub offsets: Vec<u64>,
     pub file_len: u64,
 }
 
 /// Lays out a file the way the `safetensors` crate's `serialize` does: tensors sorted by dtype
 /// (widest first) then by name, the header compact JSON padded with spaces to a multiple of 8.
-pub(crate) fn layout(mut tensors: Vec<OutTensor>, metadata: &[(String, String)], out: &Path) -> Result<Layout> {
-    tensors.sort_by(|a, b| b.dtype.cmp(&a.dtype).then_with(|| a.name.cmp(&b.name)));
-    let mut obj = serde_json::Map::new();
+///
+/// The header is written as it goes, not built as a JSON tree first: a file of a million
+/// tensors needs its header and a few words per tensor, not a map of maps ten times its size.
+pub(crate) fn layout(tensors: &[OutTensor<'_>], metadata: &[(String, String)], out: &Path) -> Result<Layout> {
+    let mut order: Vec<usize> = (0..tensors.len()).collect();
+    order.sort_by(|&a, &b| {
+        let (a, b) = (&tensors[a], &tensors[b]);
+        b.dtype.cmp(&a.dtype).then_with(|| a.name.cmp(b.name))
+    });
+    if let Some(tensor) = duplicate(tensors, !metadata.is_empty()) {
+        return Err(Error::DuplicateInFile { path: out.to_path_buf(), tensor: tensor.to_string() });
+    }
+    let json_err = |e: serde_json::Error| Error::BadHeaderJson { path: out.to_path_buf(), reason: e.to_string() };
+    // The 8 bytes of `N` first, filled in once the header is written.
+    let mut head = vec![0u8; 8];
+    head.push(b'{');
     if !metadata.is_empty() {
         let meta: serde_json::Map<String, serde_json::Value> =
             metadata.iter().map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone()))).collect();
-        obj.insert("__metadata__".into(), meta.into());
+        head.extend_from_slice(b"\"__metadata__\":");
+        serde_json::to_writer(&mut head, &meta).map_err(json_err)?;
     }
+    let mut offsets = vec![0u64; tensors.len()];
     let mut offset = 0u64;
-    let mut placed = Vec::with_capacity(tensors.len());
-    for t in tensors {
-        let entry = serde_json::json!({
-            "dtype": t.dtype.safetensors_name(),
-            "shape": t.shape,
-            "data_offsets": [offset, offset + t.len],
-        });
-        if obj.insert(t.name.clone(), entry).is_some() {
-            return Err(Error::DuplicateInFile { path: out.to_path_buf(), tensor: t.name });
+    for (k, &i) in order.iter().enumerate() {
+        let t = &tensors[i];
+        if k > 0 || !metadata.is_empty() {
+            head.push(b',');
         }
-        let at = offset;
-        offset += t.len;
-        placed.push((t, at));
+        serde_json::to_writer(&mut head, t.name).map_err(json_err)?;
+        head.extend_from_slice(b":{\"dtype\":");
+        serde_json::to_writer(&mut head, t.dtype.safetensors_name()).map_err(json_err)?;
+        head.extend_from_slice(b",\"shape\":");
+        serde_json::to_writer(&mut head, t.shape).map_err(json_err)?;
+        let end = offset + t.len;
+        head.extend_from_slice(format!(",\"data_offsets\":[{offset},{end}]}}").as_bytes());
+        offsets[i] = offset;
+        offset = end;
     }
-    let mut json = serde_json::to_vec(&obj)
-        .map_err(|e| Error::BadHeaderJson { path: out.to_path_buf(), reason: e.to_string() })?;
-    json.resize(json.len().next_multiple_of(8), b' ');
-    let n = json.len() as u64;
+    head.push(b'}');
+    head.resize(8 + (head.len() - 8).next_multiple_of(8), b' ');
+    let n = head.len() as u64 - 8;
     if n > MAX_HEADER_LEN {
         return Err(Error::HeaderTooLarge { path: out.to_path_buf(), header_len: n, max: MAX_HEADER_LEN });
     }
-    let mut head = Vec::with_capacity(8 + json.len());
-    head.extend_from_slice(&n.to_le_bytes());
-    head.extend_from_slice(&json);
+    head[..8].copy_from_slice(&n.to_le_bytes());
     let data_start = 8 + n;
-    let tensors = placed.into_iter().map(|(t, at)| (t, data_start + at)).collect();
-    Ok(Layout { head, tensors, file_len: data_start + offset })
+    for o in &mut offsets {
+        *o += data_start;
+    }
+    Ok(Layout { head, offsets, file_len: data_start + offset })
+}
+
+/// A name given twice (or `__metadata__` beside the metadata), if any.
+fn duplicate<'a>(tensors: &[OutTensor<'a>], metadata: bool) -> Option<&'a str> {
+    let mut names: Vec<&str> = tensors.iter().map(|t| t.name).collect();
+    names.sort_unstable();
+    if metadata && names.binary_search(&"__metadata__").is_ok() {
+        return Some("__metadata__");
+    }
+    names.windows(2).find(|w| w[0] == w[1]).map(|w| w[0])
 }
