@@ -312,9 +312,12 @@ fn from_accelerate(dir: &std::path::Path, loader: &LoaderArgs, args: &StateArgs)
     let Some(saved) = ck.save_state() else {
         anyhow::bail!("{}: not an accelerate `save_state` folder (it is {})", dir.display(), ck.format().name());
     };
-    let point = saved
-        .resume_point(args.dataloader, args.step, args.epoch)
-        .map_err(|e| anyhow::anyhow!("{e}{}", if args.step.is_none() { " (`--step K`)" } else { "" }))?;
+    // The flag is the way out only where the folder saved no batch count (the error names the
+    // folder, not a file): a position file that cannot be read is refused whatever the flags say.
+    let point = saved.resume_point(args.dataloader, args.step, args.epoch).map_err(|e| {
+        let no_count = matches!(&e, ckpt::Error::BadSaveState { path, .. } if *path == saved.root);
+        anyhow::anyhow!("{e}{}", if args.step.is_none() && no_count { " (`--step K`)" } else { "" })
+    })?;
     let mut loader = loader.clone();
     if let Some(seed) = point.seed {
         match loader.seed {

@@ -83,6 +83,15 @@ fn always_numbered(name: &str, stem: &str, ext: &str) -> Option<usize> {
     index(name.strip_prefix(stem)?.strip_suffix(ext)?)
 }
 
+/// `stem_R ext` → `Some(R)` for a rank, which saturates: a rank past `usize` is still a rank
+/// file, refused for its rank (see [`rank_beyond_limit`]), not a stray file copied along.
+fn ranked(name: &str, stem: &str, ext: &str) -> Option<usize> {
+    let digits = name.strip_prefix(stem)?.strip_suffix(ext)?;
+    let canonical =
+        !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()) && (digits == "0" || !digits.starts_with('0'));
+    canonical.then(|| digits.parse().unwrap_or(usize::MAX))
+}
+
 fn index(digits: &str) -> Option<usize> {
     let canonical =
         !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()) && (digits == "0" || !digits.starts_with('0'));
@@ -123,7 +132,7 @@ fn classify(name: &str, is_dir: bool) -> Option<(Kind, usize)> {
         "model.safetensors.index.json" | "pytorch_model.bin.index.json" => Some((Kind::Index, 0)),
         trainer::STATE_NAME => Some((Kind::TrainerState, 0)),
         trainer::ARGS_NAME => Some((Kind::TrainingArgs, 0)),
-        _ => always_numbered(name, "rng_state_", ".pth").map(|r| (Kind::TrainerRng, r)),
+        _ => ranked(name, "rng_state_", ".pth").map(|r| (Kind::TrainerRng, r)),
     };
     if trainer.is_some() {
         return trainer;
@@ -146,7 +155,7 @@ fn classify(name: &str, is_dir: bool) -> Option<(Kind, usize)> {
             return Some((kind, i));
         }
     }
-    always_numbered(name, "random_states_", ".pkl")
+    ranked(name, "random_states_", ".pkl")
         .map(|r| (Kind::Rng, r))
         .or_else(|| always_numbered(name, "custom_checkpoint_", ".pkl").map(|i| (Kind::Custom, i)))
 }
@@ -296,8 +305,9 @@ pub struct SaveState {
     pub trainer: Option<trainer::TrainerState>,
     /// The `Trainer`'s `training_args.bin`: the classes it names, never read.
     pub training_args: Option<Component>,
-    /// The number of ranks that saved it: the sharded models' world size, else the number of
-    /// RNG files.
+    /// The number of ranks that saved it: the sharded models' world size, else one past the
+    /// highest rank of the RNG files (a rank file named for a rank of `MAX_WORLD_SIZE` or more is
+    /// a problem, not read).
     pub world_size: u64,
 }
 
@@ -406,6 +416,9 @@ impl SaveState {
                     push_component(&mut one, component(i, &path, &[], &budget), &mut problems);
                     state.training_args = one.pop();
                 }
+                Kind::TrainerRng | Kind::Rng if i as u64 >= crate::MAX_WORLD_SIZE => {
+                    problems.push(rank_beyond_limit(&path))
+                }
                 Kind::TrainerRng => match rng::read_sharing(&path, rng::Keys::TRAINER, &budget) {
                     Ok(s) => state.rng.push(Rng { rank: i as u64, path, state: s }),
                     Err(e) => problems.push(e),
@@ -452,13 +465,9 @@ impl SaveState {
                     let classes = if kind == Kind::Sampler { SAMPLER_CLASSES } else { &[] };
                     match component(i, &path, classes, &budget) {
                         Ok(c) => {
-                            let pos = if c.refused.is_some() {
-                                None
-                            } else if kind == Kind::Sampler {
-                                Some(sampler_position(&c))
-                            } else {
-                                Some(loader_position(&c))
-                            };
+                            // A position that cannot be read is kept as none here (the folder's
+                            // models still open and merge); `resume_point` refuses it by name.
+                            let pos = position(&c, kind).ok();
                             state.data.push((c, pos));
                         }
                         Err(e) => problems.push(e),
@@ -471,12 +480,13 @@ impl SaveState {
             }
         }
         state.rng.sort_by_key(|r| r.rank);
+        // Every rank read is below `MAX_WORLD_SIZE`, so this neither wraps nor exceeds it.
         state.world_size = state
             .models
             .iter()
             .filter_map(|m| m.checkpoint.world_size())
             .max()
-            .unwrap_or_else(|| state.rng.last().map_or(1, |r| r.rank + 1));
+            .unwrap_or_else(|| state.rng.last().map_or(1, |r| r.rank.saturating_add(1)));
         problems.extend(state.cross_check());
         Ok((state, problems))
     }
@@ -487,16 +497,11 @@ impl SaveState {
         // One RNG file per rank of the world that saved the sharded models. A folder with none
         // at all is what accelerate's `save_fsdp_model`/`save_fsdp_optimizer` leave (and what
         // `load_state` tolerates, keeping the current generators); one with some is half saved.
+        // The ranks missing are found from the files present, never by counting up to the
+        // world size, and reported as ranges in one problem.
         let w = self.world_size;
-        for r in (0..w).filter(|_| !self.rng.is_empty()) {
-            if !self.rng.iter().any(|f| f.rank == r) {
-                let path = self.root.join(self.rng_name(r, w));
-                out.push(bad(
-                    &path,
-                    Some(r),
-                    format!("missing: the folder was saved by {w} ranks and rank {r} left no RNG file"),
-                ));
-            }
+        if let Some(p) = self.missing_rng() {
+            out.push(p);
         }
         for f in self.rng.iter().filter(|f| f.rank >= w) {
             out.push(bad(
@@ -526,6 +531,62 @@ impl SaveState {
         out
     }
 
+    /// The one problem that names the ranks of the world without an RNG file, where some RNG
+    /// files are there: a single rank at its file's name, several as ranges at the file that
+    /// sets the world size (the model saved by that many ranks, else the highest rank's file).
+    fn missing_rng(&self) -> Option<Error> {
+        if self.rng.is_empty() {
+            return None;
+        }
+        let w = self.world_size;
+        // At most one gap per file present, plus one.
+        let mut gaps: Vec<(u64, u64)> = Vec::new();
+        let mut next = 0u64;
+        for r in self.rng.iter().map(|f| f.rank).filter(|&r| r < w).chain([w]) {
+            if r > next {
+                gaps.push((next, r - 1));
+            }
+            next = next.max(r.saturating_add(1));
+        }
+        match gaps.as_slice() {
+            [] => None,
+            [(a, b)] if a == b => Some(bad(
+                &self.root.join(self.rng_name(*a, w)),
+                Some(*a),
+                format!("missing: the folder was saved by {w} ranks and rank {a} left no RNG file"),
+            )),
+            _ => {
+                const SHOWN: usize = 8;
+                let mut list: Vec<String> = gaps
+                    .iter()
+                    .take(SHOWN)
+                    .map(|(a, b)| if a == b { a.to_string() } else { format!("{a}-{b}") })
+                    .collect();
+                if gaps.len() > SHOWN {
+                    list.push(format!("and {} more ranges", gaps.len() - SHOWN));
+                }
+                let list = list.join(", ");
+                Some(match self.models.iter().find(|m| m.checkpoint.world_size() == Some(w)) {
+                    Some(m) => bad(
+                        &m.path,
+                        None,
+                        format!("missing: the folder was saved by {w} ranks, as this model says, and ranks {list} left no RNG file"),
+                    ),
+                    None => {
+                        let last = self.rng.iter().rfind(|f| f.rank < w)?;
+                        bad(
+                            &last.path,
+                            Some(last.rank),
+                            format!(
+                                "missing: the folder was saved by {w} ranks, as this file's name says, and ranks {list} left no RNG file"
+                            ),
+                        )
+                    }
+                })
+            }
+        }
+    }
+
     /// The name of rank `rank`'s RNG file in a folder of this kind saved by `world` ranks.
     pub(crate) fn rng_name(&self, rank: u64, world: u64) -> String {
         match self.trainer {
@@ -549,8 +610,21 @@ impl SaveState {
     /// passed to `skip_first_batches`); the epoch and seed from a pickled sampler, else
     /// `epoch` (default 0). A `step` that contradicts the saved position, or no position and no
     /// `step`, is refused naming the file.
+    ///
+    /// A position file that is there but cannot be read (its pickle names a global outside its
+    /// allow-list, a value is out of range, a stateful state holds no batch count) is refused
+    /// naming the file, whatever `step` and `epoch` say: it is never replaced by a default.
     pub fn resume_point(&self, n: usize, step: Option<u64>, epoch: Option<u64>) -> Result<ResumePoint> {
+        for (c, p) in self.data.iter().filter(|(c, _)| c.index == n) {
+            if p.is_none() {
+                let kind = c.path.file_name().and_then(|f| classify(&f.to_string_lossy(), false));
+                position(c, kind.map_or(Kind::DataLoader, |(k, _)| k))?;
+            }
+        }
         let (stateful, sampler) = (self.position_of(n, "dl_state_dict"), self.position_of(n, "sampler"));
+        if let Some(p) = stateful.filter(|p| p.batches_yielded.is_none()) {
+            return Err(self.no_batch_count(p));
+        }
         let batches = match (stateful.and_then(|p| p.batches_yielded), step) {
             (Some(k), None) => k,
             (Some(k), Some(s)) if k == s => k,
@@ -577,6 +651,23 @@ impl SaveState {
         };
         let epoch = sampler.and_then(|p| p.epoch).or(epoch).unwrap_or(0);
         Ok(ResumePoint { batches, epoch, seed: sampler.and_then(|p| p.seed), world_size: self.world_size })
+    }
+
+    /// Why the stateful state at `p` gives no batch count.
+    fn no_batch_count(&self, p: &DataPosition) -> Error {
+        const COUNTS: [&str; 3] = ["_num_yielded", "_snapshot._snapshot_step", "_steps_since_snapshot"];
+        let c = self.data.iter().map(|(c, _)| c).find(|c| c.path == p.path);
+        let wrong =
+            c.and_then(|c| COUNTS.iter().find_map(|k| value(c, k).filter(|v| v.as_u64().is_none()).map(|v| (k, v))));
+        match wrong {
+            Some((key, v)) => bad(&p.path, None, format!("`{key}` is {v}, not a batch count")),
+            None => bad(
+                &p.path,
+                None,
+                "holds no batch count (`_num_yielded`, or `_snapshot._snapshot_step` with workers); \
+                 the data position is not read, and none is guessed",
+            ),
+        }
     }
 
     /// The data position of dataloader `n`: its stateful state, else its pickled sampler.
@@ -747,15 +838,53 @@ fn loader_position(c: &Component) -> DataPosition {
     }
 }
 
-/// A pickled `SeedableRandomSampler`: its epoch and seed (`set_epoch` reseeds with their sum).
-fn sampler_position(c: &Component) -> DataPosition {
-    DataPosition {
-        path: c.path.clone(),
-        kind: "sampler",
-        epoch: value(c, "state.epoch").and_then(serde_json::Value::as_u64),
-        seed: value(c, "state.initial_seed").and_then(serde_json::Value::as_i64),
-        ..DataPosition::default()
+/// The data position the file `c` of `kind` saved: refused by name where its pickle names a
+/// global outside its allow-list, or where a value it needs is out of range.
+fn position(c: &Component, kind: Kind) -> Result<DataPosition> {
+    if let Some(global) = &c.refused {
+        return Err(bad(
+            &c.path,
+            None,
+            format!(
+                "its pickle names `{global}`, outside what this kind of file may hold; \
+                 the data position is not read, and none is guessed"
+            ),
+        ));
     }
+    match kind {
+        Kind::Sampler => sampler_position(c),
+        _ => Ok(loader_position(c)),
+    }
+}
+
+/// A pickled `SeedableRandomSampler`: its epoch and seed (`set_epoch` reseeds with their sum),
+/// both required, the epoch a count from 0 and the seed a 64-bit signed integer.
+fn sampler_position(c: &Component) -> Result<DataPosition> {
+    let field = |name: &str, what: &str, ok: fn(&serde_json::Value) -> bool| -> Result<&serde_json::Value> {
+        match value(c, name) {
+            None => {
+                Err(bad(&c.path, None, format!("has no `{name}`; the data position is not read, and none is guessed")))
+            }
+            Some(v) if !ok(v) => Err(bad(&c.path, None, format!("`{name}` is {v}, not {what}"))),
+            Some(v) => Ok(v),
+        }
+    };
+    let epoch = field("state.epoch", "an epoch (a count from 0)", |v| v.as_u64().is_some())?.as_u64();
+    let seed = field("state.initial_seed", "a seed (a 64-bit signed integer)", |v| v.as_i64().is_some())?.as_i64();
+    Ok(DataPosition { path: c.path.clone(), kind: "sampler", epoch, seed, ..DataPosition::default() })
+}
+
+/// An RNG file whose name gives a rank no world this library reads has: refused without reading
+/// it, before the rank sizes anything.
+fn rank_beyond_limit(path: &Path) -> Error {
+    bad(
+        path,
+        None,
+        format!(
+            "the rank in this name is not below the world-size limit ({} ranks); the file is not read",
+            crate::MAX_WORLD_SIZE
+        ),
+    )
 }
 
 /// Summarizes an opened optimizer file or folder.
@@ -954,6 +1083,10 @@ mod tests {
         assert_eq!(classify("optimizer_0", true), Some((Kind::OptimizerSharded, 0)));
         assert_eq!(classify("optimizer_1.bin", false), Some((Kind::Optimizer, 1)));
         assert_eq!(classify("random_states_12.pkl", false), Some((Kind::Rng, 12)));
+        // A rank past `usize` is a rank file all the same (refused for its rank), not a stray file.
+        assert_eq!(classify("random_states_18446744073709551616.pkl", false), Some((Kind::Rng, usize::MAX)));
+        assert_eq!(classify("rng_state_99999999999999999999.pth", false), Some((Kind::TrainerRng, usize::MAX)));
+        assert_eq!(classify("random_states_01.pkl", false), None);
         assert_eq!(classify("custom_checkpoint_0.pkl", false), Some((Kind::Custom, 0)));
         assert_eq!(classify("dl_state_dict_1.bin", false), Some((Kind::DataLoader, 1)));
         assert_eq!(classify("scaler.pt", false), Some((Kind::Scaler, 0)));
