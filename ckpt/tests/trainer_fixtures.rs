@@ -163,6 +163,20 @@ fn resume_points_match_the_trainers_rule() {
     }
 }
 
+/// What `Trainer.save_model` leaves at the end of a run (the model, its config and
+/// `training_args.bin`) is a model, not a `Trainer` checkpoint.
+#[test]
+fn a_final_save_model_folder_is_just_a_model() {
+    let m = manifest();
+    let src = folder("single", &m);
+    let tmp = tempfile::tempdir().unwrap();
+    for f in ["model.safetensors", "config.json", "training_args.bin"] {
+        std::fs::copy(src.join(f), tmp.path().join(f)).unwrap();
+    }
+    let ck = Checkpoint::open(tmp.path().to_str().unwrap()).unwrap();
+    assert_eq!(ck.format().name(), "safetensors");
+}
+
 /// Every case of the manifest has a test above.
 #[test]
 fn every_case_is_covered() {

@@ -324,9 +324,12 @@ pub(crate) fn detect(path: &Path) -> Result<Option<PathBuf>> {
         let name = entry.file_name();
         let Some((kind, _)) = name.to_str().and_then(|n| classify(n, is_dir)) else { continue };
         // A model file alone is just a model; a DeepSpeed tag folder alone is a ZeRO checkpoint; a
-        // sharded model's index, or a lone `optimizer.pt`, is not a `Trainer` folder.
-        if !matches!(kind, Kind::Safetensors | Kind::TorchBin | Kind::DeepSpeed | Kind::Index | Kind::Optimizer)
-            || name == "optimizer.bin"
+        // sharded model's index, a lone `optimizer.pt`, or what `Trainer.save_model` writes at the
+        // end (the model, its config and `training_args.bin`) is not a `Trainer` checkpoint.
+        if !matches!(
+            kind,
+            Kind::Safetensors | Kind::TorchBin | Kind::DeepSpeed | Kind::Index | Kind::Optimizer | Kind::TrainingArgs
+        ) || name == "optimizer.bin"
         {
             return Ok(Some(path.to_path_buf()));
         }
