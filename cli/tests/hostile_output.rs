@@ -224,7 +224,11 @@ fn gigabyte_indexes_metadata_and_latest_are_refused_before_they_are_read() {
     let out = bounded(&["inspect", s(&dcp)]);
     assert_eq!(out.status.code(), Some(2));
     // The cap is what the folder's data files can need, not a fixed gigabyte.
-    assert!(stderr(&out).contains("`.metadata` is 3221225472 bytes, over the 16777216 bytes allowed"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("`.metadata` is 3221225472 bytes, over the 16777216 bytes allowed"),
+        "{}",
+        stderr(&out)
+    );
 
     let ds = copy_fixture("deepspeed/z2_fp32_ws2", tmp.path());
     sparse(&ds.join("latest"), 1 << 30);
