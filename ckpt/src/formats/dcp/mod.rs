@@ -26,12 +26,14 @@
 //!
 //! # Here
 //!
-//! Since every chunk is a dim-0 slice, it is a contiguous byte range of the row-major global
-//! tensor, and its payload is a contiguous byte range of its data file. Reading a DCP folder is
-//! therefore just locating payloads ([`read`]): the catalog gets one [`Chunk`] per non-empty
-//! chunk, in row order, after checking that they tile the tensor exactly. `merge` then copies
-//! them straight into place with the common plan executor, never holding a tensor. Chunks of any
-//! other shape (tensor-parallel 2-D sharding) are refused by name.
+//! Each chunk becomes a box of its tensor in the catalog ([`crate::catalog::TensorBox`]): its
+//! `offsets`/`sizes` region, and the strided view of its item's storage record (torch keeps a
+//! chunk's strides when its storage is exactly the chunk, so `channels_last` and transposed items
+//! are views, not compact tensors). Boxes on any dims are read alike: FSDP2's dim-0 chunks,
+//! tensor parallel's dim-1 ones, FSDP2 + TP on a 2-D mesh, HSDP, `_StridedShard`. The catalog
+//! checks that they tile the tensor and `merge` copies them into place by runs with the common
+//! plan executor, never holding a tensor. DCP's Hugging Face storage, safetensors shards with the
+//! boxes' offsets in their metadata, is read into the same boxes ([`hf_storage`]).
 //!
 //! Names follow `accelerate merge-weights`: when the state dict has a single top-level key
 //! (`model` in accelerate's `pytorch_model_fsdp_0/`, `optimizer` in `optimizer_0/`) that level is
