@@ -170,18 +170,11 @@ impl TensorBox {
         TensorBox { region: Region::whole(shape), file, base, len, offset, strides }
     }
 
-    /// The box's runs placed in the row-major order of a tensor of `shape` (`dst_strides` its
-    /// contiguous strides), as `(tensor byte offset, absolute file offset, length)`.
-    fn walk(&self, dst_strides: &[u64], elem: u64) -> impl Iterator<Item = (u64, u64, u64)> + Send + use<> {
+    /// The box's runs placed in the row-major order of the tensor whose contiguous strides are
+    /// `dst_strides`: `(tensor byte offset, byte offset from the storage start, length)`.
+    fn walk(&self, dst_strides: &[u64], elem: u64) -> Walk {
         let dst_offset: u64 = self.region.offsets.iter().zip(dst_strides).map(|(&o, &s)| o * s).sum();
-        let base = self.base;
         Walk::new(self.offset, &self.region.sizes, &self.strides, dst_offset, dst_strides, elem)
-            .map(move |(dst, src, len)| (dst, base + src, len))
-    }
-
-    /// Runs of the box on its own.
-    fn run_total(&self, dst_strides: &[u64], elem: u64) -> u64 {
-        Walk::new(self.offset, &self.region.sizes, &self.strides, 0, dst_strides, elem).total()
     }
 }
 
@@ -271,8 +264,8 @@ impl TensorInfo {
                 match (live.next(), live.next()) {
                     (None, _) => Box::new(std::iter::empty()),
                     (Some(b), None) => {
-                        let file = b.file;
-                        Box::new(b.walk(&dst, elem).map(move |(_, off, len)| (file, off, len)))
+                        let (file, base) = (b.file, b.base);
+                        Box::new(b.walk(&dst, elem).map(move |(_, off, len)| (file, base + off, len)))
                     }
                     _ => Box::new(MergedRuns::new(boxes, &dst, elem)),
                 }
@@ -288,7 +281,7 @@ impl TensorInfo {
             TensorData::Boxes(boxes) => {
                 let elem = self.stored.bits() / 8;
                 let dst = shape::contiguous_strides(&self.shape).unwrap_or_else(|| vec![0; self.shape.len()]);
-                boxes.iter().filter(|b| !b.region.is_empty()).map(|b| b.run_total(&dst, elem)).sum()
+                boxes.iter().filter(|b| !b.region.is_empty()).map(|b| b.walk(&dst, elem).total()).sum()
             }
         }
     }
@@ -311,19 +304,10 @@ impl TensorInfo {
         }
     }
 
-    /// The stored bytes as ranges, for writers that slice tensors by byte (DCP rows). A view
-    /// split into more than `max` runs is refused with a hint.
-    pub(crate) fn byte_ranges(&self, path: &Path, max: u64) -> Result<Vec<Chunk>> {
-        if self.run_count() > max {
-            return Err(Error::BadTorchTensor {
-                path: path.to_path_buf(),
-                tensor: self.name.clone(),
-                reason: format!(
-                    "its strides split it into {} pieces; hint: `ckpt convert` makes it contiguous",
-                    self.run_count()
-                ),
-            });
-        }
+    /// The stored bytes as ranges, adjacent runs merged, for writers that slice tensors by byte
+    /// (DCP rows). One range per run: callers bound [`TensorInfo::run_count`] first (tensors of
+    /// many runs are gathered instead).
+    pub(crate) fn byte_ranges(&self) -> Vec<Chunk> {
         let mut out: Vec<Chunk> = Vec::new();
         for (file, offset, len) in self.runs() {
             match out.last_mut() {
@@ -331,7 +315,7 @@ impl TensorInfo {
                 _ => out.push(Chunk { file, offset, len }),
             }
         }
-        Ok(out)
+        out
     }
 
     /// Identity of the bytes it reads: tensors with equal keys are exact aliases (torch's tied
@@ -752,15 +736,11 @@ struct MergedRuns {
 
 impl MergedRuns {
     fn new(boxes: &[TensorBox], dst_strides: &[u64], elem: u64) -> MergedRuns {
-        let mut walks = Vec::with_capacity(boxes.len());
-        for b in boxes.iter().filter(|b| !b.region.is_empty()) {
-            let dst_offset: u64 = b.region.offsets.iter().zip(dst_strides).map(|(&o, &s)| o * s).sum();
-            walks.push((
-                b.file,
-                Walk::new(b.offset, &b.region.sizes, &b.strides, dst_offset, dst_strides, elem),
-                b.base,
-            ));
-        }
+        let mut walks: Vec<(usize, Walk, u64)> = boxes
+            .iter()
+            .filter(|b| !b.region.is_empty())
+            .map(|b| (b.file, b.walk(dst_strides, elem), b.base))
+            .collect();
         let mut heads = Vec::with_capacity(walks.len());
         let mut heap = std::collections::BinaryHeap::with_capacity(walks.len());
         for (i, (_, w, _)) in walks.iter_mut().enumerate() {

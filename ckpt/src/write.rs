@@ -493,14 +493,14 @@ fn gather(
     let (from, to) = g.range.as_ref().map_or((0, u64::MAX), |r| (r.start, r.end));
     let mut pos = 0u64;
     for (file, off, len) in t.runs() {
+        if pos >= to {
+            break;
+        }
         // The part of this run inside the wanted range.
         let (lo, hi) = (pos.max(from), (pos + len).min(to));
         let run_start = pos;
         pos += len;
         if lo >= hi {
-            if pos >= to {
-                break;
-            }
             continue;
         }
         let (off, len) = (off + (lo - run_start), hi - lo);
@@ -528,9 +528,6 @@ fn gather(
             if inbuf.len() == window {
                 flush(&mut inbuf, &mut at, &mut touched)?;
             }
-        }
-        if pos >= to {
-            break;
         }
     }
     if !inbuf.is_empty() || !touched.is_empty() {

@@ -149,7 +149,7 @@ pub(crate) fn write(ck: &Checkpoint, out: &Path, world_size: u64, opts: &WriteOp
                 key: t.key.clone(),
                 path: t.path.clone(),
                 info: info.clone(),
-                sharded: !t.shape.is_empty() && (t.boxes.len() > 1 || one_rank),
+                sharded: !t.shape.is_empty() && (info.boxes().len() > 1 || one_rank),
             })
             .collect();
         let values: Vec<SrcBytes> =

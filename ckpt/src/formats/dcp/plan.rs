@@ -72,12 +72,8 @@ pub(crate) fn write_dcp(
     // Each tensor's bytes as ranges when they are few, computed once for all ranks.
     let ranges: Vec<Option<Vec<Chunk>>> = tensors
         .iter()
-        .map(|t| {
-            (t.info.run_count() <= MAX_COPY_RUNS && t.info.copies_well())
-                .then(|| t.info.byte_ranges(ck.root(), MAX_COPY_RUNS))
-                .transpose()
-        })
-        .collect::<Result<_>>()?;
+        .map(|t| (t.info.run_count() <= MAX_COPY_RUNS && t.info.copies_well()).then(|| t.info.byte_ranges()))
+        .collect();
 
     // Who holds what: sharded rows first, then each whole tensor and value on the rank with the
     // fewest bytes planned so far (lowest rank on ties).
