@@ -233,7 +233,8 @@ pub(crate) fn render(
     escape_non_ascii(&pretty).into_bytes()
 }
 
-fn escape_non_ascii(s: &str) -> String {
+/// Python's `ensure_ascii` on JSON text: everything outside printable ASCII as `\uXXXX`.
+pub(crate) fn escape_non_ascii(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for c in s.chars() {
         if (' '..='~').contains(&c) || c == '\n' {

@@ -323,7 +323,10 @@ pub(crate) fn write_consolidated(
         files.push(path);
     }
     let index = out.join(INDEX_NAME);
-    plan.trailers.push((index.clone(), render_index(total, &weight_map).into_bytes()));
+    // `json.dump(indent=2)` of `metadata.total_size` and `weight_map`, as huggingface_hub's.
+    let mut metadata = serde_json::Map::new();
+    metadata.insert("total_size".into(), total.into());
+    plan.trailers.push((index.clone(), hf_index::render(&metadata, &weight_map)));
     plan.stale =
         write::stale_files(out, |n| hf_index::is_managed_name(n, "model", ".safetensors"), |n| n == INDEX_NAME)?;
     write::execute(&plan, ck, opts)?;
@@ -331,42 +334,10 @@ pub(crate) fn write_consolidated(
     Ok(Outcome { files, tensors: ck.tensors.len(), bytes: total, ..Outcome::default() })
 }
 
-/// `json.dump({"metadata": {"total_size": total}, "weight_map": {...}}, f, indent=2)`.
-fn render_index(total: u64, weight_map: &[(String, String)]) -> String {
-    let mut s = format!("{{\n  \"metadata\": {{\n    \"total_size\": {total}\n  }},\n  \"weight_map\": {{");
-    for (i, (k, v)) in weight_map.iter().enumerate() {
-        s.push_str(if i == 0 { "\n    " } else { ",\n    " });
-        s.push_str(&format!("{}: {}", py_json_string(k), py_json_string(v)));
-    }
-    s.push_str(if weight_map.is_empty() { "}\n}" } else { "\n  }\n}" });
-    s
-}
-
-/// A string as Python's `json.dumps` writes it (`ensure_ascii`: everything outside ASCII as
-/// `\uXXXX`, UTF-16 surrogate pairs beyond the BMP).
+/// A string as Python's `json.dumps` writes it: serde_json escapes what JSON requires, as
+/// Python does, and `ensure_ascii` the rest.
 fn py_json_string(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 2);
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            '\u{8}' => out.push_str("\\b"),
-            '\u{c}' => out.push_str("\\f"),
-            c if c.is_ascii() && !c.is_ascii_control() => out.push(c),
-            c => {
-                let mut units = [0u16; 2];
-                for u in c.encode_utf16(&mut units) {
-                    out.push_str(&format!("\\u{u:04x}"));
-                }
-            }
-        }
-    }
-    out.push('"');
-    out
+    hf_index::escape_non_ascii(&serde_json::Value::String(s.to_string()).to_string())
 }
 
 #[cfg(test)]
@@ -396,6 +367,6 @@ mod tests {
     fn python_json() {
         assert_eq!(py_json_string("a.b"), "\"a.b\"");
         assert_eq!(py_json_string("é\"\u{1F600}\u{1}"), "\"\\u00e9\\\"\\ud83d\\ude00\\u0001\"");
-        assert_eq!(render_index(0, &[]), "{\n  \"metadata\": {\n    \"total_size\": 0\n  },\n  \"weight_map\": {}\n}");
+        assert_eq!(py_json_string("a\nb\u{7f}"), "\"a\\nb\\u007f\"");
     }
 }
