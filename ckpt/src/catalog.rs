@@ -90,6 +90,8 @@ pub struct SourceFile {
     /// Bytes decoded from the file rather than stored in it (a torch file's numpy arrays),
     /// addressed from `len` on: `[len, len + inline.len())`.
     pub(crate) inline: Inline,
+    /// The CRC-covered records its tensors read (zip storages), checked on first read.
+    pub(crate) checks: crate::checksum::Checks,
 }
 
 /// Bytes held in memory for a source file, shared by the clones of its catalog.
@@ -111,7 +113,15 @@ impl Inline {
 impl SourceFile {
     /// A file of `len` bytes with no metadata and no rank.
     pub(crate) fn new(path: PathBuf, len: u64) -> SourceFile {
-        SourceFile { path, len, metadata: Vec::new(), rank: None, globals: Vec::new(), inline: Inline::default() }
+        SourceFile {
+            path,
+            len,
+            metadata: Vec::new(),
+            rank: None,
+            globals: Vec::new(),
+            inline: Inline::default(),
+            checks: Default::default(),
+        }
     }
 
     /// Holds `bytes` decoded from the file, addressed past its end.
@@ -270,6 +280,15 @@ impl TensorInfo {
                     _ => Box::new(MergedRuns::new(boxes, &dst, elem)),
                 }
             }
+        }
+    }
+
+    /// The stretches of its files it reads from, `(file, offset, len)`: its ranges, or the
+    /// storages its boxes view.
+    pub(crate) fn extents(&self) -> Box<dyn Iterator<Item = (usize, u64, u64)> + '_> {
+        match &self.data {
+            TensorData::Ranges(c) => Box::new(c.iter().map(|c| (c.file, c.offset, c.len))),
+            TensorData::Boxes(b) => Box::new(b.iter().map(|b| (b.file, b.base, b.len))),
         }
     }
 

@@ -178,6 +178,19 @@ pub enum Error {
         size: u64,
         limit: u64,
     },
+    /// Stored bytes whose CRC32 is not the one their zip record carries: the file changed after
+    /// it was written (a flipped bit, a partial overwrite).
+    BadChecksum {
+        path: PathBuf,
+        /// The tensor whose bytes they are; `None` for a record that is not a tensor's.
+        tensor: Option<String>,
+        rank: Option<u64>,
+        record: String,
+        /// The offset of the archive the record is in, for a DCP item.
+        item: Option<u64>,
+        stored: u32,
+        actual: u32,
+    },
     InflateOverrun {
         path: PathBuf,
         record: String,
@@ -422,6 +435,16 @@ impl Error {
                 let path = path.display();
                 format!("{path}: record `{record}` is {size} bytes, over the {limit}-byte limit")
             }
+            Error::BadChecksum { path, tensor, rank, record, item, stored, actual } => {
+                let path = path.display();
+                let tensor = tensor.as_ref().map(|t| format!(" tensor `{}`:", escape_controls(t))).unwrap_or_default();
+                let item = item.map(|at| format!(" of the item at byte {at}")).unwrap_or_default();
+                format!(
+                    "{path}{}:{tensor} record `{record}`{item} fails its CRC32 check (the archive says {stored:08x}, \
+                     the bytes give {actual:08x}): the file was damaged after it was written",
+                    rank_note(*rank)
+                )
+            }
             Error::InflateOverrun { path, record, declared } => {
                 let path = path.display();
                 format!("{path}: record `{record}` inflates past its declared {declared} bytes (a zip bomb?)")
@@ -530,6 +553,17 @@ pub fn escape_controls(text: &str) -> std::borrow::Cow<'_, str> {
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// ` (rank R)` for DCP errors whose data file is a rank's (`__R_0.distcp`).
+/// The error for a source that ended early: it was changed while we read it.
+pub(crate) fn short_source(path: &std::path::Path, at: u64) -> Error {
+    Error::Io {
+        path: path.to_path_buf(),
+        source: std::io::Error::new(
+            std::io::ErrorKind::UnexpectedEof,
+            format!("file ended at byte {at} while copying (was it changed during the copy?)"),
+        ),
+    }
+}
+
 fn rank_note(rank: Option<u64>) -> String {
     rank.map(|r| format!(" (rank {r})")).unwrap_or_default()
 }

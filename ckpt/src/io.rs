@@ -13,7 +13,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-use crate::error::{Error, IoContext, Result};
+use crate::error::{short_source, Error, IoContext, Result};
 use crate::sys::MappedFile;
 
 /// Positional reads of exactly `buf.len()` bytes.
@@ -161,6 +161,8 @@ pub(crate) struct Sources {
     /// Bytes decoded from a file (a torch file's numpy arrays), addressed from the file's
     /// recorded length on (see [`crate::SourceFile`]).
     tails: Vec<Option<(u64, std::sync::Arc<[u8]>)>>,
+    /// The CRC-covered records of each file, and the rank that wrote it (for the message).
+    checks: Vec<(crate::checksum::Checks, Option<u64>)>,
 }
 
 impl Sources {
@@ -169,14 +171,54 @@ impl Sources {
         let files = paths.into_iter().map(|p| Ok((p.to_path_buf(), open(p)?))).collect::<Result<Vec<_>>>()?;
         let maps = files.iter().map(|_| OnceLock::new()).collect();
         let tails = files.iter().map(|_| None).collect();
-        Ok(Sources { files, maps, tails })
+        let checks = files.iter().map(|_| Default::default()).collect();
+        Ok(Sources { files, maps, tails, checks })
     }
 
-    /// The source files of a catalog, with the bytes decoded from them.
+    /// The source files of a catalog, with the bytes decoded from them and the records whose
+    /// CRCs every read checks.
     pub(crate) fn of(files: &[crate::SourceFile]) -> Result<Sources> {
         let mut s = Sources::open(files.iter().map(|f| f.path.as_path()))?;
         s.tails = files.iter().map(|f| f.inline.0.clone().map(|b| (f.len, b))).collect();
+        s.checks = files.iter().map(|f| (f.checks.clone(), f.rank)).collect();
         Ok(s)
+    }
+
+    fn checked(&self) -> Vec<crate::checksum::Source<'_>> {
+        self.files
+            .iter()
+            .zip(&self.checks)
+            .map(|((path, file), (checks, rank))| crate::checksum::Source { file, path, rank: *rank, checks })
+            .collect()
+    }
+
+    /// Checks the CRCs of the records `[off, off + len)` of file `i` touches, once each.
+    fn check(&self, i: usize, off: u64, len: u64) -> Result<()> {
+        match (self.files.get(i), self.checks.get(i)) {
+            (Some((path, file)), Some((checks, rank))) if checks.len() > 0 => {
+                crate::checksum::check(&crate::checksum::Source { file, path, rank: *rank, checks }, off, len)
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Checks, in parallel, every record the `(file, offset, len)` extents touch: what an
+    /// operation does before it copies them. The first mismatch is the error.
+    pub(crate) fn check_extents(&self, extents: impl IntoIterator<Item = (usize, u64, u64)>) -> Result<()> {
+        if self.checks.iter().all(|(c, _)| c.len() == 0) {
+            return Ok(());
+        }
+        match crate::checksum::verify_extents(&self.checked(), extents)?.into_iter().next() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// Checks every record of every file, returning each mismatch: what `verify` reports.
+    pub(crate) fn check_all(&self) -> Result<Vec<Error>> {
+        let sources = self.checked();
+        let extents = crate::checksum::all_extents(&sources);
+        crate::checksum::verify_extents(&sources, extents)
     }
 
     /// True when `[off, off + len)` of source `i` is held in memory, not in the file.
@@ -205,6 +247,7 @@ impl Sources {
             let hi = usize::try_from(len).ok().and_then(|n| lo.checked_add(n));
             return hi.and_then(|hi| tail.get(lo..hi)).ok_or_else(|| short_source(path, off));
         }
+        self.check(i, off, len)?;
         self.map(i)?.get(off, len).ok_or_else(|| short_source(path, off))
     }
 
@@ -216,6 +259,7 @@ impl Sources {
             buf.copy_from_slice(bytes);
             return Ok(());
         }
+        self.check(i, off, buf.len() as u64)?;
         let (file, path) = self.file(i)?;
         match ReadAt::read_exact_at(file, buf, off) {
             Ok(()) => Ok(()),
@@ -236,16 +280,5 @@ fn unknown(i: usize) -> Error {
     Error::Io {
         path: PathBuf::from(format!("<source {i}>")),
         source: std::io::Error::new(std::io::ErrorKind::NotFound, "no such source file in the plan"),
-    }
-}
-
-/// The error for a source that ended early: it was changed while we read it.
-pub(crate) fn short_source(path: &Path, at: u64) -> Error {
-    Error::Io {
-        path: path.to_path_buf(),
-        source: std::io::Error::new(
-            std::io::ErrorKind::UnexpectedEof,
-            format!("file ended at byte {at} while copying (was it changed during the copy?)"),
-        ),
     }
 }

@@ -25,6 +25,7 @@
 mod blockscale;
 mod cast;
 mod catalog;
+mod checksum;
 mod dtype;
 mod error;
 mod formats;
@@ -63,6 +64,15 @@ pub use write::{CopyMethod, WriteOptions};
 
 #[doc(hidden)]
 pub mod fuzz;
+
+/// Reads the whole of a small file that is not a checkpoint component (a training loop's own
+/// state JSON, a manifest of its own) the way `ckpt` reads its indexes and `latest`: only a
+/// regular file (after links) is opened, so a FIFO, a socket or a device planted in its place
+/// is refused by name before it could block or read without end, and a file over `max` bytes
+/// is refused before it is read (and a file that grows while it is read, at `max`).
+pub fn read_small_file(path: impl AsRef<std::path::Path>, max: u64) -> Result<Vec<u8>> {
+    io::read_capped(path.as_ref(), max)
+}
 
 impl Error {
     /// True when the error describes a defective checkpoint (as opposed to a missing path, a

@@ -75,6 +75,8 @@ pub fn verify_with(src: &str, options: &OpenOptions) -> Result<Report> {
     if let Err(e) = ck.file_metadata() {
         report.problems.push(e);
     }
+    // Every stored byte a zip record vouches for is read once against its CRC32.
+    report.problems.extend(crate::io::Sources::of(ck.files())?.check_all()?);
     if let Some(declared) = ck.index_metadata().and_then(|m| m.get("total_size")).and_then(serde_json::Value::as_u64) {
         let actual = ck.total_bytes();
         if declared != actual {

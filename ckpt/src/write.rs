@@ -219,6 +219,11 @@ pub(crate) fn execute(plan: &Plan, source: &Checkpoint, opts: &WriteOptions<'_>)
         temps.create(&path)?;
     }
     let srcs = Sources::of(sources)?;
+    // Every CRC-covered record the plan reads is checked first, in parallel pieces: a damaged
+    // source is refused before anything is written.
+    let copies = plan.targets.iter().flat_map(|t| t.copies.iter().map(|c| (c.src, c.src_off, c.len)));
+    let gathered = plan.targets.iter().flat_map(|t| t.gathers.iter().flat_map(|g| g.tensor.extents()));
+    srcs.check_extents(copies.chain(gathered))?;
 
     // Size each target and write its header, then fill the data in parallel pieces.
     for (t, (tmp, f)) in plan.targets.iter().zip(&temps.files) {
@@ -547,7 +552,7 @@ fn kernel_copy(
     let mut done = 0;
     while done < c.len {
         match sys::copy_file_range(src, c.src_off + done, dst, c.dst_off + done, c.len - done) {
-            Ok(0) => return Err(crate::io::short_source(src_path, c.src_off + done)),
+            Ok(0) => return Err(crate::error::short_source(src_path, c.src_off + done)),
             Ok(n) => done += n,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
             Err(e) if sys::copy_unsupported(&e) && done == 0 => {

@@ -1,6 +1,7 @@
 //! From parsed metadata to boxes: every item opened as the `torch.save` zip it is, every chunk
 //! located as a box of its tensor (the catalog checks that they tile it).
 
+use crate::checksum::{Checks, Record};
 use std::collections::HashMap;
 use std::path::Path;
 use std::rc::Rc;
@@ -64,7 +65,8 @@ pub(crate) fn read(dir: &Path) -> Result<Dcp> {
     let data = read_metadata(dir, &meta_path)?;
     let md = metadata::parse(&data, &meta_path)?;
 
-    let mut files = Files { dir, meta_path: &meta_path, list: Vec::new(), by_name: HashMap::new() };
+    let mut files =
+        Files { dir, meta_path: &meta_path, list: Vec::new(), by_name: HashMap::new(), records: Vec::new() };
     let mut tensors = Vec::new();
     let mut bytes = Vec::new();
     // The values of all bytes items are kept together, and many items may name the same bytes:
@@ -84,6 +86,9 @@ pub(crate) fn read(dir: &Path) -> Result<Dcp> {
                 bytes.push(DcpBytes { key: item.key, path: item.path, chunk, value });
             }
         }
+    }
+    for (f, records) in files.list.iter_mut().zip(files.records) {
+        f.checks = Checks::new(records);
     }
     Ok(Dcp { files: files.list, tensors, bytes })
 }
@@ -137,6 +142,8 @@ struct Files<'a> {
     meta_path: &'a Path,
     list: Vec<SourceFile>,
     by_name: HashMap<String, usize>,
+    /// The storage records of each file's tensor items, for the CRC checks.
+    records: Vec<Vec<Record>>,
 }
 
 impl Files<'_> {
@@ -179,6 +186,7 @@ impl Files<'_> {
                     Err(e) => return Err(Error::Io { path, source: e }),
                 };
                 self.list.push(SourceFile { rank, ..SourceFile::new(path, len) });
+                self.records.push(Vec::new());
                 self.by_name.insert(name.clone(), self.list.len() - 1);
                 self.list.len() - 1
             }
@@ -266,7 +274,14 @@ fn read_bytes_item(
 /// Locates the payload of a tensor item: the chunk's box, viewed through the strides the item
 /// keeps (torch saves a chunk whose storage is exactly its bytes as it is, `channels_last` or
 /// transposed included).
-fn tensor_item(path: &Path, fi: usize, rank: Option<u64>, key: &str, dtype: Dtype, c: &ChunkMeta) -> Result<TensorBox> {
+fn tensor_item(
+    path: &Path,
+    fi: usize,
+    rank: Option<u64>,
+    key: &str,
+    dtype: Dtype,
+    c: &ChunkMeta,
+) -> Result<(TensorBox, Record)> {
     let bad = |reason: String| Error::BadDcpChunk { path: path.to_path_buf(), tensor: key.to_string(), rank, reason };
     let at = c.storage.offset;
     let (archive, prefix, p) = open_item(path, rank, key, &c.storage, None)?;
@@ -296,14 +311,16 @@ fn tensor_item(path: &Path, fi: usize, rank: Option<u64>, key: &str, dtype: Dtyp
         )));
     }
     // The catalog checks that the view stays inside the storage record.
-    Ok(TensorBox {
+    let b = TensorBox {
         region: Region::new(c.offsets.clone(), c.sizes.clone()),
         file: fi,
         base: at + e.data_offset,
         len: e.size,
         offset: t.offset,
         strides: t.strides.clone(),
-    })
+    };
+    let record = Record { offset: b.base, len: b.len, crc: e.crc, name: rec, item: Some(at), tensor: key.to_string() };
+    Ok((b, record))
 }
 
 /// Locates every chunk of a tensor as a box; the catalog checks that they tile it.
@@ -320,7 +337,9 @@ fn tensor_boxes(files: &mut Files<'_>, key: &str, dtype: Dtype, chunks: &[ChunkM
     for c in chunks {
         let (fi, rank) = files.get(key, &c.storage)?;
         let path = files.list[fi].path.clone();
-        out.push(tensor_item(&path, fi, rank, key, dtype, c)?);
+        let (b, record) = tensor_item(&path, fi, rank, key, dtype, c)?;
+        files.records[fi].push(record);
+        out.push(b);
     }
     Ok(out)
 }

@@ -449,7 +449,11 @@ fn read_tag(tag_dir: PathBuf, tag: String) -> Result<ZeroCheckpoint> {
 
     let mut sources = Vec::with_capacity(files.len() + models.len());
     for f in files.iter().chain(&models) {
-        sources.push(SourceFile { rank: Some(f.rank), ..SourceFile::new(f.f.path.clone(), f.f.len) });
+        sources.push(SourceFile {
+            rank: Some(f.rank),
+            checks: f.f.checks(),
+            ..SourceFile::new(f.f.path.clone(), f.f.len)
+        });
     }
     Ok(ZeroCheckpoint { tag, stage, world, files: sources, buffers, frozen, params, aliases })
 }

@@ -61,6 +61,7 @@ use std::path::{Path, PathBuf};
 use std::rc::Rc;
 
 use crate::catalog::{Checkpoint, Format, Parts, Scan, SourceFile, TensorBox, TensorData, TensorInfo};
+use crate::checksum::{Checks, Record};
 use crate::dtype::Dtype;
 use crate::error::{Error, IoContext, Result};
 use crate::formats::hf_index::Index;
@@ -102,6 +103,9 @@ pub(crate) struct Storage {
     pub key: String,
     pub file_offset: u64,
     pub byte_len: u64,
+    /// Its zip record's name and the CRC32 the archive carries for it (none in legacy files
+    /// and for decoded arrays).
+    pub record: Option<(String, u32)>,
 }
 
 /// A torch file, read and validated: every tensor lies inside its storage, every storage inside
@@ -118,6 +122,35 @@ pub(crate) struct TorchFile {
     /// Bytes decoded from the pickle (numpy arrays), addressed past the end of the file: the
     /// storage of such a tensor starts at `len` + its offset here.
     pub inline: Vec<u8>,
+}
+
+impl TorchFile {
+    /// The zip records its tensors read, each named by the first tensor that reads it.
+    pub(crate) fn checks(&self) -> Checks {
+        let mut first: Vec<Option<&str>> = vec![None; self.storages.len()];
+        for t in &self.tensors {
+            if let Some(slot) = first.get_mut(t.storage) {
+                slot.get_or_insert(t.name.as_str());
+            }
+        }
+        let records = self
+            .storages
+            .iter()
+            .zip(first)
+            .filter_map(|(s, tensor)| {
+                let (name, crc) = s.record.clone()?;
+                Some(Record {
+                    offset: s.file_offset,
+                    len: s.byte_len,
+                    crc,
+                    name,
+                    item: None,
+                    tensor: tensor?.to_string(),
+                })
+            })
+            .collect();
+        Checks::new(records)
+    }
 }
 
 /// True when `path` starts like a torch file (a zip, or a legacy pickle stream).
@@ -324,7 +357,12 @@ fn read_zip(file: &File, len: u64, path: &Path, admit: Admit<'_>, budget: &Rc<Bu
                         format!("storage record `{rec}` is compressed; only stored records can be read in place"),
                     ));
                 }
-                storages.push(Storage { key: t.storage.key.clone(), file_offset: e.data_offset, byte_len: e.size });
+                storages.push(Storage {
+                    key: t.storage.key.clone(),
+                    file_offset: e.data_offset,
+                    byte_len: e.size,
+                    record: Some((rec, e.crc)),
+                });
                 by_key.insert(t.storage.key.clone(), storages.len() - 1);
                 storages.len() - 1
             }
@@ -351,6 +389,7 @@ fn inline_storages(arrays: &[Vec<u8>], len: u64, storages: &mut Vec<Storage>) ->
             key: format!("<numpy array {i}>"),
             file_offset: len + tail.len() as u64,
             byte_len: a.len() as u64,
+            record: None,
         });
         tail.extend_from_slice(a);
     }
@@ -474,7 +513,7 @@ fn read_legacy(file: &File, len: u64, path: &Path, allow: &AllowGlobals, budget:
             });
         };
         by_key.insert(key.clone(), storages.len());
-        storages.push(Storage { key: key.clone(), file_offset: at + 8, byte_len });
+        storages.push(Storage { key: key.clone(), file_offset: at + 8, byte_len, record: None });
         at = end;
     }
     let mut tensors = Vec::with_capacity(flat.tensors.len());
@@ -635,6 +674,7 @@ pub(crate) fn catalog(root: PathBuf, format: Format, allow: &AllowGlobals) -> Re
     let mut tensors = Vec::new();
     let mut values = Vec::new();
     for (fi, f) in set.files.into_iter().enumerate() {
+        let checks = f.checks();
         for t in f.tensors {
             let (base, len) = f.storages.get(t.storage).map_or((0, 0), |s| (s.file_offset, s.byte_len));
             let data = TensorData::Boxes(vec![TensorBox::whole(&t.shape, fi, base, len, t.offset, t.strides)]);
@@ -644,6 +684,7 @@ pub(crate) fn catalog(root: PathBuf, format: Format, allow: &AllowGlobals) -> Re
         let mut source = SourceFile::new(f.path, f.len);
         source.globals = f.globals;
         source.set_inline(f.inline);
+        source.checks = checks;
         files.push(source);
     }
     let mut parts = Parts::new(format, root, files, tensors);

@@ -56,6 +56,8 @@ pub(crate) struct Entry {
     pub size: u64,
     /// Absolute offset of the payload.
     pub data_offset: u64,
+    /// CRC32 of the plain bytes, from the central directory.
+    pub crc: u32,
 }
 
 /// An opened archive: its entries in central-directory order.
@@ -158,7 +160,14 @@ impl Archive {
                     file_len: len,
                 });
             }
-            located.push(Entry { name: c.name, method, compressed: c.compressed, size: c.size, data_offset });
+            located.push(Entry {
+                name: c.name,
+                method,
+                compressed: c.compressed,
+                size: c.size,
+                data_offset,
+                crc: c.crc,
+            });
         }
         let mut spans: Vec<(u64, u64, &str)> = located
             .iter()
@@ -191,8 +200,8 @@ impl Archive {
         // Bounded by `limit` (stored: size == compressed) or by the file length (deflated input).
         let mut raw = vec![0u8; usize::try_from(entry.compressed).map_err(|_| too_big(entry.compressed))?];
         file.read_exact_at(&mut raw, entry.data_offset).at(&self.path)?;
-        match entry.method {
-            Method::Stored => Ok(raw),
+        let out = match entry.method {
+            Method::Stored => raw,
             Method::Deflated => {
                 // Inflate at most one byte past the declared size: more means the header lied.
                 let cap = usize::try_from(entry.size.saturating_add(1)).unwrap_or(usize::MAX);
@@ -217,15 +226,29 @@ impl Archive {
                         declared: entry.size,
                     });
                 }
-                Ok(out)
+                out
             }
+        };
+        let actual = crc32fast::hash(&out);
+        if actual != entry.crc {
+            return Err(Error::BadChecksum {
+                path: self.path.clone(),
+                tensor: None,
+                rank: None,
+                record: entry.name.clone(),
+                item: None,
+                stored: entry.crc,
+                actual,
+            });
         }
+        Ok(out)
     }
 }
 
 struct Central {
     name: String,
     method: u16,
+    crc: u32,
     compressed: u64,
     size: u64,
     header_offset: u64,
@@ -237,6 +260,7 @@ fn central_entry(cd: &[u8], at: usize) -> Option<(Central, usize)> {
         return None;
     }
     let method = u16_at(cd, at + 10)?;
+    let crc = u32_at(cd, at + 16)?;
     let mut compressed = u64::from(u32_at(cd, at + 20)?);
     let mut size = u64::from(u32_at(cd, at + 24)?);
     let name_len = usize::from(u16_at(cd, at + 28)?);
@@ -262,7 +286,10 @@ fn central_entry(cd: &[u8], at: usize) -> Option<(Central, usize)> {
         }
         e += 4 + n;
     }
-    Some((Central { name, method, compressed, size, header_offset }, name_start + name_len + extra_len + comment_len))
+    Some((
+        Central { name, method, crc, compressed, size, header_offset },
+        name_start + name_len + extra_len + comment_len,
+    ))
 }
 
 /// What torch's writer aligns payloads to (`torch.utils.serialization.config.save.storage_alignment`).
