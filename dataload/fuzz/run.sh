@@ -22,10 +22,13 @@ seed() { # seed TARGET: write a starting corpus from the fixtures
                 "$fixtures"/hostile/dataload/*.jsonl "$fixtures"/hostile/dataload/*.jsonl.zst ;;
         loader_state)
             seeds states "$corpus" ;;
+        arrow_ipc)
+            # The Arrow fixtures as they are: IPC files (plain, LZ4, zstd) and a stream.
+            cp "$fixtures"/dataload_sources/*.arrow "$fixtures"/dataload_sources/*.arrows "$corpus"/ ;;
     esac
 }
 
-targets=(line_index loader_state)
+targets=(line_index loader_state arrow_ipc)
 for target in "${targets[@]}"; do
     seed "$target"
 done

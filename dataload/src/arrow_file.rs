@@ -35,7 +35,7 @@ use arrow_ipc::Block;
 use arrow_schema::SchemaRef;
 
 use crate::error::{DataloadError, Result};
-use crate::mmap::map_file;
+use crate::mmap::{map_file, FileGuard};
 use crate::source::{resolve_files, DataFile, FileFingerprint, Fingerprint, ShardIndex, Source};
 use crate::table::{check_same_schema, gather_rows, resolve_columns};
 
@@ -100,6 +100,7 @@ struct MappedFile {
     path: PathBuf,
     addr: usize,
     len: usize,
+    guard: Option<FileGuard>,
 }
 
 /// Rows `start..start + len` of an [`ArrowDataset`] that lie in one record batch: that batch
@@ -124,15 +125,20 @@ impl ArrowDataset {
         let mut fps = Vec::new();
         let mut mapped = Vec::new();
         let mut batch_file = Vec::new();
+        let mut total = 0u64;
         for file in &files {
-            let (file_schema, file_batches, size, addr) = read_file(file, columns)?;
+            let (file_schema, file_batches, size, addr, guard) = read_file(file, columns)?;
             batch_file.extend(std::iter::repeat_n(mapped.len(), file_batches.len()));
-            mapped.push(MappedFile { path: file.path.clone(), addr, len: usize::try_from(size).unwrap_or(0) });
+            let len = usize::try_from(size).unwrap_or(0);
+            mapped.push(MappedFile { path: file.path.clone(), addr, len, guard: Some(guard) });
             match &schema {
                 None => schema = Some((file_schema, file.path.clone())),
                 Some((first, first_path)) => check_same_schema(first, first_path, &file_schema, &file.path)?,
             }
-            let rows = file_batches.iter().map(|b| b.num_rows() as u64).sum();
+            let rows: u64 = file_batches.iter().map(|b| b.num_rows() as u64).sum();
+            total = total.checked_add(rows).filter(|&t| t <= crate::source::MAX_SAMPLES).ok_or_else(|| {
+                bad(&file.path, format!("{rows} rows bring the dataset past {} rows", crate::source::MAX_SAMPLES))
+            })?;
             fps.push(FileFingerprint { name: file.name.clone(), size, rows });
             batches.extend(file_batches);
         }
@@ -191,8 +197,13 @@ impl ArrowDataset {
         Ok(Some(ContiguousRows { batch, in_file }))
     }
 
-    /// Record batch `u`, decompressed first if it is packed.
+    /// Record batch `u`, decompressed first if it is packed, once its file is checked to be as
+    /// long as when it was mapped (see [`crate::mmap`]).
     fn batch(&self, u: usize) -> Result<RecordBatch> {
+        let file = &self.files[self.batch_file[u]];
+        if let Some(guard) = &file.guard {
+            guard.check(&file.path)?;
+        }
         let packed = match &self.batches[u] {
             Unit::Viewed(b) => return Ok(b.clone()),
             Unit::Packed(p) => p,
@@ -204,9 +215,7 @@ impl ArrowDataset {
             cache.push(hit);
             return Ok(b);
         }
-        let b = packed
-            .decoder
-            .read_record_batch(&packed.block, &packed.data)
+        let b = unpanicked(&packed.path, || packed.decoder.read_record_batch(&packed.block, &packed.data))?
             .map_err(|e| DataloadError::BadRecord {
                 path: packed.path.clone(),
                 row: packed.first_row,
@@ -254,20 +263,69 @@ impl Source for ArrowDataset {
     }
 }
 
-/// The (selected) schema, the record batches, the size of one file and the address of its map.
-fn read_file(file: &DataFile, columns: Option<&[String]>) -> Result<(SchemaRef, Vec<Unit>, u64, usize)> {
-    let bytes = map_file(&file.path)?;
+/// The (selected) schema, the record batches, the size of one file, the address of its map and
+/// its guard.
+fn read_file(file: &DataFile, columns: Option<&[String]>) -> Result<(SchemaRef, Vec<Unit>, u64, usize, FileGuard)> {
+    let (bytes, guard) = map_file(&file.path)?;
     let size = bytes.len() as u64;
     let addr = bytes.as_ptr() as usize;
-    let path = file.path.clone();
-    let buffer = Buffer::from(bytes);
-    let (schema, batches) = if buffer.starts_with(FILE_MAGIC) {
-        read_ipc_file(&buffer, columns, &path)?
-    } else {
-        let (schema, batches) = read_ipc_stream(buffer, columns, &path)?;
-        (schema, batches.into_iter().map(Unit::Viewed).collect())
+    let (schema, batches) = read_buffer(Buffer::from(bytes), columns, &file.path)?;
+    Ok((schema, batches, size, addr, guard))
+}
+
+/// The schema and record batches of the IPC file or stream `buffer` (the bytes of `path`).
+fn read_buffer(buffer: Buffer, columns: Option<&[String]>, path: &Path) -> Result<(SchemaRef, Vec<Unit>)> {
+    unpanicked(path, || {
+        if buffer.starts_with(FILE_MAGIC) {
+            read_ipc_file(&buffer, columns, path)
+        } else {
+            let (schema, batches) = read_ipc_stream(buffer, columns, path)?;
+            Ok((schema, batches.into_iter().map(Unit::Viewed).collect()))
+        }
+    })?
+}
+
+/// Runs `f`, a call into arrow's decoders, turning a panic into an error naming `path`.
+///
+/// Every offset and length a message declares is checked before arrow sees it
+/// ([`check_message`]), which is what keeps arrow's own slicing from panicking; this is the
+/// last line behind those checks, for a combination they do not foresee: a malformed file is
+/// an error, never an abort of the process (or a `PanicException` in Python).
+fn unpanicked<T>(path: &Path, f: impl FnOnce() -> T) -> Result<T> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).map_err(|payload| {
+        let what = payload
+            .downcast_ref::<&str>()
+            .map(|s| (*s).to_owned())
+            .or_else(|| payload.downcast_ref::<String>().cloned())
+            .unwrap_or_default();
+        bad(path, format!("arrow's decoder failed on it ({what})"))
+    })
+}
+
+/// The fuzz target's reader ([`crate::fuzz::arrow_ipc`]): `data` as an IPC file or stream,
+/// then every record batch read, decompressed when packed, and a few rows gathered.
+pub(crate) fn fuzz_read(data: &[u8]) {
+    let path = Path::new("fuzz.arrow");
+    // Copied into arrow's own (64-byte aligned) memory, as a memory map is page-aligned.
+    let Ok((schema, batches)) = read_buffer(Buffer::from_slice_ref(data), None, path) else { return };
+    let index = ShardIndex::new(batches.iter().map(|b| b.num_rows() as u64));
+    let files = vec![MappedFile { path: path.to_owned(), addr: 0, len: 0, guard: None }];
+    let ds = ArrowDataset {
+        batch_file: vec![0; batches.len()],
+        schema,
+        batches,
+        unpacked: Arc::new(Mutex::new(Vec::new())),
+        index,
+        fingerprint: Fingerprint { format: "arrow", options: String::new(), files: Vec::new() },
+        files,
     };
-    Ok((schema, batches, size, addr))
+    let n = ds.len();
+    if n > 0 {
+        let _ = ds.read_batch(&[0, n - 1, n / 2]);
+    }
+    for u in 0..ds.num_record_batches().min(64) {
+        let _ = ds.batch(u);
+    }
 }
 
 fn bad(path: &Path, reason: impl ToString) -> DataloadError {
@@ -302,7 +360,7 @@ fn read_ipc_file(buffer: &Buffer, columns: Option<&[String]>, path: &Path) -> Re
     };
     for block in footer.dictionaries().iter().flatten() {
         let data = block_data(block.offset(), block.metaDataLength(), block.bodyLength())?;
-        compressed_rows(&data, block.metaDataLength(), path)?;
+        check_block(&data, block.metaDataLength(), path)?;
         decoder.read_dictionary(block, &data).map_err(|e| bad(path, e))?;
     }
     let decoder = Arc::new(decoder);
@@ -310,7 +368,7 @@ fn read_ipc_file(buffer: &Buffer, columns: Option<&[String]>, path: &Path) -> Re
     let mut row = 0u64;
     for block in footer.recordBatches().iter().flatten() {
         let data = block_data(block.offset(), block.metaDataLength(), block.bodyLength())?;
-        if let Some(rows) = compressed_rows(&data, block.metaDataLength(), path)? {
+        if let Some(rows) = check_block(&data, block.metaDataLength(), path)? {
             let packed = Packed {
                 decoder: Arc::clone(&decoder),
                 block: *block,
@@ -338,19 +396,29 @@ fn read_ipc_file(buffer: &Buffer, columns: Option<&[String]>, path: &Path) -> Re
     Ok((schema, batches))
 }
 
-/// The row count of a record batch block whose body is compressed, from its message header
-/// (`None` for an uncompressed one, decoded in place), once the sizes its buffers declare are
-/// checked; a dictionary batch's are checked the same way. `meta_len` is the block's metadata
-/// length, prefix included: the body follows it.
-fn compressed_rows(data: &Buffer, meta_len: i32, path: &Path) -> Result<Option<usize>> {
-    let meta = match data.get(..4) {
-        Some([0xff, 0xff, 0xff, 0xff]) => data.get(8..),
-        Some(_) => data.get(4..),
-        None => None,
-    }
-    .ok_or_else(|| bad(path, "a record batch block shorter than its message prefix"))?;
+/// Checks the message of a block (a record batch or a dictionary batch) against the block
+/// before arrow decodes it ([`check_message`]), and returns the row count of a record batch
+/// whose body is compressed, from its message header (`None` for an uncompressed one, decoded
+/// in place), once the sizes its buffers declare are checked too. `meta_len` is the block's
+/// metadata length, prefix included: the body follows it.
+fn check_block(data: &Buffer, meta_len: i32, path: &Path) -> Result<Option<usize>> {
+    let meta_len = usize::try_from(meta_len).ok().filter(|&m| m <= data.len());
+    let (prefix, declared) = match data.get(..4) {
+        Some([0xff, 0xff, 0xff, 0xff]) => (8, data.get(4..8)),
+        Some(w) => (4, Some(w)),
+        None => (4, None),
+    };
+    let declared = declared.map(|w| i32::from_le_bytes([w[0], w[1], w[2], w[3]]));
+    let (Some(meta_len), Some(declared)) = (meta_len, declared) else {
+        return Err(bad(path, "a block shorter than its message prefix"));
+    };
+    // The flatbuffer is the metadata the prefix announces, inside the block's metadata.
+    let fb_end = usize::try_from(declared).ok().and_then(|d| d.checked_add(prefix)).filter(|&e| e <= meta_len);
+    let meta = fb_end.and_then(|e| data.get(prefix..e)).ok_or_else(|| {
+        bad(path, format!("a message of {declared} bytes does not fit the block's {meta_len} bytes of metadata"))
+    })?;
     let message = arrow_ipc::root_as_message(meta).map_err(|e| bad(path, e))?;
-    let body = usize::try_from(meta_len).ok().and_then(|m| data.get(m..)).unwrap_or_default();
+    let body = data.get(meta_len..).unwrap_or_default();
     let batch = match (message.header_as_record_batch(), message.header_as_dictionary_batch()) {
         (Some(b), _) => b,
         (None, Some(d)) => match d.data() {
@@ -359,12 +427,62 @@ fn compressed_rows(data: &Buffer, meta_len: i32, path: &Path) -> Result<Option<u
         },
         (None, None) => return Ok(None),
     };
+    let body_addr = (data.as_ptr() as usize).wrapping_add(meta_len);
+    check_message(&batch, message.bodyLength(), body.len() as u64, body_addr, path)?;
     if !check_declared_sizes(&batch, body, path)? {
         return Ok(None);
     }
     usize::try_from(batch.length())
         .map(Some)
         .map_err(|_| bad(path, format!("a record batch of {} rows", batch.length())))
+}
+
+/// Checks every count, offset and length a record batch message declares, before arrow slices
+/// buffers by them: the row count and each field node's length and null count are not negative
+/// (nor more nulls than values), the message's body is no longer than the `body_len` bytes
+/// there are, and each buffer lies inside that body (no negative offset or length, no offset
+/// plus length that wraps or passes its end) at an 8-byte aligned address (`body_addr` is where
+/// the body is in memory). Arrow panics on a buffer past the end of its body, or misaligned.
+fn check_message(
+    batch: &arrow_ipc::RecordBatch<'_>,
+    declared_body: i64,
+    body_len: u64,
+    body_addr: usize,
+    path: &Path,
+) -> Result<()> {
+    let body = u64::try_from(declared_body).ok().filter(|&b| b <= body_len).ok_or_else(|| {
+        bad(path, format!("a message declares a body of {declared_body} bytes where its block holds {body_len}"))
+    })?;
+    if batch.length() < 0 {
+        return Err(bad(path, format!("a record batch of {} rows", batch.length())));
+    }
+    for (k, node) in batch.nodes().into_iter().flatten().enumerate() {
+        let (len, nulls) = (node.length(), node.null_count());
+        if len < 0 || nulls < 0 || nulls > len {
+            return Err(bad(path, format!("field node {k} declares {len} values with {nulls} nulls")));
+        }
+    }
+    for (k, b) in batch.buffers().into_iter().flatten().enumerate() {
+        let (offset, len) = (b.offset(), b.length());
+        let end = u64::try_from(offset).ok().zip(u64::try_from(len).ok()).and_then(|(o, l)| o.checked_add(l));
+        if end.is_none_or(|e| e > body) {
+            return Err(bad(
+                path,
+                format!("buffer {k} at body offset {offset} ({len} bytes) lies outside the {body}-byte body"),
+            ));
+        }
+        // The format aligns every buffer to 8 bytes; arrow's validation reads offsets and
+        // values in place, and panics on ones that are not aligned to their type.
+        if len > 0 && !body_addr.wrapping_add(offset as usize).is_multiple_of(8) {
+            return Err(bad(path, format!("buffer {k} at body offset {offset} is not aligned to 8 bytes")));
+        }
+    }
+    if let Some(counts) = batch.variadicBufferCounts() {
+        if let Some(c) = counts.iter().find(|&c| c < 0) {
+            return Err(bad(path, format!("a variadic buffer count of {c}")));
+        }
+    }
+    Ok(())
 }
 
 /// For a compressed batch, checks what its buffers declare against [`MAX_RATIO`]; returns
@@ -401,8 +519,9 @@ fn check_declared_sizes(batch: &arrow_ipc::RecordBatch<'_>, body: &[u8], path: &
     Ok(true)
 }
 
-/// Checks every compressed message of a stream before it is decoded: the stream is read once,
-/// whole, so each declared size must be sane before arrow allocates it.
+/// Checks every message of a stream before it is decoded (its offsets and lengths, and the
+/// sizes its compressed buffers declare): the stream is read once, whole, so each declared
+/// size must be sane before arrow slices or allocates by it.
 fn check_stream_sizes(buffer: &[u8], path: &Path) -> Result<()> {
     let mut at = 0usize;
     while at + 4 <= buffer.len() {
@@ -423,6 +542,10 @@ fn check_stream_sizes(buffer: &[u8], path: &Path) -> Result<()> {
         let batch =
             message.header_as_record_batch().or_else(|| message.header_as_dictionary_batch().and_then(|d| d.data()));
         if let Some(b) = batch {
+            // A stream cut short is arrow's to report (it waits for the rest of the body); what
+            // the message declares must fit the body it declares.
+            let declared = u64::try_from(message.bodyLength()).unwrap_or(0);
+            check_message(&b, message.bodyLength(), declared, (buffer.as_ptr() as usize).wrapping_add(body_at), path)?;
             check_declared_sizes(&b, body, path)?;
         }
         at = body_at.saturating_add(body_len);

@@ -147,6 +147,15 @@ pub enum DataloadError {
         #[source]
         source: std::io::Error,
     },
+    /// A data file (or what a link in its place points to) is not a regular file: a FIFO, a
+    /// socket, a device or a directory, refused before it is read.
+    #[error("`{path}`: is {kind}, not a regular file; refusing to read it")]
+    NotARegularFile {
+        /// The path given or found.
+        path: PathBuf,
+        /// What it is (`a FIFO`, `a socket`, `a device`, `a directory`).
+        kind: &'static str,
+    },
     /// A glob does not parse.
     #[error("`{pattern}`: {reason}")]
     BadPattern {
@@ -155,7 +164,8 @@ pub enum DataloadError {
         /// What the glob parser said.
         reason: String,
     },
-    /// A data file's size changed between indexing it and mapping it.
+    /// A data file's size changed between indexing it and mapping it, or since it was opened
+    /// (a concurrent writer truncated it): refused rather than read past its new end.
     #[error("`{path}`: the file changed while opened")]
     FileChanged {
         /// The file.

@@ -29,6 +29,15 @@ pub fn line_index_seed(data: &[u8], zstd: bool) -> Option<Vec<u8>> {
     Some(out)
 }
 
+/// An Arrow IPC file (or stream) on arbitrary bytes: its footer, its blocks and the messages
+/// they point at are validated, then every record batch is decoded (decompressed when its body
+/// is compressed) and a few rows are gathered. Refused or read, never a panic: the checks of
+/// `arrow_file` run before arrow slices anything, and a panic inside arrow is an error there.
+#[cfg(feature = "sources")]
+pub fn arrow_ipc(input: &[u8]) {
+    crate::arrow_file::fuzz_read(input);
+}
+
 /// `LoaderState` JSON: parsed, and when accepted written back and parsed again (the same
 /// state), then resumed on a small world and read for a few batches when the dataset is small
 /// enough to permute.
@@ -74,6 +83,32 @@ mod tests {
                 let mut flipped = seed.clone();
                 flipped[at] ^= 0x5a;
                 line_index(&flipped);
+            }
+        }
+    }
+
+    /// Cuts of each Arrow fixture, and every byte of its first 2 KiB and its last 512 bytes (the
+    /// footer and the messages: the metadata a reader trusts) edited: refused or read, and no
+    /// panic ever leaves the reader (what the fuzz target checks, here on every `cargo test`).
+    #[cfg(feature = "sources")]
+    #[test]
+    fn arrow_ipc_survives_cut_and_flipped_fixtures() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/dataload_sources");
+        let survives = |data: &[u8]| {
+            let caught = std::panic::catch_unwind(|| arrow_ipc(data));
+            assert!(caught.is_ok(), "a panic left the Arrow reader");
+        };
+        for name in ["table.arrow", "table_zstd.arrow", "table_lz4.arrow", "table.arrows"] {
+            let data = std::fs::read(dir.join(name)).unwrap();
+            survives(&data);
+            for cut in (0..data.len()).step_by(31) {
+                survives(&data[..cut]);
+            }
+            let edited_at = (0..data.len().min(2048)).chain(data.len().saturating_sub(512)..data.len());
+            for at in edited_at {
+                let mut edited = data.clone();
+                edited[at] = if at % 2 == 0 { 0xff } else { data[at] ^ 0x5a };
+                survives(&edited);
             }
         }
     }

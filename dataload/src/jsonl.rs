@@ -26,7 +26,7 @@ use bytes::Bytes;
 
 use crate::error::{DataloadError, Result};
 use crate::line_index::{stamp, LineIndex};
-use crate::mmap::map_file;
+use crate::mmap::{map_file, FileGuard};
 use crate::source::{resolve_files, DataFile, FileFingerprint, Fingerprint, ShardIndex, Source, UnitCache};
 
 /// Decompressed frames kept by default.
@@ -50,6 +50,8 @@ pub enum IndexPlacement {
 struct JsonlFile {
     file: DataFile,
     bytes: Bytes,
+    /// Checks the map is whole before it is read (`None`: bytes that are not a map).
+    guard: Option<FileGuard>,
     index: LineIndex,
     /// Dataset-wide number of this file's first frame (the frame cache's key).
     frame_base: usize,
@@ -100,13 +102,13 @@ impl JsonlDataset {
         let mut frame_base = 0usize;
         for file in resolve_files(spec.as_ref(), &[".jsonl", ".jsonl.zst", ".ndjson"])? {
             let now = stamp(&file.path)?;
-            let bytes = map_file(&file.path)?;
+            let (bytes, guard) = map_file(&file.path)?;
             if bytes.len() as u64 != now.0 {
                 return Err(DataloadError::FileChanged { path: file.path.clone() });
             }
             let (index, saved) = load_or_build(&file, &bytes, now, &placement)?;
             let n_frames = index.frames.len();
-            files.push(JsonlFile { file, bytes, index, frame_base });
+            files.push(JsonlFile { file, bytes, guard: Some(guard), index, frame_base });
             persisted.push(saved);
             frame_base += n_frames;
         }
@@ -139,6 +141,32 @@ impl JsonlDataset {
     /// For each file, whether its index is stored on disk (false: kept in memory only).
     pub fn index_persisted(&self) -> &[bool] {
         &self.persisted
+    }
+
+    /// The file of record `i` and its line number in that file (from 1, blank lines counted),
+    /// for an error about the record that a caller found (a parser that refuses it). The index
+    /// keeps byte ranges, not line numbers: this counts the newlines before the record, reading
+    /// (and decompressing) the file up to it, which is what an error may cost.
+    pub fn record_line(&self, i: u64) -> Result<(PathBuf, u64)> {
+        let (k, l) = self.index.locate(i)?;
+        let f = &self.files[k];
+        let start = f.index.lines[l as usize].0;
+        let newlines = |b: &[u8]| b.iter().filter(|&&c| c == b'\n').count() as u64;
+        let mut count = 0u64;
+        if let Some(guard) = &f.guard {
+            guard.check(&f.file.path)?;
+        }
+        if !f.index.zstd {
+            let end = usize::try_from(start).unwrap_or(usize::MAX).min(f.bytes.len());
+            count = newlines(&f.bytes[..end]);
+        } else {
+            for (n, frame) in f.index.frames.iter().enumerate().take_while(|(_, fr)| fr.text_start < start) {
+                let text = decompress_frame(f, n)?;
+                let upto = usize::try_from(start - frame.text_start).unwrap_or(usize::MAX).min(text.len());
+                count += newlines(&text[..upto]);
+            }
+        }
+        Ok((f.file.path.clone(), count + 1))
     }
 
     /// Appends record `line` of file `k` to `out`.
@@ -248,7 +276,8 @@ fn load_or_build(
                 });
             }
         }
-        if let Some(bytes) = size.filter(|_| oversized.is_none()).and_then(|_| std::fs::read(p).ok()) {
+        let cap = crate::line_index::max_index_len(data.len() as u64, zstd);
+        if let Some(bytes) = size.filter(|_| oversized.is_none()).and_then(|_| crate::fs::read_regular(p, cap).ok()) {
             if let Some(index) = stored_index(&bytes, data, zstd, now)
                 .map_err(|reason| DataloadError::CorruptIndex { path: p.clone(), data: file.path.clone(), reason })?
             {
@@ -265,7 +294,7 @@ fn load_or_build(
 fn read_head(p: &Path) -> std::io::Result<Vec<u8>> {
     use std::io::Read;
     let mut head = Vec::with_capacity(64);
-    std::fs::File::open(p)?.take(64).read_to_end(&mut head)?;
+    crate::fs::open_regular(p).map_err(std::io::Error::other)?.take(64).read_to_end(&mut head)?;
     Ok(head)
 }
 
@@ -312,7 +341,7 @@ pub(crate) fn fuzz_read(data: &[u8], index: &[u8], zstd: bool) {
     }
     let file = DataFile { path: path.to_path_buf(), name: path.display().to_string() };
     let ds = JsonlDataset::from_files(
-        vec![JsonlFile { file, bytes: Bytes::copy_from_slice(data), index, frame_base: 0 }],
+        vec![JsonlFile { file, bytes: Bytes::copy_from_slice(data), guard: None, index, frame_base: 0 }],
         vec![false],
         2,
     );
@@ -337,6 +366,15 @@ impl Source for JsonlDataset {
 
     fn read_batch(&self, indices: &[u64]) -> Result<TextBatch> {
         let located = indices.iter().map(|&i| self.index.locate(i)).collect::<Result<Vec<_>>>()?;
+        // Each file the batch reads is checked whole once, before its map is read.
+        let mut touched: Vec<usize> = located.iter().map(|&(k, _)| k).collect();
+        touched.sort_unstable();
+        touched.dedup();
+        for k in touched {
+            if let Some(guard) = &self.files[k].guard {
+                guard.check(&self.files[k].file.path)?;
+            }
+        }
         let total = located.iter().fold(0u64, |sum, &(k, l)| {
             let (a, b) = self.files[k].index.lines[l as usize];
             sum.saturating_add(b - a)
@@ -344,8 +382,20 @@ impl Source for JsonlDataset {
         let mut data = Vec::with_capacity(capacity_hint(total));
         let mut offsets = Vec::with_capacity(indices.len() + 1);
         offsets.push(0);
-        for (k, l) in located {
+        for (&i, (k, l)) in indices.iter().zip(located) {
+            let at = data.len();
             self.read_record(k, l as usize, &mut data)?;
+            // Records were checked to be UTF-8 when indexed; an index of other data (or a file
+            // rewritten in place since) must not hand out text that is not.
+            if let Err(e) = std::str::from_utf8(&data[at..]) {
+                let (path, line) = self.record_line(i)?;
+                return Err(DataloadError::NotJson {
+                    path,
+                    line,
+                    column: e.valid_up_to() as u64 + 1,
+                    reason: "invalid UTF-8".into(),
+                });
+            }
             offsets.push(data.len());
         }
         Ok(TextBatch { data, offsets })

@@ -85,6 +85,8 @@ mod batch_shard;
 mod config;
 mod dispatch;
 mod error;
+#[cfg(feature = "sources")]
+mod fs;
 #[doc(hidden)]
 pub mod fuzz;
 mod iterable_shard;

@@ -35,7 +35,7 @@
 //! checks that every record is JSON, so a bad line is reported with its line and column when
 //! the dataset is opened, not in the middle of an epoch.
 
-use std::io::{Read, Write};
+use std::io::Read;
 use std::path::Path;
 
 use crate::error::{DataloadError, Result};
@@ -284,21 +284,46 @@ impl LineIndex {
         Ok(())
     }
 
-    /// Writes the index to `path` atomically: a temporary file beside it, fsynced, renamed.
+    /// Writes the index to `path` atomically, through [`crate::fs::write_atomic`]: a new
+    /// temporary beside it under a name nobody can predict, created exclusively (a link planted
+    /// beside the data file is never written through), fsynced, renamed.
     pub fn save(&self, path: &Path) -> std::io::Result<()> {
-        let tmp = path.with_extension(format!("idx.tmp{}", std::process::id()));
-        let write = || -> std::io::Result<()> {
-            let mut f = std::fs::File::create(&tmp)?;
-            f.write_all(&self.to_bytes())?;
-            f.sync_all()?;
-            std::fs::rename(&tmp, path)
-        };
-        let result = write();
-        if result.is_err() {
-            let _ = std::fs::remove_file(&tmp);
-        }
-        result
+        crate::fs::write_atomic(path, &self.to_bytes())
     }
+}
+
+/// The deepest nesting of arrays and objects a record may have: serde_json's own limit when it
+/// builds values, and far inside what Python's `json` (bounded by the interpreter's recursion
+/// limit) reads.
+pub(crate) const MAX_DEPTH: usize = 128;
+
+/// The column (from 1) where `line` opens its `MAX_DEPTH + 1`-th nested array or object, if
+/// it does; brackets inside strings do not count.
+fn too_deep(line: &[u8]) -> Option<usize> {
+    let (mut depth, mut in_string, mut escaped) = (0usize, false, false);
+    for (i, &b) in line.iter().enumerate() {
+        if in_string {
+            match b {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                if depth > MAX_DEPTH {
+                    return Some(i + 1);
+                }
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    None
 }
 
 /// Splits text fed in chunks into records, checking each is JSON.
@@ -354,6 +379,20 @@ impl Scanner<'_> {
         };
         if line.iter().all(u8::is_ascii_whitespace) {
             return Ok(());
+        }
+        let not_json = |column: usize, reason: String| DataloadError::NotJson {
+            path: self.path.to_owned(),
+            line: self.line_no,
+            column: column as u64,
+            reason,
+        };
+        // serde_json skips over what it ignores without checking the text of strings or the
+        // depth of nesting; a record must be one a JSON parser (Python's included) can read.
+        if let Err(e) = std::str::from_utf8(line) {
+            return Err(not_json(e.valid_up_to() + 1, "invalid UTF-8".into()));
+        }
+        if let Some(column) = too_deep(line) {
+            return Err(not_json(column, format!("nested more than {MAX_DEPTH} levels deep")));
         }
         if let Err(e) = serde_json::from_slice::<serde::de::IgnoredAny>(line) {
             let text = e.to_string();

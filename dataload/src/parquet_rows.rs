@@ -30,7 +30,7 @@ use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions, Parq
 use parquet::arrow::ProjectionMask;
 
 use crate::error::{DataloadError, Result};
-use crate::mmap::map_file;
+use crate::mmap::{map_file, FileGuard};
 use crate::source::{resolve_files, DataFile, FileFingerprint, Fingerprint, ShardIndex, Source, UnitCache};
 use crate::table::{check_same_schema, gather_rows, resolve_columns};
 
@@ -41,6 +41,7 @@ pub const DEFAULT_ROW_GROUP_CACHE: usize = 8;
 struct ParquetFile {
     file: DataFile,
     bytes: Bytes,
+    guard: FileGuard,
     metadata: ArrowReaderMetadata,
     /// Selected root columns, in file order.
     roots: Vec<usize>,
@@ -70,9 +71,10 @@ impl ParquetDataset {
         let mut groups = Vec::new();
         let mut counts = Vec::new();
         let mut fps = Vec::new();
+        let mut total = 0u64;
         for file in resolve_files(spec.as_ref(), &[".parquet", ".pq"])? {
             let path = file.path.clone();
-            let bytes = map_file(&file.path)?;
+            let (bytes, guard) = map_file(&file.path)?;
             let metadata = ArrowReaderMetadata::load(&bytes, ArrowReaderOptions::new()).map_err(|e| {
                 DataloadError::BadFormat { path: path.clone(), format: "parquet", reason: e.to_string() }
             })?;
@@ -93,13 +95,23 @@ impl ParquetDataset {
             let meta = metadata.metadata();
             let mut rows = 0u64;
             for g in 0..meta.num_row_groups() {
-                let n = u64::try_from(meta.row_group(g).num_rows()).unwrap_or(0);
+                let n = row_group_rows(meta.row_group(g), g, &path)?;
                 groups.push((files.len(), g, rows));
                 counts.push(n);
                 rows += n;
+                total = total.checked_add(n).filter(|&t| t <= crate::source::MAX_SAMPLES).ok_or_else(|| {
+                    DataloadError::BadFormat {
+                        path: path.clone(),
+                        format: "parquet",
+                        reason: format!(
+                            "row group {g} declares {n} rows, which brings the dataset past {} rows",
+                            crate::source::MAX_SAMPLES
+                        ),
+                    }
+                })?;
             }
             fps.push(FileFingerprint { name: file.name.clone(), size: bytes.len() as u64, rows });
-            files.push(ParquetFile { file, bytes, metadata, roots, order });
+            files.push(ParquetFile { file, bytes, guard, metadata, roots, order });
         }
         let (schema, _) = schema.ok_or(DataloadError::Worker { reason: "no files".into() })?;
         let options = columns.map(|c| format!("columns={}", c.join(","))).unwrap_or_default();
@@ -128,6 +140,7 @@ impl ParquetDataset {
         self.cache.get_or_load(g, || {
             let (f, rg, first_row) = self.groups[g];
             let file = &self.files[f];
+            file.guard.check(&file.file.path)?;
             decode(file, rg, &file.roots)
                 .map_err(|reason| {
                     // Name the column: decode the selected columns one by one.
@@ -151,9 +164,35 @@ impl ParquetDataset {
     }
 }
 
+/// The most rows the Parquet reader is asked to decode at once.
+const MAX_BATCH_ROWS: usize = 1 << 20;
+
+/// The rows row group `g` of the file at `path` declares, once checked: never negative, and
+/// never more than any of its column chunks holds values (each row has at least one value, a
+/// null or an empty list included, in every column), so a footer cannot announce rows its
+/// column chunks do not have.
+fn row_group_rows(rg: &parquet::file::metadata::RowGroupMetaData, g: usize, path: &Path) -> Result<u64> {
+    let bad = |reason: String| DataloadError::BadFormat { path: path.to_owned(), format: "parquet", reason };
+    let n = rg.num_rows();
+    let rows = u64::try_from(n).map_err(|_| bad(format!("row group {g} declares {n} rows")))?;
+    for c in rg.columns() {
+        if c.num_values() < n {
+            return Err(bad(format!(
+                "row group {g} declares {n} rows, but its column `{}` holds {} values",
+                c.column_path(),
+                c.num_values()
+            )));
+        }
+    }
+    Ok(rows)
+}
+
 /// Decodes the root columns `roots` of row group `rg` into one batch.
 fn decode(file: &ParquetFile, rg: usize, roots: &[usize]) -> std::result::Result<RecordBatch, String> {
-    let rows = usize::try_from(file.metadata.metadata().row_group(rg).num_rows()).unwrap_or(0);
+    // The row count was checked against the column chunks when the file was opened, but those
+    // are declarations too: the reader is asked for batches of at most a million rows, so that
+    // what it reserves up front stays bounded whatever a footer says.
+    let rows = usize::try_from(file.metadata.metadata().row_group(rg).num_rows()).unwrap_or(0).min(MAX_BATCH_ROWS);
     let mask = ProjectionMask::roots(file.metadata.metadata().file_metadata().schema_descr(), roots.iter().copied());
     let reader = ParquetRecordBatchReaderBuilder::new_with_metadata(file.bytes.clone(), file.metadata.clone())
         .with_row_groups(vec![rg])

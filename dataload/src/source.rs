@@ -28,6 +28,11 @@ use sha2::{Digest, Sha256};
 
 use crate::error::{DataloadError, Result};
 
+/// The most samples a dataset may have: 2^63 - 1, what a signed 64-bit index (torch's, and
+/// Python's `len`) counts. A file whose counts bring a dataset past it is refused when opened,
+/// not when its length is first asked for.
+pub(crate) const MAX_SAMPLES: u64 = i64::MAX as u64;
+
 /// A random-access dataset whose samples are read a batch at a time.
 ///
 /// `read_batch` must be deterministic (the same indices give the same batch) and safe to call

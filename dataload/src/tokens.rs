@@ -9,8 +9,14 @@
 //!   `uint8`, `uint16`, `uint32`, `int32` or `int64` tokens, little-endian. The header says
 //!   the type and the length, and both are checked against the file.
 //!
-//! Files are memory-mapped; a token is decoded (widened to `i64`) only when a batch is
-//! collated.
+//! Files are read with `pread`, window by window, and a token is decoded (widened to `i64`)
+//! only when a batch is collated. They are not memory-mapped: a token file is the kind of file
+//! a preprocessing job may still be writing or rewriting, and a read past the end of a map of
+//! a file truncated after it was opened kills the process with `SIGBUS`, where a `pread` is
+//! a short read, refused as [`DataloadError::FileChanged`]. A concurrent writer can still
+//! change the tokens a window reads (bytes rewritten in place are read as they are), never
+//! crash the reader. Only regular files are opened: a FIFO or a device in place of a token
+//! file is refused by name.
 //!
 //! # Windows
 //!
@@ -21,12 +27,12 @@
 //! are numbered file after file (see [`crate::Source`]). Which tokens a window holds depends
 //! only on its index, so any sampler can shuffle windows.
 
+use std::fs::File;
+use std::os::unix::fs::FileExt;
 use std::path::Path;
-
-use bytes::Bytes;
+use std::sync::Arc;
 
 use crate::error::{DataloadError, Result};
-use crate::mmap::map_file;
 use crate::npy::parse_header;
 use crate::source::{resolve_files, DataFile, FileFingerprint, Fingerprint, ShardIndex, Source};
 
@@ -91,19 +97,24 @@ impl TokenDtype {
     }
 }
 
-/// One memory-mapped token file.
+/// One token file, read with `pread` (see the module docs).
 #[derive(Debug, Clone)]
 pub struct TokenFile {
     file: DataFile,
-    bytes: Bytes,
+    fd: Arc<File>,
+    size: u64,
     offset: usize,
     dtype: TokenDtype,
     len: u64,
 }
 
+/// The first bytes of a `.npy` file that can hold its header (numpy's are a few hundred bytes;
+/// [`crate::npy`] refuses anything over 1 MiB).
+const NPY_HEAD: u64 = 12 + (1 << 20);
+
 impl TokenFile {
     /// Opens a `.npy` (type and length from its header) or any other file as a flat array
-    /// of `bin_dtype`.
+    /// of `bin_dtype`. Only a regular file is opened.
     pub fn open(path: impl AsRef<Path>, bin_dtype: TokenDtype) -> Result<Self> {
         let path = path.as_ref();
         let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
@@ -111,16 +122,19 @@ impl TokenFile {
     }
 
     fn open_file(file: DataFile, bin_dtype: TokenDtype) -> Result<Self> {
-        let bytes = map_file(&file.path)?;
+        let fd = crate::fs::open_regular(&file.path)?;
+        let size = fd.metadata().map_err(|e| DataloadError::io(&file.path, e))?.len();
         let shown = file.path.clone();
         let (offset, dtype, len) = if file.path.extension().is_some_and(|e| e == "npy") {
-            let header = parse_header(&bytes, &shown)?;
+            let mut head = vec![0u8; usize::try_from(size.min(NPY_HEAD)).unwrap_or(0)];
+            fd.read_exact_at(&mut head, 0).map_err(|e| DataloadError::io(&file.path, e))?;
+            let header = parse_header(&head, &shown)?;
             let dtype = TokenDtype::from_descr(&header.descr).ok_or_else(|| DataloadError::WrongDtype {
                 path: shown.clone(),
                 found: header.descr.clone(),
                 expected: ACCEPTED,
             })?;
-            let body = (bytes.len() - header.data_offset) as u64;
+            let body = size - header.data_offset as u64;
             let expected = header.len.checked_mul(dtype.size() as u64).ok_or_else(|| DataloadError::BadFormat {
                 path: shown.clone(),
                 format: "npy",
@@ -130,7 +144,7 @@ impl TokenFile {
                 return Err(DataloadError::Truncated {
                     path: shown,
                     expected: header.data_offset as u64 + expected,
-                    found: bytes.len() as u64,
+                    found: size,
                 });
             }
             if body > expected {
@@ -142,14 +156,17 @@ impl TokenFile {
             }
             (header.data_offset, dtype, header.len)
         } else {
-            let size = bin_dtype.size() as u64;
-            let found = bytes.len() as u64;
-            if !found.is_multiple_of(size) {
-                return Err(DataloadError::Truncated { path: shown, expected: found.div_ceil(size) * size, found });
+            let tsize = bin_dtype.size() as u64;
+            if !size.is_multiple_of(tsize) {
+                return Err(DataloadError::Truncated {
+                    path: shown,
+                    expected: size.div_ceil(tsize) * tsize,
+                    found: size,
+                });
             }
-            (0, bin_dtype, found / size)
+            (0, bin_dtype, size / tsize)
         };
-        Ok(Self { file, bytes, offset, dtype, len })
+        Ok(Self { file, fd: Arc::new(fd), size, offset, dtype, len })
     }
 
     /// Number of tokens.
@@ -179,17 +196,27 @@ impl TokenFile {
     }
 
     /// Decodes tokens `[start, start + out.len())` into `out`.
+    ///
+    /// The bytes are read with `pread`: a file a concurrent writer truncated is an error
+    /// ([`DataloadError::FileChanged`]), never a fault; bytes it rewrote in place are read as
+    /// they are now.
     pub fn read_into(&self, start: u64, out: &mut [i64]) -> Result<()> {
         let size = self.dtype.size();
         let end = start.checked_add(out.len() as u64).filter(|&e| e <= self.len);
-        let range = end.and_then(|_| {
-            let a = self.offset + usize::try_from(start).ok()? * size;
-            Some(a..a + out.len() * size)
-        });
-        let bytes = range
-            .and_then(|r| self.bytes.get(r))
-            .ok_or(DataloadError::IndexOutOfRange { index: start.saturating_add(out.len() as u64), len: self.len })?;
-        self.dtype.decode(bytes, out);
+        let at = end.and_then(|_| (self.offset as u64).checked_add(start.checked_mul(size as u64)?));
+        let n = out.len().checked_mul(size);
+        let (Some(at), Some(n)) = (at, n) else {
+            return Err(DataloadError::IndexOutOfRange {
+                index: start.saturating_add(out.len() as u64),
+                len: self.len,
+            });
+        };
+        let mut bytes = vec![0u8; n];
+        self.fd.read_exact_at(&mut bytes, at).map_err(|e| match e.kind() {
+            std::io::ErrorKind::UnexpectedEof => DataloadError::FileChanged { path: self.file.path.clone() },
+            _ => DataloadError::io(&self.file.path, e),
+        })?;
+        self.dtype.decode(&bytes, out);
         Ok(())
     }
 }
@@ -251,7 +278,7 @@ impl TokenWindows {
             files: files
                 .iter()
                 .zip(&counts)
-                .map(|(f, &rows)| FileFingerprint { name: f.file.name.clone(), size: f.bytes.len() as u64, rows })
+                .map(|(f, &rows)| FileFingerprint { name: f.file.name.clone(), size: f.size, rows })
                 .collect(),
         };
         Ok(Self { index: ShardIndex::new(counts), files, block_size, fingerprint })
@@ -289,12 +316,14 @@ impl Source for TokenWindows {
         let t = self.block_size;
         let mut inputs = vec![0i64; indices.len() * t];
         let mut targets = vec![0i64; indices.len() * t];
+        let mut window = vec![0i64; t + 1];
         for ((&i, input), target) in indices.iter().zip(inputs.chunks_exact_mut(t)).zip(targets.chunks_exact_mut(t)) {
             let (k, w) = self.index.locate(i)?;
             let file = &self.files[k];
-            let start = w * t as u64;
-            file.read_into(start, input)?;
-            file.read_into(start + 1, target)?;
+            // One read per window: its inputs and, shifted by one, its targets.
+            file.read_into(w * t as u64, &mut window)?;
+            input.copy_from_slice(&window[..t]);
+            target.copy_from_slice(&window[1..]);
         }
         Ok(TokenBatch { batch: indices.len(), block_size: t, inputs, targets })
     }
