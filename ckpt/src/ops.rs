@@ -504,6 +504,11 @@ fn merge_save_state(state: &SaveState, out: &Path, options: &MergeOptions, opts:
 /// - a stateful dataloader's position moves by `dataload`'s N → M rule: the `N·k` batches all
 ///   ranks had read become `⌊N·k/M⌋` per rank, the remainder read again.
 fn reshard_save_state(state: &SaveState, out: &Path, world: u64, opts: &WriteOptions<'_>) -> Result<Outcome> {
+    // A data position that cannot be read cannot be laid out for another world size; copying
+    // it as it is would carry a refused pickle along.
+    if let Some(e) = state.unreadable_positions(None).into_iter().next() {
+        return Err(e);
+    }
     // A new folder only: `Stage::folder` refuses an existing path (or link) before writing.
     let stage = crate::write::Stage::folder(out)?;
     let tmp = stage.path().to_path_buf();

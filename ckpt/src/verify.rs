@@ -86,9 +86,9 @@ pub fn verify_with(src: &str, options: &OpenOptions) -> Result<Report> {
         }
     }
     if let Some(state) = ck.save_state() {
-        let parts =
-            state.schedulers.iter().chain(&state.scaler).chain(&state.custom).chain(state.data.iter().map(|(c, _)| c));
-        for c in parts {
+        // A data position that cannot be read makes the resume fail: a problem, not a warning.
+        report.problems.extend(state.unreadable_positions(None));
+        for c in state.schedulers.iter().chain(&state.scaler).chain(&state.custom) {
             if let Some(global) = &c.refused {
                 report.warnings.push(format!(
                     "{}: its pickle names `{}`, outside what this kind of file may hold; its values are not read",

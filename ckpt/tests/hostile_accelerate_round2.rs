@@ -19,13 +19,22 @@ fn open(dir: &Path) -> Checkpoint {
 }
 
 /// The resume point's error for dataloader 0, with no flags and with both `step` and `epoch`
-/// given: a position file that is there is never overridden by a guess or by the caller.
+/// given: a position file that is there is never overridden by a guess or by the caller. The
+/// same error is `verify`'s one problem, and `reshard` refuses with it, writing nothing (a copy
+/// would carry the unreadable file along as if it were a position).
 fn resume_refusal(dir: &Path) -> String {
     let ck = open(dir);
     let s = ck.save_state().expect("a save_state folder");
     let bare = s.resume_point(0, None, None).unwrap_err().to_string();
     let given = s.resume_point(0, Some(1), Some(0)).unwrap_err().to_string();
     assert_eq!(bare, given, "{}", dir.display());
+    let report = ckpt::verify(dir.to_str().unwrap()).unwrap();
+    assert_eq!(report.problems.iter().map(ToString::to_string).collect::<Vec<_>>(), vec![bare.clone()]);
+    let out = tempfile::tempdir().unwrap();
+    let dst = out.path().join("resharded");
+    let err = ckpt::reshard(&ck, &dst, 3, &ckpt::WriteOptions::default()).unwrap_err();
+    assert_eq!(err.to_string(), bare);
+    assert!(std::fs::read_dir(out.path()).unwrap().next().is_none(), "reshard left output behind");
     bare
 }
 

@@ -618,16 +618,10 @@ impl SaveState {
     /// allow-list, a value is out of range, a stateful state holds no batch count) is refused
     /// naming the file, whatever `step` and `epoch` say: it is never replaced by a default.
     pub fn resume_point(&self, n: usize, step: Option<u64>, epoch: Option<u64>) -> Result<ResumePoint> {
-        for (c, p) in self.data.iter().filter(|(c, _)| c.index == n) {
-            if p.is_none() {
-                let kind = c.path.file_name().and_then(|f| classify(&f.to_string_lossy(), false));
-                position(c, kind.map_or(Kind::DataLoader, |(k, _)| k))?;
-            }
+        if let Some(e) = self.unreadable_positions(Some(n)).into_iter().next() {
+            return Err(e);
         }
         let (stateful, sampler) = (self.position_of(n, "dl_state_dict"), self.position_of(n, "sampler"));
-        if let Some(p) = stateful.filter(|p| p.batches_yielded.is_none()) {
-            return Err(self.no_batch_count(p));
-        }
         let batches = match (stateful.and_then(|p| p.batches_yielded), step) {
             (Some(k), None) => k,
             (Some(k), Some(s)) if k == s => k,
@@ -671,6 +665,25 @@ impl SaveState {
                  the data position is not read, and none is guessed",
             ),
         }
+    }
+
+    /// Why each data position file (of dataloader `n`, or of all) that is there cannot be read:
+    /// its pickle names a global outside its allow-list, a value is out of range, or a stateful
+    /// state holds no batch count. `verify` reports these, and `reshard` and
+    /// [`SaveState::resume_point`] refuse them.
+    pub(crate) fn unreadable_positions(&self, n: Option<usize>) -> Vec<Error> {
+        self.data
+            .iter()
+            .filter(|(c, _)| n.is_none_or(|n| c.index == n))
+            .filter_map(|(c, p)| match p {
+                None => {
+                    let kind = c.path.file_name().and_then(|f| classify(&f.to_string_lossy(), false));
+                    position(c, kind.map_or(Kind::DataLoader, |(k, _)| k)).err()
+                }
+                Some(p) if p.kind == "dl_state_dict" && p.batches_yielded.is_none() => Some(self.no_batch_count(p)),
+                Some(_) => None,
+            })
+            .collect()
     }
 
     /// The data position of dataloader `n`: its stateful state, else its pickled sampler.
