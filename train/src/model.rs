@@ -11,22 +11,7 @@
 use tch::nn::{self, Module};
 use tch::{Device, Kind, Tensor};
 
-/// Model sizes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct ModelConfig {
-    /// Tokens in the vocabulary.
-    pub vocab: i64,
-    /// Context length.
-    pub block_size: i64,
-    /// Blocks.
-    pub layers: i64,
-    /// Attention heads per block.
-    pub heads: i64,
-    /// Width of the residual stream.
-    pub dim: i64,
-    /// Share the token embedding with the output head.
-    pub tied: bool,
-}
+pub use crate::state_file::ModelConfig;
 
 struct Block {
     ln1: nn::LayerNorm,

@@ -23,70 +23,18 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context};
 use ckpt::{KeyPart, LocalTensor, LocalValue};
 use collective::Collective;
-use serde::{Deserialize, Serialize};
 
-use crate::model::ModelConfig;
-use crate::optim::{AdamW, Schedule};
+pub use crate::state_file::{
+    parse_step_dir_name, step_dir_name, ParamMeta, TrainState, MAX_STATE_LEN, MAX_STEP, STATE_FILE, STATE_FORMAT,
+    STATE_VERSION,
+};
 
-/// Format tag of our JSON.
-pub const STATE_FORMAT: &str = "statekit.train";
-/// Its version.
-pub const STATE_VERSION: u32 = 1;
-/// Our file in a step folder.
-pub const STATE_FILE: &str = "statekit_state.json";
 /// accelerate's model folder.
 pub const MODEL_DIR: &str = "pytorch_model_fsdp_0";
 /// accelerate's optimizer folder.
 pub const OPTIM_DIR: &str = "optimizer_0";
-
-/// One parameter's geometry.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ParamMeta {
-    pub name: String,
-    pub shape: Vec<u64>,
-}
-
-impl ParamMeta {
-    pub fn numel(&self) -> usize {
-        self.shape.iter().product::<u64>() as usize
-    }
-    pub fn rows(&self) -> u64 {
-        self.shape.first().copied().unwrap_or(1)
-    }
-    pub fn row_len(&self) -> usize {
-        self.shape.get(1..).unwrap_or_default().iter().product::<u64>() as usize
-    }
-    /// FSDP2's rows of rank `r` of `w`.
-    pub fn chunk(&self, w: u64, r: u64) -> std::ops::Range<u64> {
-        fsdp_state::chunk_rows(self.rows(), w, r).unwrap_or(0..0)
-    }
-}
-
-/// Our JSON in a step folder.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct TrainState {
-    pub format: String,
-    pub version: u32,
-    /// Optimizer steps taken.
-    pub step: u64,
-    pub world_size: u64,
-    pub mode: String,
-    pub model: ModelConfig,
-    pub adamw: AdamW,
-    pub schedule: Schedule,
-    pub seed: i64,
-    pub batch_size: u64,
-    pub grad_accum: u64,
-    /// Parameter names and shapes, in the optimizer's order.
-    pub params: Vec<ParamMeta>,
-    /// The data position (one global cursor, the same on every rank).
-    pub loader: dataload::LoaderState,
-    /// The random state of each rank. The model has no random layers and the data order is a
-    /// function of the loader state, so there is none to keep: each entry is the seed the
-    /// rank's torch generator was started from, recorded so that a change can be refused.
-    pub rank_rng: Vec<i64>,
-}
+/// The link to the last committed step folder.
+pub const LATEST: &str = "latest";
 
 /// What a rank snapshots at a checkpoint: its rows of the parameters and moments (FSDP2
 /// chunks, parameter after parameter, as little-endian `f32` bytes), and the JSON.
@@ -112,7 +60,7 @@ fn key(parts: &[&str]) -> Vec<KeyPart> {
 pub fn save(dir: &Path, snap: &Snapshot, keep_last: usize, comm: &dyn Collective) -> anyhow::Result<PathBuf> {
     let rank = comm.rank();
     let world = comm.world_size();
-    let name = format!("step-{:07}", snap.step);
+    let name = step_dir_name(snap.step);
     let final_dir = dir.join(&name);
     let staging = if rank == 0 {
         std::fs::create_dir_all(dir).with_context(|| format!("{}", dir.display()))?;
@@ -234,11 +182,10 @@ fn commit(dir: &Path, staging: &Path, final_dir: &Path, state: &TrainState, keep
     let name = final_dir.file_name().unwrap_or_default();
     let tmp = dir.join(format!(".latest.{}.tmp", random_hex()));
     std::os::unix::fs::symlink(name, &tmp)?;
-    std::fs::rename(&tmp, dir.join("latest"))?;
+    std::fs::rename(&tmp, dir.join(LATEST))?;
     std::fs::File::open(dir)?.sync_all()?;
     if keep_last > 0 {
-        let mut steps = committed(dir)?;
-        steps.sort();
+        let steps = committed(dir)?;
         let drop = steps.len().saturating_sub(keep_last);
         for s in &steps[..drop] {
             std::fs::remove_dir_all(dir.join(s)).with_context(|| format!("pruning {s}"))?;
@@ -254,16 +201,19 @@ fn commit(dir: &Path, staging: &Path, final_dir: &Path, state: &TrainState, keep
     Ok(())
 }
 
-/// The committed step folders of `dir`, by name.
+/// The committed step folders of `dir` (exactly the names [`step_dir_name`] writes), by step.
 pub fn committed(dir: &Path) -> anyhow::Result<Vec<String>> {
     let mut out = Vec::new();
     for e in std::fs::read_dir(dir)?.flatten() {
         let n = e.file_name().to_string_lossy().into_owned();
-        if n.starts_with("step-") && e.path().is_dir() {
-            out.push(n);
+        if let Some(step) = parse_step_dir_name(&n) {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                out.push((step, n));
+            }
         }
     }
-    Ok(out)
+    out.sort();
+    Ok(out.into_iter().map(|(_, n)| n).collect())
 }
 
 fn random_hex() -> String {
@@ -286,22 +236,26 @@ pub struct Loaded {
 }
 
 /// Reads `dir/latest` and cuts this rank's rows (`own(param) -> rows`) of every parameter and
-/// moment; refuses a checkpoint that does not match `params` or is incomplete, naming the
-/// file and the rank.
+/// moment; refuses, in one line naming the file and the rank, a checkpoint that does not match
+/// `params`, is incomplete, or disagrees with itself: the folder's name, the JSON's `step` and
+/// the optimizer's `step` tensors are one number.
 pub fn load(
     dir: &Path,
     params: &[ParamMeta],
     rank: u64,
     own: &dyn Fn(&ParamMeta) -> std::ops::Range<u64>,
 ) -> anyhow::Result<Loaded> {
-    let step_dir = std::fs::canonicalize(dir.join("latest"))
-        .with_context(|| format!("{}: no committed checkpoint (rank {rank})", dir.join("latest").display()))?;
+    let step_dir = latest_step_dir(dir, rank)?;
     let json_path = step_dir.join(STATE_FILE);
-    let text = std::fs::read_to_string(&json_path).with_context(|| format!("{} (rank {rank})", json_path.display()))?;
-    let state: TrainState =
-        serde_json::from_str(&text).with_context(|| format!("{} (rank {rank})", json_path.display()))?;
-    if state.format != STATE_FORMAT || state.version != STATE_VERSION {
-        bail!("{}: rank {rank}: not a {STATE_FORMAT} v{STATE_VERSION} state", json_path.display());
+    let state = crate::state_file::parse_file(&json_path, rank)?;
+    let folder_step = step_dir.file_name().and_then(|n| parse_step_dir_name(&n.to_string_lossy()));
+    if folder_step != Some(state.step) {
+        bail!(
+            "{}: rank {rank}: `step` is {}, but the folder is `{}`",
+            json_path.display(),
+            state.step,
+            step_dir.file_name().unwrap_or_default().to_string_lossy()
+        );
     }
     if state.params != params {
         let first = state.params.iter().zip(params).find(|(a, b)| a != b);
@@ -329,6 +283,7 @@ pub fn load(
     };
     let model = open(MODEL_DIR)?;
     let optim = open(OPTIM_DIR)?;
+    check_step_tensors(&optim, params, state.step, rank)?;
     let mut out = Loaded { p: Vec::new(), m: Vec::new(), v: Vec::new(), state, dir: step_dir.clone() };
     for (ck, name, target) in
         [(&model, String::new(), 0usize), (&optim, "state.".to_string(), 1), (&optim, "state.".to_string(), 2)]
@@ -369,4 +324,62 @@ pub fn load(
         }
     }
     Ok(out)
+}
+
+/// The step folder `dir/latest` names: `latest` must be a link whose target is exactly a
+/// `step-N` name, a real folder directly inside `dir` (not a path, not a link itself), so a
+/// link to a copy elsewhere or to another name is refused rather than followed.
+fn latest_step_dir(dir: &Path, rank: u64) -> anyhow::Result<PathBuf> {
+    let latest = dir.join(LATEST);
+    let meta = std::fs::symlink_metadata(&latest)
+        .with_context(|| format!("{}: no committed checkpoint (rank {rank})", latest.display()))?;
+    if !meta.file_type().is_symlink() {
+        bail!(
+            "{}: rank {rank}: not a link; `{LATEST}` must be a link to a `step-N` folder beside it",
+            latest.display()
+        );
+    }
+    let target = std::fs::read_link(&latest).with_context(|| format!("{} (rank {rank})", latest.display()))?;
+    let name = target.to_str().filter(|t| parse_step_dir_name(t).is_some()).ok_or_else(|| {
+        anyhow::anyhow!(
+            "{}: rank {rank}: names `{}`, not a `step-N` folder inside `{}`",
+            latest.display(),
+            target.display().to_string().escape_debug(),
+            dir.display()
+        )
+    })?;
+    let step_dir = dir.join(name);
+    let kind = std::fs::symlink_metadata(&step_dir)
+        .with_context(|| format!("{}: rank {rank}: `{LATEST}` names a missing folder", step_dir.display()))?
+        .file_type();
+    if !kind.is_dir() {
+        bail!("{}: rank {rank}: `{LATEST}` names this, which is not a folder (a link or a file)", step_dir.display());
+    }
+    Ok(step_dir)
+}
+
+/// Each parameter's `step` tensor in the optimizer folder (a 0-d `f32`, as torch's AdamW keeps
+/// it) must hold `step` exactly.
+fn check_step_tensors(optim: &ckpt::Checkpoint, params: &[ParamMeta], step: u64, rank: u64) -> anyhow::Result<()> {
+    let root = optim.root().display();
+    for p in params {
+        let name = format!("state.{}.step", p.name);
+        let t = optim
+            .tensors()
+            .iter()
+            .find(|t| t.name == name)
+            .ok_or_else(|| anyhow::anyhow!("{root}: rank {rank}: no tensor `{name}`"))?;
+        if !t.shape.is_empty() || t.dtype != ckpt::Dtype::F32 {
+            bail!("{root}: rank {rank}: `{name}` is {:?} {}, expected a 0-d F32", t.shape, t.dtype);
+        }
+        let bytes = optim.read_tensor_range(t, 0..4).map_err(|e| anyhow::anyhow!("{e} (rank {rank})"))?;
+        let got = match bytes.first_chunk::<4>() {
+            Some(b) => f32::from_le_bytes(*b),
+            None => bail!("{root}: rank {rank}: `{name}` holds {} bytes, not 4", bytes.len()),
+        };
+        if f64::from(got) != step as f64 {
+            bail!("{root}: rank {rank}: `{name}` is {got}, but `{STATE_FILE}` says step {step}");
+        }
+    }
+    Ok(())
 }

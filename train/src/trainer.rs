@@ -228,6 +228,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 
 fn train(args: &Args, mpi: &Mpi, comm: &Comm) -> anyhow::Result<()> {
     let (rank, world) = (TensorComm::rank(comm), comm.size());
+    if args.steps > state::MAX_STEP {
+        bail!(
+            "`--steps` {} is past {}, the last step the optimizer's `f32` `step` tensors hold exactly",
+            args.steps,
+            state::MAX_STEP
+        );
+    }
     let stop = Arc::new(AtomicBool::new(false));
     signal_hook::flag::register(signal_hook::consts::SIGTERM, Arc::clone(&stop))?;
     signal_hook::flag::register(signal_hook::consts::SIGINT, Arc::clone(&stop))?;
@@ -326,6 +333,15 @@ fn train(args: &Args, mpi: &Mpi, comm: &Comm) -> anyhow::Result<()> {
                 bail!(
                     "{}: rank {rank}: the checkpoint is of another model configuration",
                     l.dir.join(state::STATE_FILE).display()
+                );
+            }
+            // A run that resumes past its end would train nothing and save nothing.
+            if l.state.step > args.steps {
+                bail!(
+                    "{}: rank {rank}: the checkpoint is at step {}, past `--steps` {}",
+                    l.dir.join(state::STATE_FILE).display(),
+                    l.state.step,
+                    args.steps
                 );
             }
             data.load(&l.state.loader)
