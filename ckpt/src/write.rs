@@ -4,10 +4,14 @@
 //! source files. Every target is written under a temporary name in its own folder, filled by
 //! kernel copies (`copy_file_range`) or, where the kernel refuses, from a memory map in windows
 //! whose pages are dropped once written; then fsynced. Only when every target is complete are
-//! stale files removed (the old index first, so an interrupted run never leaves an index that
-//! describes a half-written set), temporaries renamed into place, and the index written last
-//! with the same temp-fsync-rename dance. A `kill -9` at any point leaves either the previous
-//! state or the new one, plus at worst some `.tmp` files that no reader mistakes for a checkpoint.
+//! the temporaries renamed into place, and the index written last with the same
+//! temp-fsync-rename dance; a previous checkpoint's files that nothing replaced are removed after
+//! that. A `kill -9` at any point leaves the previous checkpoint or the new one (plus at worst
+//! `.tmp` files and the old set's unreferenced shards, which no reader mistakes for a
+//! checkpoint). One case cannot be atomic without replacing the whole folder: when new files
+//! take old files' names (or a sharded set becomes one file), the old index is removed before
+//! the renames, so a kill in between leaves no index, never an index that describes a mixed
+//! set.
 
 use std::fs::{File, OpenOptions};
 use std::io::Write;
@@ -124,15 +128,29 @@ impl TargetFile {
     }
 }
 
+/// A previous checkpoint's files where a plan writes (see [`stale_files`]).
+#[derive(Debug, Default)]
+pub(crate) struct Stale {
+    /// Its commit markers (the index, `.metadata`).
+    pub markers: Vec<PathBuf>,
+    /// Its other files (shards, rank files).
+    pub files: Vec<PathBuf>,
+}
+
+impl Stale {
+    fn all(&self) -> impl Iterator<Item = &PathBuf> {
+        self.markers.iter().chain(&self.files)
+    }
+}
+
 /// Everything an operation writes.
 #[derive(Debug, Default)]
 pub(crate) struct Plan {
     pub targets: Vec<TargetFile>,
     /// Small files written after the targets, in order; the last is the commit marker (the index).
     pub trailers: Vec<(PathBuf, Vec<u8>)>,
-    /// Files to delete before the new ones take their place (a previous checkpoint's index and
-    /// shards). Deleted in order, so put the index first.
-    pub stale: Vec<PathBuf>,
+    /// A previous checkpoint's files in the output folder, which the new one replaces.
+    pub stale: Stale,
     /// Every file the source consists of (data files, indexes, `.metadata`, `latest`,
     /// manifests, helper files): the plan must neither write, replace nor delete any of them.
     pub protected: Vec<PathBuf>,
@@ -286,12 +304,16 @@ pub(crate) fn execute(plan: &Plan, source: &Checkpoint, opts: &WriteOptions<'_>)
         trailers.insert(0, (path, crate::manifest::render(&sums).into_bytes()));
     }
 
-    for stale in &plan.stale {
-        match std::fs::remove_file(stale) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(Error::Io { path: stale.clone(), source: e }),
-        }
+    // A previous checkpoint in the output folder stays whole until the new index replaces its
+    // index in one rename, and its files that nothing replaced go last. Its index goes first
+    // only where it could otherwise describe a mixed set: when a new file takes the name of one
+    // of its files, or when no new index replaces it (a sharded set becoming one file). A kill
+    // then leaves no index rather than a wrong one.
+    let placed: std::collections::HashSet<PathBuf> = plan.targets.iter().map(|t| stage.place(&t.path)).collect();
+    let replaced: std::collections::HashSet<&PathBuf> = trailers.iter().map(|(p, _)| p).collect();
+    let collides = plan.stale.files.iter().any(|f| placed.contains(f));
+    for m in plan.stale.markers.iter().filter(|m| collides || !replaced.contains(m)) {
+        remove_if_there(m)?;
     }
     for (t, (tmp, _)) in plan.targets.iter().zip(&temps.files) {
         let path = stage.place(&t.path);
@@ -315,6 +337,9 @@ pub(crate) fn execute(plan: &Plan, source: &Checkpoint, opts: &WriteOptions<'_>)
     stage.commit()?;
     for (path, bytes) in outside {
         write_atomic(path, bytes, plan)?;
+    }
+    for f in plan.stale.files.iter().filter(|f| !placed.contains(*f)) {
+        remove_if_there(f)?;
     }
     Ok(())
 }
@@ -593,7 +618,8 @@ fn refuse_overwriting_sources(plan: &Plan, source: &Checkpoint) -> Result<()> {
     let canon = |p: &Path| std::fs::canonicalize(p).ok();
     let read: std::collections::HashSet<PathBuf> =
         source.members().iter().chain(&plan.protected).filter_map(|p| canon(p)).collect();
-    let written = plan.targets.iter().map(|t| &t.path).chain(&plan.stale).chain(plan.trailers.iter().map(|(p, _)| p));
+    let written =
+        plan.targets.iter().map(|t| &t.path).chain(plan.stale.all()).chain(plan.trailers.iter().map(|(p, _)| p));
     for out in written {
         if canon(out).is_some_and(|c| read.contains(&c)) {
             return Err(Error::OutputIsSource { path: out.clone() });
@@ -602,28 +628,40 @@ fn refuse_overwriting_sources(plan: &Plan, source: &Checkpoint) -> Result<()> {
     Ok(())
 }
 
-/// A previous checkpoint's files in `dir`: the names `managed` accepts, commit markers (`marker`:
-/// the index or metadata) first, so that an interrupted replacement never leaves a marker that
-/// describes a mix of old and new files. A missing `dir` has none.
-pub(crate) fn stale_files(
-    dir: &Path,
-    managed: impl Fn(&str) -> bool,
-    marker: impl Fn(&str) -> bool,
-) -> Result<Vec<PathBuf>> {
+/// A previous checkpoint's files in `dir`: the names `managed` accepts, split into its commit
+/// markers (`marker`: the index or metadata) and the rest.
+pub(crate) fn stale_files(dir: &Path, managed: impl Fn(&str) -> bool, marker: impl Fn(&str) -> bool) -> Result<Stale> {
     let entries = match std::fs::read_dir(dir) {
         Ok(e) => e,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Stale::default()),
         Err(e) => return Err(Error::Io { path: dir.to_path_buf(), source: e }),
     };
-    let mut stale = Vec::new();
+    let mut stale = Stale::default();
     for entry in entries {
-        let name = entry.at(dir)?.file_name().to_string_lossy().into_owned();
+        let entry = entry.at(dir)?;
+        // A folder is nobody's shard: not ours to remove.
+        if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            continue;
+        }
+        let name = entry.file_name().to_string_lossy().into_owned();
         if managed(&name) {
-            stale.push((!marker(&name), dir.join(name)));
+            match marker(&name) {
+                true => stale.markers.push(dir.join(name)),
+                false => stale.files.push(dir.join(name)),
+            }
         }
     }
-    stale.sort();
-    Ok(stale.into_iter().map(|(_, p)| p).collect())
+    stale.markers.sort();
+    stale.files.sort();
+    Ok(stale)
+}
+
+fn remove_if_there(path: &Path) -> Result<()> {
+    match std::fs::remove_file(path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(Error::Io { path: path.to_path_buf(), source: e }),
+    }
 }
 
 /// Writes `bytes` to `path` atomically: temp beside it, fsync, rename, fsync the folder.
