@@ -11,7 +11,7 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use crate::catalog::TensorInfo;
+use crate::catalog::{Checkpoint, TensorInfo};
 use crate::dtype::Dtype;
 use crate::error::{Error, Result};
 use crate::formats::hf_index;
@@ -259,6 +259,23 @@ pub(crate) fn refuse_expanded(outs: &[Out<'_>], files: &[crate::catalog::SourceF
         }
     }
     Ok(())
+}
+
+impl Checkpoint {
+    /// The refusal [`crate::split`], [`crate::merge`] and [`crate::convert`] make without
+    /// `allow_expanded`, for a reader that materialises every tensor whole (the Python
+    /// package's `load`): the first broadcast view whose bytes would be far more than its
+    /// storage's ([`Error::ExpandedView`]), before anything is allocated for it.
+    pub fn refuse_expanded_views(&self) -> Result<()> {
+        for t in self.tensors() {
+            if let Some((output, storage)) = t.expansion() {
+                let path =
+                    t.location().and_then(|(f, _)| self.files.get(f)).map(|f| f.path.clone()).unwrap_or_default();
+                return Err(Error::ExpandedView { path, tensor: t.name.clone(), output, storage });
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Plans `outs` as safetensors files at `dest`.

@@ -8,6 +8,7 @@ use ckpt::{Checkpoint, ConvertOptions, MergeOptions, OpenOptions, Outcome, Targe
 use pyo3::prelude::*;
 use serde_json::{json, Value};
 
+use crate::args;
 use crate::errors;
 use crate::raw::RawBuf;
 
@@ -27,7 +28,7 @@ fn options(tag: Option<String>, allow_globals: Option<Vec<String>>) -> PyResult<
 
 fn open(py: Python<'_>, src: &str, tag: Option<String>, allow_globals: Option<Vec<String>>) -> PyResult<Checkpoint> {
     let opts = options(tag, allow_globals)?;
-    py.detach(|| Checkpoint::open_with(src, &opts)).map_err(errors::ckpt)
+    errors::unpanicked(&format!("`{src}`"), || py.detach(|| Checkpoint::open_with(src, &opts)).map_err(errors::ckpt))
 }
 
 #[pymethods]
@@ -85,6 +86,22 @@ impl PyCheckpoint {
         .map_err(|e| errors::usage(e.to_string()))
     }
 
+    /// Refuses, as `ckpt` does unless `allow_expanded` is given, a broadcast view that reading
+    /// whole would take far more memory than its storage (a 4-byte file can announce 16 GiB).
+    fn refuse_expanded(&self) -> PyResult<()> {
+        match self.inner.refuse_expanded_views() {
+            Err(ckpt::Error::ExpandedView { path, tensor, output, storage }) => Err(errors::ckpt_variant(
+                "ExpandedView",
+                format!(
+                    "{}: tensor `{tensor}` is a broadcast view: loading it takes {output} bytes from a {storage}-byte \
+                     storage; hint: `allow_expanded=True` loads it anyway",
+                    ckpt::escape_controls(&path.display().to_string())
+                ),
+            )),
+            other => other.map_err(errors::ckpt),
+        }
+    }
+
     /// Reads tensor `index` into the buffer at `addr` (exactly its byte length).
     fn read_into(&self, py: Python<'_>, index: usize, addr: usize, len: usize) -> PyResult<()> {
         self.read_many_into(py, vec![(index, addr, len)])
@@ -98,11 +115,15 @@ impl PyCheckpoint {
             let t = ck.tensors().get(index).ok_or_else(|| errors::usage(format!("no tensor {index}")))?;
             plan.push((t, RawBuf { addr, len }));
         }
-        py.detach(|| {
-            let mut bufs: Vec<(&ckpt::TensorInfo, &mut [u8])> = plan.iter().map(|(t, b)| (*t, b.bytes_mut())).collect();
-            ck.read_tensors_into(&mut bufs)
+        let root = format!("`{}`", ck.root().display());
+        errors::unpanicked(&root, || {
+            py.detach(|| {
+                let mut bufs: Vec<(&ckpt::TensorInfo, &mut [u8])> =
+                    plan.iter().map(|(t, b)| (*t, b.bytes_mut())).collect();
+                ck.read_tensors_into(&mut bufs)
+            })
+            .map_err(errors::ckpt)
         })
-        .map_err(errors::ckpt)
     }
 }
 
@@ -149,12 +170,13 @@ pub(crate) fn split(
     py: Python<'_>,
     src: &str,
     out: PathBuf,
-    max_shard_size: u64,
+    max_shard_size: &Bound<'_, PyAny>,
     tag: Option<String>,
     checksums: bool,
     allow_expanded: bool,
     allow_globals: Option<Vec<String>>,
 ) -> PyResult<String> {
+    let max_shard_size = args::uint(max_shard_size, "max_shard_size", 0, u64::MAX)?;
     let ck = open(py, src, tag, allow_globals)?;
     let opts = write_options(checksums, allow_expanded);
     let o = py.detach(|| ckpt::split(&ck, &out, max_shard_size, &opts)).map_err(errors::ckpt)?;
@@ -170,13 +192,15 @@ pub(crate) fn merge(
     src: &str,
     out: PathBuf,
     tag: Option<String>,
-    max_shard_size: Option<u64>,
+    max_shard_size: Option<&Bound<'_, PyAny>>,
     optimizer: bool,
     checksums: bool,
     allow_expanded: bool,
-    model: Option<usize>,
+    model: Option<&Bound<'_, PyAny>>,
     allow_globals: Option<Vec<String>>,
 ) -> PyResult<String> {
+    let max_shard_size = args::opt_uint(max_shard_size, "max_shard_size", 0, u64::MAX)?;
+    let model = args::opt_uint(model, "model", 0, usize::MAX as u64)?.map(|m| m as usize);
     let ck = open(py, src, tag, allow_globals)?;
     let opts = write_options(checksums, allow_expanded);
     let options = MergeOptions { max_shard_size, optimizer, model };
@@ -194,14 +218,16 @@ pub(crate) fn convert(
     out: PathBuf,
     to: Option<&str>,
     dtype: Option<&str>,
-    max_shard_size: Option<u64>,
+    max_shard_size: Option<&Bound<'_, PyAny>>,
     dedupe: bool,
-    world_size: Option<u64>,
+    world_size: Option<&Bound<'_, PyAny>>,
     tag: Option<String>,
     checksums: bool,
     allow_expanded: bool,
     allow_globals: Option<Vec<String>>,
 ) -> PyResult<String> {
+    let max_shard_size = args::opt_uint(max_shard_size, "max_shard_size", 0, u64::MAX)?;
+    let world_size = args::opt_uint(world_size, "world_size", 0, u64::MAX)?;
     let to = match to {
         None => None,
         Some("safetensors") => Some(TargetFormat::Safetensors),
@@ -236,12 +262,13 @@ pub(crate) fn reshard(
     py: Python<'_>,
     src: &str,
     out: PathBuf,
-    world_size: u64,
+    world_size: &Bound<'_, PyAny>,
     tag: Option<String>,
     checksums: bool,
     allow_expanded: bool,
     allow_globals: Option<Vec<String>>,
 ) -> PyResult<String> {
+    let world_size = args::uint(world_size, "world_size", 0, u64::MAX)?;
     let ck = open(py, src, tag, allow_globals)?;
     let opts = write_options(checksums, allow_expanded);
     let o = py.detach(|| ckpt::reshard(&ck, &out, world_size, &opts)).map_err(errors::ckpt)?;

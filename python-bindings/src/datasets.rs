@@ -17,8 +17,18 @@ use dataload::{ArrowDataset, IndexPlacement, JsonlDataset, ParquetDataset, Sourc
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
 
+use crate::args::{self, MAX_LEN};
 use crate::errors;
 use crate::raw::RawBuf;
+
+/// The longest window the bindings read (2^32 tokens): far past any context length, and small
+/// enough that a batch's buffer sizes cannot overflow.
+const MAX_BLOCK_SIZE: u64 = 1 << 32;
+
+/// Where a dataset call happens, for the message of a panic caught at the boundary.
+fn at(spec: &std::path::Path) -> String {
+    format!("`{}`", spec.display())
+}
 
 fn token_dtype(name: &str) -> PyResult<TokenDtype> {
     Ok(match name {
@@ -55,9 +65,12 @@ pub(crate) struct TokenSource {
 impl TokenSource {
     #[new]
     #[pyo3(signature = (spec, block_size, bin_dtype="uint16"))]
-    fn new(py: Python<'_>, spec: PathBuf, block_size: usize, bin_dtype: &str) -> PyResult<Self> {
+    fn new(py: Python<'_>, spec: PathBuf, block_size: &Bound<'_, PyAny>, bin_dtype: &str) -> PyResult<Self> {
+        let block_size = args::size(block_size, "block_size", 1, MAX_BLOCK_SIZE)?;
         let dtype = token_dtype(bin_dtype)?;
-        let inner = py.detach(|| TokenWindows::open(&spec, block_size, dtype)).map_err(errors::dataload)?;
+        let inner = errors::unpanicked(&at(&spec), || {
+            py.detach(|| TokenWindows::open(&spec, block_size, dtype)).map_err(errors::dataload)
+        })?;
         Ok(Self { inner })
     }
 
@@ -85,7 +98,8 @@ impl TokenSource {
     }
 
     /// `(file, byte offset)` of window `i`'s first token.
-    fn locate(&self, i: u64) -> PyResult<(usize, usize)> {
+    fn locate(&self, i: &Bound<'_, PyAny>) -> PyResult<(usize, usize)> {
+        let i = args::uint(i, "i", 0, MAX_LEN)?;
         let (k, row) = self.inner.locate(i).map_err(errors::dataload)?;
         let f = &self.inner.files()[k];
         let start = usize::try_from(row).unwrap_or(usize::MAX).saturating_mul(self.inner.block_size());
@@ -96,26 +110,31 @@ impl TokenSource {
     fn read_batch_into(
         &self,
         py: Python<'_>,
-        indices: Vec<u64>,
+        indices: &Bound<'_, PyAny>,
         inputs: (usize, usize),
         targets: (usize, usize),
     ) -> PyResult<()> {
+        let indices = args::uint_list(indices, "indices", MAX_LEN)?;
         let inner = &self.inner;
         let (inputs, targets) = (RawBuf { addr: inputs.0, len: inputs.1 }, RawBuf { addr: targets.0, len: targets.1 });
-        let want = indices.len() * inner.block_size() * 8;
-        if inputs.len != want || targets.len != want {
-            return Err(errors::usage(format!("buffers of {want} bytes are needed")));
+        let want = indices.len().checked_mul(inner.block_size()).and_then(|n| n.checked_mul(8));
+        if want.is_none_or(|w| inputs.len != w || targets.len != w) {
+            let n = indices.len().saturating_mul(inner.block_size());
+            return Err(errors::usage(format!("two buffers of {n} int64 tokens each are needed")));
         }
-        py.detach(|| {
-            let batch = inner.read_batch(&indices)?;
-            for (src, dst) in [(&batch.inputs, inputs.bytes_mut()), (&batch.targets, targets.bytes_mut())] {
-                for (d, v) in dst.chunks_exact_mut(8).zip(src.iter()) {
-                    d.copy_from_slice(&v.to_le_bytes());
+        let files = inner.files().first().map(|f| f.path().to_path_buf()).unwrap_or_default();
+        errors::unpanicked(&at(&files), || {
+            py.detach(|| {
+                let batch = inner.read_batch(&indices)?;
+                for (src, dst) in [(&batch.inputs, inputs.bytes_mut()), (&batch.targets, targets.bytes_mut())] {
+                    for (d, v) in dst.chunks_exact_mut(8).zip(src.iter()) {
+                        d.copy_from_slice(&v.to_le_bytes());
+                    }
                 }
-            }
-            Ok(())
+                Ok(())
+            })
+            .map_err(errors::dataload)
         })
-        .map_err(errors::dataload)
     }
 }
 
@@ -179,22 +198,26 @@ pub(crate) struct TableSource {
 #[pymethods]
 impl TableSource {
     #[new]
-    #[pyo3(signature = (kind, spec, columns=None, cache_row_groups=dataload::DEFAULT_ROW_GROUP_CACHE))]
+    #[pyo3(signature = (kind, spec, columns=None, cache_row_groups=None))]
     fn new(
         py: Python<'_>,
         kind: &str,
         spec: PathBuf,
         columns: Option<Vec<String>>,
-        cache_row_groups: usize,
+        cache_row_groups: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
+        let cache_row_groups = args::opt_uint(cache_row_groups, "cache_row_groups", 0, usize::MAX as u64)?
+            .map_or(dataload::DEFAULT_ROW_GROUP_CACHE, |n| n as usize);
         let cols = columns.as_deref();
-        let inner = match kind {
-            "arrow" => Table::Arrow(py.detach(|| ArrowDataset::open(&spec, cols)).map_err(errors::dataload)?),
-            "parquet" => Table::Parquet(
-                py.detach(|| ParquetDataset::open(&spec, cols, cache_row_groups)).map_err(errors::dataload)?,
-            ),
-            other => return Err(errors::usage(format!("table kind is `arrow` or `parquet`, not `{other}`"))),
-        };
+        let inner = errors::unpanicked(&at(&spec), || {
+            Ok(match kind {
+                "arrow" => Table::Arrow(py.detach(|| ArrowDataset::open(&spec, cols)).map_err(errors::dataload)?),
+                "parquet" => Table::Parquet(
+                    py.detach(|| ParquetDataset::open(&spec, cols, cache_row_groups)).map_err(errors::dataload)?,
+                ),
+                other => return Err(errors::usage(format!("table kind is `arrow` or `parquet`, not `{other}`"))),
+            })
+        })?;
         Ok(Self { inner })
     }
 
@@ -216,15 +239,17 @@ impl TableSource {
 
     /// The rows at `indices`, as a dict of columns: numeric ones as `(bytes, numpy dtype,
     /// validity or None)`, strings as lists (`None` for nulls).
-    fn read_batch<'py>(&self, py: Python<'py>, indices: Vec<u64>) -> PyResult<Bound<'py, PyDict>> {
+    fn read_batch<'py>(&self, py: Python<'py>, indices: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyDict>> {
+        let indices = args::uint_list(indices, "indices", MAX_LEN)?;
         let inner = &self.inner;
-        let batch = py
-            .detach(|| match inner {
+        let batch = errors::unpanicked("a table dataset", || {
+            py.detach(|| match inner {
                 Table::Arrow(a) => a.read_batch(&indices),
                 Table::Parquet(p) => p.read_batch(&indices),
             })
-            .map_err(errors::dataload)?;
-        batch_to_py(py, &batch)
+            .map_err(errors::dataload)
+        })?;
+        errors::unpanicked("a table dataset", || batch_to_py(py, &batch))
     }
 
     /// The paths of the files, in dataset order (Arrow only; Parquet: empty).
@@ -239,9 +264,18 @@ impl TableSource {
     /// otherwise, and for Parquet): a dict of columns as `read_batch` gives them, except that
     /// a column whose values lie in the file is `("map", file index, byte offset, numpy
     /// dtype)`, for the Python layer to view in its own map of the file.
-    fn read_range<'py>(&self, py: Python<'py>, start: u64, n: u64) -> PyResult<Option<Bound<'py, PyDict>>> {
+    fn read_range<'py>(
+        &self,
+        py: Python<'py>,
+        start: &Bound<'py, PyAny>,
+        n: &Bound<'py, PyAny>,
+    ) -> PyResult<Option<Bound<'py, PyDict>>> {
+        let (start, n) = (args::uint(start, "start", 0, MAX_LEN)?, args::uint(n, "n", 0, MAX_LEN)?);
         let Table::Arrow(a) = &self.inner else { return Ok(None) };
-        let Some(rows) = py.detach(|| a.contiguous_rows(start, n)).map_err(errors::dataload)? else {
+        let rows = errors::unpanicked("an Arrow dataset", || {
+            py.detach(|| a.contiguous_rows(start, n)).map_err(errors::dataload)
+        })?;
+        let Some(rows) = rows else {
             return Ok(None);
         };
         let out = PyDict::new(py);
@@ -284,11 +318,13 @@ pub(crate) struct JsonlSource {
 #[pymethods]
 impl JsonlSource {
     #[new]
-    #[pyo3(signature = (spec, cache_frames=dataload::DEFAULT_FRAME_CACHE))]
-    fn new(py: Python<'_>, spec: PathBuf, cache_frames: usize) -> PyResult<Self> {
-        let inner = py
-            .detach(|| JsonlDataset::open(&spec, IndexPlacement::default(), cache_frames))
-            .map_err(errors::dataload)?;
+    #[pyo3(signature = (spec, cache_frames=None))]
+    fn new(py: Python<'_>, spec: PathBuf, cache_frames: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
+        let cache_frames = args::opt_uint(cache_frames, "cache_frames", 0, usize::MAX as u64)?
+            .map_or(dataload::DEFAULT_FRAME_CACHE, |n| n as usize);
+        let inner = errors::unpanicked(&at(&spec), || {
+            py.detach(|| JsonlDataset::open(&spec, IndexPlacement::default(), cache_frames)).map_err(errors::dataload)
+        })?;
         Ok(Self { inner })
     }
 
@@ -302,9 +338,24 @@ impl JsonlSource {
     }
 
     /// The raw JSON text of the records at `indices`.
-    fn read_batch(&self, py: Python<'_>, indices: Vec<u64>) -> PyResult<Vec<String>> {
+    fn read_batch(&self, py: Python<'_>, indices: &Bound<'_, PyAny>) -> PyResult<Vec<String>> {
+        let indices = args::uint_list(indices, "indices", MAX_LEN)?;
         let inner = &self.inner;
-        let batch = py.detach(|| inner.read_batch(&indices)).map_err(errors::dataload)?;
-        Ok((0..batch.len()).map(|r| batch.get(r).unwrap_or_default().to_owned()).collect())
+        let batch = errors::unpanicked("a JSON-lines dataset", || {
+            py.detach(|| inner.read_batch(&indices)).map_err(errors::dataload)
+        })?;
+        // dataload hands out UTF-8 only (a record that is not is an error naming its line).
+        (0..batch.len())
+            .map(|r| batch.get(r).map(str::to_owned).ok_or_else(|| errors::usage(format!("record {r} is not text"))))
+            .collect()
+    }
+
+    /// `(path, line)` of record `i`: its file, and its line there (from 1), for an error about
+    /// the record that the Python layer found.
+    fn record_line(&self, py: Python<'_>, i: &Bound<'_, PyAny>) -> PyResult<(String, u64)> {
+        let i = args::uint(i, "i", 0, MAX_LEN)?;
+        let inner = &self.inner;
+        let (path, line) = py.detach(|| inner.record_line(i)).map_err(errors::dataload)?;
+        Ok((path.display().to_string(), line))
     }
 }

@@ -79,6 +79,12 @@ pub(crate) fn ckpt(e: ckpt::Error) -> PyErr {
     })
 }
 
+/// A `ckpt` error of `variant` whose message the bindings word themselves (a hint that names
+/// the Python argument instead of the CLI flag).
+pub(crate) fn ckpt_variant(variant: &str, message: String) -> PyErr {
+    build("ckpt", variant.into(), message, |d| d.set_item("invalid_data", true))
+}
+
 /// A `dataload` error.
 pub(crate) fn dataload(e: dataload::DataloadError) -> PyErr {
     let variant = variant_of(&format!("{e:?}"));
@@ -117,5 +123,24 @@ pub(crate) fn io(path: &std::path::Path, source: std::io::Error) -> PyErr {
         d.set_item("errno", errno)?;
         d.set_item("invalid_data", false)?;
         Ok(())
+    })
+}
+
+/// Runs `f` (a call into the libraries, usually with the GIL released), turning a panic into a
+/// `StatekitError` naming `what` (the file or the operation): the last line behind the
+/// libraries' own checks, so that no input makes a pyo3 `PanicException` reach Python.
+pub(crate) fn unpanicked<T>(what: &str, f: impl FnOnce() -> PyResult<T>) -> PyResult<T> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|payload| {
+        let reason = payload
+            .downcast_ref::<&str>()
+            .map(|s| (*s).to_owned())
+            .or_else(|| payload.downcast_ref::<String>().cloned())
+            .unwrap_or_default();
+        Err(build(
+            "dataload",
+            "Internal".into(),
+            format!("{what}: statekit failed on it ({reason}); this is a bug, please report it with the input"),
+            |_| Ok(()),
+        ))
     })
 }

@@ -6,6 +6,7 @@
 //! every call that reads or writes files, copies bytes or computes a permutation releases
 //! the GIL.
 
+mod args;
 mod checkpoint;
 mod comm;
 mod datasets;

@@ -3,6 +3,7 @@
 use dataload::{DataLoaderConfiguration, LoaderState, ShardedSampler};
 use pyo3::prelude::*;
 
+use crate::args::{self, MAX_LEN};
 use crate::errors;
 
 /// One rank's accelerate-prepared batch sampler (`dataload::ShardedSampler`).
@@ -16,8 +17,17 @@ fn config_from_json(text: &str) -> PyResult<DataLoaderConfiguration> {
     serde_json::from_str(text).map_err(|e| errors::usage(format!("bad `DataLoaderConfiguration`: {e}")))
 }
 
+/// A saved state, refused when its dataset is longer than Python's `len` counts (a state is an
+/// input: it must not make a sampler that fails only when its length is asked for).
 fn state_from_json(text: &str) -> PyResult<LoaderState> {
-    LoaderState::from_json(text).map_err(errors::dataload)
+    let state = LoaderState::from_json(text).map_err(errors::dataload)?;
+    if state.dataset_len > MAX_LEN {
+        return Err(errors::usage(format!(
+            "the loader state's `dataset_len` is {}, more than the 2^63 - 1 samples Python's `len` counts",
+            state.dataset_len
+        )));
+    }
+    Ok(state)
 }
 
 #[pymethods]
@@ -27,15 +37,20 @@ impl Sampler {
     #[pyo3(signature = (length, batch_size, world_size, rank, shuffle, drop_last, config, fingerprint=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
-        length: u64,
-        batch_size: u64,
-        world_size: u64,
-        rank: u64,
+        length: &Bound<'_, PyAny>,
+        batch_size: &Bound<'_, PyAny>,
+        world_size: &Bound<'_, PyAny>,
+        rank: &Bound<'_, PyAny>,
         shuffle: bool,
         drop_last: bool,
         config: &str,
         fingerprint: Option<String>,
     ) -> PyResult<Self> {
+        let length = args::uint(length, "length", 0, MAX_LEN)?;
+        // dataload's builder refuses what is out of its own ranges, by name.
+        let batch_size = args::uint(batch_size, "batch_size", 0, u64::MAX)?;
+        let world_size = args::uint(world_size, "world_size", 0, u64::MAX)?;
+        let rank = args::uint(rank, "rank", 0, u64::MAX)?;
         let config = config_from_json(config)?;
         // A dispatched loader puts its batches on the device in accelerate (it refuses
         // `dispatch_batches` otherwise); per-rank sharding does not depend on it.
@@ -57,7 +72,9 @@ impl Sampler {
 
     /// A sampler for `rank` of `world_size` with the settings and position of a saved state.
     #[staticmethod]
-    fn from_state(state: &str, world_size: u64, rank: u64) -> PyResult<Self> {
+    fn from_state(state: &str, world_size: &Bound<'_, PyAny>, rank: &Bound<'_, PyAny>) -> PyResult<Self> {
+        let world_size = args::uint(world_size, "world_size", 0, u64::MAX)?;
+        let rank = args::uint(rank, "rank", 0, u64::MAX)?;
         let state = state_from_json(state)?;
         Ok(Self { inner: ShardedSampler::from_state(&state, world_size, rank).map_err(errors::dataload)? })
     }
@@ -69,27 +86,32 @@ impl Sampler {
         py.detach(|| inner.next_batch()).map_err(errors::dataload)
     }
 
-    fn set_epoch(&mut self, epoch: u64) {
-        self.inner.set_epoch(epoch)
+    fn set_epoch(&mut self, epoch: &Bound<'_, PyAny>) -> PyResult<()> {
+        self.inner.set_epoch(args::uint(epoch, "epoch", 0, u64::MAX)?);
+        Ok(())
     }
 
-    fn skip_first_batches(&mut self, k: u64) {
-        self.inner.skip_first_batches(k)
+    fn skip_first_batches(&mut self, num_batches: &Bound<'_, PyAny>) -> PyResult<()> {
+        self.inner.skip_first_batches(args::uint(num_batches, "num_batches", 0, u64::MAX)?);
+        Ok(())
     }
 
     /// Continues where dataloader `dataloader` of the accelerate `save_state` folder `folder`
     /// stopped: its saved batches per rank (or `step`) on the folder's world, moved to this
     /// sampler's world by the elastic rule. A seed the folder's pickled sampler holds must be
     /// this sampler's.
-    #[pyo3(signature = (folder, dataloader=0, step=None, epoch=None))]
+    #[pyo3(signature = (folder, dataloader=None, step=None, epoch=None))]
     fn resume_from_accelerate(
         &mut self,
         py: Python<'_>,
         folder: &str,
-        dataloader: usize,
-        step: Option<u64>,
-        epoch: Option<u64>,
+        dataloader: Option<&Bound<'_, PyAny>>,
+        step: Option<&Bound<'_, PyAny>>,
+        epoch: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
+        let dataloader = args::opt_uint(dataloader, "dataloader", 0, usize::MAX as u64)?.unwrap_or(0) as usize;
+        let step = args::opt_uint(step, "step", 0, u64::MAX)?;
+        let epoch = args::opt_uint(epoch, "epoch", 0, u64::MAX)?;
         let point = py
             .detach(|| {
                 let ck = ckpt::Checkpoint::open(folder)?;

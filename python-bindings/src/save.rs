@@ -1,9 +1,13 @@
 //! Writing Python tensors: safetensors (one file or huggingface_hub's sharded layout) and the
 //! per-rank DCP writer of `ckpt::save_sharded`.
 //!
-//! Files are written beside their target under a temporary name, fsynced and renamed; with
-//! shards, the index is renamed last and the folder fsynced, so a reader never sees a partial
-//! checkpoint under the final names.
+//! Files are written in a private staging folder beside their target (created exclusively,
+//! mode 0700, under a name with 64 random bits from the kernel: nothing another user plants
+//! beside the target, a link to a victim file least of all, is ever written through), fsynced
+//! and renamed into place; with shards, the index is renamed last and the folder fsynced, so a
+//! reader never sees a partial checkpoint under the final names. The staging folder is removed
+//! whatever happens. (The `safetensors` crate writes a file by path, create-and-truncate; in a
+//! folder only this process can enter, that path is ours.)
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -46,27 +50,67 @@ fn dtype_of(name: &str) -> PyResult<safetensors::Dtype> {
         .map_err(|_| errors::usage(format!("safetensors has no dtype `{name}`")))
 }
 
-fn tmp_beside(path: &Path) -> PathBuf {
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let nonce = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
-    path.with_file_name(format!(".{name}.{}.{nonce}.tmp", std::process::id()))
+/// A private folder beside the files being written, removed when dropped (see the module docs).
+struct Staging {
+    dir: PathBuf,
+}
+
+impl Staging {
+    /// Creates `.<name>.<random>.tmp/` in `parent`, exclusively (an existing entry of that name,
+    /// a link included, is never used) and readable by this user only.
+    fn new(parent: &Path, name: &str) -> PyResult<Self> {
+        use std::os::unix::fs::DirBuilderExt;
+        let mut last = None;
+        for _ in 0..8 {
+            let dir = parent.join(format!(".{name}.{}.tmp", random_hex().map_err(|e| errors::io(parent, e))?));
+            match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+                Ok(()) => return Ok(Self { dir }),
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => last = Some((dir, e)),
+                Err(e) => return Err(errors::io(&dir, e)),
+            }
+        }
+        let (dir, e) = last.unwrap_or_else(|| (parent.to_path_buf(), std::io::ErrorKind::AlreadyExists.into()));
+        Err(errors::io(&dir, e))
+    }
+
+    /// Where the file `target` is written before it is renamed into place.
+    fn file_for(&self, target: &Path) -> PathBuf {
+        self.dir.join(target.file_name().unwrap_or_default())
+    }
+}
+
+impl Drop for Staging {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// 64 random bits as hex, from the kernel.
+fn random_hex() -> std::io::Result<String> {
+    use std::io::Read;
+    let mut b = [0u8; 8];
+    File::open("/dev/urandom")?.read_exact(&mut b)?;
+    Ok(b.iter().map(|x| format!("{x:02x}")).collect())
+}
+
+fn parent_of(path: &Path) -> &Path {
+    path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."))
 }
 
 fn sync_dir(dir: &Path) -> PyResult<()> {
     File::open(dir).and_then(|f| f.sync_all()).map_err(|e| errors::io(dir, e))
 }
 
-/// Writes one safetensors file to a temporary beside `target` and fsyncs it; returns the
-/// temporary's path.
+/// Writes one safetensors file for `target` in `staging` and fsyncs it; returns its path there.
 fn write_staged(
+    staging: &Staging,
     target: &Path,
     tensors: &[(&str, &Tensor)],
     metadata: &Option<HashMap<String, String>>,
 ) -> PyResult<PathBuf> {
-    let tmp = tmp_beside(target);
+    let tmp = staging.file_for(target);
     let data = tensors.iter().map(|(n, t)| (*n, *t));
     if let Err(e) = safetensors::serialize_to_file(data, metadata.clone(), &tmp) {
-        let _ = std::fs::remove_file(&tmp);
         return Err(match e {
             safetensors::SafeTensorError::IoError(io) => errors::io(target, io),
             other => errors::usage(format!("{}: {other}", target.display())),
@@ -106,9 +150,10 @@ pub(crate) fn save_safetensors(
     py: Python<'_>,
     entries: Vec<Entry>,
     path: PathBuf,
-    max_shard_size: Option<u64>,
+    max_shard_size: Option<&Bound<'_, PyAny>>,
     metadata: Option<HashMap<String, String>>,
 ) -> PyResult<Vec<String>> {
+    let max_shard_size = crate::args::opt_uint(max_shard_size, "max_shard_size", 0, u64::MAX)?;
     let mut tensors = Vec::with_capacity(entries.len());
     for (name, dtype, shape, addr, len) in entries {
         tensors.push((name, Tensor { dtype: dtype_of(&dtype)?, shape, buf: RawBuf { addr, len } }));
@@ -116,14 +161,15 @@ pub(crate) fn save_safetensors(
     py.detach(|| {
         let Some(max) = max_shard_size else {
             let refs: Vec<(&str, &Tensor)> = tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
-            let tmp = write_staged(&path, &refs, &metadata)?;
+            let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            let staging = Staging::new(parent_of(&path), &name)?;
+            let tmp = write_staged(&staging, &path, &refs, &metadata)?;
             std::fs::rename(&tmp, &path).map_err(|e| errors::io(&path, e))?;
-            if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-                sync_dir(parent)?;
-            }
+            sync_dir(parent_of(&path))?;
             return Ok(vec![path.display().to_string()]);
         };
         std::fs::create_dir_all(&path).map_err(|e| errors::io(&path, e))?;
+        let staging = Staging::new(&path, "save")?;
         let sizes: Vec<usize> = tensors.iter().map(|(_, t)| t.buf.len).collect();
         let shards = plan_shards(&sizes, max);
         let n = shards.len();
@@ -142,15 +188,7 @@ pub(crate) fn save_safetensors(
             for (name, _) in &refs {
                 weight_map.insert((*name).to_owned(), serde_json::Value::String(name_of(i)));
             }
-            match write_staged(&target, &refs, &metadata) {
-                Ok(tmp) => staged.push((tmp, target)),
-                Err(e) => {
-                    for (tmp, _) in &staged {
-                        let _ = std::fs::remove_file(tmp);
-                    }
-                    return Err(e);
-                }
-            }
+            staged.push((write_staged(&staging, &target, &refs, &metadata)?, target));
         }
         let mut written = Vec::new();
         for (tmp, target) in &staged {
@@ -168,10 +206,13 @@ pub(crate) fn save_safetensors(
             }
             let index = serde_json::json!({"metadata": meta, "weight_map": weight_map});
             let target = path.join("model.safetensors.index.json");
-            let tmp = tmp_beside(&target);
+            let tmp = staging.file_for(&target);
             let text = serde_json::to_vec_pretty(&index).map_err(|e| errors::usage(e.to_string()))?;
-            std::fs::write(&tmp, text)
-                .and_then(|_| File::open(&tmp).and_then(|f| f.sync_all()))
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&tmp)
+                .and_then(|mut f| std::io::Write::write_all(&mut f, &text).and_then(|_| f.sync_all()))
                 .and_then(|_| std::fs::rename(&tmp, &target))
                 .map_err(|e| errors::io(&target, e))?;
             written.push(target.display().to_string());

@@ -1,16 +1,25 @@
-"""Map-style datasets over ``dataload``'s sources (re-exported by ``statekit.data``)."""
+"""Map-style datasets over ``dataload``'s sources (re-exported by ``statekit.data``).
+
+Items that are views of a file (token windows, Arrow columns) view a private memory map of it.
+A file that a concurrent writer truncates after it was opened is refused
+(:class:`~statekit.errors.DataError`, "the file changed while opened") the next time a view is
+made or a batch is read, instead of a read past its end killing the process with ``SIGBUS``.
+A view already handed out cannot be guarded: reading it after its file shrank under it still
+faults. Do not truncate or rewrite data files while a dataset over them is in use; copy them
+out with ``get_batch`` (which reads with ``pread`` for token files) if they may change."""
 
 from __future__ import annotations
 
 import json
 import mmap
 import os
+import stat
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 from . import _native
-from .errors import UsageError
+from .errors import DataError, UsageError
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -25,6 +34,40 @@ def _indices(indices: Sequence[int], n: int) -> List[int]:
             raise IndexError(f"index {i} is out of range for a dataset of {n}")
         out.append(i)
     return out
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    return "not a regular file"
+
+
+def _map_regular(path: str) -> mmap.mmap:
+    """A private (copy-on-write) map of the regular file ``path``. The file is opened without
+    blocking and its type checked on the descriptor, so a FIFO or a device put in its place is
+    refused by name (as ``dataload`` refuses it), never waited on or read without end."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise DataError(f"`{path}`: is {_kind(mode)}, not a regular file; refusing to read it", variant="NotARegularFile", path=path)
+        return mmap.mmap(fd, 0, access=mmap.ACCESS_COPY)
+    finally:
+        os.close(fd)
+
+
+def _whole(m: mmap.mmap, path: str) -> mmap.mmap:
+    """``m`` once its file is checked to be no shorter than the map (``mmap.size()`` is the
+    file's size now): reading a map past the end of its file kills the process."""
+    if m.size() < len(m):
+        raise DataError(f"`{path}`: the file changed while opened", variant="FileChanged", path=path)
+    return m
 
 
 class _Base:
@@ -75,10 +118,8 @@ class TokenDataset(_Base):
     def _map(self, k: int) -> mmap.mmap:
         m = self._maps.get(k)
         if m is None:
-            with open(self._files[k][0], "rb") as f:
-                m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
-            self._maps[k] = m
-        return m
+            m = self._maps[k] = _map_regular(self._files[k][0])
+        return _whole(m, self._files[k][0])
 
     def _item(self, i: int) -> Tuple[np.ndarray, np.ndarray]:
         k, offset = self._src.locate(i)
@@ -118,10 +159,8 @@ class _TableDataset(_Base):
     def _map(self, k: int) -> mmap.mmap:
         m = self._maps.get(k)
         if m is None:
-            with open(self._files[k], "rb") as f:
-                m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
-            self._maps[k] = m
-        return m
+            m = self._maps[k] = _map_regular(self._files[k])
+        return _whole(m, self._files[k])
 
     def __getstate__(self) -> Dict[str, Any]:
         return {"args": self._args, "columns": self._columns}
@@ -195,8 +234,20 @@ class JsonlDataset(_Base):
         return self.get_batch([i])[0]
 
     def get_batch(self, indices: Sequence[int]) -> List[Any]:
-        texts = self._src.read_batch(_indices(indices, len(self)))
-        return texts if self._raw else [json.loads(t) for t in texts]
+        idx = _indices(indices, len(self))
+        texts = self._src.read_batch(idx)
+        if self._raw:
+            return texts
+        out = []
+        for i, t in zip(idx, texts):
+            try:
+                out.append(json.loads(t))
+            except (ValueError, RecursionError) as e:
+                # The index checked the record is JSON (UTF-8, nesting within 128 levels); what
+                # is left is what Python's parser refuses (an integer past its digit limit).
+                path, line = self._src.record_line(i)
+                raise DataError(f"`{path}`, line {line}: Python's `json` cannot read the record: {e}", variant="NotJson", path=path, line=line) from None
+        return out
 
 
 __all__ = ["TokenDataset", "ArrowDataset", "ParquetDataset", "JsonlDataset"]

@@ -286,7 +286,13 @@ def reshard(src: PathLike, out: PathLike, world_size: int, *, tag: Optional[str]
 
 
 def load(
-    path: PathLike, *, framework: str = "numpy", device: str = "cpu", tag: Optional[str] = None, allow_globals: Optional[Sequence[str]] = None
+    path: PathLike,
+    *,
+    framework: str = "numpy",
+    device: str = "cpu",
+    tag: Optional[str] = None,
+    allow_globals: Optional[Sequence[str]] = None,
+    allow_expanded: bool = False,
 ) -> LoadedStateDict:
     """Every tensor of the checkpoint at ``path`` (safetensors file or sharded folder, torch
     ``.bin``/``.pt``, DCP folder, DeepSpeed ZeRO folder, ``hf://``), whole.
@@ -305,6 +311,14 @@ def load(
     arrays with the GIL released. ``framework="torch"`` returns torch tensors (torch is only
     imported then); with numpy, bf16 and fp8 come back as ``uint16``/``uint8`` bit patterns,
     their dtype named in ``result.dtypes``.
+
+    A broadcast view (a tensor whose strides read its storage many times over, ``expand``'s
+    stride 0) is refused (:class:`~statekit.errors.InvalidCheckpoint`) unless
+    ``allow_expanded=True``, as ``ckpt`` refuses it without ``--allow-expanded``: loading it
+    whole allocates the view's size, which a file of a few bytes can make 16 GiB.
+
+    The memory maps are private copies of the files as they were: do not truncate a file
+    while its arrays are in use (reading a map past the new end of its file faults).
     """
     if framework not in ("numpy", "np", "torch", "pt"):
         raise UsageError(f"`framework` is `numpy` or `torch`, not `{framework}`")
@@ -315,16 +329,18 @@ def load(
     if use_torch:
         import torch
     ck = _native.Checkpoint(os.fspath(path), tag, _allow(allow_globals))
+    if not allow_expanded:
+        ck.refuse_expanded()
     info = _info(ck)
     maps: Dict[int, mmap.mmap] = {}
 
     def mapping(i: int) -> mmap.mmap:
+        from ._datasets import _map_regular, _whole
+
         m = maps.get(i)
         if m is None:
-            with open(info["files"][i]["path"], "rb") as f:
-                m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
-            maps[i] = m
-        return m
+            m = maps[i] = _map_regular(info["files"][i]["path"])
+        return _whole(m, info["files"][i]["path"])
 
     reads: List[Tuple[int, int, int]] = []
     out = LoadedStateDict()
@@ -384,6 +400,15 @@ def _buffer(value: Any, name: str) -> Tuple[str, Tuple[int, ...], int, int, Any]
     or view of ``value``."""
     torch = _torch_module()
     if torch is not None and isinstance(value, torch.Tensor):
+        if value.layout != torch.strided:
+            # torch raises NotImplementedError deep inside (`is_contiguous`, `data_ptr`).
+            raise UsageError(
+                f"tensor `{name}` is sparse (`{value.layout}`): safetensors stores dense tensors only; "
+                f"hint: save `{name}.to_dense()`, or its indices and values as tensors of their own"
+            )
+        if value.is_quantized or getattr(value, "is_nested", False):
+            kind = "quantized" if value.is_quantized else "nested"
+            raise UsageError(f"tensor `{name}` is {kind}: safetensors stores plain dense tensors only")
         if value.device.type != "cpu":
             raise UsageError(f"tensor `{name}` is on `{value.device}`: move it to the CPU first")
         t = value.detach()
@@ -405,7 +430,7 @@ def _buffer(value: Any, name: str) -> Tuple[str, Tuple[int, ...], int, int, Any]
 
 def _alias_key(value: Any) -> Optional[Tuple[Any, ...]]:
     torch = _torch_module()
-    if torch is not None and isinstance(value, torch.Tensor) and value.numel() > 0:
+    if torch is not None and isinstance(value, torch.Tensor) and value.layout == torch.strided and value.numel() > 0:
         return (value.untyped_storage().data_ptr(), value.storage_offset(), tuple(value.shape), tuple(value.stride()), value.dtype)
     if isinstance(value, np.ndarray) and value.size > 0:
         return (value.__array_interface__["data"][0], value.shape, value.strides, value.dtype.str)
@@ -473,6 +498,10 @@ def save_sharded(state_dict: Mapping[str, Any], dir: PathLike, *, rank: int, wor
     and written by rank 0 alone, as are plain values. The collective is torch.distributed's
     default group (or ``group``); with ``world_size=1`` no process group is needed.
     """
+    from .data import _check_int
+
+    world_size = _check_int("world_size", world_size, 1, 2**20)
+    rank = _check_int("rank", rank, 0, world_size - 1)
     torch = _torch_module()
     if world_size == 1 and rank == 0:
         comm: Any = LocalCollective()

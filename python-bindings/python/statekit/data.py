@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import operator
 import os
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
@@ -32,6 +33,28 @@ __all__ = [
     "ParquetDataset",
     "JsonlDataset",
 ]
+
+
+_MAX_LEN = 2**63 - 1
+_MAX_U64 = 2**64 - 1
+
+
+def _bound(v: int) -> str:
+    return {_MAX_LEN: "2^63 - 1", _MAX_U64: "2^64 - 1", -(2**63): "-2^63"}.get(v, str(v))
+
+
+def _check_int(name: str, v: Any, lo: int, hi: int) -> int:
+    """``v`` when it is an int in ``[lo, hi]``, else a ``UsageError`` naming ``name`` and the
+    range (never the bare ``OverflowError`` of a conversion to a Rust integer)."""
+    try:
+        if isinstance(v, bool):
+            raise TypeError
+        i = operator.index(v)  # ints and numpy's integers; not floats, strings or bools
+    except TypeError:
+        i = None
+    if i is None or not lo <= i <= hi:
+        raise UsageError(f"`{name}` must be an int in [{_bound(lo)}, {_bound(hi)}], not {v!r}")
+    return i
 
 
 @dataclasses.dataclass
@@ -131,9 +154,13 @@ class ShardedBatchSampler:
         self._init(length, batch_size, world, rank, shuffle, drop_last, config, fingerprint)
 
     def _init(self, length, batch_size, world, rank, shuffle, drop_last, config, fingerprint) -> None:  # type: ignore[no-untyped-def]
-        for name, v in (("length", length), ("batch_size", batch_size), ("num_processes", world), ("process_index", rank)):
-            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-                raise UsageError(f"`{name}` must be a non-negative int, not {v!r}")
+        # Python's `len` counts to 2^63 - 1: a longer dataset would be accepted here and fail
+        # at `len(sampler)`; the other counts are refused by dataload, by name, past its limits.
+        length = _check_int("length", length, 0, _MAX_LEN)
+        batch_size, world, rank = (_check_int(name, v, 0, _MAX_U64) for name, v in (
+            ("batch_size", batch_size), ("num_processes", world), ("process_index", rank)))
+        if config.data_seed is not None:
+            _check_int("seed", config.data_seed, -(2**63), _MAX_U64)
         self._native = _native.Sampler(length, batch_size, world, rank, bool(shuffle), bool(drop_last), config._json(), fingerprint)
         self.length = length
         self.batch_size = batch_size
@@ -155,12 +182,13 @@ class ShardedBatchSampler:
     def set_epoch(self, epoch: int) -> None:
         """Moves to the start of ``epoch``; a no-op when the sampler is already in it (so that a
         loop calling ``set_epoch`` every epoch does not undo a resume)."""
-        if int(epoch) != self._native.epoch:
-            self._native.set_epoch(int(epoch))
+        epoch = _check_int("epoch", epoch, 0, _MAX_U64)
+        if epoch != self._native.epoch:
+            self._native.set_epoch(epoch)
 
     def skip_first_batches(self, num_batches: int) -> None:
         """accelerate's ``skip_first_batches`` for the current epoch, in O(1)."""
-        self._native.skip_first_batches(int(num_batches))
+        self._native.skip_first_batches(_check_int("num_batches", num_batches, 0, _MAX_U64))
 
     def resume_from_accelerate(self, folder: Any, *, dataloader: int = 0, step: Optional[int] = None,
                                epoch: Optional[int] = None) -> None:
