@@ -103,6 +103,7 @@ def test_save_writes_only_its_targets_through_private_temporaries(tmp_path):
     ("arrow_offset_wraps.arrow",
      "buffer 1 at body offset 9223372036854775807 (9223372036854775807 bytes) lies outside the 1896-byte body"),
     ("arrow_offset_negative.arrow", "buffer 1 at body offset -8 (400 bytes) lies outside the 1896-byte body"),
+    ("arrow_buffer_2_62.arrows", "buffer 1 at body offset 0 (4611686018427387904 bytes) lies outside the 1896-byte body"),
 ])
 def test_an_arrow_buffer_outside_its_body_is_refused_by_name(name, reason):
     path = PACKAGE / name
