@@ -22,42 +22,81 @@ pub fn inspect_json(out: &mut impl Write, ck: &ckpt::Checkpoint) -> anyhow::Resu
             entry
         })
         .collect();
-    let tensors: Vec<serde_json::Value> = ck
-        .tensors()
-        .iter()
-        .map(|t| {
-            let file = t.location().map(|(f, _)| &ck.files()[f].path);
-            let offset = t.location().map(|(_, o)| o);
-            let decoded = ck.is_decoded(t);
-            let offset = offset.filter(|_| !decoded);
-            let mut entry = json!({ "name": t.name, "dtype": t.dtype.to_string(), "shape": t.shape, "file": file, "offset": offset, "bytes": t.byte_len() });
-            if let Some(map) = entry.as_object_mut() {
-                if decoded {
-                    // A numpy array: its bytes are decoded from the file's pickle, not stored.
-                    map.insert("decoded".into(), true.into());
-                } else if !t.boxes().is_empty() {
-                    map.insert("boxes".into(), t.boxes().iter().map(|b| box_json(ck, b)).collect());
-                }
+    // Each tensor's entry is built as it is written: a million tensors never stand as one tree.
+    let tensors = Lazy::new(ck.tensors().iter().map(|t| {
+        let file = t.location().map(|(f, _)| &ck.files()[f].path);
+        let offset = t.location().map(|(_, o)| o);
+        let decoded = ck.is_decoded(t);
+        let offset = offset.filter(|_| !decoded);
+        let mut entry = json!({ "name": t.name, "dtype": t.dtype.to_string(), "shape": t.shape, "file": file, "offset": offset, "bytes": t.byte_len() });
+        if let Some(map) = entry.as_object_mut() {
+            if decoded {
+                // A numpy array: its bytes are decoded from the file's pickle, not stored.
+                map.insert("decoded".into(), true.into());
+            } else if !t.boxes().is_empty() {
+                map.insert("boxes".into(), t.boxes().iter().map(|b| box_json(ck, b)).collect());
             }
-            entry
-        })
-        .collect();
-    let mut doc = json!({
+        }
+        entry
+    }));
+    let head = json!({
         "schema": "statekit.inspect/2",
         "format": ck.format().name(),
         "path": ck.root(),
         "index_metadata": ck.index_metadata(),
         "values": ck.values().into_iter().map(|(k, v)| (k.to_string(), v)).collect::<serde_json::Map<_, _>>(),
         "files": files,
-        "tensors": tensors,
+    });
+    let mut tail = json!({
         "totals": { "files": ck.files().len(), "tensors": ck.tensors().len(), "bytes": ck.total_bytes() },
     });
-    if let (Some(state), Some(map)) = (ck.save_state(), doc.as_object_mut()) {
+    if let (Some(state), Some(map)) = (ck.save_state(), tail.as_object_mut()) {
         map.insert("components".into(), state.to_json());
     }
+    let doc = Doc { head: &head, tensors: &tensors, tail: &tail };
     serde_json::to_writer_pretty(&mut *out, &doc)?;
     writeln!(out)?;
     Ok(())
+}
+
+/// The `inspect` document: the fields of `head`, `tensors`, then the fields of `tail`.
+struct Doc<'a, I> {
+    head: &'a serde_json::Value,
+    tensors: &'a Lazy<I>,
+    tail: &'a serde_json::Value,
+}
+
+impl<I: Iterator<Item = serde_json::Value>> serde::Serialize for Doc<'_, I> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut map = s.serialize_map(None)?;
+        for (k, v) in self.head.as_object().into_iter().flatten() {
+            map.serialize_entry(k, v)?;
+        }
+        map.serialize_entry("tensors", self.tensors)?;
+        for (k, v) in self.tail.as_object().into_iter().flatten() {
+            map.serialize_entry(k, v)?;
+        }
+        map.end()
+    }
+}
+
+/// A JSON array written from an iterator, each element built as it is written.
+struct Lazy<I>(std::cell::RefCell<Option<I>>);
+
+impl<I> Lazy<I> {
+    fn new(items: I) -> Self {
+        Lazy(std::cell::RefCell::new(Some(items)))
+    }
+}
+
+impl<I: Iterator<Item = serde_json::Value>> serde::Serialize for Lazy<I> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self.0.borrow_mut().take() {
+            Some(items) => s.collect_seq(items),
+            None => s.collect_seq(std::iter::empty::<serde_json::Value>()),
+        }
+    }
 }
 
 /// One box of a tensor: where it sits in the tensor, and the strided view on the stored bytes

@@ -8,7 +8,9 @@
 //! refused once it has cost more nodes than a real state dict could, and every name, leaf and
 //! tensor entry it builds is charged to the pickle's memory budget ([`Pickle::charge`]) as it is
 //! built, so that copies of one memoized string or bytes object cannot add up to more memory
-//! than the pickle is allowed.
+//! than the pickle is allowed. Each is charged for what it costs after the walk too: a value
+//! for its JSON (the tree `inspect --json` holds, or the text the writers hold), a tensor for
+//! its entry in the catalog ([`TENSOR`]).
 //!
 //! A record (an object of an allowed class, [`Obj::Instance`]) has up to five parts, named the
 //! same way as a value (JSON) and as a prefix of the names below it: `__class__` (its class),
@@ -26,7 +28,36 @@ use std::collections::HashSet;
 use std::mem::size_of;
 
 use super::numpy;
-use super::pickle::{tensor_bytes, Global, Obj, Pickle, StorageKind, StorageRef, TensorRef, V};
+use super::pickle::{
+    alloc_bytes, table_bytes, tensor_bytes, vec_bytes, Global, Obj, Pickle, StorageKind, StorageRef, TensorRef, V,
+};
+
+/// What a value's node costs once more as JSON: `inspect --json` holds every value's tree at
+/// once, `convert` and `merge` every value's text (the longest scalar is 24 bytes, twice as a
+/// text buffer grows by doubling), not both.
+const JSON_NODE: usize = size_of::<serde_json::Value>();
+
+/// What a named entry (a value or a tensor) costs besides its name and value, downstream of
+/// the walk: its slot among the file's entries and in `inspect`'s or the writers' map (two
+/// copies of the name are charged with it).
+const ENTRY: usize = 2 * size_of::<String>() + size_of::<serde_json::Value>() + 48;
+
+/// What a tensor costs in the catalog (its file's tensor, its catalog entry and box, with
+/// their dims) besides its name: measured on a pickle of a million tensors (`fixtures/gen/
+/// hostile_pickle_budget.py`, `tensor_names.pt`), with room.
+const TENSOR: usize = 512;
+
+/// The length of `s` as a JSON string: quotes, and the escapes serde_json writes.
+fn json_text_len(s: &[u8]) -> usize {
+    2 + s.len()
+        + s.iter()
+            .map(|&b| match b {
+                b'"' | b'\\' | b'\n' | b'\r' | b'\t' | 0x08 | 0x0c => 1,
+                0..0x20 => 5,
+                _ => 0,
+            })
+            .sum::<usize>()
+}
 
 /// Nodes the walk may visit in total.
 pub(crate) const MAX_VISITS: u64 = 1 << 23;
@@ -127,8 +158,9 @@ fn reach(p: &Pickle, numpy: bool) -> Result<Vec<bool>, String> {
         _ => None,
     };
     // Reversed references as offsets into one edge array (compressed rows).
+    // Two offset arrays, the flags and the queue.
+    p.charge(2 * vec_bytes::<u32>(n + 1) + alloc_bytes(n) + vec_bytes::<u32>(n))?;
     let mut count = vec![0u32; n + 1];
-    p.charge(n * (size_of::<u32>() + 1))?;
     let mut edges = 0usize;
     for o in &p.objs {
         for c in children(o).filter_map(idx) {
@@ -136,7 +168,7 @@ fn reach(p: &Pickle, numpy: bool) -> Result<Vec<bool>, String> {
             edges += 1;
         }
     }
-    p.charge(edges * size_of::<u32>())?;
+    p.charge(vec_bytes::<u32>(edges))?;
     for i in 0..n {
         count[i + 1] += count[i];
     }
@@ -150,7 +182,7 @@ fn reach(p: &Pickle, numpy: bool) -> Result<Vec<bool>, String> {
     }
     drop(fill);
     let mut reach = vec![false; n];
-    let mut queue: Vec<usize> = Vec::new();
+    let mut queue: Vec<usize> = Vec::with_capacity(n);
     for (i, o) in p.objs.iter().enumerate() {
         let sink = match o {
             Obj::Tensor(_) => true,
@@ -189,8 +221,15 @@ impl<'a> Walk<'a> {
 
     /// `prefix.key`, charged to the budget.
     fn join(&self, prefix: &str, key: &str) -> Result<String, String> {
-        self.p.charge(size_of::<String>() + prefix.len() + 1 + key.len())?;
-        Ok(if prefix.is_empty() { key.to_string() } else { format!("{prefix}.{key}") })
+        let len = if prefix.is_empty() { key.len() } else { prefix.len() + 1 + key.len() };
+        self.p.charge(alloc_bytes(len))?;
+        let mut s = String::with_capacity(len);
+        if !prefix.is_empty() {
+            s.push_str(prefix);
+            s.push('.');
+        }
+        s.push_str(key);
+        Ok(s)
     }
 
     fn tick(&mut self) -> Result<(), String> {
@@ -201,9 +240,13 @@ impl<'a> Walk<'a> {
         Ok(())
     }
 
+    /// Takes `name` for an entry: its copy in `names`, and what the entry costs downstream
+    /// besides its value ([`ENTRY`], the name's copies there).
     fn claim(&mut self, name: &str) -> Result<(), String> {
-        // The copy in `names` (a set entry) and the one kept with the value.
-        self.p.charge(3 * size_of::<String>() + 2 * name.len())?;
+        if let Some(more) = self.p.budget.grow_table::<String>(self.names.len(), self.names.capacity())? {
+            self.names.reserve(more);
+        }
+        self.p.charge(ENTRY + 4 * alloc_bytes(name.len()))?;
         if self.names.insert(name.to_string()) {
             Ok(())
         } else {
@@ -220,7 +263,9 @@ impl<'a> Walk<'a> {
         let V::Obj(i) = v else { return Ok(None) };
         let Some(&(_, at)) = self.chain.iter().find(|(o, _)| *o == i) else { return Ok(None) };
         let path = self.segs.get(..at).unwrap_or_default().iter().map(Seg::to_string).collect::<Vec<_>>().join(".");
-        self.p.charge(2 * size_of::<Leaf>() + size_of::<String>() + path.len() + 16)?;
+        self.p.charge(
+            vec_bytes::<(String, Leaf)>(1) + 2 * alloc_bytes(path.len()) + alloc_bytes(9) + 3 * JSON_NODE + path.len(),
+        )?;
         Ok(Some(Leaf::Dict(vec![("__cycle__".into(), Leaf::Str(path))])))
     }
 
@@ -246,6 +291,7 @@ impl<'a> Walk<'a> {
 
     fn push_leaf(&mut self, name: &str, leaf: Leaf) -> Result<(), String> {
         self.claim(name)?;
+        self.p.budget.grow(&mut self.out.leaves, 1)?;
         self.out.leaves.push((name.to_string(), leaf));
         Ok(())
     }
@@ -262,7 +308,8 @@ impl<'a> Walk<'a> {
         match p.obj(v) {
             Some(Obj::Tensor(t)) => {
                 self.claim(name)?;
-                p.charge(size_of::<TensorRef>() + tensor_bytes(t))?;
+                p.charge(TENSOR + tensor_bytes(t))?;
+                p.budget.grow(&mut self.out.tensors, 1)?;
                 self.out.tensors.push((name.to_string(), t.clone()));
                 Ok(())
             }
@@ -275,7 +322,9 @@ impl<'a> Walk<'a> {
                 let numel = a.bytes.len() as u64;
                 let storage = StorageRef { key, kind: StorageKind::Inline, numel };
                 let t = TensorRef { storage, dtype: a.dtype, offset: 0, shape: a.shape, strides: a.strides };
-                p.charge(size_of::<TensorRef>() + tensor_bytes(&t))?;
+                p.charge(TENSOR + tensor_bytes(&t) + a.bytes.len())?;
+                p.budget.grow(&mut self.out.tensors, 1)?;
+                p.budget.grow(&mut self.out.inline, 1)?;
                 self.out.inline.push(a.bytes);
                 self.out.tensors.push((name.to_string(), t));
                 Ok(())
@@ -345,7 +394,7 @@ impl<'a> Walk<'a> {
             V::Int(i) => Ok(i.to_string()),
             _ => match self.p.obj(k) {
                 Some(Obj::Str(s)) => {
-                    self.p.charge(size_of::<String>() + s.len())?;
+                    self.p.charge(alloc_bytes(s.len()))?;
                     Ok(s.clone())
                 }
                 _ => Err("dict keys must be strings or ints".into()),
@@ -359,12 +408,28 @@ impl<'a> Walk<'a> {
             return Err(format!("a value is nested deeper than {MAX_NESTING} levels"));
         }
         let p = self.p;
-        let payload = match p.obj(v) {
-            Some(Obj::Str(s)) => s.len(),
-            Some(Obj::Bytes(b)) => b.len(),
+        // The copy of a string or bytes, and the node as JSON: a string once more and as
+        // text; bytes as base64 text (in a one-key object), held as a string and as text.
+        let cost = match p.obj(v) {
+            Some(Obj::Str(s)) => alloc_bytes(s.len()) + alloc_bytes(s.len()).max(2 * json_text_len(s.as_bytes())),
+            Some(Obj::Bytes(b)) => {
+                let b64 = b.len().div_ceil(3) * 4;
+                let tree = alloc_bytes(b64)
+                    + vec_bytes::<(usize, String, serde_json::Value)>(1)
+                    + table_bytes::<usize>(1)
+                    + JSON_NODE;
+                alloc_bytes(b.len()) + tree.max(2 * (b64 + 16))
+            }
+            Some(Obj::Instance { .. }) => {
+                // Its fields, as a dict of up to five, and their names.
+                vec_bytes::<(String, Leaf)>(5) + 5 * (alloc_bytes(9) + 2 * JSON_NODE + 24) + table_bytes::<usize>(5)
+            }
+            Some(Obj::Global(_) | Obj::Complex(..)) => {
+                vec_bytes::<(String, Leaf)>(2) + 4 * alloc_bytes(32) + 3 * JSON_NODE
+            }
             _ => 0,
         };
-        p.charge(size_of::<Leaf>() + payload)?;
+        p.charge(JSON_NODE + cost)?;
         if let Some(back) = self.cycle(v)? {
             return Ok(back);
         }
@@ -423,6 +488,8 @@ impl<'a> Walk<'a> {
     }
 
     fn list(&mut self, items: &[V], depth: usize) -> Result<Leaf, String> {
+        // The list, and its array as JSON.
+        self.p.charge(vec_bytes::<Leaf>(items.len()) + vec_bytes::<serde_json::Value>(items.len()))?;
         let mut out = Vec::with_capacity(items.len());
         for (i, &item) in items.iter().enumerate() {
             out.push(self.at(Seg::Index(i), |w| w.leaf(item, depth + 1))?);
@@ -431,9 +498,18 @@ impl<'a> Walk<'a> {
     }
 
     fn dict(&mut self, items: &[(V, V)], depth: usize) -> Result<Leaf, String> {
+        // The dict, and its object as JSON (entries and their index).
+        let n = items.len();
+        self.p.charge(
+            vec_bytes::<(String, Leaf)>(n)
+                + vec_bytes::<(usize, String, serde_json::Value)>(n)
+                + table_bytes::<usize>(n),
+        )?;
         let mut out = Vec::with_capacity(items.len());
         for &(k, item) in items {
             let key = self.key(k)?;
+            // Its copy as a JSON key, or as text.
+            self.p.charge(alloc_bytes(key.len()).max(2 * json_text_len(key.as_bytes())))?;
             let val = self.at(Seg::Key(key.clone()), |w| w.leaf(item, depth + 1))?;
             out.push((key, val));
         }

@@ -18,9 +18,12 @@
 //!
 //! One memory budget bounds everything a pickle makes us hold ([`Budget`]): it grows with the
 //! pickle's length ([`Limits::budget_per_byte`] bytes per byte, plus a floor) up to a hard cap.
-//! Every arena slot and stack slot (as the arena and the stack grow), every string and bytes
-//! payload, every container element and memo entry is charged once, when it is created; a memo
-//! fetch (`BINGET`) of an existing object pushes its index and costs nothing new. The walks that turn the arena into state-dict entries,
+//! It counts what is really allocated, so that the peak RSS of a read stays within it: the
+//! pickle's own bytes, every arena slot and stack slot (as the arena and the stack grow), every
+//! buffer by its capacity and as the allocator's chunk ([`alloc_bytes`]), the memo and every
+//! hash table by its buckets, and anything large is charged (or checked, [`Budget::afford`])
+//! before it is allocated, not after; a memo fetch (`BINGET`) of an existing object pushes its
+//! index and costs nothing new, and a long tuple is not copied to be refused. The walks that turn the arena into state-dict entries,
 //! leaf values or DCP metadata charge what they build to the same budget as they build it, so a
 //! DAG of memo references expanded into a tree ("billion laughs") runs out of budget instead of
 //! memory.
@@ -56,9 +59,11 @@ impl Default for Limits {
             max_memo: 1 << 24,
             max_stack: 1 << 24,
             max_depth: 256,
-            // The pickles torch writes for the fixtures build 15 to 31 bytes of objects per byte
-            // (tensor records, names, small tuples; arena slots reserved by doubling). The
-            // floor covers small files of large values.
+            // What torch's pickles really hold, counted as the budget counts (arena and stack
+            // slots reserved by doubling, the allocator's chunks, hash tables, the values'
+            // JSON, each tensor's catalog entry): 36 to 44 bytes per byte for state dicts and
+            // optimizers of 60 000 tensors and a config of 400 000 values. The floor covers
+            // small files of large values.
             budget_per_byte: 64,
             budget_floor: 16 << 20,
             budget_cap: 1 << 30,
@@ -107,11 +112,75 @@ impl Budget {
         Ok(())
     }
 
+    /// Refuses when `bytes` more would not fit, charging nothing: called before building
+    /// something that [`Budget::charge`] is then given once it exists.
+    pub(crate) fn afford(&self, bytes: usize) -> std::result::Result<(), String> {
+        self.charge(bytes)?;
+        self.used.set(self.used.get().saturating_sub(bytes));
+        Ok(())
+    }
+
+    /// Makes room for `more` elements in `v`, charging what its buffer grows by before it is
+    /// allocated (doubling, as `Vec` does; a large buffer is moved by remapping its pages, not
+    /// by copying them).
+    pub(crate) fn grow<T>(&self, v: &mut Vec<T>, more: usize) -> std::result::Result<(), String> {
+        let need = v.len().saturating_add(more);
+        if need <= v.capacity() {
+            return Ok(());
+        }
+        let cap = need.max(v.capacity().saturating_mul(2)).max(4);
+        self.charge(vec_bytes::<T>(cap) - vec_bytes::<T>(v.capacity()))?;
+        v.reserve_exact(cap - v.len());
+        Ok(())
+    }
+
+    /// Makes room for one more entry in a hash table of `len` entries and room for `cap`,
+    /// whose entries are `T`: the capacity to reserve, charged ([`table_bytes`]), or `None`
+    /// when it has room.
+    pub(crate) fn grow_table<T>(&self, len: usize, cap: usize) -> std::result::Result<Option<usize>, String> {
+        if len < cap {
+            return Ok(None);
+        }
+        let cap = cap.saturating_mul(2).max(16);
+        self.charge(table_bytes::<T>(cap))?;
+        Ok(Some(cap - len))
+    }
+
     /// Bytes charged so far.
     #[cfg(test)]
     pub(crate) fn used(&self) -> usize {
         self.used.get()
     }
+}
+
+/// What a heap allocation of `n` bytes takes from the allocator: glibc's chunk of a header word
+/// and `n` rounded up to 16 bytes, 32 at least; an empty buffer allocates nothing.
+pub(crate) const fn alloc_bytes(n: usize) -> usize {
+    if n == 0 {
+        return 0;
+    }
+    let chunk = n.saturating_add(8 + 15) & !15;
+    if chunk < 32 {
+        32
+    } else {
+        chunk
+    }
+}
+
+/// The buffer of a vector of `cap` elements of `T`.
+pub(crate) const fn vec_bytes<T>(cap: usize) -> usize {
+    alloc_bytes(cap.saturating_mul(size_of::<T>()))
+}
+
+/// The allocation of a hash table (std's `HashMap`, hashbrown) with room for `cap` entries of
+/// `T`: a power of two of buckets at most 7/8 full, each an entry and a control byte.
+pub(crate) fn table_bytes<T>(cap: usize) -> usize {
+    let buckets = match cap {
+        0..4 => 4,
+        4..8 => 8,
+        _ => (cap.saturating_mul(8) / 7).checked_next_power_of_two().unwrap_or(usize::MAX),
+    };
+    alloc_bytes(buckets.saturating_mul(size_of::<T>() + 1).saturating_add(16))
 }
 
 /// A value on the stack: scalars inline, everything else an arena index.
@@ -303,25 +372,30 @@ impl Pickle {
     }
 }
 
-/// The memory a tensor description holds besides its slot: its storage key and dims.
+/// The memory a tensor description holds besides its slot: its storage key and dims, as
+/// allocated.
 pub(crate) fn tensor_bytes(t: &TensorRef) -> usize {
-    t.storage.key.len() + size_of::<u64>() * (t.shape.len() + t.strides.len())
+    alloc_bytes(t.storage.key.capacity())
+        + vec_bytes::<u64>(t.shape.capacity())
+        + vec_bytes::<u64>(t.strides.capacity())
 }
 
-/// The memory an arena object holds besides its slot.
+/// The memory an arena object holds besides its slot, as allocated (capacities, not lengths).
 fn heap_bytes(o: &Obj) -> usize {
     match o {
-        Obj::Str(s) => s.len(),
-        Obj::Bytes(b) | Obj::BigInt(b) => b.len(),
-        Obj::Tuple(items) | Obj::List(items) => items.len() * size_of::<V>(),
+        Obj::Str(s) => alloc_bytes(s.capacity()),
+        Obj::Bytes(b) | Obj::BigInt(b) => alloc_bytes(b.capacity()),
+        Obj::Tuple(items) | Obj::List(items) => vec_bytes::<V>(items.capacity()),
         Obj::Instance { args, items, .. } => {
-            args.len() * size_of::<V>()
+            vec_bytes::<V>(args.capacity())
                 + items.as_ref().map_or(0, |i| {
-                    size_of::<Items>() + i.list.len() * size_of::<V>() + i.dict.len() * size_of::<(V, V)>()
+                    alloc_bytes(size_of::<Items>())
+                        + vec_bytes::<V>(i.list.capacity())
+                        + vec_bytes::<(V, V)>(i.dict.capacity())
                 })
         }
-        Obj::Dict(items) => items.len() * size_of::<(V, V)>(),
-        Obj::Storage(s) | Obj::StorageView { storage: s, .. } => s.key.len(),
+        Obj::Dict(items) => vec_bytes::<(V, V)>(items.capacity()),
+        Obj::Storage(s) | Obj::StorageView { storage: s, .. } => alloc_bytes(s.key.capacity()),
         Obj::Tensor(t) => tensor_bytes(t),
         Obj::Global(_) | Obj::Script { .. } | Obj::Complex(..) | Obj::EmptyTensor(_) => 0,
     }
@@ -413,6 +487,8 @@ struct Machine<'a> {
     depth: Vec<u32>,
     stack: Vec<V>,
     marks: Vec<usize>,
+    /// The memo: slots `0..dense.len()` (pickles number them in order), and any others.
+    dense: Vec<V>,
     memo: HashMap<u32, V>,
     budget: Rc<Budget>,
 }
@@ -484,6 +560,7 @@ fn run(
 ) -> (R<Pickle>, Vec<String>) {
     let budget = shared.map_or_else(|| Budget::shared(limits), Rc::clone);
     let before = budget.len.get();
+    let used_before = budget.used.get();
     budget.len.set(before.saturating_add(data.len()));
     let mut m = Machine {
         data,
@@ -504,16 +581,26 @@ fn run(
         depth: Vec::new(),
         stack: Vec::new(),
         marks: Vec::new(),
+        dense: Vec::new(),
         memo: HashMap::new(),
         budget,
     };
-    let root = match m.run() {
+    // The pickle's own bytes are held while it runs (and, a record inflated from a zip,
+    // until its walks are done).
+    let root = match m.charge(data.len()).and_then(|()| m.run()) {
         Ok(root) => root,
-        Err(e) => return (Err(e), m.globals),
+        Err(e) => {
+            // Everything the run built is dropped with it: a caller that runs the same bytes
+            // again (to list their globals), or reads the next file, has the budget back.
+            m.budget.len.set(before);
+            m.budget.used.set(used_before);
+            return (Err(e), m.globals);
+        }
     };
     // A pickle read from a stream (a legacy file) is only as long as what was consumed: the
-    // walks over it get the budget of that length.
+    // walks over it get the budget of that length, and the bytes past it are not its own.
     m.budget.len.set(before.saturating_add(m.pos));
+    m.budget.used.set(m.budget.used.get().saturating_sub(data.len() - m.pos));
     if let Err(e) = m.charge(0) {
         return (Err(e), m.globals);
     }
@@ -534,7 +621,11 @@ impl Machine<'_> {
     /// Notes a global the pickle names, once.
     fn note_global(&mut self, full: &str) -> R<()> {
         if !self.seen_globals.contains(full) {
-            self.charge(3 * size_of::<String>() + 2 * full.len())?;
+            if let Some(more) = self.grow_table::<String>(self.seen_globals.len(), self.seen_globals.capacity())? {
+                self.seen_globals.reserve(more);
+            }
+            self.charge(size_of::<String>() + 2 * alloc_bytes(full.len()))?;
+            self.grow_vec(|m| &mut m.globals, 1)?;
             self.seen_globals.insert(full.to_string());
             self.globals.push(full.to_string());
         }
@@ -550,7 +641,11 @@ impl Machine<'_> {
             return self.bad("too many classes");
         };
         let python = super::allow::python_name(full);
-        self.charge(2 * size_of::<String>() + full.len() + python.len() + 32)?;
+        if let Some(more) = self.grow_table::<(String, u32)>(self.class_index.len(), self.class_index.capacity())? {
+            self.class_index.reserve(more);
+        }
+        self.grow_vec(|m| &mut m.class_names, 1)?;
+        self.charge(alloc_bytes(full.len()) + alloc_bytes(python.len() + 16))?;
         self.class_names.push(Rc::from(python.as_str()));
         self.class_index.insert(full.to_string(), i);
         Ok(Global::Class(i))
@@ -571,6 +666,23 @@ impl Machine<'_> {
         self.budget.charge(bytes).map_err(|reason| Refusal::Bad { at: self.op_at, reason })
     }
 
+    /// Refuses the pickle when `bytes` more would not fit, before they are allocated.
+    fn afford(&self, bytes: usize) -> R<()> {
+        self.budget.afford(bytes).map_err(|reason| Refusal::Bad { at: self.op_at, reason })
+    }
+
+    /// [`Budget::grow_table`], as a refusal.
+    fn grow_table<T>(&self, len: usize, cap: usize) -> R<Option<usize>> {
+        self.budget.grow_table::<T>(len, cap).map_err(|reason| Refusal::Bad { at: self.op_at, reason })
+    }
+
+    /// [`Budget::grow`] on the vector `field` picks out of the machine.
+    fn grow_vec<T>(&mut self, field: impl Fn(&mut Self) -> &mut Vec<T>, more: usize) -> R<()> {
+        let budget = Rc::clone(&self.budget);
+        let at = self.op_at;
+        budget.grow(field(self), more).map_err(|reason| Refusal::Bad { at, reason })
+    }
+
     fn take(&mut self, n: usize) -> R<&[u8]> {
         let end = self.pos.checked_add(n).filter(|&e| e <= self.data.len());
         match end {
@@ -584,6 +696,14 @@ impl Machine<'_> {
                 reason: format!("declared length {n} runs past the end of the pickle"),
             }),
         }
+    }
+    /// [`Machine::take`] of bytes to be copied, refused when their copy would not fit in the
+    /// budget.
+    fn taken(&mut self, n: usize) -> R<&[u8]> {
+        let at = self.pos;
+        self.take(n)?;
+        self.afford(alloc_bytes(n))?;
+        Ok(self.data.get(at..at + n).unwrap_or_default())
     }
     fn u8(&mut self) -> R<u8> {
         Ok(self.take(1)?.first().copied().unwrap_or(0))
@@ -609,7 +729,8 @@ impl Machine<'_> {
         s.or_else(|_| self.bad("line is not UTF-8"))
     }
     fn utf8(&mut self, n: usize) -> R<V> {
-        let s = std::str::from_utf8(self.take(n)?).map(str::to_string);
+        let raw = self.taken(n)?;
+        let s = std::str::from_utf8(raw).map(str::to_string);
         match s {
             Ok(s) => self.alloc(Obj::Str(s)),
             Err(_) => self.bad("string is not valid UTF-8"),
@@ -649,11 +770,7 @@ impl Machine<'_> {
         if self.stack.len() >= self.limits.max_stack {
             return self.bad(format!("stack grows past {} values", self.limits.max_stack));
         }
-        if self.stack.len() == self.stack.capacity() {
-            let more = self.stack.capacity().max(64);
-            self.charge(more * size_of::<V>())?;
-            self.stack.reserve_exact(more);
-        }
+        self.grow_vec(|m| &mut m.stack, 1)?;
         self.stack.push(v);
         Ok(())
     }
@@ -676,22 +793,66 @@ impl Machine<'_> {
         let Some(m) = self.marks.pop() else {
             return self.bad("no mark on the stack");
         };
-        Ok(self.stack.split_off(m.min(self.stack.len())))
+        let m = m.min(self.stack.len());
+        self.afford(vec_bytes::<V>(self.stack.len() - m))?;
+        Ok(self.stack.split_off(m))
+    }
+
+    /// For `APPEND`(S) and `SETITEM`(S): where the `count` values they add start on the stack
+    /// (`None`: those above the last mark, which is popped), and the container below them. The
+    /// values stay on the stack, for the container to take without a copy.
+    fn added(&mut self, count: Option<usize>) -> R<(usize, V)> {
+        let start = match count {
+            Some(k) => {
+                for i in 0..k {
+                    let len = self.stack.len() - i.min(self.stack.len());
+                    if self.marks.last().is_some_and(|&m| m >= len) {
+                        return self.bad("pops past a mark");
+                    }
+                    if len == 0 {
+                        return self.bad("stack underflow");
+                    }
+                }
+                self.stack.len() - k
+            }
+            None => match self.marks.pop() {
+                Some(m) => m.min(self.stack.len()),
+                None => return self.bad("no mark on the stack"),
+            },
+        };
+        let target = match start.checked_sub(1).and_then(|i| self.stack.get(i)) {
+            Some(&v) if self.marks.last().is_none_or(|&m| m < start) => v,
+            _ => return self.bad("stack underflow"),
+        };
+        Ok((start, target))
     }
     fn memo_put(&mut self, idx: u32) -> R<()> {
         let v = self.top()?;
-        if self.memo.len() >= self.limits.max_memo && !self.memo.contains_key(&idx) {
+        let i = idx as usize;
+        if let Some(slot) = self.dense.get_mut(i) {
+            *slot = v;
+            return Ok(());
+        }
+        if let Some(slot) = self.memo.get_mut(&idx) {
+            *slot = v;
+            return Ok(());
+        }
+        if self.dense.len() + self.memo.len() >= self.limits.max_memo {
             return self.bad(format!("memo grows past {} entries", self.limits.max_memo));
         }
-        if !self.memo.contains_key(&idx) {
-            // A hash map entry, with its control byte and spare capacity.
-            self.charge(2 * size_of::<(u32, V)>())?;
+        if i == self.dense.len() {
+            self.grow_vec(|m| &mut m.dense, 1)?;
+            self.dense.push(v);
+        } else {
+            if let Some(more) = self.grow_table::<(u32, V)>(self.memo.len(), self.memo.capacity())? {
+                self.memo.reserve(more);
+            }
+            self.memo.insert(idx, v);
         }
-        self.memo.insert(idx, v);
         Ok(())
     }
     fn memo_get(&mut self, idx: u32) -> R<()> {
-        match self.memo.get(&idx).copied() {
+        match self.dense.get(idx as usize).or_else(|| self.memo.get(&idx)).copied() {
             Some(v) => self.push(v),
             None => self.bad(format!("memo slot {idx} is read before it is written")),
         }
@@ -739,7 +900,8 @@ impl Machine<'_> {
                 if self.script_classes.len() >= self.limits.max_memo {
                     return self.bad("too many TorchScript classes");
                 }
-                self.charge(size_of::<String>() + full.len())?;
+                self.grow_vec(|m| &mut m.script_classes, 1)?;
+                self.charge(alloc_bytes(full.len()))?;
                 self.script_classes.push(full);
                 self.script_classes.len() - 1
             }
@@ -880,7 +1042,11 @@ impl Machine<'_> {
                 // py2 byte strings: torch reads them as latin-1 text.
                 b'U' | b'T' => {
                     let n = if op == b'U' { usize::from(self.u8()?) } else { self.len_u32()? };
-                    let s: String = self.take(n)?.iter().map(|&b| char::from(b)).collect();
+                    let at = self.pos;
+                    let wide = self.take(n)?.iter().filter(|&&b| b >= 0x80).count();
+                    self.afford(alloc_bytes(n + wide))?;
+                    let mut s = String::with_capacity(n + wide);
+                    s.extend(self.data.get(at..at + n).unwrap_or_default().iter().map(|&b| char::from(b)));
                     let v = self.alloc(Obj::Str(s))?;
                     self.push(v)?
                 }
@@ -890,7 +1056,7 @@ impl Machine<'_> {
                         b'B' => self.len_u32()?,
                         _ => self.len_u64()?,
                     };
-                    let b = self.take(n)?.to_vec();
+                    let b = self.taken(n)?.to_vec();
                     let v = self.alloc(Obj::Bytes(b))?;
                     self.push(v)?
                 }
@@ -933,31 +1099,32 @@ impl Machine<'_> {
                     self.push(v)?
                 }
                 b'a' | b'e' | 0x90 => {
-                    let items = if op == b'a' { vec![self.pop()?] } else { self.pop_mark()? };
-                    let target = self.top()?;
-                    self.extend_list(target, items)?
+                    let (start, target) = self.added((op == b'a').then_some(1))?;
+                    self.extend_list(target, start)?
                 }
                 b'}' => {
                     let v = self.alloc(Obj::Dict(Vec::new()))?;
                     self.push(v)?
                 }
                 b'd' => {
-                    let items = self.pop_mark()?;
-                    let pairs = pairs(items).map_or_else(|| self.bad("odd number of dict items"), Ok)?;
+                    let Some(m) = self.marks.pop() else {
+                        return self.bad("no mark on the stack");
+                    };
+                    let m = m.min(self.stack.len());
+                    if !(self.stack.len() - m).is_multiple_of(2) {
+                        return self.bad("odd number of dict items");
+                    }
+                    self.afford(vec_bytes::<(V, V)>((self.stack.len() - m) / 2))?;
+                    let pairs = pairs(self.stack.drain(m..));
                     let v = self.alloc(Obj::Dict(pairs))?;
                     self.push(v)?
                 }
                 b's' | b'u' => {
-                    let items = if op == b's' {
-                        let value = self.pop()?;
-                        let key = self.pop()?;
-                        vec![key, value]
-                    } else {
-                        self.pop_mark()?
-                    };
-                    let pairs = pairs(items).map_or_else(|| self.bad("odd number of dict items"), Ok)?;
-                    let target = self.top()?;
-                    self.extend_dict(target, pairs)?
+                    let (start, target) = self.added((op == b's').then_some(2))?;
+                    if !(self.stack.len() - start).is_multiple_of(2) {
+                        return self.bad("odd number of dict items");
+                    }
+                    self.extend_dict(target, start)?
                 }
                 b'q' => {
                     let i = self.u8()?;
@@ -968,7 +1135,7 @@ impl Machine<'_> {
                     self.memo_put(i)?
                 }
                 0x94 => {
-                    let i = u32::try_from(self.memo.len()).unwrap_or(u32::MAX);
+                    let i = u32::try_from(self.dense.len() + self.memo.len()).unwrap_or(u32::MAX);
                     self.memo_put(i)?
                 }
                 b'h' => {
@@ -1030,6 +1197,7 @@ impl Machine<'_> {
                         },
                         Some(Global::Unreadable(global, what)) => return self.unreadable(global, what),
                         Some(Global::Class(class)) => {
+                            self.afford(vec_bytes::<V>(self.items_of(args).map_or(0, <[V]>::len)))?;
                             let Some(args) = self.items_of(args).map(<[V]>::to_vec) else {
                                 return self.bad("NEWOBJ arguments must be a tuple");
                             };
@@ -1094,7 +1262,7 @@ impl Machine<'_> {
     }
 
     fn long(&mut self, n: usize) -> R<()> {
-        let bytes = self.take(n)?.to_vec();
+        let bytes = self.taken(n)?.to_vec();
         if n <= 8 {
             let fill = if bytes.last().is_some_and(|&b| b & 0x80 != 0) { 0xff } else { 0 };
             let mut buf = [fill; 8];
@@ -1106,29 +1274,34 @@ impl Machine<'_> {
         }
     }
 
-    fn extend_list(&mut self, target: V, items: Vec<V>) -> R<()> {
-        let d = items.iter().map(|&v| self.depth_of(v) + 1).max().unwrap_or(0);
+    /// `APPEND`(S): the values from `start` up on the stack go to the list (or record of a list
+    /// subclass) `target`, its buffer charged as it grows.
+    fn extend_list(&mut self, target: V, start: usize) -> R<()> {
+        let added = self.stack.get(start..).unwrap_or_default();
+        let d = added.iter().map(|&v| self.depth_of(v) + 1).max().unwrap_or(0);
         if d > self.limits.max_depth {
             return self.bad(format!("nesting deeper than {} levels", self.limits.max_depth));
         }
-        match self.obj_at(target) {
-            Some(Obj::List(_)) => self.charge(items.len() * size_of::<V>())?,
-            Some(Obj::Instance { items: have, .. }) => {
-                let boxed = if have.is_none() { size_of::<Items>() } else { 0 };
-                self.charge(boxed + items.len() * size_of::<V>())?
-            }
-            _ => {}
-        }
+        let n = added.len();
         if let V::Obj(i) = target {
+            let budget = Rc::clone(&self.budget);
+            let at = self.op_at;
+            let Machine { objs, stack, depth, .. } = self;
             // A record of a list subclass gets its items the way a list does.
-            let list = match self.objs.get_mut(i) {
+            let list = match objs.get_mut(i) {
                 Some(Obj::List(list)) => Some(list),
-                Some(Obj::Instance { items, .. }) => Some(&mut items.get_or_insert_with(Box::default).list),
+                Some(Obj::Instance { items, .. }) => {
+                    if items.is_none() {
+                        budget.charge(alloc_bytes(size_of::<Items>())).map_err(|reason| Refusal::Bad { at, reason })?;
+                    }
+                    Some(&mut items.get_or_insert_with(Box::default).list)
+                }
                 _ => None,
             };
             if let Some(list) = list {
-                list.extend(items);
-                if let Some(slot) = self.depth.get_mut(i) {
+                budget.grow(list, n).map_err(|reason| Refusal::Bad { at, reason })?;
+                list.extend(stack.drain(start..));
+                if let Some(slot) = depth.get_mut(i) {
                     *slot = (*slot).max(d);
                 }
                 return Ok(());
@@ -1137,30 +1310,38 @@ impl Machine<'_> {
         self.bad(format!("APPEND to {}", self.describe(target)))
     }
 
-    fn extend_dict(&mut self, target: V, items: Vec<(V, V)>) -> R<()> {
-        let d = items.iter().map(|&(_, v)| self.depth_of(v) + 1).max().unwrap_or(0);
+    /// `SETITEM`(S): the key-value pairs from `start` up on the stack go to the dict (or record
+    /// of a dict subclass) `target`, its buffer charged as it grows.
+    fn extend_dict(&mut self, target: V, start: usize) -> R<()> {
+        let added = self.stack.get(start..).unwrap_or_default();
+        let d = added.iter().skip(1).step_by(2).map(|&v| self.depth_of(v) + 1).max().unwrap_or(0);
         if d > self.limits.max_depth {
             return self.bad(format!("nesting deeper than {} levels", self.limits.max_depth));
         }
-        match self.obj_at(target) {
-            Some(Obj::Dict(_)) => self.charge(items.len() * size_of::<(V, V)>())?,
-            Some(Obj::Instance { items: have, .. }) => {
-                let boxed = if have.is_none() { size_of::<Items>() } else { 0 };
-                self.charge(boxed + items.len() * size_of::<(V, V)>())?
-            }
-            _ => {}
-        }
+        let n = added.len() / 2;
         if let V::Obj(i) = target {
+            let budget = Rc::clone(&self.budget);
+            let at = self.op_at;
+            let Machine { objs, stack, depth, .. } = self;
             // A record of a dict subclass (`defaultdict`, an `AttributeDict`) likewise.
-            let dict = match self.objs.get_mut(i) {
+            let dict = match objs.get_mut(i) {
                 Some(Obj::Dict(dict)) => Some(dict),
-                Some(Obj::Instance { items, .. }) => Some(&mut items.get_or_insert_with(Box::default).dict),
+                Some(Obj::Instance { items, .. }) => {
+                    if items.is_none() {
+                        budget.charge(alloc_bytes(size_of::<Items>())).map_err(|reason| Refusal::Bad { at, reason })?;
+                    }
+                    Some(&mut items.get_or_insert_with(Box::default).dict)
+                }
                 _ => None,
             };
             if let Some(dict) = dict {
+                budget.grow(dict, n).map_err(|reason| Refusal::Bad { at, reason })?;
                 // Repeated keys are kept here and refused when names are flattened.
-                dict.extend(items);
-                if let Some(slot) = self.depth.get_mut(i) {
+                let mut it = stack.drain(start..);
+                while let (Some(k), Some(v)) = (it.next(), it.next()) {
+                    dict.push((k, v));
+                }
+                if let Some(slot) = depth.get_mut(i) {
                     *slot = (*slot).max(d);
                 }
                 return Ok(());
@@ -1190,11 +1371,13 @@ impl Machine<'_> {
         let Some(items) = self.items_of(v) else {
             return self.bad(format!("{what} must be a tuple, found {}", self.describe(v)));
         };
+        self.afford(vec_bytes::<u64>(items.len()))?;
         items.iter().map(|&i| self.int_of(i, what)).collect()
     }
 
     fn persistent(&mut self, pid: V) -> R<V> {
-        let items = self.items_of(pid).map(<[V]>::to_vec).unwrap_or_default();
+        // A storage tuple has five or six elements: a longer one is not copied to be refused.
+        let items = self.items_of(pid).filter(|i| i.len() <= 6).map(<[V]>::to_vec).unwrap_or_default();
         // The location (`cpu`, `cuda:1`, `mps`, …) is where torch would put the storage; its
         // bytes in the file do not depend on it, so it is not read.
         let (tag, cls, key, numel, view) = match items.as_slice() {
@@ -1217,7 +1400,10 @@ impl Machine<'_> {
         let key = match key {
             V::Int(i) => i.to_string(),
             other => match self.str_of(other) {
-                Some(s) => s.to_string(),
+                Some(s) => {
+                    self.afford(alloc_bytes(s.len()))?;
+                    s.to_string()
+                }
                 None => return self.bad("storage key must be a string"),
             },
         };
@@ -1227,7 +1413,10 @@ impl Machine<'_> {
             return self.bad(format!("storage key `{}` names both a storage and a view", storage.key));
         }
         if !self.root_keys.contains_key(&storage.key) {
-            self.charge(2 * size_of::<(String, ())>() + storage.key.len())?;
+            if let Some(more) = self.grow_table::<(String, ())>(self.root_keys.len(), self.root_keys.capacity())? {
+                self.root_keys.reserve(more);
+            }
+            self.charge(alloc_bytes(storage.key.len()))?;
         }
         self.root_keys.insert(storage.key.clone(), ());
         let Some(view) = view else {
@@ -1250,7 +1439,12 @@ impl Machine<'_> {
         }
         // torch keeps the first view made under a key and hands it out again for later ids.
         if !self.view_keys.contains_key(&vkey) {
-            self.charge(2 * size_of::<(String, (u64, u64))>() + vkey.len())?;
+            if let Some(more) =
+                self.grow_table::<(String, (u64, u64))>(self.view_keys.len(), self.view_keys.capacity())?
+            {
+                self.view_keys.reserve(more);
+            }
+            self.charge(alloc_bytes(vkey.len()))?;
         }
         let (offset, len) = *self.view_keys.entry(vkey).or_insert((offset, len));
         if offset.checked_add(len).is_none_or(|end| end > numel) {
@@ -1264,9 +1458,16 @@ impl Machine<'_> {
         let Some(g) = self.global_of(func) else {
             return self.bad(format!("REDUCE calls {}, not an allowed global", self.describe(func)));
         };
-        let Some(a) = self.items_of(args).map(<[V]>::to_vec) else {
+        let Some(n) = self.items_of(args).map(<[V]>::len) else {
             return self.bad("REDUCE arguments must be a tuple");
         };
+        // Only a record keeps its arguments; the other globals take a few, and a long tuple
+        // is refused before it is copied.
+        if !matches!(g, Global::Class(_) | Global::Unreadable(..)) && n > 8 {
+            return self.bad(format!("cannot call `{g:?}` with {n} arguments"));
+        }
+        self.afford(vec_bytes::<V>(n))?;
+        let a = self.items_of(args).map(<[V]>::to_vec).unwrap_or_default();
         match (g, a.as_slice()) {
             (Global::Class(class), _) => self.instance(class, a),
             (Global::Unreadable(global, what), _) => self.unreadable(global, what),
@@ -1274,6 +1475,7 @@ impl Machine<'_> {
             // `Counter(mapping)`, the way a Counter pickles itself.
             (Global::Counter, [items]) => match self.obj_at(*items) {
                 Some(Obj::Dict(d)) => {
+                    self.afford(vec_bytes::<(V, V)>(d.len()))?;
                     let d = d.clone();
                     self.alloc(Obj::Dict(d))
                 }
@@ -1282,6 +1484,7 @@ impl Machine<'_> {
             (Global::Set, []) => self.alloc(Obj::List(Vec::new())),
             (Global::Set, [items]) => match self.items_of(*items) {
                 Some(items) => {
+                    self.afford(vec_bytes::<V>(items.len()))?;
                     let items = items.to_vec();
                     self.alloc(Obj::List(items))
                 }
@@ -1290,6 +1493,7 @@ impl Machine<'_> {
             (Global::ByteArray, []) => self.alloc(Obj::Bytes(Vec::new())),
             (Global::ByteArray, [b]) => match self.obj_at(*b) {
                 Some(Obj::Bytes(b)) => {
+                    self.afford(alloc_bytes(b.len()))?;
                     let b = b.clone();
                     self.alloc(Obj::Bytes(b))
                 }
@@ -1318,8 +1522,10 @@ impl Machine<'_> {
             (Global::LegacyTensor(d), []) => self.alloc(Obj::EmptyTensor(d)),
             (Global::ScriptIdentity, [v, ..]) => Ok(*v),
             (Global::OrderedDict, [items]) => {
-                let mut pairs = Vec::new();
-                for &p in self.items_of(*items).unwrap_or_default() {
+                let all = self.items_of(*items).unwrap_or_default();
+                self.afford(vec_bytes::<(V, V)>(all.len()))?;
+                let mut pairs = Vec::with_capacity(all.len());
+                for &p in all {
                     match self.items_of(p) {
                         Some(&[k, v]) => pairs.push((k, v)),
                         _ => return self.bad("OrderedDict items must be pairs"),
@@ -1329,6 +1535,7 @@ impl Machine<'_> {
             }
             (Global::Size, [dims]) => {
                 let dims = self.ints_of(*dims, "a size")?;
+                self.afford(vec_bytes::<V>(dims.len()))?;
                 self.alloc(Obj::Tuple(dims.into_iter().map(|d| V::Int(d as i64)).collect()))
             }
             // `torch.device("cuda:1")` or `torch.device("cuda", 1)`: kept as its name.
@@ -1434,6 +1641,9 @@ impl Machine<'_> {
     }
 
     fn tensor_ref(&self, storage: V, offset: V, size: V, stride: V, dtype: Option<Dtype>) -> R<TensorRef> {
+        if let Some(Obj::Storage(s) | Obj::StorageView { storage: s, .. }) = self.obj_at(storage) {
+            self.afford(alloc_bytes(s.key.len()))?;
+        }
         let (s, view) = match self.obj_at(storage) {
             Some(Obj::Storage(s)) => (s.clone(), None),
             Some(Obj::StorageView { storage, offset, len }) => (storage.clone(), Some((*offset, *len))),
@@ -1464,16 +1674,14 @@ impl Machine<'_> {
     }
 }
 
-fn pairs(items: Vec<V>) -> Option<Vec<(V, V)>> {
-    if !items.len().is_multiple_of(2) {
-        return None;
-    }
+/// Values taken two by two, as key-value pairs (an even number of them).
+fn pairs(items: impl ExactSizeIterator<Item = V>) -> Vec<(V, V)> {
     let mut out = Vec::with_capacity(items.len() / 2);
-    let mut it = items.into_iter();
+    let mut it = items;
     while let (Some(k), Some(v)) = (it.next(), it.next()) {
         out.push((k, v));
     }
-    Some(out)
+    out
 }
 
 #[cfg(test)]
