@@ -11,16 +11,18 @@
 //! The check reads the whole record even when only a slice of it is wanted (a rank's rows of a
 //! tensor), because a CRC covers all of it. Operations that copy many records check them up
 //! front, in parallel pieces whose CRCs are combined ([`verify_extents`]); a record checked
-//! once in a catalog's lifetime is not checked again.
+//! once in a catalog's lifetime is not checked again. The bytes are hashed where the file's
+//! memory map has them (no copy) and each piece's pages are dropped after, so a check holds a
+//! piece per thread.
 
-use std::fs::File;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use rayon::prelude::*;
 
-use crate::error::{Error, Result};
+use crate::error::{short_source, Error, Result};
+use crate::sys::MappedFile;
 
 /// A record's bytes are checked in pieces of this size (bounded memory, parallel work).
 const PIECE: u64 = 8 << 20;
@@ -108,7 +110,7 @@ impl Checks {
 
 /// One source file as the checks see it.
 pub(crate) struct Source<'a> {
-    pub file: &'a File,
+    pub map: &'a MappedFile,
     pub path: &'a Path,
     pub rank: Option<u64>,
     pub checks: &'a Checks,
@@ -128,23 +130,17 @@ impl Source<'_> {
     }
 }
 
-/// CRC32 of `len` bytes of `file` at `off`, read with `pread` in bounded pieces.
-fn crc_of(file: &File, path: &Path, off: u64, len: u64) -> Result<crc32fast::Hasher> {
+/// CRC32 of `len` bytes at `off` of the mapped file, in pieces whose pages are dropped once
+/// hashed.
+fn crc_of(map: &MappedFile, path: &Path, off: u64, len: u64) -> Result<crc32fast::Hasher> {
     let mut h = crc32fast::Hasher::new();
-    let mut buf = vec![0u8; usize::try_from(len.min(1 << 20)).unwrap_or(1 << 20)];
     let mut done = 0u64;
     while done < len {
-        let n = (len - done).min(buf.len() as u64) as usize;
-        let piece = &mut buf[..n];
-        match std::os::unix::fs::FileExt::read_exact_at(file, piece, off + done) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
-                return Err(crate::error::short_source(path, off + done))
-            }
-            Err(e) => return Err(Error::Io { path: path.to_path_buf(), source: e }),
-        }
-        h.update(piece);
-        done += n as u64;
+        let n = (len - done).min(PIECE);
+        let at = off + done;
+        h.update(map.get(at, n).ok_or_else(|| short_source(path, at))?);
+        map.release(at, n);
+        done += n;
     }
     Ok(h)
 }
@@ -156,7 +152,7 @@ pub(crate) fn check(src: &Source<'_>, off: u64, len: u64) -> Result<()> {
     src.checks.pending(off, len, &mut todo);
     for i in todo {
         let Some(r) = src.checks.record(i) else { continue };
-        let actual = crc_of(src.file, src.path, r.offset, r.len)?.finalize();
+        let actual = crc_of(src.map, src.path, r.offset, r.len)?.finalize();
         if actual != r.crc {
             return Err(src.mismatch(r, actual));
         }
@@ -169,43 +165,44 @@ pub(crate) fn check(src: &Source<'_>, off: u64, len: u64) -> Result<()> {
 /// returns every mismatch (an I/O error ends the check). What an operation that copies many
 /// records does first.
 pub(crate) fn verify_extents(
-    sources: &[Source<'_>],
+    sources: &[Option<Source<'_>>],
     extents: impl IntoIterator<Item = (usize, u64, u64)>,
 ) -> Result<Vec<Error>> {
     let mut todo: Vec<(usize, usize)> = Vec::new();
     let mut scratch = Vec::new();
     for (s, off, len) in extents {
-        let Some(src) = sources.get(s) else { continue };
+        let Some(Some(src)) = sources.get(s) else { continue };
         scratch.clear();
         src.checks.pending(off, len, &mut scratch);
         todo.extend(scratch.iter().map(|&i| (s, i)));
     }
     todo.sort_unstable();
     todo.dedup();
-    // Every record in pieces; the pieces' CRCs are combined in order.
-    let pieces: Vec<(usize, usize, u64, u64)> = todo
+    let work: Vec<(&Source<'_>, usize, &Record)> = todo
         .iter()
-        .flat_map(|&(s, i)| {
-            let r = sources[s].checks.record(i).map_or((0, 0), |r| (r.offset, r.len));
-            (0..r.1.div_ceil(PIECE)).map(move |k| (s, i, r.0 + k * PIECE, (r.1 - k * PIECE).min(PIECE)))
+        .filter_map(|&(s, i)| {
+            let src = sources.get(s)?.as_ref()?;
+            Some((src, i, src.checks.record(i)?))
+        })
+        .collect();
+    // Every record in pieces, `(work index, offset, len)`; their CRCs are combined in order.
+    let pieces: Vec<(usize, u64, u64)> = work
+        .iter()
+        .enumerate()
+        .flat_map(|(w, (_, _, r))| {
+            (0..r.len.div_ceil(PIECE)).map(move |k| (w, r.offset + k * PIECE, (r.len - k * PIECE).min(PIECE)))
         })
         .collect();
     let crcs = pieces
         .par_iter()
-        .map(|&(s, _, off, len)| crc_of(sources[s].file, sources[s].path, off, len))
+        .map(|&(w, off, len)| crc_of(work[w].0.map, work[w].0.path, off, len))
         .collect::<Result<Vec<_>>>()?;
+    let mut combined: Vec<crc32fast::Hasher> = work.iter().map(|_| crc32fast::Hasher::new()).collect();
+    for (&(w, _, _), h) in pieces.iter().zip(&crcs) {
+        combined[w].combine(h);
+    }
     let mut bad = Vec::new();
-    let mut at = 0usize;
-    for &(s, i) in &todo {
-        let mut h = crc32fast::Hasher::new();
-        while let Some(&(ps, pi, _, _)) = pieces.get(at) {
-            if (ps, pi) != (s, i) {
-                break;
-            }
-            h.combine(&crcs[at]);
-            at += 1;
-        }
-        let (src, Some(r)) = (&sources[s], sources[s].checks.record(i)) else { continue };
+    for ((src, i, r), h) in work.into_iter().zip(combined) {
         let actual = h.finalize();
         if actual == r.crc {
             src.checks.mark_good(i);
@@ -217,12 +214,14 @@ pub(crate) fn verify_extents(
 }
 
 /// Every record of every source: what `verify` checks.
-pub(crate) fn all_extents(sources: &[Source<'_>]) -> Vec<(usize, u64, u64)> {
+pub(crate) fn all_extents(sources: &[Option<Source<'_>>]) -> Vec<(usize, u64, u64)> {
     sources
         .iter()
         .enumerate()
         .flat_map(|(s, src)| {
-            src.checks.0.iter().flat_map(move |set| set.records.iter().map(move |r| (s, r.offset, r.len)))
+            src.iter().flat_map(move |src| {
+                src.checks.0.iter().flat_map(move |set| set.records.iter().map(move |r| (s, r.offset, r.len)))
+            })
         })
         .collect()
 }

@@ -184,21 +184,25 @@ impl Sources {
         Ok(s)
     }
 
-    fn checked(&self) -> Vec<crate::checksum::Source<'_>> {
-        self.files
-            .iter()
-            .zip(&self.checks)
-            .map(|((path, file), (checks, rank))| crate::checksum::Source { file, path, rank: *rank, checks })
-            .collect()
+    /// File `i` as the CRC checks see it, when it has records to check.
+    fn checked_source(&self, i: usize) -> Result<Option<crate::checksum::Source<'_>>> {
+        match (self.files.get(i), self.checks.get(i)) {
+            (Some((path, _)), Some((checks, rank))) if checks.len() > 0 => {
+                Ok(Some(crate::checksum::Source { map: self.map(i)?, path, rank: *rank, checks }))
+            }
+            _ => Ok(None),
+        }
+    }
+
+    fn checked(&self) -> Result<Vec<Option<crate::checksum::Source<'_>>>> {
+        (0..self.files.len()).map(|i| self.checked_source(i)).collect()
     }
 
     /// Checks the CRCs of the records `[off, off + len)` of file `i` touches, once each.
     fn check(&self, i: usize, off: u64, len: u64) -> Result<()> {
-        match (self.files.get(i), self.checks.get(i)) {
-            (Some((path, file)), Some((checks, rank))) if checks.len() > 0 => {
-                crate::checksum::check(&crate::checksum::Source { file, path, rank: *rank, checks }, off, len)
-            }
-            _ => Ok(()),
+        match self.checked_source(i)? {
+            Some(src) => crate::checksum::check(&src, off, len),
+            None => Ok(()),
         }
     }
 
@@ -208,7 +212,7 @@ impl Sources {
         if self.checks.iter().all(|(c, _)| c.len() == 0) {
             return Ok(());
         }
-        match crate::checksum::verify_extents(&self.checked(), extents)?.into_iter().next() {
+        match crate::checksum::verify_extents(&self.checked()?, extents)?.into_iter().next() {
             Some(e) => Err(e),
             None => Ok(()),
         }
@@ -216,7 +220,7 @@ impl Sources {
 
     /// Checks every record of every file, returning each mismatch: what `verify` reports.
     pub(crate) fn check_all(&self) -> Result<Vec<Error>> {
-        let sources = self.checked();
+        let sources = self.checked()?;
         let extents = crate::checksum::all_extents(&sources);
         crate::checksum::verify_extents(&sources, extents)
     }
