@@ -50,6 +50,7 @@ FUZZ_SECONDS ?= 20
 fuzz:
 	bash ckpt/fuzz/run.sh $(FUZZ_SECONDS)
 	bash dataload/fuzz/run.sh $(FUZZ_SECONDS)
+	bash train/fuzz/run.sh $(FUZZ_SECONDS)
 
 # The training run: 2 ranks, interrupted by a SIGTERM, resumed, merged, verified, reported.
 # (`demo/run.sh` is the CLI tour on a bundled checkpoint.)

@@ -245,16 +245,15 @@ pub fn load(
     rank: u64,
     own: &dyn Fn(&ParamMeta) -> std::ops::Range<u64>,
 ) -> anyhow::Result<Loaded> {
-    let step_dir = latest_step_dir(dir, rank)?;
+    let (step_dir, folder_step) = latest_step_dir(dir, rank)?;
     let json_path = step_dir.join(STATE_FILE);
     let state = crate::state_file::parse_file(&json_path, rank)?;
-    let folder_step = step_dir.file_name().and_then(|n| parse_step_dir_name(&n.to_string_lossy()));
-    if folder_step != Some(state.step) {
+    if folder_step != state.step {
         bail!(
             "{}: rank {rank}: `step` is {}, but the folder is `{}`",
             json_path.display(),
             state.step,
-            step_dir.file_name().unwrap_or_default().to_string_lossy()
+            step_dir_name(folder_step)
         );
     }
     if state.params != params {
@@ -328,8 +327,9 @@ pub fn load(
 
 /// The step folder `dir/latest` names: `latest` must be a link whose target is exactly a
 /// `step-N` name, a real folder directly inside `dir` (not a path, not a link itself), so a
-/// link to a copy elsewhere or to another name is refused rather than followed.
-fn latest_step_dir(dir: &Path, rank: u64) -> anyhow::Result<PathBuf> {
+/// link to a copy elsewhere or to another name is refused rather than followed. Returns the
+/// folder and the step its name gives.
+fn latest_step_dir(dir: &Path, rank: u64) -> anyhow::Result<(PathBuf, u64)> {
     let latest = dir.join(LATEST);
     let meta = std::fs::symlink_metadata(&latest)
         .with_context(|| format!("{}: no committed checkpoint (rank {rank})", latest.display()))?;
@@ -340,7 +340,8 @@ fn latest_step_dir(dir: &Path, rank: u64) -> anyhow::Result<PathBuf> {
         );
     }
     let target = std::fs::read_link(&latest).with_context(|| format!("{} (rank {rank})", latest.display()))?;
-    let name = target.to_str().filter(|t| parse_step_dir_name(t).is_some()).ok_or_else(|| {
+    let named = target.to_str().and_then(|t| Some((t, parse_step_dir_name(t)?)));
+    let (name, step) = named.ok_or_else(|| {
         anyhow::anyhow!(
             "{}: rank {rank}: names `{}`, not a `step-N` folder inside `{}`",
             latest.display(),
@@ -355,7 +356,7 @@ fn latest_step_dir(dir: &Path, rank: u64) -> anyhow::Result<PathBuf> {
     if !kind.is_dir() {
         bail!("{}: rank {rank}: `{LATEST}` names this, which is not a folder (a link or a file)", step_dir.display());
     }
-    Ok(step_dir)
+    Ok((step_dir, step))
 }
 
 /// Each parameter's `step` tensor in the optimizer folder (a 0-d `f32`, as torch's AdamW keeps
