@@ -11,7 +11,9 @@ here="$(cd "$(dirname "$0")" && pwd)"
 fixtures="$here/../../fixtures"
 cd "$here"
 export RUSTC_BOOTSTRAP=1
-export CARGO_TARGET_DIR="${FUZZ_TARGET_DIR:-$here/target}"
+# One target folder for the three fuzz crates (ckpt, dataload, train): their sanitized builds of
+# the same library crates are shared instead of built once per crate.
+export CARGO_TARGET_DIR="${FUZZ_TARGET_DIR:-$here/../../target/fuzz}"
 # AddressSanitizer keeps 256 MiB of freed memory in quarantine by default, which alone puts a
 # target near the limit; 64 MiB still catches a use after free and leaves the rest to us.
 export ASAN_OPTIONS="${ASAN_OPTIONS:-quarantine_size_mb=64}"

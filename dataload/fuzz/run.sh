@@ -35,7 +35,9 @@ done
 
 cd "$here"
 export RUSTC_BOOTSTRAP=1
-export CARGO_TARGET_DIR="${FUZZ_TARGET_DIR:-$here/target}"
+# One target folder for the three fuzz crates (ckpt, dataload, train): their sanitized builds of
+# the same library crates are shared instead of built once per crate.
+export CARGO_TARGET_DIR="${FUZZ_TARGET_DIR:-$here/../../target/fuzz}"
 for target in "${targets[@]}"; do
     cargo fuzz build --release "$target"
     cargo fuzz run --release "$target" "corpus/$target" -- \

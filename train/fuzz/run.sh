@@ -29,7 +29,9 @@ done
 
 cd "$here"
 export RUSTC_BOOTSTRAP=1
-export CARGO_TARGET_DIR="${FUZZ_TARGET_DIR:-$here/target}"
+# One target folder for the three fuzz crates (ckpt, dataload, train): their sanitized builds of
+# the same library crates are shared instead of built once per crate.
+export CARGO_TARGET_DIR="${FUZZ_TARGET_DIR:-$here/../../target/fuzz}"
 export ASAN_OPTIONS="${ASAN_OPTIONS:-quarantine_size_mb=64}"
 for target in "${targets[@]}"; do
     cargo fuzz build --release "$target"
