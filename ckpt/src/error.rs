@@ -552,7 +552,6 @@ pub fn escape_controls(text: &str) -> std::borrow::Cow<'_, str> {
 /// `Result` with this crate's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-/// ` (rank R)` for DCP errors whose data file is a rank's (`__R_0.distcp`).
 /// The error for a source that ended early: it was changed while we read it.
 pub(crate) fn short_source(path: &std::path::Path, at: u64) -> Error {
     Error::Io {
@@ -564,6 +563,7 @@ pub(crate) fn short_source(path: &std::path::Path, at: u64) -> Error {
     }
 }
 
+/// ` (rank R)` for errors whose data file is a rank's (`__R_0.distcp`).
 fn rank_note(rank: Option<u64>) -> String {
     rank.map(|r| format!(" (rank {r})")).unwrap_or_default()
 }
