@@ -144,6 +144,8 @@ class ShardedBatchSampler:
         fingerprint: Optional[str] = None,
     ) -> None:
         world, rank = _world(num_processes, process_index)
+        if shuffle:
+            seed = _check_int("seed", seed, -(2**63), _MAX_U64)
         config = DataLoaderConfiguration(
             split_batches=split_batches,
             dispatch_batches=False,
@@ -160,7 +162,7 @@ class ShardedBatchSampler:
         batch_size, world, rank = (_check_int(name, v, 0, _MAX_U64) for name, v in (
             ("batch_size", batch_size), ("num_processes", world), ("process_index", rank)))
         if config.data_seed is not None:
-            _check_int("seed", config.data_seed, -(2**63), _MAX_U64)
+            _check_int("data_seed", config.data_seed, -(2**63), _MAX_U64)
         self._native = _native.Sampler(length, batch_size, world, rank, bool(shuffle), bool(drop_last), config._json(), fingerprint)
         self.length = length
         self.batch_size = batch_size
