@@ -524,6 +524,86 @@ impl Error {
     }
 }
 
+/// What an [`Error`] is about, for the edges that act on it: the CLI's exit code, the Python
+/// bindings' exception class, and `verify`, which reports [`ErrorKind::InvalidData`] as the
+/// checkpoint's problems.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// The checkpoint is defective or hostile: a reader would trip on it.
+    InvalidData,
+    /// The source is not there, or is not a checkpoint this library reads.
+    NotFound,
+    /// What was asked cannot be done with this input: an option, a size, a dtype the output
+    /// format cannot store, an output that is the source.
+    Usage,
+    /// The file system failed under a valid request.
+    Io,
+    /// Another rank of a sharded save failed, or the collective between them did.
+    Collective,
+}
+
+impl Error {
+    /// The kind of this error. Every variant names its kind here, so a new variant decides
+    /// what it is instead of falling into a default.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Error::HeaderTooSmall { .. }
+            | Error::HeaderTooLarge { .. }
+            | Error::HeaderBeyondFile { .. }
+            | Error::BadHeaderJson { .. }
+            | Error::BadTensorEntry { .. }
+            | Error::UnknownDtype { .. }
+            | Error::DuplicateTensor { .. }
+            | Error::DuplicateInFile { .. }
+            | Error::SizeMismatch { .. }
+            | Error::BadOffset { .. }
+            | Error::LengthMismatch { .. }
+            | Error::BadMetadata { .. }
+            | Error::BadIndex { .. }
+            | Error::MissingShard { .. }
+            | Error::TensorNotInShard { .. }
+            | Error::DuplicateAcrossShards { .. }
+            | Error::UnlistedTensor { .. }
+            | Error::UnsafeShardPath { .. }
+            | Error::ExpandedView { .. }
+            | Error::NotARegularFile { .. }
+            | Error::PlantedLink { .. }
+            | Error::MetadataConflict { .. }
+            | Error::ChecksumMismatch { .. }
+            | Error::BadManifest { .. }
+            | Error::BadZip { .. }
+            | Error::RecordBeyondFile { .. }
+            | Error::RecordTooLarge { .. }
+            | Error::BadChecksum { .. }
+            | Error::InflateOverrun { .. }
+            | Error::RefusedGlobal { .. }
+            | Error::GlobalNotAllowed { .. }
+            | Error::BadPickle { .. }
+            | Error::BadTorchFile { .. }
+            | Error::BadTorchTensor { .. }
+            | Error::BadBlockScale { .. }
+            | Error::BadZeroCheckpoint { .. }
+            | Error::MissingRankFile { .. }
+            | Error::BadDcpMetadata { .. }
+            | Error::BadDcpChunk { .. }
+            | Error::BadBox { .. }
+            | Error::BadSaveState { .. } => ErrorKind::InvalidData,
+            Error::NotACheckpoint { .. } | Error::UnknownSafetensorsLayout { .. } | Error::NotInHubCache { .. } => {
+                ErrorKind::NotFound
+            }
+            Error::BadSize { .. }
+            | Error::BadHubUrl { .. }
+            | Error::OutputIsSource { .. }
+            | Error::BadOption { .. }
+            | Error::NotInSafetensors { .. }
+            | Error::BadConvert { .. } => ErrorKind::Usage,
+            Error::Io { .. } => ErrorKind::Io,
+            Error::Collective { .. } | Error::ShardedSave { .. } => ErrorKind::Collective,
+        }
+    }
+}
+
 /// Messages quote names and paths read from files: a tensor named with a newline must not forge
 /// a second line of output, nor a NUL or an escape sequence reach a terminal. Every control
 /// character is shown escaped (`\n`, `\u{1b}`); the message stays one line.

@@ -47,7 +47,7 @@ mod write;
 pub use blockscale::BlockScaling;
 pub use catalog::{Checkpoint, Chunk, Format, SourceFile, TensorBox, TensorInfo};
 pub use dtype::Dtype;
-pub use error::{escape_controls, Error, Result};
+pub use error::{escape_controls, Error, ErrorKind, Result};
 pub use formats::accelerate::rng::{read_rng_state, NumpyRng, RngState};
 pub use formats::accelerate::trainer::{TrainerResume, TrainerState};
 pub use formats::accelerate::{Component, DataPosition, Model, Optimizer, OptimizerState, ResumePoint, Rng, SaveState};
@@ -78,21 +78,7 @@ impl Error {
     /// True when the error describes a defective checkpoint (as opposed to a missing path, a
     /// usage mistake or an I/O failure). `verify` reports these as problems.
     pub fn is_invalid_data(&self) -> bool {
-        !matches!(
-            self,
-            Error::Io { .. }
-                | Error::NotACheckpoint { .. }
-                | Error::UnknownSafetensorsLayout { .. }
-                | Error::BadSize { .. }
-                | Error::BadOption { .. }
-                | Error::BadHubUrl { .. }
-                | Error::NotInHubCache { .. }
-                | Error::OutputIsSource { .. }
-                | Error::BadConvert { .. }
-                | Error::NotInSafetensors { .. }
-                | Error::Collective { .. }
-                | Error::ShardedSave { .. }
-        )
+        self.kind() == ErrorKind::InvalidData
     }
 
     /// The globals a torch file was refused for, when `allow_globals` could admit them: the one
