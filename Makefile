@@ -86,3 +86,11 @@ fixtures: setup
 	PATH=$(VENV)/bin:$$PATH $(PY) fixtures/gen/deepspeed_hostile.py
 	python3 fixtures/gen/hostile_outputs.py
 	PATH=$(VENV)/bin:$$PATH $(PY) fixtures/gen/fsdp_layouts.py
+	PATH=$(VENV)/bin:$$PATH $(PY) fixtures/gen/accelerate_fsdp2_fixtures.py
+	PATH=$(VENV)/bin:$$PATH $(PY) fixtures/gen/accelerate_more_fixtures.py
+	PATH=$(VENV)/bin:$$PATH $(PY) fixtures/gen/trainer_fixtures.py
+	$(PY) fixtures/gen/unsafe_torch_fixtures.py
+	python3 fixtures/gen/hostile_accelerate_round2.py
+	python3 fixtures/gen/hostile_pickle_budget.py
+	python3 fixtures/gen/hostile_round2.py
+	python3 fixtures/gen/hostile_package.py
