@@ -14,6 +14,8 @@
 //!
 //! - [`split`], [`merge`], [`convert`], [`reshard`]: the operations, each returning an [`Outcome`];
 //! - [`save_sharded`]: a DCP folder written by the ranks of a running job, each from memory;
+//! - [`StagedFolder`]: a folder built under a temporary name and committed whole, then named by
+//!   a `latest` link, replacing a folder of the same name without a moment where the link dangles;
 //! - [`verify`]: every defect a reader would trip on, in a [`Report`];
 //! - [`WriteOptions`]: progress, checksums and the copy method, shared by every operation.
 //!
@@ -39,6 +41,7 @@ mod plan;
 mod shape;
 mod sharded;
 mod size;
+mod staged;
 mod sys;
 mod value;
 mod verify;
@@ -59,6 +62,7 @@ pub use ops::{
 };
 pub use sharded::{save_sharded, KeyPart, LocalTensor, LocalValue};
 pub use size::{parse_size, DEFAULT_MAX_SHARD_SIZE};
+pub use staged::StagedFolder;
 pub use verify::{verify, verify_with, Report};
 pub use write::{CopyMethod, WriteOptions};
 

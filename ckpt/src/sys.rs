@@ -1,4 +1,4 @@
-//! The only module with `unsafe`: the kernel copy call and the memory map.
+//! The only module with `unsafe`: the kernel copy call, the memory map, and the folder swap.
 //!
 //! Both exist to move tensor bytes without holding them: `copy_file_range` copies inside the
 //! kernel (and can share extents on filesystems that support it); where the kernel refuses, we
@@ -49,6 +49,38 @@ pub(crate) fn copy_unsupported(e: &io::Error) -> bool {
         e.raw_os_error(),
         Some(libc::EXDEV | libc::ENOSYS | libc::EOPNOTSUPP | libc::EINVAL | libc::EBADF | libc::EPERM)
     )
+}
+
+/// Swaps the two existing paths `a` and `b` in one step (`renameat2(RENAME_EXCHANGE)`): at no
+/// moment is either name missing. Errors as the kernel gives them; [`exchange_unsupported`] tells
+/// the ones that mean this kernel or filesystem cannot swap.
+pub(crate) fn exchange(a: &std::path::Path, b: &std::path::Path) -> io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let a = std::ffi::CString::new(a.as_os_str().as_bytes())?;
+    let b = std::ffi::CString::new(b.as_os_str().as_bytes())?;
+    // SAFETY: both pointers are NUL-terminated strings owned by this frame that outlive the
+    // call; the kernel only reads them. `AT_FDCWD` resolves relative paths as `rename` does.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_renameat2,
+            libc::AT_FDCWD,
+            a.as_ptr(),
+            libc::AT_FDCWD,
+            b.as_ptr(),
+            libc::RENAME_EXCHANGE,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// True for the errors of [`exchange`] that mean "this kernel or filesystem cannot swap" (an
+/// old kernel, NFS, some FUSE filesystems), after which the caller takes the slower path.
+pub(crate) fn exchange_unsupported(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::EINVAL | libc::ENOSYS | libc::EOPNOTSUPP))
 }
 
 /// A read-only memory map of a whole source file.
