@@ -293,12 +293,7 @@ fn read_buffer(buffer: Buffer, columns: Option<&[String]>, path: &Path) -> Resul
 /// an error, never an abort of the process (or a `PanicException` in Python).
 fn unpanicked<T>(path: &Path, f: impl FnOnce() -> T) -> Result<T> {
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).map_err(|payload| {
-        let what = payload
-            .downcast_ref::<&str>()
-            .map(|s| (*s).to_owned())
-            .or_else(|| payload.downcast_ref::<String>().cloned())
-            .unwrap_or_default();
-        bad(path, format!("arrow's decoder failed on it ({what})"))
+        bad(path, format!("arrow's decoder failed on it ({})", crate::error::panic_message(&*payload)))
     })
 }
 

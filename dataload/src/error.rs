@@ -334,3 +334,14 @@ impl Eq for DataloadError {}
 
 /// Shorthand used throughout the crate.
 pub type Result<T, E = DataloadError> = std::result::Result<T, E>;
+
+/// The text a caught panic carries (`panic!`'s message), for the errors that replace panics
+/// of the Arrow and Parquet decoders.
+#[cfg(feature = "sources")]
+pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_default()
+}

@@ -187,8 +187,16 @@ fn row_group_rows(rg: &parquet::file::metadata::RowGroupMetaData, g: usize, path
     Ok(rows)
 }
 
-/// Decodes the root columns `roots` of row group `rg` into one batch.
+/// Decodes the root columns `roots` of row group `rg` into one batch. The footer checks come
+/// first; behind them, a panic in parquet's decoder (a combination they do not foresee) is an
+/// error naming the file's defect, never an abort of the process, as for Arrow files.
 fn decode(file: &ParquetFile, rg: usize, roots: &[usize]) -> std::result::Result<RecordBatch, String> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| decode_unguarded(file, rg, roots))).unwrap_or_else(
+        |payload| Err(format!("parquet's decoder failed on it ({})", crate::error::panic_message(&*payload))),
+    )
+}
+
+fn decode_unguarded(file: &ParquetFile, rg: usize, roots: &[usize]) -> std::result::Result<RecordBatch, String> {
     // The row count was checked against the column chunks when the file was opened, but those
     // are declarations too: the reader is asked for batches of at most a million rows, so that
     // what it reserves up front stays bounded whatever a footer says.
