@@ -2,7 +2,10 @@
 against accelerate's (its DataLoaderDispatcher) over the same datasets; each rank writes what
 both gave, and what a loader resumed mid-epoch gave, for the test to compare.
 
-    torchrun --nproc-per-node W tests/python/bindings_dispatch_job.py OUT_DIR
+    torchrun --nproc-per-node W tests/python/bindings_dispatch_job.py OUT_DIR [tiny]
+
+`tiny` runs the datasets smaller than a global batch, where some rank's slice of the last one
+is empty (accelerate gives it an empty batch).
 """
 
 import json
@@ -28,16 +31,24 @@ CONFIGS = [
     dict(n=3, bs=2, split=False, shuffle=False, drop_last=False, even=True, seed=0, seed_step=0, workers=0),
 ]
 
+TINY = [
+    dict(n=1, bs=1, split=False, shuffle=False, drop_last=False, even=True, seed=0, seed_step=0, workers=0),
+    dict(n=2, bs=1, split=False, shuffle=True, drop_last=False, even=True, seed=3, seed_step=0, workers=0),
+    dict(n=1, bs=2, split=False, shuffle=False, drop_last=False, even=False, seed=0, seed_step=0, workers=0),
+    dict(n=1, bs=3, split=True, shuffle=False, drop_last=False, even=True, seed=0, seed_step=0, workers=0),
+    dict(n=4, bs=1, split=False, shuffle=False, drop_last=False, even=True, seed=0, seed_step=0, workers=2),
+]
+
 
 def loader(c):
     return DataLoader(range(c["n"]), batch_size=c["bs"], shuffle=c["shuffle"], drop_last=c["drop_last"], num_workers=c["workers"])
 
 
-def main(out):
+def main(out, configs):
     state = PartialState(cpu=True)  # the gloo process group, from torchrun's environment
     rank = state.process_index
     results = []
-    for c in CONFIGS:
+    for c in configs:
         seed = c["seed"] + rank * c["seed_step"] if c["shuffle"] else None
         acc = accelerate_prepare(
             loader(c), device=torch.device("cpu"), put_on_device=True, dispatch_batches=True, split_batches=c["split"],
@@ -66,4 +77,4 @@ def main(out):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], TINY if sys.argv[2:] == ["tiny"] else CONFIGS)

@@ -24,6 +24,25 @@ def job(tmp_path_factory):
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
 
 
+@pytest.fixture(scope="module")
+def tiny_job(tmp_path_factory):
+    """3 ranks over datasets smaller than a global batch: some rank's slice of the last batch is
+    empty."""
+    out = tmp_path_factory.mktemp("dispatch_tiny")
+    proc = torchrun(3, HERE / "bindings_dispatch_job.py", out, "tiny")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(3)]
+
+
+@pytest.mark.parametrize("rank", [0, 1, 2])
+def test_a_rank_whose_slice_is_empty_gets_an_empty_batch_as_in_accelerate(tiny_job, rank):
+    for r in tiny_job[rank]:
+        assert r["got"] == r["expected"], r["config"]
+        assert r["head"] + r["tail"] == r["expected"][0], r["config"]
+    # The first case (1 sample, 3 ranks): rank 2's one batch is empty.
+    assert tiny_job[2][0]["expected"] == [[[]], [[]]]
+
+
 @pytest.mark.parametrize("rank", [0, 1])
 def test_dispatched_batches_equal_accelerates_on_every_rank(job, rank):
     for r in job[rank]:

@@ -373,6 +373,22 @@ def _slice(data: Any, sl: slice) -> Any:
     return data[sl] if isinstance(data, torch.Tensor) else data
 
 
+class _CollateEmpty:
+    """The collate function of a dispatched map-style loader. accelerate's dispatcher gives a
+    rank whose slice of the last global batch is empty (1 sample, 3 ranks) an empty batch: the
+    batch's structure with 0 rows. torch's collate functions cannot collate no samples, so one
+    sample is collated and cut to 0 rows, as the dispatcher cuts its global batch."""
+
+    def __init__(self, collate_fn: Any, dataset: Any) -> None:
+        self.collate_fn = collate_fn
+        self.dataset = dataset
+
+    def __call__(self, samples: List[Any]) -> Any:
+        if samples:
+            return self.collate_fn(samples)
+        return _slice(self.collate_fn([self.dataset[0]]), slice(0, 0))
+
+
 def _find_batch_size(data: Any) -> int:
     import torch
     from collections.abc import Mapping
@@ -600,11 +616,14 @@ def prepare_data_loader(
     if dataloader.num_workers > 0:
         extra["prefetch_factor"] = dataloader.prefetch_factor
         extra["persistent_workers"] = dataloader.persistent_workers
+    collate = dataloader.collate_fn
+    if config.dispatch_batches:
+        collate = _CollateEmpty(collate, dataloader.dataset)
     return Loader(
         dataloader.dataset,
         batch_sampler=bs,
         num_workers=dataloader.num_workers,
-        collate_fn=dataloader.collate_fn,
+        collate_fn=collate,
         pin_memory=dataloader.pin_memory,
         timeout=dataloader.timeout,
         worker_init_fn=dataloader.worker_init_fn,
