@@ -20,12 +20,13 @@ setup:
 build: setup
 	$(TORCH_ENV) $(CARGO) build --workspace --all-targets --locked
 
-# fmt, clippy, every test (Rust unit, integration, CLI, kill; Python interop), then a bounded
+# fmt, clippy, the library docs (broken links are errors), every test (Rust unit, integration, CLI, kill; Python interop), then a bounded
 # fuzzing run of every parser target.
 test: setup
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --exclude train --all-targets --locked -- -D warnings
 	$(TORCH_ENV) $(CARGO) clippy -p train --all-targets --locked -- -D warnings
+	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --workspace --exclude train --exclude statekit-python --no-deps --lib --locked
 	$(MAKE) --no-print-directory test-rust test-train test-python fuzz
 
 # The second line checks that dataload's index side builds and passes without its `sources`

@@ -349,7 +349,7 @@ impl TensorInfo {
     }
 }
 
-/// A checkpoint read into a catalog. Valid by construction ([`Checkpoint::new`]): every
+/// A checkpoint read into a catalog. Valid by construction (one validating constructor): every
 /// tensor's bytes are in bounds of its files and sized for its dtype and shape, names are unique.
 #[derive(Clone, Debug)]
 pub struct Checkpoint {
