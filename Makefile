@@ -20,8 +20,8 @@ setup:
 build: setup
 	$(TORCH_ENV) $(CARGO) build --workspace --all-targets --locked
 
-# fmt, clippy, the library docs (broken links are errors), every test (Rust unit, integration, CLI, kill; Python interop), then a bounded
-# fuzzing run of every parser target.
+# fmt, clippy, the library docs (a broken link is an error), every test (Rust unit,
+# integration, CLI, kill; Python interop), then a bounded fuzzing run of every parser target.
 test: setup
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --exclude train --all-targets --locked -- -D warnings
