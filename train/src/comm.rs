@@ -3,7 +3,7 @@
 //!
 //! MPI is initialised with `MPI_THREAD_MULTIPLE` when the library offers it, so that an
 //! asynchronous checkpoint can run its commit protocol from a background thread on its own
-//! duplicate of the world communicator ([`Comm::duplicate`]) while the loop keeps using the
+//! duplicate of the world communicator ([`Comm::world_duplicate`]) while the loop keeps using the
 //! original. MPI's default error handler aborts the whole job on a transport failure, so these
 //! operations either complete or the processes end; none returns a transport error.
 //!
@@ -18,10 +18,10 @@ use mpi::traits::{CommunicatorCollectives, Root};
 use mpi::Threading;
 
 /// The MPI environment; finalises MPI when dropped.
-pub struct Mpi {
+pub(crate) struct Mpi {
     _universe: Universe,
     /// Whether a second thread may call MPI.
-    pub threads: bool,
+    pub(crate) threads: bool,
 }
 
 impl std::fmt::Debug for Mpi {
@@ -32,7 +32,7 @@ impl std::fmt::Debug for Mpi {
 
 impl Mpi {
     /// Initialises MPI, once per process.
-    pub fn init() -> anyhow::Result<(Mpi, Comm)> {
+    pub(crate) fn init() -> anyhow::Result<(Mpi, Comm)> {
         let (universe, level) = mpi::initialize_with_threading(Threading::Multiple)
             .ok_or_else(|| anyhow::anyhow!("MPI was initialised already"))?;
         let world = universe.world();
@@ -41,7 +41,7 @@ impl Mpi {
 }
 
 /// One communicator: byte collectives (the [`Collective`] trait) and tensor collectives.
-pub struct Comm {
+pub(crate) struct Comm {
     world: SimpleCommunicator,
 }
 
@@ -52,34 +52,29 @@ impl std::fmt::Debug for Comm {
 }
 
 impl Comm {
-    /// A new communicator over the same ranks, whose messages never mix with this one's.
-    pub fn duplicate(&self) -> Comm {
-        Comm { world: self.world.duplicate() }
-    }
-
     /// A duplicate of the world communicator, made by the calling thread. Collective over the
     /// world: every rank must call it while no other thread of it uses the world.
-    pub fn world_duplicate() -> Comm {
+    pub(crate) fn world_duplicate() -> Comm {
         Comm { world: SimpleCommunicator::world().duplicate() }
     }
 
     /// Ends every rank of the job with `code` (after an error on one rank, so that the others
     /// do not wait in a collective forever).
-    pub fn abort(&self, code: i32) -> ! {
+    pub(crate) fn abort(&self, code: i32) -> ! {
         self.world.abort(code)
     }
 }
 
-/// The tensor collectives of the training loop, over flat host buffers. Reductions are sums in
-/// `f32` (bf16 values are reduced after widening them to `f32`: summing in bf16 loses too much);
-/// gathers and broadcasts move any element type as it is.
-pub trait TensorComm {
+/// The tensor collectives of the training loop, over flat host buffers the caller keeps
+/// (sends and receives are separate buffers, so no call allocates one). Reductions are sums in
+/// `f32` (the master parameters and gradients are `f32` also in `--bf16` runs).
+pub(crate) trait TensorComm {
     /// This rank.
     fn rank(&self) -> u64;
     /// Number of ranks.
     fn size(&self) -> u64;
-    /// `buf` ← the element-wise sum of every rank's `buf`.
-    fn all_reduce_sum(&self, buf: &mut [f32]);
+    /// `out` ← the element-wise sum of every rank's `send` (the same lengths).
+    fn all_reduce_sum_into(&self, send: &[f32], out: &mut [f32]);
     /// `buf` ← the element-wise sum of every rank's `buf`, in `f64`.
     fn all_reduce_sum_f64(&self, buf: &mut [f64]);
     /// `out` ← the sum over ranks of block `rank` of `send` (`send` is `size` blocks of
@@ -87,10 +82,6 @@ pub trait TensorComm {
     fn reduce_scatter_sum(&self, send: &[f32], out: &mut [f32]);
     /// `out` ← every rank's `send`, concatenated in rank order (equal lengths).
     fn all_gather_f32(&self, send: &[f32], out: &mut [f32]);
-    /// `out` ← every rank's `send` of bf16 bits, concatenated in rank order (equal lengths).
-    fn all_gather_bf16(&self, send: &[u16], out: &mut [u16]);
-    /// `buf` ← `root`'s `buf`.
-    fn broadcast_f32(&self, root: u64, buf: &mut [f32]);
     /// Returns once every rank has called it.
     fn barrier(&self);
 }
@@ -102,9 +93,8 @@ impl TensorComm for Comm {
     fn size(&self) -> u64 {
         self.world.size() as u64
     }
-    fn all_reduce_sum(&self, buf: &mut [f32]) {
-        let send = buf.to_vec();
-        self.world.all_reduce_into(&send[..], buf, SystemOperation::sum());
+    fn all_reduce_sum_into(&self, send: &[f32], out: &mut [f32]) {
+        self.world.all_reduce_into(send, out, SystemOperation::sum());
     }
     fn all_reduce_sum_f64(&self, buf: &mut [f64]) {
         let send = buf.to_vec();
@@ -115,12 +105,6 @@ impl TensorComm for Comm {
     }
     fn all_gather_f32(&self, send: &[f32], out: &mut [f32]) {
         self.world.all_gather_into(send, out);
-    }
-    fn all_gather_bf16(&self, send: &[u16], out: &mut [u16]) {
-        self.world.all_gather_into(send, out);
-    }
-    fn broadcast_f32(&self, root: u64, buf: &mut [f32]) {
-        self.world.process_at_rank(root as i32).broadcast_into(buf);
     }
     fn barrier(&self) {
         self.world.barrier();

@@ -9,22 +9,23 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use anyhow::Context;
 use collective::Collective;
 use dataload::{DataLoaderConfiguration, LoaderState, ShardedSampler, Source, TokenBatch, TokenDtype, TokenWindows};
 
 /// The synthetic corpus' vocabulary.
-pub const SYNTHETIC_VOCAB: i64 = 64;
+pub(crate) const SYNTHETIC_VOCAB: i64 = 64;
 
 /// Writes the deterministic synthetic corpus to `path` unless it is there: `n` `u16` tokens of
 /// a noisy "counting" language (each token is mostly the previous plus a small step that
 /// depends on the one before), learnable in a few hundred steps. Written under a temporary
 /// name and renamed, so a concurrent reader never sees half of it.
-pub fn ensure_synthetic(path: &Path, n: usize) -> anyhow::Result<()> {
+pub(crate) fn ensure_synthetic(path: &Path, n: usize) -> anyhow::Result<()> {
     if path.is_file() {
         return Ok(());
     }
     if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)?;
+        std::fs::create_dir_all(dir).with_context(|| format!("{}", dir.display()))?;
     }
     let mut state = 0x5eed_u64;
     let mut next = || {
@@ -44,19 +45,19 @@ pub fn ensure_synthetic(path: &Path, n: usize) -> anyhow::Result<()> {
         (a, b) = (b, c);
     }
     let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-    std::fs::write(&tmp, &bytes)?;
-    std::fs::rename(&tmp, path)?;
+    std::fs::write(&tmp, &bytes).with_context(|| format!("{}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("{}", path.display()))?;
     Ok(())
 }
 
 /// The data side of one rank.
-pub struct Data {
+pub(crate) struct Data {
     source: Arc<TokenWindows>,
     sampler: ShardedSampler,
     step: u64,
     dispatch: bool,
     /// The source's files, for messages.
-    pub spec: PathBuf,
+    pub(crate) spec: PathBuf,
 }
 
 impl std::fmt::Debug for Data {
@@ -67,17 +68,17 @@ impl std::fmt::Debug for Data {
 
 /// How to build the loader.
 #[derive(Debug, Clone)]
-pub struct DataOptions {
-    pub spec: PathBuf,
-    pub block_size: usize,
-    pub batch_size: u64,
-    pub config: DataLoaderConfiguration,
-    pub seed: i128,
+pub(crate) struct DataOptions {
+    pub(crate) spec: PathBuf,
+    pub(crate) block_size: usize,
+    pub(crate) batch_size: u64,
+    pub(crate) config: DataLoaderConfiguration,
+    pub(crate) seed: i128,
 }
 
 impl Data {
     /// A loader at the start of epoch 0 for `rank` of `world`.
-    pub fn new(o: &DataOptions, world: u64, rank: u64) -> anyhow::Result<Data> {
+    pub(crate) fn new(o: &DataOptions, world: u64, rank: u64) -> anyhow::Result<Data> {
         let source = Arc::new(TokenWindows::open(&o.spec, o.block_size, TokenDtype::U16)?);
         let sampler = ShardedSampler::builder()
             .dataset_len(source.len())
@@ -94,14 +95,14 @@ impl Data {
     }
 
     /// Continues from `state` (saved by any world size).
-    pub fn load(&mut self, state: &LoaderState) -> anyhow::Result<()> {
+    pub(crate) fn load(&mut self, state: &LoaderState) -> anyhow::Result<()> {
         self.sampler.load_state_dict(state)?;
         self.step = 0;
         Ok(())
     }
 
     /// The position after the batches handed out so far.
-    pub fn state(&mut self) -> anyhow::Result<LoaderState> {
+    pub(crate) fn state(&mut self) -> anyhow::Result<LoaderState> {
         let mut st = self.sampler.state_dict();
         let step = self.step;
         let plan = self.sampler.current_plan()?;
@@ -112,7 +113,7 @@ impl Data {
 
     /// This rank's next batch (possibly empty on the uneven last step of an epoch) and the
     /// sample indices it holds. Moves to the next epoch when the current one is done.
-    pub fn next(&mut self, comm: &dyn Collective) -> anyhow::Result<(TokenBatch, Vec<u64>)> {
+    pub(crate) fn next(&mut self, comm: &dyn Collective) -> anyhow::Result<(TokenBatch, Vec<u64>)> {
         loop {
             let step = self.step;
             let (num, rows) = {

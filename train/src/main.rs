@@ -5,7 +5,7 @@
 //! (`{"step":..,"loss":..,"lr":..,"tokens":..,"elapsed_s":..}`); progress goes to stderr.
 //! Exit codes: 0 done (or saved and stopped on SIGTERM/SIGINT), 1 an error, 2 a usage error.
 
-use train::trainer;
+use train as trainer;
 
 use std::process::ExitCode;
 

@@ -11,7 +11,7 @@
 use tch::nn::{self, Module};
 use tch::{Device, Kind, Tensor};
 
-pub use crate::state_file::ModelConfig;
+pub(crate) use crate::state_file::ModelConfig;
 
 struct Block {
     ln1: nn::LayerNorm,
@@ -23,7 +23,7 @@ struct Block {
 }
 
 /// The model, its parameters in a `VarStore`.
-pub struct Gpt {
+pub(crate) struct Gpt {
     cfg: ModelConfig,
     wte: nn::Embedding,
     wpe: nn::Embedding,
@@ -31,7 +31,7 @@ pub struct Gpt {
     ln_f: nn::LayerNorm,
     head: Option<nn::Linear>,
     /// Parameters in a fixed order (sorted by name), as the optimizer and checkpoints see them.
-    pub params: Vec<(String, Tensor)>,
+    pub(crate) params: Vec<(String, Tensor)>,
 }
 
 impl std::fmt::Debug for Gpt {
@@ -42,7 +42,7 @@ impl std::fmt::Debug for Gpt {
 
 impl Gpt {
     /// A freshly initialised model: the same on every rank for the same torch seed.
-    pub fn new(vs: &nn::VarStore, cfg: ModelConfig) -> Gpt {
+    pub(crate) fn new(vs: &nn::VarStore, cfg: ModelConfig) -> Gpt {
         let root = vs.root();
         let d = cfg.dim;
         let init = nn::Init::Randn { mean: 0.0, stdev: 0.02 };
@@ -77,7 +77,7 @@ impl Gpt {
     /// Logits `[B, T, vocab]` for tokens `[B, T]`.
     // `x = x + y`, not `x += y`: tch's `+=` adds in place, over a value autograd saved.
     #[allow(clippy::assign_op_pattern)]
-    pub fn forward(&self, idx: &Tensor, bf16: bool) -> Tensor {
+    pub(crate) fn forward(&self, idx: &Tensor, bf16: bool) -> Tensor {
         let (b, t) = idx.size2().unwrap_or((0, 0));
         let (d, h) = (self.cfg.dim, self.cfg.heads);
         let dev = idx.device();
@@ -135,14 +135,14 @@ impl Gpt {
     }
 
     /// Mean cross-entropy of next-token prediction.
-    pub fn loss(&self, inputs: &Tensor, targets: &Tensor, bf16: bool) -> Tensor {
+    pub(crate) fn loss(&self, inputs: &Tensor, targets: &Tensor, bf16: bool) -> Tensor {
         let logits = self.forward(inputs, bf16);
         logits.view([-1, self.cfg.vocab]).cross_entropy_for_logits(&targets.view([-1]))
     }
 }
 
 /// The device `--device` names.
-pub fn device(name: &str) -> anyhow::Result<Device> {
+pub(crate) fn device(name: &str) -> anyhow::Result<Device> {
     match name {
         "cpu" => Ok(Device::Cpu),
         "cuda" => {

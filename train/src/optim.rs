@@ -8,15 +8,15 @@
 
 /// Hyper-parameters of AdamW.
 #[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct AdamW {
+pub(crate) struct AdamW {
     /// First-moment decay.
-    pub beta1: f32,
+    pub(crate) beta1: f32,
     /// Second-moment decay.
-    pub beta2: f32,
+    pub(crate) beta2: f32,
     /// Added to the denominator.
-    pub eps: f32,
+    pub(crate) eps: f32,
     /// Decoupled weight decay.
-    pub weight_decay: f32,
+    pub(crate) weight_decay: f32,
 }
 
 impl Default for AdamW {
@@ -27,40 +27,84 @@ impl Default for AdamW {
 
 impl AdamW {
     /// One step number `t` (from 1) at learning rate `lr` on `p` with gradient `g` and moments
-    /// `m`, `v` (all the same length).
-    pub fn step(&self, t: u64, lr: f32, p: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32]) {
+    /// `m`, `v` (all the same length), in place: the reference that `step_into` is checked
+    /// against.
+    #[cfg(test)]
+    pub(crate) fn step(&self, t: u64, lr: f32, p: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32]) {
+        let k = self.constants(t, lr);
+        for (((p, &g), m), v) in p.iter_mut().zip(g).zip(m.iter_mut()).zip(v.iter_mut()) {
+            (*p, *m, *v) = k.update(*p, g, *m, *v);
+        }
+    }
+
+    /// [`step`](Self::step) out of place: reads parameters and moments from `from`, writes the
+    /// stepped ones to `to` (all the same length as `g`), the same bits as the in-place step.
+    /// So a checkpoint writer may read `from` while the next step is computed.
+    pub(crate) fn step_into(&self, t: u64, lr: f32, g: &[f32], from: [&[f32]; 3], to: [&mut [f32]; 3]) {
+        let k = self.constants(t, lr);
+        let [p0, m0, v0] = from;
+        let [p1, m1, v1] = to;
+        let old = p0.iter().zip(m0).zip(v0);
+        let new = p1.iter_mut().zip(m1.iter_mut()).zip(v1.iter_mut());
+        for ((((&p, &m), &v), &g), ((p1, m1), v1)) in old.zip(g).zip(new) {
+            (*p1, *m1, *v1) = k.update(p, g, m, v);
+        }
+    }
+
+    fn constants(&self, t: u64, lr: f32) -> StepConstants {
         let (b1, b2) = (self.beta1, self.beta2);
         let bc1 = 1.0 - b1.powi(t as i32);
         let bc2 = 1.0 - b2.powi(t as i32);
-        let step_size = lr / bc1;
-        let bc2_sqrt = bc2.sqrt();
-        let decay = 1.0 - lr * self.weight_decay;
-        for (((p, &g), m), v) in p.iter_mut().zip(g).zip(m.iter_mut()).zip(v.iter_mut()) {
-            *p *= decay;
-            *m = b1 * *m + (1.0 - b1) * g;
-            *v = b2 * *v + (1.0 - b2) * g * g;
-            let denom = v.sqrt() / bc2_sqrt + self.eps;
-            *p -= step_size * *m / denom;
+        StepConstants {
+            b1,
+            b2,
+            eps: self.eps,
+            step_size: lr / bc1,
+            bc2_sqrt: bc2.sqrt(),
+            decay: 1.0 - lr * self.weight_decay,
         }
+    }
+}
+
+/// What one AdamW step computes once for every element.
+struct StepConstants {
+    b1: f32,
+    b2: f32,
+    eps: f32,
+    step_size: f32,
+    bc2_sqrt: f32,
+    decay: f32,
+}
+
+impl StepConstants {
+    /// One element: `(parameter, first moment, second moment)` after the step, computed in
+    /// torch's order.
+    #[inline(always)]
+    fn update(&self, p: f32, g: f32, m: f32, v: f32) -> (f32, f32, f32) {
+        let p = p * self.decay;
+        let m = self.b1 * m + (1.0 - self.b1) * g;
+        let v = self.b2 * v + (1.0 - self.b2) * g * g;
+        let denom = v.sqrt() / self.bc2_sqrt + self.eps;
+        (p - self.step_size * m / denom, m, v)
     }
 }
 
 /// Linear warmup to `lr`, then a cosine decay to `min_lr` at `total` steps.
 #[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct Schedule {
+pub(crate) struct Schedule {
     /// Peak learning rate.
-    pub lr: f64,
+    pub(crate) lr: f64,
     /// Floor of the decay.
-    pub min_lr: f64,
+    pub(crate) min_lr: f64,
     /// Steps of linear warmup.
-    pub warmup: u64,
+    pub(crate) warmup: u64,
     /// Steps of the whole run.
-    pub total: u64,
+    pub(crate) total: u64,
 }
 
 impl Schedule {
     /// The learning rate of step `step` (from 0).
-    pub fn at(&self, step: u64) -> f64 {
+    pub(crate) fn at(&self, step: u64) -> f64 {
         if step < self.warmup {
             return self.lr * (step + 1) as f64 / self.warmup as f64;
         }
@@ -75,7 +119,7 @@ impl Schedule {
 
 /// The factor that scales gradients of global norm `norm` down to `max_norm` (1 when below),
 /// as `torch.nn.utils.clip_grad_norm_` computes it.
-pub fn clip_factor(norm: f64, max_norm: f64) -> f32 {
+pub(crate) fn clip_factor(norm: f64, max_norm: f64) -> f32 {
     if max_norm <= 0.0 {
         return 1.0;
     }
@@ -114,6 +158,17 @@ mod tests {
         assert_eq!(whole, parts);
         // The first step moves each weight by about `lr` against its gradient, after decay.
         assert!((whole.0[0] - (1.0 - 0.01 * 0.1 + 0.01)).abs() < 1e-5, "{}", whole.0[0]);
+    }
+
+    #[test]
+    fn a_step_into_another_buffer_equals_the_step_in_place() {
+        let opt = AdamW::default();
+        let g: Vec<f32> = (0..10).map(|i| (i as f32 - 4.5) * 0.1).collect();
+        let mut a = (vec![1.0f32; 10], vec![0.01; 10], vec![0.02; 10]);
+        let mut b = (vec![0.0f32; 10], vec![0.0; 10], vec![0.0; 10]);
+        opt.step_into(3, 0.01, &g, [&a.0, &a.1, &a.2], [&mut b.0, &mut b.1, &mut b.2]);
+        opt.step(3, 0.01, &mut a.0, &g, &mut a.1, &mut a.2);
+        assert_eq!(a, b);
     }
 
     #[test]

@@ -12,43 +12,77 @@
 //!   latest -> step-0000040         symlink, swapped atomically after the commit
 //! ```
 //!
-//! A step folder is built under a temporary name (`.step-0000040.<random>.tmp`), its two DCP
-//! folders each committed by [`ckpt::save_sharded`], then the JSON, then renamed into place by
-//! rank 0; only then does `latest` move and `--keep-last` prune older step folders. Every rank
-//! writes only its own rows: in `ddp` mode, where each rank holds the whole model, rank r still
-//! writes just FSDP2's r-th chunk, so both modes save the same layout and resume either way.
+//! A step folder is built as a [`ckpt::StagedFolder`] (`.step-0000040.<random>.tmp` beside
+//! its place), its two DCP folders each committed by [`ckpt::save_sharded`] from every rank,
+//! then the JSON; rank 0 then commits it, which moves `latest`, and only then does
+//! `--keep-last` prune older step folders. Every rank writes only its own rows: in `ddp` mode,
+//! where each rank holds the whole model, rank r still writes just FSDP2's r-th chunk, so both
+//! modes save the same layout and resume either way.
+//!
+//! # Why no kill loses `latest`
+//!
+//! `latest` always names a complete step folder: a step folder appears under its name only by
+//! the rename of a complete, fsynced temporary, and leaves it only by a rename (pruning goes
+//! through [`ckpt::StagedFolder::discard`]), so no `step-N/` is ever partial; `latest` moves
+//! by one rename, after the folder it will name is in place. A save of a step that is already
+//! committed (a run that saves the step it resumed from, which `latest` names) does not remove
+//! the old folder first: the new one is built beside it and the two are swapped in one
+//! `renameat2(RENAME_EXCHANGE)`, so `step-N` goes from the old complete folder to the new one
+//! with no moment in between. Where the filesystem cannot swap, `latest` is first pointed at
+//! the newest other committed step (a complete checkpoint of the same run, from which a resume
+//! reaches the same bits), and back once the new folder is in place; see
+//! [`ckpt::StagedFolder`].
 
+use std::ops::Range;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use anyhow::{bail, Context};
 use ckpt::{KeyPart, LocalTensor, LocalValue};
 use collective::Collective;
 
-pub use crate::state_file::{
-    parse_step_dir_name, step_dir_name, ParamMeta, TrainState, MAX_STATE_LEN, MAX_STEP, STATE_FILE, STATE_FORMAT,
-    STATE_VERSION,
-};
+pub(crate) use crate::state_file::{parse_step_dir_name, step_dir_name, ParamMeta, TrainState, STATE_FILE};
 
 /// accelerate's model folder.
-pub const MODEL_DIR: &str = "pytorch_model_fsdp_0";
+pub(crate) const MODEL_DIR: &str = "pytorch_model_fsdp_0";
 /// accelerate's optimizer folder.
-pub const OPTIM_DIR: &str = "optimizer_0";
+pub(crate) const OPTIM_DIR: &str = "optimizer_0";
 /// The link to the last committed step folder.
-pub const LATEST: &str = "latest";
+pub(crate) const LATEST: &str = "latest";
 
-/// What a rank snapshots at a checkpoint: its rows of the parameters and moments (FSDP2
-/// chunks, parameter after parameter, as little-endian `f32` bytes), and the JSON.
+/// A rank's master parameters and AdamW moments, element for element: the whole model in
+/// `ddp` mode, its FSDP2 chunks (parameter after parameter) in `sharded` mode.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub(crate) struct Weights {
+    /// The parameters.
+    pub(crate) params: Vec<f32>,
+    /// AdamW's first moments.
+    pub(crate) exp_avg: Vec<f32>,
+    /// AdamW's second moments.
+    pub(crate) exp_avg_sq: Vec<f32>,
+}
+
+impl Weights {
+    /// `len` elements of zeros in each buffer.
+    pub(crate) fn zeros(len: usize) -> Weights {
+        Weights { params: vec![0.0; len], exp_avg: vec![0.0; len], exp_avg_sq: vec![0.0; len] }
+    }
+}
+
+/// What a rank writes at a checkpoint: the weights as they were when the save was asked for
+/// (shared, not copied: the loop writes the next step into its other set), the element range
+/// of each parameter's rows this rank writes, and the JSON.
 #[derive(Clone, Debug)]
-pub struct Snapshot {
-    pub step: u64,
-    pub p: Vec<u8>,
-    pub m: Vec<u8>,
-    pub v: Vec<u8>,
-    pub state: TrainState,
-    pub lr: f64,
+pub(crate) struct Snapshot {
+    pub(crate) step: u64,
+    pub(crate) weights: Arc<Weights>,
+    /// Per parameter, in order: this rank's rows of it, as a range of `weights`' elements.
+    pub(crate) rows: Vec<Range<usize>>,
+    pub(crate) state: TrainState,
+    pub(crate) lr: f64,
     /// Test hook (`--pause-in-save-ms`): sleep this long between the model and the optimizer
     /// folder, so that a test can kill the ranks in the middle of a checkpoint write.
-    pub pause_ms: u64,
+    pub(crate) pause_ms: u64,
 }
 
 fn key(parts: &[&str]) -> Vec<KeyPart> {
@@ -57,93 +91,18 @@ fn key(parts: &[&str]) -> Vec<KeyPart> {
 
 /// Writes the checkpoint of step `snap.step` into `dir`, moves `latest`, prunes to `keep_last`
 /// (0: keep all). Every rank calls it; returns once committed everywhere.
-pub fn save(dir: &Path, snap: &Snapshot, keep_last: usize, comm: &dyn Collective) -> anyhow::Result<PathBuf> {
+pub(crate) fn save(dir: &Path, snap: &Snapshot, keep_last: usize, comm: &dyn Collective) -> anyhow::Result<PathBuf> {
+    use std::os::unix::ffi::{OsStrExt, OsStringExt};
     let rank = comm.rank();
-    let world = comm.world_size();
-    let name = step_dir_name(snap.step);
-    let final_dir = dir.join(&name);
-    let staging = if rank == 0 {
-        std::fs::create_dir_all(dir).with_context(|| format!("{}", dir.display()))?;
-        if final_dir.exists() {
-            // A checkpoint of this step is committed already (a resumed run saving again).
-            std::fs::remove_dir_all(&final_dir).ok();
-        }
-        let s = dir.join(format!(".{name}.{}.tmp", random_hex()));
-        std::fs::create_dir(&s).with_context(|| format!("{}", s.display()))?;
-        Some(s.to_string_lossy().into_owned().into_bytes())
-    } else {
-        None
-    };
-    let staging = PathBuf::from(String::from_utf8(comm.broadcast(0, staging)?)?);
+    let final_dir = dir.join(step_dir_name(snap.step));
+    // Rank 0 makes the folder under a temporary name; every rank writes into it.
+    let stage = if rank == 0 { Some(ckpt::StagedFolder::new(&final_dir)?) } else { None };
+    let path = stage.as_ref().map(|s| s.path().as_os_str().as_bytes().to_vec());
+    let staging = PathBuf::from(std::ffi::OsString::from_vec(comm.broadcast(0, path)?));
 
-    let params = &snap.state.params;
-    let (pb, mb, vb) = (&snap.p, &snap.m, &snap.v);
     let step_bytes = (snap.step as f32).to_le_bytes();
-    let mut model = Vec::new();
-    let mut optim = Vec::new();
-    let mut at = 0usize;
-    for p in params {
-        let rows = p.chunk(world, rank);
-        let n = (rows.end - rows.start) as usize * p.row_len() * 4;
-        model.push(LocalTensor {
-            path: key(&["model", &p.name]),
-            dtype: ckpt::Dtype::F32,
-            global_shape: p.shape.clone(),
-            dim0_offset: rows.start,
-            bytes: &pb[at..at + n],
-        });
-        for (b, buf) in [("exp_avg", &mb), ("exp_avg_sq", &vb)] {
-            optim.push(LocalTensor {
-                path: key(&["optimizer", "state", &p.name, b]),
-                dtype: ckpt::Dtype::F32,
-                global_shape: p.shape.clone(),
-                dim0_offset: rows.start,
-                bytes: &buf[at..at + n],
-            });
-        }
-        if rank == 0 {
-            optim.push(LocalTensor {
-                path: key(&["optimizer", "state", &p.name, "step"]),
-                dtype: ckpt::Dtype::F32,
-                global_shape: vec![],
-                dim0_offset: 0,
-                bytes: &step_bytes,
-            });
-        }
-        at += n;
-    }
-    let mut values = Vec::new();
-    if rank == 0 {
-        let a = &snap.state.adamw;
-        // The decimal the flag gave (0.9), not the f32 nearest to it widened (0.8999999761…).
-        let dec = |x: f32| x.to_string().parse::<f64>().unwrap_or(f64::from(x));
-        let group = |k: &str| {
-            vec![
-                KeyPart::Key("optimizer".into()),
-                KeyPart::Key("param_groups".into()),
-                KeyPart::Index(0),
-                KeyPart::Key(k.into()),
-            ]
-        };
-        values.push((group("lr"), LocalValue::Float(snap.lr)));
-        values.push((
-            group("betas"),
-            LocalValue::List(vec![LocalValue::Float(dec(a.beta1)), LocalValue::Float(dec(a.beta2))]),
-        ));
-        values.push((group("eps"), LocalValue::Float(dec(a.eps))));
-        values.push((group("weight_decay"), LocalValue::Float(dec(a.weight_decay))));
-        values.push((group("amsgrad"), LocalValue::Bool(false)));
-        values.push((group("maximize"), LocalValue::Bool(false)));
-        values.push((group("foreach"), LocalValue::None));
-        values.push((group("capturable"), LocalValue::Bool(false)));
-        values.push((group("differentiable"), LocalValue::Bool(false)));
-        values.push((group("fused"), LocalValue::None));
-        values.push((group("decoupled_weight_decay"), LocalValue::Bool(true)));
-        values.push((
-            group("params"),
-            LocalValue::List(params.iter().map(|p| LocalValue::Str(p.name.clone())).collect()),
-        ));
-    }
+    let (model, optim) = rank_tensors(snap, rank, &step_bytes);
+    let values = if rank == 0 { param_group(snap) } else { Vec::new() };
     let opts = ckpt::WriteOptions::default();
     ckpt::save_sharded(&staging.join(MODEL_DIR), &model, &[], comm, &opts)?;
     if snap.pause_ms > 0 {
@@ -151,60 +110,110 @@ pub fn save(dir: &Path, snap: &Snapshot, keep_last: usize, comm: &dyn Collective
     }
     ckpt::save_sharded(&staging.join(OPTIM_DIR), &optim, &values, comm, &opts)?;
 
-    let status = if rank == 0 {
-        Some(match commit(dir, &staging, &final_dir, &snap.state, keep_last) {
-            Ok(()) => b"ok".to_vec(),
-            Err(e) => format!("{e:#}").into_bytes(),
-        })
-    } else {
-        None
-    };
-    let status = String::from_utf8(comm.broadcast(0, status)?)?;
+    let status = stage.map(|stage| match commit(dir, stage, snap, keep_last) {
+        Ok(()) => b"ok".to_vec(),
+        Err(e) => format!("{e:#}").into_bytes(),
+    });
+    let status = String::from_utf8_lossy(&comm.broadcast(0, status)?).into_owned();
     if status != "ok" {
         bail!("checkpoint {}: {status}", final_dir.display());
     }
     Ok(final_dir)
 }
 
-fn commit(dir: &Path, staging: &Path, final_dir: &Path, state: &TrainState, keep_last: usize) -> anyhow::Result<()> {
-    let json = serde_json::to_vec_pretty(state)?;
-    let path = staging.join(STATE_FILE);
-    {
-        use std::io::Write;
-        let mut f = std::fs::File::create(&path)?;
-        f.write_all(&json)?;
-        f.sync_all()?;
+/// This rank's tensors of the model folder and of the optimizer folder (rank 0 adds the
+/// optimizer's `step` tensors), borrowing the snapshot's buffers.
+fn rank_tensors<'a>(
+    snap: &'a Snapshot,
+    rank: u64,
+    step_bytes: &'a [u8; 4],
+) -> (Vec<LocalTensor<'a>>, Vec<LocalTensor<'a>>) {
+    let w = &snap.weights;
+    let mut model = Vec::new();
+    let mut optim = Vec::new();
+    for (p, rows) in snap.state.params.iter().zip(&snap.rows) {
+        let dim0_offset = p.chunk(snap.state.world_size, rank).start;
+        let tensor = |path: Vec<KeyPart>, buf: &'a [f32]| LocalTensor {
+            path,
+            dtype: ckpt::Dtype::F32,
+            global_shape: p.shape.clone(),
+            dim0_offset,
+            bytes: crate::host::le_bytes(&buf[rows.clone()]),
+        };
+        model.push(tensor(key(&["model", &p.name]), &w.params));
+        optim.push(tensor(key(&["optimizer", "state", &p.name, "exp_avg"]), &w.exp_avg));
+        optim.push(tensor(key(&["optimizer", "state", &p.name, "exp_avg_sq"]), &w.exp_avg_sq));
+        if rank == 0 {
+            optim.push(LocalTensor {
+                path: key(&["optimizer", "state", &p.name, "step"]),
+                dtype: ckpt::Dtype::F32,
+                global_shape: vec![],
+                dim0_offset: 0,
+                bytes: step_bytes.as_slice(),
+            });
+        }
     }
-    std::fs::File::open(staging)?.sync_all()?;
-    std::fs::rename(staging, final_dir)?;
-    std::fs::File::open(dir)?.sync_all()?;
-    // `latest`: a new link under a temporary name, renamed over the old one.
-    let name = final_dir.file_name().unwrap_or_default();
-    let tmp = dir.join(format!(".latest.{}.tmp", random_hex()));
-    std::os::unix::fs::symlink(name, &tmp)?;
-    std::fs::rename(&tmp, dir.join(LATEST))?;
-    std::fs::File::open(dir)?.sync_all()?;
+    (model, optim)
+}
+
+/// torch's AdamW `param_groups[0]`, as rank 0 writes it into the optimizer folder.
+fn param_group(snap: &Snapshot) -> Vec<(Vec<KeyPart>, LocalValue)> {
+    let a = &snap.state.adamw;
+    // The decimal the flag gave (0.9), not the f32 nearest to it widened (0.8999999761…).
+    let dec = |x: f32| x.to_string().parse::<f64>().unwrap_or(f64::from(x));
+    let group = |k: &str| {
+        vec![
+            KeyPart::Key("optimizer".into()),
+            KeyPart::Key("param_groups".into()),
+            KeyPart::Index(0),
+            KeyPart::Key(k.into()),
+        ]
+    };
+    let names = snap.state.params.iter().map(|p| LocalValue::Str(p.name.clone())).collect();
+    vec![
+        (group("lr"), LocalValue::Float(snap.lr)),
+        (group("betas"), LocalValue::List(vec![LocalValue::Float(dec(a.beta1)), LocalValue::Float(dec(a.beta2))])),
+        (group("eps"), LocalValue::Float(dec(a.eps))),
+        (group("weight_decay"), LocalValue::Float(dec(a.weight_decay))),
+        (group("amsgrad"), LocalValue::Bool(false)),
+        (group("maximize"), LocalValue::Bool(false)),
+        (group("foreach"), LocalValue::None),
+        (group("capturable"), LocalValue::Bool(false)),
+        (group("differentiable"), LocalValue::Bool(false)),
+        (group("fused"), LocalValue::None),
+        (group("decoupled_weight_decay"), LocalValue::Bool(true)),
+        (group("params"), LocalValue::List(names)),
+    ]
+}
+
+/// Rank 0, once every rank's files are in the staged folder: the JSON, the commit (which
+/// moves `latest`), pruning, and the sweep of what killed saves left.
+fn commit(dir: &Path, stage: ckpt::StagedFolder, snap: &Snapshot, keep_last: usize) -> anyhow::Result<()> {
+    let json = serde_json::to_vec_pretty(&snap.state)?;
+    stage.write_file(STATE_FILE, &json)?;
+    let name = step_dir_name(snap.step);
+    // Where `latest` waits if the folder it names is replaced and the filesystem cannot swap:
+    // the newest committed step before this one, else any other.
+    let others: Vec<(u64, String)> = committed(dir)?.into_iter().filter(|(_, n)| *n != name).collect();
+    let interim = others.iter().rev().find(|(s, _)| *s < snap.step).or(others.last()).map(|(_, n)| n.as_str());
+    stage.commit_and_link(LATEST, interim)?;
     if keep_last > 0 {
-        let steps = committed(dir)?;
-        let drop = steps.len().saturating_sub(keep_last);
-        for s in &steps[..drop] {
-            std::fs::remove_dir_all(dir.join(s)).with_context(|| format!("pruning {s}"))?;
+        // Never the folder just committed, whatever the steps of others left beside it.
+        let older: Vec<String> = committed(dir)?.into_iter().map(|(_, n)| n).filter(|n| *n != name).collect();
+        for n in &older[..older.len().saturating_sub(keep_last - 1)] {
+            ckpt::StagedFolder::discard(dir.join(n)).with_context(|| format!("pruning {n}"))?;
         }
     }
-    // Leftover staging folders of killed saves.
-    for e in std::fs::read_dir(dir)?.flatten() {
-        let n = e.file_name().to_string_lossy().into_owned();
-        if n.starts_with(".step-") && n.ends_with(".tmp") && e.path() != staging {
-            let _ = std::fs::remove_dir_all(e.path());
-        }
-    }
+    // Leftovers of killed saves: staged folders, and replaced ones not yet removed.
+    ckpt::StagedFolder::sweep(dir, "step-")?;
     Ok(())
 }
 
 /// The committed step folders of `dir` (exactly the names [`step_dir_name`] writes), by step.
-pub fn committed(dir: &Path) -> anyhow::Result<Vec<String>> {
+fn committed(dir: &Path) -> anyhow::Result<Vec<(u64, String)>> {
     let mut out = Vec::new();
-    for e in std::fs::read_dir(dir)?.flatten() {
+    for e in std::fs::read_dir(dir).with_context(|| format!("{}", dir.display()))? {
+        let e = e.with_context(|| format!("{}", dir.display()))?;
         let n = e.file_name().to_string_lossy().into_owned();
         if let Some(step) = parse_step_dir_name(&n) {
             if e.file_type().is_ok_and(|t| t.is_dir()) {
@@ -213,33 +222,23 @@ pub fn committed(dir: &Path) -> anyhow::Result<Vec<String>> {
         }
     }
     out.sort();
-    Ok(out.into_iter().map(|(_, n)| n).collect())
-}
-
-fn random_hex() -> String {
-    use std::io::Read;
-    let mut b = [0u8; 8];
-    if std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut b)).is_err() {
-        b = (std::process::id() as u64 ^ 0x9e37).to_le_bytes();
-    }
-    b.iter().map(|x| format!("{x:02x}")).collect()
+    Ok(out)
 }
 
 /// A loaded checkpoint, cut to this rank's rows.
 #[derive(Debug)]
-pub struct Loaded {
-    pub state: TrainState,
-    pub p: Vec<f32>,
-    pub m: Vec<f32>,
-    pub v: Vec<f32>,
-    pub dir: PathBuf,
+pub(crate) struct Loaded {
+    pub(crate) state: TrainState,
+    pub(crate) weights: Weights,
+    /// The step folder it was read from.
+    pub(crate) dir: PathBuf,
 }
 
 /// Reads `dir/latest` and cuts this rank's rows (`own(param) -> rows`) of every parameter and
 /// moment; refuses, in one line naming the file and the rank, a checkpoint that does not match
 /// `params`, is incomplete, or disagrees with itself: the folder's name, the JSON's `step` and
 /// the optimizer's `step` tensors are one number.
-pub fn load(
+pub(crate) fn load(
     dir: &Path,
     params: &[ParamMeta],
     rank: u64,
@@ -268,9 +267,8 @@ pub fn load(
         let d = step_dir.join(sub);
         // A missing rank file, a truncated one or a broken `.metadata`: ckpt names the file.
         let ck = ckpt::Checkpoint::open(&d.to_string_lossy()).map_err(|e| anyhow::anyhow!("{e} (rank {rank})"))?;
-        let files =
-            std::fs::read_dir(&d)?.flatten().filter(|e| e.file_name().to_string_lossy().ends_with(".distcp")).count()
-                as u64;
+        let entries = std::fs::read_dir(&d).with_context(|| format!("{} (rank {rank})", d.display()))?;
+        let files = entries.flatten().filter(|e| e.file_name().to_string_lossy().ends_with(".distcp")).count() as u64;
         if files != state.world_size {
             bail!(
                 "{}: rank {rank}: {files} rank files, but the checkpoint was saved by {} ranks",
@@ -283,7 +281,7 @@ pub fn load(
     let model = open(MODEL_DIR)?;
     let optim = open(OPTIM_DIR)?;
     check_step_tensors(&optim, params, state.step, rank)?;
-    let mut out = Loaded { p: Vec::new(), m: Vec::new(), v: Vec::new(), state, dir: step_dir.clone() };
+    let mut out = Loaded { weights: Weights::default(), state, dir: step_dir.clone() };
     for (ck, name, target) in
         [(&model, String::new(), 0usize), (&optim, "state.".to_string(), 1), (&optim, "state.".to_string(), 2)]
     {
@@ -315,9 +313,9 @@ pub fn load(
                 .map_err(|e| anyhow::anyhow!("{e} (rank {rank})"))?;
             let (lo, hi) = (0, bytes.len());
             let dst = match target {
-                0 => &mut out.p,
-                1 => &mut out.m,
-                _ => &mut out.v,
+                0 => &mut out.weights.params,
+                1 => &mut out.weights.exp_avg,
+                _ => &mut out.weights.exp_avg_sq,
             };
             dst.extend(bytes[lo..hi].chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])));
         }

@@ -30,57 +30,57 @@ use serde::{Deserialize, Serialize};
 use crate::optim::{AdamW, Schedule};
 
 /// Format tag of our JSON.
-pub const STATE_FORMAT: &str = "statekit.train";
+pub(crate) const STATE_FORMAT: &str = "statekit.train";
 /// Its version.
-pub const STATE_VERSION: u32 = 1;
+pub(crate) const STATE_VERSION: u32 = 1;
 /// Our file in a step folder.
-pub const STATE_FILE: &str = "statekit_state.json";
+pub(crate) const STATE_FILE: &str = "statekit_state.json";
 /// The largest `statekit_state.json` read (a real one is a few KiB per hundred parameters).
-pub const MAX_STATE_LEN: u64 = 16 << 20;
+pub(crate) const MAX_STATE_LEN: u64 = 16 << 20;
 /// The last step a run may reach: torch's AdamW keeps each parameter's `step` as an `f32`
 /// tensor, which counts exactly up to 2^24 and no further.
-pub const MAX_STEP: u64 = 1 << 24;
+pub(crate) const MAX_STEP: u64 = 1 << 24;
 /// The most elements a parameter (and the model) may have: far beyond what this trainer
 /// holds in host memory, and small enough that no byte count derived from it overflows.
-pub const MAX_ELEMENTS: u64 = 1 << 40;
+pub(crate) const MAX_ELEMENTS: u64 = 1 << 40;
 
 /// Model sizes. (Here rather than in `model`, which links libtorch, so that the state file
 /// builds without it.)
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ModelConfig {
+pub(crate) struct ModelConfig {
     /// Tokens in the vocabulary.
-    pub vocab: i64,
+    pub(crate) vocab: i64,
     /// Context length.
-    pub block_size: i64,
+    pub(crate) block_size: i64,
     /// Blocks.
-    pub layers: i64,
+    pub(crate) layers: i64,
     /// Attention heads per block.
-    pub heads: i64,
+    pub(crate) heads: i64,
     /// Width of the residual stream.
-    pub dim: i64,
+    pub(crate) dim: i64,
     /// Share the token embedding with the output head.
-    pub tied: bool,
+    pub(crate) tied: bool,
 }
 
 /// One parameter's geometry.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ParamMeta {
-    pub name: String,
-    pub shape: Vec<u64>,
+pub(crate) struct ParamMeta {
+    pub(crate) name: String,
+    pub(crate) shape: Vec<u64>,
 }
 
 impl ParamMeta {
-    pub fn numel(&self) -> usize {
+    pub(crate) fn numel(&self) -> usize {
         self.shape.iter().product::<u64>() as usize
     }
-    pub fn rows(&self) -> u64 {
+    pub(crate) fn rows(&self) -> u64 {
         self.shape.first().copied().unwrap_or(1)
     }
-    pub fn row_len(&self) -> usize {
+    pub(crate) fn row_len(&self) -> usize {
         self.shape.get(1..).unwrap_or_default().iter().product::<u64>() as usize
     }
     /// FSDP2's rows of rank `r` of `w`.
-    pub fn chunk(&self, w: u64, r: u64) -> std::ops::Range<u64> {
+    pub(crate) fn chunk(&self, w: u64, r: u64) -> std::ops::Range<u64> {
         fsdp_state::chunk_rows(self.rows(), w, r).unwrap_or(0..0)
     }
     /// The element count, when it is at most [`MAX_ELEMENTS`].
@@ -92,36 +92,36 @@ impl ParamMeta {
 /// Our JSON in a step folder.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct TrainState {
-    pub format: String,
-    pub version: u32,
+pub(crate) struct TrainState {
+    pub(crate) format: String,
+    pub(crate) version: u32,
     /// Optimizer steps taken.
-    pub step: u64,
-    pub world_size: u64,
-    pub mode: String,
-    pub model: ModelConfig,
-    pub adamw: AdamW,
-    pub schedule: Schedule,
-    pub seed: i64,
-    pub batch_size: u64,
-    pub grad_accum: u64,
+    pub(crate) step: u64,
+    pub(crate) world_size: u64,
+    pub(crate) mode: String,
+    pub(crate) model: ModelConfig,
+    pub(crate) adamw: AdamW,
+    pub(crate) schedule: Schedule,
+    pub(crate) seed: i64,
+    pub(crate) batch_size: u64,
+    pub(crate) grad_accum: u64,
     /// Parameter names and shapes, in the optimizer's order.
-    pub params: Vec<ParamMeta>,
+    pub(crate) params: Vec<ParamMeta>,
     /// The data position (one global cursor, the same on every rank).
-    pub loader: dataload::LoaderState,
+    pub(crate) loader: dataload::LoaderState,
     /// The random state of each rank. The model has no random layers and the data order is a
     /// function of the loader state, so there is none to keep: each entry is the seed the
     /// rank's torch generator was started from, recorded so that a change can be refused.
-    pub rank_rng: Vec<i64>,
+    pub(crate) rank_rng: Vec<i64>,
 }
 
 /// The name of the step folder of `step`: `step-0000040`.
-pub fn step_dir_name(step: u64) -> String {
+pub(crate) fn step_dir_name(step: u64) -> String {
     format!("step-{step:07}")
 }
 
 /// The step a step folder's name gives, when it is exactly what [`step_dir_name`] writes.
-pub fn parse_step_dir_name(name: &str) -> Option<u64> {
+pub(crate) fn parse_step_dir_name(name: &str) -> Option<u64> {
     let digits = name.strip_prefix("step-")?;
     if !digits.bytes().all(|b| b.is_ascii_digit()) {
         return None;
@@ -132,13 +132,13 @@ pub fn parse_step_dir_name(name: &str) -> Option<u64> {
 
 /// Reads and checks the state file at `path` on `rank`: every refusal is one line naming the
 /// file, the rank, the field and its value.
-pub fn parse_file(path: &Path, rank: u64) -> anyhow::Result<TrainState> {
+pub(crate) fn parse_file(path: &Path, rank: u64) -> anyhow::Result<TrainState> {
     let bytes = ckpt::read_small_file(path, MAX_STATE_LEN).map_err(|e| anyhow::anyhow!("{e} (rank {rank})"))?;
     parse(&bytes, path, rank)
 }
 
 /// Parses and checks the bytes of a state file (named `path` in errors).
-pub fn parse(bytes: &[u8], path: &Path, rank: u64) -> anyhow::Result<TrainState> {
+pub(crate) fn parse(bytes: &[u8], path: &Path, rank: u64) -> anyhow::Result<TrainState> {
     let at = path.display();
     // The tag first: a file of another kind or version is named as such, not by its first
     // unexpected field.
@@ -157,7 +157,7 @@ pub fn parse(bytes: &[u8], path: &Path, rank: u64) -> anyhow::Result<TrainState>
 
 impl TrainState {
     /// The checks of the module docs; the error says which field holds what.
-    pub fn check(&self) -> Result<(), String> {
+    pub(crate) fn check(&self) -> Result<(), String> {
         let s = self;
         if s.step > MAX_STEP {
             return Err(format!(

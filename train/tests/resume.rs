@@ -415,3 +415,82 @@ fn a_kill_inside_a_checkpoint_write_leaves_the_previous_checkpoint() {
     // The resumed run's first commit swept the killed staging folder away.
     assert!(!half.exists());
 }
+
+/// `latest` names a step folder whose model and optimizer folders are whole and whose rank
+/// files are all there (2 ranks).
+fn assert_latest_complete(ck: &Path, when: &str) {
+    let target = std::fs::read_link(ck.join("latest")).unwrap_or_else(|e| panic!("{when}: latest: {e}"));
+    let name = target.to_string_lossy().into_owned();
+    assert!(name.starts_with("step-") && !name.contains('/'), "{when}: latest names {name}");
+    let step = ck.join(&name);
+    assert!(step.join("statekit_state.json").is_file(), "{when}: {name} has no state file");
+    for sub in ["pytorch_model_fsdp_0", "optimizer_0"] {
+        assert!(step.join(sub).join(".metadata").is_file(), "{when}: {name}/{sub} has no .metadata");
+        for r in 0..2 {
+            assert!(step.join(sub).join(format!("__{r}_0.distcp")).is_file(), "{when}: {name}/{sub} lacks rank {r}");
+        }
+    }
+}
+
+/// A run that saves again the step it resumed from (the folder `latest` names), killed in the
+/// middle of that save and then at random moments around it, leaves `latest` on a complete
+/// checkpoint every time: the old folder is only ever swapped for the new one, never removed
+/// first. The last run resumes and finishes to the bits of an uninterrupted run.
+#[test]
+fn a_kill_during_a_re_save_of_the_resumed_step_leaves_latest_complete() {
+    use std::os::unix::process::CommandExt;
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path();
+    let ck = dir.join("ck");
+    let base = ["--steps", "8", "--mode", "sharded", "--ckpt-dir", "ck", "--save-every", "4"];
+    let reference = run(2, dir, &["--steps", "8", "--mode", "sharded", "--ckpt-dir", "ref", "--save-every", "4"]);
+    assert!(reference.ok, "{}", reference.stderr);
+    // Stopped after step 5: step 4 is the last checkpoint.
+    let first = run(2, dir, &[&base[..], &["--stop-after", "5"]].concat());
+    assert!(first.ok, "{}", first.stderr);
+    assert_eq!(std::fs::read_link(ck.join("latest")).expect("latest"), PathBuf::from("step-0000004"));
+    let resave: Vec<&str> = [&base[..], &["--resume", "--save-on-resume"]].concat();
+
+    // Killed inside the re-save of step 4: its model folder is written in the staging folder,
+    // the committed step-0000004 still beside it.
+    let mut child = mpirun(2)
+        .current_dir(dir)
+        .args(SMALL)
+        .args(&resave)
+        .args(["--pause-in-save-ms", "3000"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .process_group(0)
+        .spawn()
+        .expect("spawn");
+    let start = Instant::now();
+    loop {
+        assert!(start.elapsed() < Duration::from_secs(60), "no re-save");
+        let staging = std::fs::read_dir(&ck).ok().into_iter().flatten().flatten().any(|e| {
+            let n = e.file_name().to_string_lossy().into_owned();
+            n.starts_with(".step-0000004.") && e.path().join("pytorch_model_fsdp_0").is_dir()
+        });
+        if staging {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let _ = Command::new("kill").args(["-9", "--", &format!("-{}", child.id())]).status();
+    let _ = child.wait();
+    assert_eq!(std::fs::read_link(ck.join("latest")).expect("latest"), PathBuf::from("step-0000004"));
+    assert_latest_complete(&ck, "killed inside the re-save");
+
+    // Killed at random moments: before, during or after the re-save's commit.
+    let s = seed();
+    eprintln!("kill points from STATEKIT_KILL_SEED={s}");
+    let mut rng = Rng(s);
+    for i in 0..3 {
+        run_and_kill(2, dir, &resave, 0, 300 + rng.next(3000));
+        assert_latest_complete(&ck, &format!("random kill {i}"));
+    }
+    let end = run(2, dir, &resave);
+    assert!(end.ok, "{}", end.stderr);
+    assert_eq!(std::fs::read_link(ck.join("latest")).expect("latest"), PathBuf::from("step-0000008"));
+    assert_latest_complete(&ck, "the end");
+    assert_eq!(state_files(&dir.join("ref")), state_files(&ck));
+}
