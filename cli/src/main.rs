@@ -94,7 +94,11 @@ pub enum Command {
         #[command(flatten)]
         open: OpenArgs,
     },
-    /// Merge a sharded or DeepSpeed ZeRO checkpoint into one `.safetensors` file, bit-exact.
+    /// Merge any checkpoint (shards, DCP, DeepSpeed ZeRO, accelerate, Trainer) into one file, bit-exact.
+    ///
+    /// Sharded safetensors and torch files, DCP folders (FSDP2, tensor parallel, DTensors on any
+    /// dims, DCP's HF storage), accelerate `save_state` and `Trainer` folders (their model, and
+    /// `--optimizer`) are merged into one `.safetensors` file (or shards, `--max-shard-size`).
     ///
     /// A DeepSpeed checkpoint folder (with `latest`, or a tag folder) is merged the way
     /// `zero_to_fp32.py --safe_serialization` merges it: fp32 master weights, buffers, frozen
@@ -178,17 +182,20 @@ pub enum Command {
         #[command(flatten)]
         open: OpenArgs,
     },
-    /// Rewrite a torch.distributed.checkpoint (DCP) folder for another number of ranks.
+    /// Rewrite a DCP, DeepSpeed ZeRO, accelerate or Trainer checkpoint for another number of ranks.
     ///
-    /// Tensors are laid out as FSDP2 saves them (dim 0 cut by `torch.chunk` rules, one
-    /// `__R_0.distcp` per rank); optimizer state and non-tensor values are kept. `.metadata`
-    /// is written last.
+    /// A torch.distributed.checkpoint (DCP) folder: tensors are laid out as FSDP2 saves them
+    /// (dim 0 cut by `torch.chunk` rules, one `__R_0.distcp` per rank); optimizer state and
+    /// non-tensor values are kept. `.metadata` is written last.
     ///
     /// A DeepSpeed ZeRO folder (with `latest`) becomes the universal checkpoint DeepSpeed loads
     /// with `load_universal` on any number of ranks: `OUT/<tag>_universal/` and
-    /// `OUT/latest_universal`, written last.
+    /// `OUT/latest_universal`, written last. An accelerate `save_state` or `Trainer` folder is
+    /// rewritten whole: its model and optimizer folders as above, one RNG file per new rank, and
+    /// its data position for the new world size.
     Reshard {
-        /// A DCP folder (holding `.metadata`) or a DeepSpeed ZeRO checkpoint folder.
+        /// A DCP folder (holding `.metadata`), a DeepSpeed ZeRO checkpoint folder, or an
+        /// accelerate `save_state` or `Trainer` folder.
         src: String,
         /// The output folder (created if missing). A previous DCP checkpoint there is replaced.
         out: PathBuf,
@@ -196,7 +203,7 @@ pub enum Command {
         #[arg(long, value_parser = world_size())]
         world_size: u64,
     },
-    /// Check headers, offsets, index completeness and checksums. Exit 0 valid, 1 problems, 2 error.
+    /// Check headers, offsets, indexes, CRC32s and checksums. Exit 0 valid, 1 problems, 2 error.
     Verify {
         path: String,
         /// Print JSON (schema in the README).
