@@ -25,7 +25,7 @@ use crate::error::{short_source, Error, Result};
 use crate::sys::MappedFile;
 
 /// A record's bytes are checked in pieces of this size (bounded memory, parallel work).
-const PIECE: u64 = 8 << 20;
+const PIECE: u64 = 2 << 20;
 
 /// A stretch of a source file covered by a CRC32.
 #[derive(Clone, Debug, PartialEq, Eq)]
