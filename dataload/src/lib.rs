@@ -78,6 +78,7 @@
 //! fingerprint, so that resuming on other data is refused) do not depend on the number of
 //! workers, and a state saved while batches are read ahead resumes at the first batch not
 //! handed out.
+#![warn(missing_docs, unreachable_pub)]
 
 #[cfg(feature = "sources")]
 mod arrow_file;

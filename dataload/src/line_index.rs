@@ -98,13 +98,13 @@ pub(crate) fn stamp(path: &Path) -> Result<(u64, (u64, u32))> {
 
 impl LineIndex {
     /// Text length of frame `k`.
-    pub fn frame_text_len(&self, k: usize) -> u64 {
+    pub(crate) fn frame_text_len(&self, k: usize) -> u64 {
         let next = self.frames.get(k + 1).map_or(self.text_len, |f| f.text_start);
         next - self.frames[k].text_start
     }
 
     /// Builds the index of `data` (the whole file), checking every record is JSON.
-    pub fn build(data: &[u8], zstd: bool, stamp: (u64, (u64, u32)), path: &Path) -> Result<Self> {
+    pub(crate) fn build(data: &[u8], zstd: bool, stamp: (u64, (u64, u32)), path: &Path) -> Result<Self> {
         let mut scan = Scanner { path, pos: 0, line_start: 0, line_no: 1, carry: Vec::new(), lines: Vec::new() };
         let mut frames = Vec::new();
         if zstd {
@@ -141,7 +141,7 @@ impl LineIndex {
     }
 
     /// The serialized index.
-    pub fn to_bytes(&self) -> Vec<u8> {
+    pub(crate) fn to_bytes(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(HEADER + self.frames.len() * FRAME + self.lines.len() * LINE);
         out.extend_from_slice(MAGIC);
         out.extend_from_slice(&VERSION.to_le_bytes());
@@ -169,7 +169,7 @@ impl LineIndex {
     /// What the header of a stored index says about the file it indexes, or `None` when the
     /// bytes are not a line index of this version at all. This is what tells a stale index
     /// (rebuilt) from a corrupt one (refused): only the header is read.
-    pub fn stored_stamp(b: &[u8]) -> Option<Stamp> {
+    pub(crate) fn stored_stamp(b: &[u8]) -> Option<Stamp> {
         let u64_at = |at: usize| Some(u64::from_le_bytes(b.get(at..at + 8)?.try_into().ok()?));
         let u32_at = |at: usize| Some(u32::from_le_bytes(b.get(at..at + 4)?.try_into().ok()?));
         if b.len() < HEADER || b.get(..8)? != MAGIC || u32_at(8)? != VERSION {
@@ -184,7 +184,7 @@ impl LineIndex {
     }
 
     /// Parses and validates a serialized index (see the module docs for what is checked).
-    pub fn from_bytes(b: &[u8]) -> std::result::Result<Self, String> {
+    pub(crate) fn from_bytes(b: &[u8]) -> std::result::Result<Self, String> {
         let u64_at = |at: usize| b.get(at..at + 8).map(|s| u64::from_le_bytes(s.try_into().unwrap_or([0; 8])));
         let u32_at = |at: usize| b.get(at..at + 4).map(|s| u32::from_le_bytes(s.try_into().unwrap_or([0; 4])));
         if b.len() < HEADER || &b[..8] != MAGIC {
@@ -267,7 +267,7 @@ impl LineIndex {
     /// follows a newline, and ends the file or a line (before its `\n` or `\r\n`). This
     /// costs two byte reads per record, not a scan, and catches an index whose numbers are
     /// well-formed but belong to other data.
-    pub fn check_text(&self, text: &[u8]) -> std::result::Result<(), String> {
+    pub(crate) fn check_text(&self, text: &[u8]) -> std::result::Result<(), String> {
         let at = |i: u64| usize::try_from(i).ok().and_then(|i| text.get(i)).copied();
         let end = text.len() as u64;
         for (k, &(a, e)) in self.lines.iter().enumerate() {
@@ -287,7 +287,7 @@ impl LineIndex {
     /// Writes the index to `path` atomically, through [`crate::fs::write_atomic`]: a new
     /// temporary beside it under a name nobody can predict, created exclusively (a link planted
     /// beside the data file is never written through), fsynced, renamed.
-    pub fn save(&self, path: &Path) -> std::io::Result<()> {
+    pub(crate) fn save(&self, path: &Path) -> std::io::Result<()> {
         crate::fs::write_atomic(path, &self.to_bytes())
     }
 }

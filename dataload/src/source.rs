@@ -190,7 +190,7 @@ pub(crate) struct ShardIndex {
 }
 
 impl ShardIndex {
-    pub fn new(counts: impl IntoIterator<Item = u64>) -> Self {
+    pub(crate) fn new(counts: impl IntoIterator<Item = u64>) -> Self {
         let mut starts = vec![0u64];
         let mut total = 0u64;
         for c in counts {
@@ -200,13 +200,13 @@ impl ShardIndex {
         Self { starts }
     }
 
-    pub fn total(&self) -> u64 {
+    pub(crate) fn total(&self) -> u64 {
         self.starts.last().copied().unwrap_or(0)
     }
 
     /// `(unit, local index)` of global index `i`, which must be below the total (units with no
     /// samples are never returned).
-    pub fn locate(&self, i: u64) -> Result<(usize, u64)> {
+    pub(crate) fn locate(&self, i: u64) -> Result<(usize, u64)> {
         if i >= self.total() {
             return Err(DataloadError::IndexOutOfRange { index: i, len: self.total() });
         }
@@ -225,13 +225,13 @@ pub(crate) struct UnitCache<V> {
 }
 
 impl<V: Clone> UnitCache<V> {
-    pub fn new(capacity: usize) -> Self {
+    pub(crate) fn new(capacity: usize) -> Self {
         Self { capacity: capacity.max(1), entries: Mutex::new(VecDeque::new()) }
     }
 
     /// The cached value of `key`, or `load(key)` (run without holding the lock, so two workers
     /// may decode the same unit at once; both get the same value).
-    pub fn get_or_load(&self, key: usize, load: impl FnOnce() -> Result<V>) -> Result<V> {
+    pub(crate) fn get_or_load(&self, key: usize, load: impl FnOnce() -> Result<V>) -> Result<V> {
         {
             let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
             if let Some(pos) = entries.iter().position(|(k, _)| *k == key) {
@@ -254,7 +254,7 @@ impl<V: Clone> UnitCache<V> {
 
     /// Keys cached now, least recently used first.
     #[cfg(test)]
-    pub fn keys(&self) -> Vec<usize> {
+    pub(crate) fn keys(&self) -> Vec<usize> {
         self.entries.lock().unwrap_or_else(|p| p.into_inner()).iter().map(|(k, _)| *k).collect()
     }
 }
