@@ -330,10 +330,7 @@ fn from_accelerate(dir: &std::path::Path, loader: &LoaderArgs, args: &StateArgs)
             }
         }
     }
-    let mut l = loader.loader(point.world_size, 0)?;
-    l.set_epoch(point.epoch);
-    l.skip_steps(point.batches);
-    Ok(l.state_dict())
+    Ok(loader.loader(point.world_size, 0)?.state_at(point.world_size, point.epoch, point.batches)?)
 }
 
 /// Our loader state where a `Trainer` resuming from `dir` continues: the epoch and the batches

@@ -373,6 +373,17 @@ impl ShardedSampler {
         Ok(self.current_plan()?.rank_len(rank).saturating_sub(step))
     }
 
+    /// The state a loader with these settings has once each of `world_size` ranks took
+    /// `steps` steps of `epoch` ([`ShardedSampler::skip_steps`]): where a run that stopped there
+    /// continues, on any world size, from plain numbers (an accelerate folder's saved position).
+    /// Nothing is replayed.
+    pub fn state_at(&self, world_size: u64, epoch: u64, steps: u64) -> Result<LoaderState> {
+        let mut there = ShardedSampler::from_state(&self.state_dict(), world_size, 0)?;
+        there.set_epoch(epoch);
+        there.skip_steps(steps);
+        Ok(there.state_dict())
+    }
+
     /// The position and settings, to be saved (identical on every rank that has taken the
     /// same number of steps).
     pub fn state_dict(&self) -> LoaderState {

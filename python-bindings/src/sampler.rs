@@ -130,10 +130,8 @@ impl Sampler {
                 )));
             }
         }
-        let mut saved = ShardedSampler::from_state(&state, point.world_size, 0).map_err(errors::dataload)?;
-        saved.set_epoch(point.epoch);
-        saved.skip_steps(point.batches);
-        self.inner.load_state_dict(&saved.state_dict()).map_err(errors::dataload)
+        let saved = self.inner.state_at(point.world_size, point.epoch, point.batches).map_err(errors::dataload)?;
+        self.inner.load_state_dict(&saved).map_err(errors::dataload)
     }
 
     #[getter]
