@@ -15,6 +15,13 @@ CKPT_BIN=$PWD/$CKPT BENCH_DIR=bench/work/torch bash -c 'mkdir -p "$BENCH_DIR" &&
 "$PY" bench/dcp_tp_bench.py --repeats 3 --write-results --ckpt "$CKPT"
 "$PY" bench/ds_bench.py --ckpt "$CKPT"
 "$PY" bench/vs_cp.py --ckpt "$CKPT" --pairs "${VS_CP_PAIRS:-7}"
+# The CRC32 checks' cost: against ckpt built at the commit before them, in its own worktree.
+BASE=bench/work/crc-base
+if [ ! -x "$BASE/target/release/ckpt" ]; then
+  rm -rf "$BASE" && git worktree prune && git worktree add --detach "$BASE" f1f2783
+  (cd "$BASE" && CARGO_TARGET_DIR="$PWD/target" cargo build --release --locked -p statekit-cli)
+fi
+"$PY" bench/crc_cost.py --ckpt "$CKPT" --baseline "$BASE/target/release/ckpt" --pairs "${VS_CP_PAIRS:-7}"
 "$PY" bench/fp8_bench.py --ckpt "$CKPT"
 "$PY" bench/dataload_bench.py
 "$PY" bench/dataload_sources_bench.py
