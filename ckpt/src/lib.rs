@@ -51,9 +51,6 @@ pub use blockscale::BlockScaling;
 pub use catalog::{Checkpoint, Chunk, Format, SourceFile, TensorBox, TensorInfo};
 pub use dtype::Dtype;
 pub use error::{escape_controls, Error, ErrorKind, Result};
-pub use formats::accelerate::rng::{read_rng_state, NumpyRng, RngState};
-pub use formats::accelerate::trainer::{TrainerResume, TrainerState};
-pub use formats::accelerate::{Component, DataPosition, Model, Optimizer, OptimizerState, ResumePoint, Rng, SaveState};
 pub use formats::torch::allow::AllowGlobals;
 pub use fsdp_state::Region;
 pub use open::OpenOptions;
@@ -65,6 +62,16 @@ pub use size::{parse_size, DEFAULT_MAX_SHARD_SIZE};
 pub use staged::StagedFolder;
 pub use verify::{verify, verify_with, Report};
 pub use write::{CopyMethod, WriteOptions};
+
+/// accelerate's `save_state` folders and transformers' `Trainer` folders as read: their
+/// components, data positions and RNG states ([`Checkpoint::save_state`]).
+pub mod accelerate {
+    pub use crate::formats::accelerate::rng::{read_rng_state, NumpyRng, RngState};
+    pub use crate::formats::accelerate::trainer::{TrainerResume, TrainerState};
+    pub use crate::formats::accelerate::{
+        Component, DataPosition, Model, Optimizer, OptimizerState, ResumePoint, Rng, SaveState,
+    };
+}
 
 #[doc(hidden)]
 pub mod fuzz;

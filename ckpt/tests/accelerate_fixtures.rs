@@ -106,7 +106,7 @@ fn rng_files_decode_as_data_with_numpys_key() {
     let all = expected();
     for folder in FOLDERS {
         let want = &all[folder]["random_states_0.pkl"]["rng"];
-        let got = ckpt::read_rng_state(&root().join(folder).join("random_states_0.pkl")).unwrap();
+        let got = ckpt::accelerate::read_rng_state(&root().join(folder).join("random_states_0.pkl")).unwrap();
         assert_eq!(serde_json::json!(got.step), want["step"], "{folder}");
         let gens: Vec<&str> = want["generators"]
             .as_array()
@@ -131,14 +131,14 @@ fn rng_files_decode_as_data_with_numpys_key() {
 #[test]
 fn the_rng_reader_admits_numpys_reconstruction_and_nothing_else() {
     let hostile = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../fixtures/hostile/torch/os_system.pt");
-    let err = ckpt::read_rng_state(&hostile).unwrap_err().to_string();
+    let err = ckpt::accelerate::read_rng_state(&hostile).unwrap_err().to_string();
     assert!(err.contains("refusing global `posix.system`"), "{err}");
 }
 
 #[test]
 fn hostile_rng_files_are_refused_with_the_reason() {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../fixtures/hostile/accelerate");
-    let err = |f: &str| ckpt::read_rng_state(&dir.join(f)).unwrap_err().to_string();
+    let err = |f: &str| ckpt::accelerate::read_rng_state(&dir.join(f)).unwrap_err().to_string();
     let short = err("key_short.pkl");
     assert!(short.ends_with("key_short.pkl: `numpy_random_seed`: the key has 100 bytes, not 2496"), "{short}");
     let big = err("key_big_endian.pkl");

@@ -7,7 +7,8 @@
 
 use std::path::{Path, PathBuf};
 
-use ckpt::{Checkpoint, Format, MergeOptions, OptimizerState, WriteOptions};
+use ckpt::accelerate::OptimizerState;
+use ckpt::{Checkpoint, Format, MergeOptions, WriteOptions};
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../fixtures/accelerate")

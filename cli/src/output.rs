@@ -129,7 +129,7 @@ fn cut(t: &ckpt::TensorInfo) -> String {
 }
 
 /// What `inspect` prints, after the first model's tensors, for a `save_state` folder.
-pub fn components_text(out: &mut impl Write, s: &ckpt::SaveState) -> anyhow::Result<()> {
+pub fn components_text(out: &mut impl Write, s: &ckpt::accelerate::SaveState) -> anyhow::Result<()> {
     let name = |p: &std::path::Path| {
         let n = p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         ckpt::escape_controls(&n).into_owned()
@@ -158,7 +158,7 @@ pub fn components_text(out: &mut impl Write, s: &ckpt::SaveState) -> anyhow::Res
     }
     for o in &s.optimizers {
         match &o.state {
-            ckpt::OptimizerState::Own(ck) => {
+            ckpt::accelerate::OptimizerState::Own(ck) => {
                 let step = o.step.map(|s| format!(", step {s}")).unwrap_or_default();
                 writeln!(
                     out,
@@ -174,10 +174,10 @@ pub fn components_text(out: &mut impl Write, s: &ckpt::SaveState) -> anyhow::Res
             _ => writeln!(out, "  optimizer {}: inside {} (DeepSpeed)", o.index, name(&o.path))?,
         }
     }
-    let refused = |c: &ckpt::Component| {
+    let refused = |c: &ckpt::accelerate::Component| {
         c.refused.as_ref().map(|g| format!(" REFUSED: names `{}`", ckpt::escape_controls(g))).unwrap_or_default()
     };
-    let brief = |c: &ckpt::Component, keys: &[&str]| -> String {
+    let brief = |c: &ckpt::accelerate::Component, keys: &[&str]| -> String {
         let shown: Vec<String> = keys
             .iter()
             .filter_map(|k| c.values.iter().find(|(n, _)| n == k).map(|(n, v)| format!("{n}={v}")))

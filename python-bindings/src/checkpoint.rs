@@ -79,7 +79,7 @@ impl PyCheckpoint {
                 "world_size": ck.world_size(),
                 "zero_stage": ck.zero_stage(),
                 "total_bytes": ck.total_bytes(),
-                "components": ck.save_state().map(ckpt::SaveState::to_json),
+                "components": ck.save_state().map(ckpt::accelerate::SaveState::to_json),
             });
             serde_json::to_string(&info)
         })
