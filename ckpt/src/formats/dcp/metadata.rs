@@ -29,7 +29,7 @@ use std::path::Path;
 
 use crate::dtype::Dtype;
 use crate::error::{Error, Result};
-use crate::formats::torch::pickle::{self, Global, Limits, Obj, Pickle, Refusal, V};
+use crate::formats::torch::pickle::{self, Global, Obj, Pickle, Refusal, V};
 
 const MD: &str = "torch.distributed.checkpoint.metadata.";
 /// The classes a DCP `.metadata` pickle names besides torch dtypes and `torch.Size`; nothing
@@ -110,7 +110,7 @@ pub(crate) fn parse(data: &[u8], path: &Path) -> Result<Metadata> {
                         hint: its files are safetensors, open them directly"
             .into()));
     }
-    let p = pickle::load_with_classes(data, Limits::default(), CLASSES).map_err(|r| match r {
+    let p = pickle::load(data, pickle::Load::default().classes(CLASSES)).map_err(|r| match r {
         Refusal::Global(global) => Error::RefusedGlobal { path: path.to_path_buf(), global },
         Refusal::Bad { at, reason } => {
             Error::BadPickle { path: path.to_path_buf(), record: ".metadata".into(), at, reason }

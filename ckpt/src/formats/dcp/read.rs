@@ -237,8 +237,8 @@ fn open_item(
     };
     let data = archive.read_entry(&item, pkl, MAX_ITEM_PICKLE).map_err(|e| bad(strip_path(&e, path)))?;
     let p = match budget {
-        Some(b) => pickle::load_shared(&data, Limits::default(), &[], b),
-        None => pickle::load(&data, Limits::default()),
+        Some(b) => pickle::load(&data, pickle::Load::default().charging(b)),
+        None => pickle::load(&data, pickle::Load::default()),
     };
     let p = p.map_err(|r| match r {
         Refusal::Global(global) => Error::RefusedGlobal { path: path.to_path_buf(), global },

@@ -318,7 +318,7 @@ pub(crate) fn resolve(module: &str, name: &str) -> Option<Global> {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use crate::formats::torch::pickle::{load, Limits, Refusal};
+    use crate::formats::torch::pickle::{load, Load, Refusal};
 
     #[test]
     fn admits_exactly_what_torch_admits() {
@@ -354,14 +354,14 @@ mod tests {
         // Python 2's name for the builtins module is understood, as torch does.
         assert_eq!(resolve("__builtin__", "set"), Some(G::Set));
         // And the machine refuses at the `GLOBAL` opcode, naming it as written.
-        let r = load(b"\x80\x02cbuiltins\neval\n.", Limits::default());
+        let r = load(b"\x80\x02cbuiltins\neval\n.", Load::default());
         assert_eq!(r.err(), Some(Refusal::Global("builtins.eval".into())));
-        let r = load(b"\x80\x02cposix\nsystem\n.", Limits::default());
+        let r = load(b"\x80\x02cposix\nsystem\n.", Load::default());
         assert_eq!(r.err(), Some(Refusal::Global("posix.system".into())));
     }
 
     fn reason(data: &[u8]) -> String {
-        match load(data, Limits::default()) {
+        match load(data, Load::default()) {
             Err(Refusal::Bad { reason, .. }) => reason,
             other => panic!("expected a refusal, got {other:?}"),
         }

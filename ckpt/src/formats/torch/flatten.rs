@@ -521,11 +521,11 @@ impl<'a> Walk<'a> {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use crate::formats::torch::pickle::{load_allowing, AllowGlobals, Budget, Limits};
+    use crate::formats::torch::pickle::{load, AllowGlobals, Budget, Limits, Load};
 
     fn read(data: &[u8]) -> Flat {
-        let p = load_allowing(data, Limits::default(), &AllowGlobals::any(), &Budget::shared(Limits::default()))
-            .unwrap_or_else(|e| panic!("{e:?}"));
+        let (any, budget) = (AllowGlobals::any(), Budget::shared(Limits::default()));
+        let p = load(data, Load::default().allowing(&any).charging(&budget)).unwrap_or_else(|e| panic!("{e:?}"));
         flatten_with(&p, true).unwrap_or_else(|e| panic!("{e}"))
     }
 

@@ -67,7 +67,7 @@ use crate::error::{Error, IoContext, Result};
 use crate::formats::hf_index::Index;
 use crate::shape::Runs;
 use flatten::Leaf;
-use pickle::{AllowGlobals, Budget, Limits, Obj, Refusal, StorageKind};
+use pickle::{AllowGlobals, Budget, Limits, Load, Obj, Refusal, StorageKind};
 
 /// The largest `data.pkl` we read.
 pub(crate) const MAX_PICKLE_LEN: u64 = 256 << 20;
@@ -280,12 +280,12 @@ impl Admit<'_> {
     ) -> Result<(flatten::Flat, Vec<String>)> {
         let (p, numpy) = match self {
             Admit::Format(classes) => {
-                let p = pickle::load_shared(data, Limits::default(), classes, budget)
+                let p = pickle::load(data, Load::default().classes(classes).charging(budget))
                     .map_err(|r| refusal(path, record, r))?;
                 (p, false)
             }
             Admit::User(allow) => {
-                let p = pickle::load_allowing(data, Limits::default(), allow, budget)
+                let p = pickle::load(data, Load::default().allowing(allow).charging(budget))
                     .map_err(|r| refusal_allowing(path, record, r, data, allow))?;
                 (p, !allow.is_empty())
             }
@@ -454,7 +454,7 @@ fn read_legacy(file: &File, len: u64, path: &Path, allow: &AllowGlobals, budget:
     let mut next = |what: &str, allow: &AllowGlobals| -> Result<pickle::Pickle> {
         let rest = all.get(pos..).unwrap_or_default();
         let window = rest.get(..usize::try_from(MAX_PICKLE_LEN).unwrap_or(usize::MAX)).unwrap_or(rest);
-        let p = pickle::load_allowing(window, Limits::default(), allow, budget)
+        let p = pickle::load(window, Load::default().allowing(allow).charging(budget))
             .map_err(|r| refusal_allowing(path, what, r, window, allow))?;
         pos += p.end;
         Ok(p)
@@ -543,11 +543,12 @@ pub(crate) mod fuzz {
     /// admitted as a record (`allow_globals = ["*"]`) and numpy decoding on, and the scan
     /// that lists a refused file's globals.
     pub fn unpickle(data: &[u8]) {
-        if let Ok(p) = pickle::load(data, Limits::default()) {
+        if let Ok(p) = pickle::load(data, Load::default()) {
             let _ = flatten::flatten(&p);
         }
         let budget = Budget::shared(Limits::default());
-        if let Ok(p) = pickle::load_allowing(data, Limits::default(), &AllowGlobals::any(), &budget) {
+        let any = AllowGlobals::any();
+        if let Ok(p) = pickle::load(data, Load::default().allowing(&any).charging(&budget)) {
             let _ = flatten::flatten_with(&p, true);
         }
         let _ = pickle::globals_named(data, Limits::default());
@@ -568,7 +569,7 @@ pub(crate) mod fuzz {
             if let Ok(bytes) = archive.read_entry(data, e, 1 << 20) {
                 if e.name.ends_with("data.pkl") {
                     unpickle(&bytes);
-                    let _ = pickle::load_script(&bytes, Limits::default());
+                    let _ = pickle::load(&bytes, Load::default().script());
                 } else if e.name.ends_with(".py") {
                     torchscript_code(&bytes);
                 }

@@ -495,21 +495,59 @@ struct Machine<'a> {
 
 type R<T> = std::result::Result<T, Refusal>;
 
-/// Runs the pickle at the start of `data` until `STOP`.
-pub(crate) fn load(data: &[u8], limits: Limits) -> R<Pickle> {
-    load_with_classes(data, limits, &[])
+/// How a pickle is run: what it may name, and what it is charged to. The default is torch's
+/// `weights_only` list, the default [`Limits`] and a budget of its own.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Load<'a> {
+    pub limits: Limits,
+    /// Classes of a format that pickles its own types (DCP's metadata dataclasses, DeepSpeed's
+    /// enums), admitted as opaque data: each is understood by the caller, none is ever
+    /// imported or called.
+    pub classes: &'static [&'static str],
+    /// The user's allow-list: more globals admitted as inert records.
+    pub allow: Option<&'a AllowGlobals>,
+    /// The object pickle of a TorchScript archive: classes under `__torch__.` become inert
+    /// [`Obj::Script`] objects and TorchScript's list and type-tag helpers give back their
+    /// argument. Nothing is imported or called here either.
+    pub script: bool,
+    /// A budget the other pickles of a checkpoint share (see [`Budget`]); `limits` other than
+    /// the budget's own apply to this pickle.
+    pub budget: Option<&'a Rc<Budget>>,
 }
 
-/// Like [`load_shared`], with the user's `allow` admitting more globals as inert records.
-pub(crate) fn load_allowing(data: &[u8], limits: Limits, allow: &AllowGlobals, budget: &Rc<Budget>) -> R<Pickle> {
-    run(data, limits, &[], allow, false, Some(budget)).0
+impl<'a> Load<'a> {
+    /// With the format's own `classes` admitted.
+    pub(crate) fn classes(self, classes: &'static [&'static str]) -> Self {
+        Load { classes, ..self }
+    }
+
+    /// With the user's `allow` list.
+    pub(crate) fn allowing(self, allow: &'a AllowGlobals) -> Self {
+        Load { allow: Some(allow), ..self }
+    }
+
+    /// Charging the shared `budget`.
+    pub(crate) fn charging(self, budget: &'a Rc<Budget>) -> Self {
+        Load { budget: Some(budget), ..self }
+    }
+
+    /// As a TorchScript archive's object pickle.
+    pub(crate) fn script(self) -> Self {
+        Load { script: true, ..self }
+    }
+}
+
+/// Runs the pickle at the start of `data` until `STOP`, as `how` says.
+pub(crate) fn load(data: &[u8], how: Load<'_>) -> R<Pickle> {
+    run(data, how).0
 }
 
 /// Every global the pickle at the start of `data` names, as written, in first-seen order: the
 /// pickle run with every global admitted as a record (nothing is called either way), up to
 /// its end or the first defect.
 pub(crate) fn globals_named(data: &[u8], limits: Limits) -> Vec<String> {
-    run(data, limits, &[], &AllowGlobals::any(), false, None).1
+    let any = AllowGlobals::any();
+    run(data, Load { limits, ..Load::default() }.allowing(&any)).1
 }
 
 /// True when `global` (`module.name` as written) is admitted by torch's list, `classes` or
@@ -519,45 +557,11 @@ pub(crate) fn admitted(global: &str, classes: &[&str], allow: &AllowGlobals) -> 
     resolve_global(module, name).is_some() || classes.contains(&global) || allow.allows(global)
 }
 
-/// Like [`load_with_classes`], charging `budget`, which other pickles share (see [`Budget`]);
-/// `limits` other than the budget's own apply to this pickle.
-pub(crate) fn load_shared(
-    data: &[u8],
-    limits: Limits,
-    classes: &'static [&'static str],
-    budget: &Rc<Budget>,
-) -> R<Pickle> {
-    run(data, limits, classes, &AllowGlobals::default(), false, Some(budget)).0
-}
-
-/// Like [`load`], with extra classes allowed as opaque data: `classes` lists `module.name`
-/// entries of a format that pickles its own types (DCP's metadata dataclasses, DeepSpeed's
-/// enums). Each is understood by the caller; none is ever imported or called.
-pub(crate) fn load_with_classes(data: &[u8], limits: Limits, classes: &'static [&'static str]) -> R<Pickle> {
-    run(data, limits, classes, &AllowGlobals::default(), false, None).0
-}
-
-/// Like [`load`], for the object pickle of a TorchScript archive: classes under `__torch__.`
-/// become inert [`Obj::Script`] objects and TorchScript's list and type-tag helpers give back
-/// their argument. Nothing is imported or called here either.
-pub(crate) fn load_script(data: &[u8], limits: Limits) -> R<Pickle> {
-    run(data, limits, &[], &AllowGlobals::default(), true, None).0
-}
-
-/// [`load_script`] charging `budget`, which the other files of its checkpoint share.
-pub(crate) fn load_script_shared(data: &[u8], limits: Limits, budget: &Rc<Budget>) -> R<Pickle> {
-    run(data, limits, &[], &AllowGlobals::default(), true, Some(budget)).0
-}
-
 /// Runs the machine; also gives back the globals it saw, whatever the outcome.
-fn run(
-    data: &[u8],
-    limits: Limits,
-    classes: &'static [&'static str],
-    allow: &AllowGlobals,
-    script: bool,
-    shared: Option<&Rc<Budget>>,
-) -> (R<Pickle>, Vec<String>) {
+fn run(data: &[u8], how: Load<'_>) -> (R<Pickle>, Vec<String>) {
+    let Load { limits, classes, allow, script, budget: shared } = how;
+    let none = AllowGlobals::default();
+    let allow = allow.unwrap_or(&none);
     let budget = shared.map_or_else(|| Budget::shared(limits), Rc::clone);
     let before = budget.len.get();
     let used_before = budget.used.get();
@@ -1689,7 +1693,7 @@ mod tests {
     use super::*;
 
     fn bad(data: &[u8], limits: Limits) -> String {
-        match load(data, limits) {
+        match load(data, Load { limits, ..Load::default() }) {
             Err(Refusal::Bad { reason, .. }) => reason,
             other => panic!("expected a refusal, got {other:?}"),
         }
@@ -1700,14 +1704,14 @@ mod tests {
         let tiny = Limits { budget_per_byte: 2, budget_floor: 10_000, budget_cap: 1 << 20, ..Limits::default() };
         // 64 arena slots fit in 10 000 bytes, 128 do not: the arena is charged as it grows.
         let lists = |n: usize| [&b"\x80\x02"[..], &vec![b']'; n], b"."].concat();
-        assert!(load(&lists(64), tiny).is_ok());
+        assert!(load(&lists(64), Load { limits: tiny, ..Load::default() }).is_ok());
         assert_eq!(
             bad(&lists(65), tiny),
             "memory budget exceeded: the objects and values of 68 bytes of pickle need more than 10136 bytes"
         );
         // A memo fetch shares the object: a 4 KiB string fetched 3 000 times costs its index.
         let s = [&b"\x80\x02]X\x00\x10\x00\x00"[..], &[b'a'; 4096], b"q\x00a(", &b"h\x00".repeat(3000), b"e."].concat();
-        let p = load(&s, Limits::default()).unwrap_or_else(|e| panic!("{e:?}"));
+        let p = load(&s, Load::default()).unwrap_or_else(|e| panic!("{e:?}"));
         // Its index in the list and on the stack, and slots: not 3 000 copies (12 MB).
         assert!(p.budget.used() < 4096 + 3000 * 48 + 64 * 108, "{}", p.budget.used());
         // The cap holds whatever the length.
@@ -1720,7 +1724,7 @@ mod tests {
         let small = Limits { max_memo: 2, ..Limits::default() };
         assert_eq!(bad(b"\x80\x02Nq\x00q\x01q\x02.", small), "memo grows past 2 entries");
         // Overwriting a slot does not grow the memo.
-        assert!(load(b"\x80\x02Nq\x00q\x00q\x00.", small).is_ok());
+        assert!(load(b"\x80\x02Nq\x00q\x00q\x00.", Load { limits: small, ..Load::default() }).is_ok());
         assert_eq!(bad(b"\x80\x02h\x05.", Limits::default()), "memo slot 5 is read before it is written");
     }
 
@@ -1752,12 +1756,12 @@ mod tests {
         assert_eq!(bad(b"\x80\x02I1\n.", Limits::default()), "unsupported opcode 0x49");
         assert_eq!(bad(b"\x80\x02.", Limits::default()), "stack underflow");
         assert_eq!(bad(b"\x80\x02N)R.", Limits::default()), "REDUCE calls None, not an allowed global");
-        let g = load(b"\x80\x02\x8c\x05torch\x8c\x0cFloatStorage\x93.", Limits::default());
+        let g = load(b"\x80\x02\x8c\x05torch\x8c\x0cFloatStorage\x93.", Load::default());
         assert!(
             matches!(g, Ok(p) if matches!(p.obj(p.root), Some(Obj::Global(Global::Storage(StorageKind::Typed(Dtype::F32))))))
         );
         assert_eq!(
-            load(b"\x80\x04\x8c\x02os\x8c\x06system\x93.", Limits::default()).err(),
+            load(b"\x80\x04\x8c\x02os\x8c\x06system\x93.", Load::default()).err(),
             Some(Refusal::Global("os.system".into()))
         );
     }
@@ -1778,7 +1782,7 @@ mod tests {
         .concat();
         assert_eq!(bad(&t, Limits::default()), "tensor reaches past its 2-element storage view");
         let ok = [&t[..t.len() - 11], b"K\x00K\x02\x85K\x01\x85tR."].concat();
-        let p = load(&ok, Limits::default()).unwrap_or_else(|e| panic!("{e:?}"));
+        let p = load(&ok, Load::default()).unwrap_or_else(|e| panic!("{e:?}"));
         let Some(Obj::Tensor(t)) = p.obj(p.root) else { panic!("not a tensor") };
         assert_eq!((t.offset, t.storage.numel), (1, 4), "offset into the whole storage");
     }
@@ -1787,8 +1791,8 @@ mod tests {
     fn format_classes_become_inert_instances_only_where_allowed() {
         // `pkg.Thing()` via NEWOBJ, then BUILD with `{"a": 5}`: how dataclasses are pickled.
         let data = b"\x80\x02cpkg\nThing\n)\x81}X\x01\x00\x00\x00aK\x05sb.";
-        assert_eq!(load(data, Limits::default()).err(), Some(Refusal::Global("pkg.Thing".into())));
-        let p = load_with_classes(data, Limits::default(), &["pkg.Thing"]).unwrap_or_else(|e| panic!("{e:?}"));
+        assert_eq!(load(data, Load::default()).err(), Some(Refusal::Global("pkg.Thing".into())));
+        let p = load(data, Load::default().classes(&["pkg.Thing"])).unwrap_or_else(|e| panic!("{e:?}"));
         let Some(Obj::Instance { class, args, state: Some(state), .. }) = p.obj(p.root) else {
             panic!("not an instance")
         };
@@ -1798,6 +1802,6 @@ mod tests {
         assert_eq!(fields[0].1, V::Int(5));
         // A second BUILD on the same instance is refused: state is set once.
         let twice = b"\x80\x02cpkg\nThing\n)\x81}b}b.";
-        assert!(load_with_classes(twice, Limits::default(), &["pkg.Thing"]).is_err());
+        assert!(load(twice, Load::default().classes(&["pkg.Thing"])).is_err());
     }
 }

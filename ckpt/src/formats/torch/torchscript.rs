@@ -32,7 +32,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use super::pickle::{self, Limits, Obj, Pickle, TensorRef, V};
+use super::pickle::{self, Obj, Pickle, TensorRef, V};
 use super::zip::{Archive, ReadAt};
 use crate::error::{Error, Result};
 
@@ -82,8 +82,8 @@ pub(crate) fn tensors(
         return Err(bad(format!("no `{pkl_name}` record")));
     };
     let data = archive.read_entry(file, pkl, super::MAX_PICKLE_LEN)?;
-    let p =
-        pickle::load_script_shared(&data, Limits::default(), budget).map_err(|r| super::refusal(path, &pkl_name, r))?;
+    let p = pickle::load(&data, pickle::Load::default().script().charging(budget))
+        .map_err(|r| super::refusal(path, &pkl_name, r))?;
     let mut walk = Walk { p: &p, classes: &classes, names: HashSet::new(), out: Vec::new(), visits: 0 };
     walk.module("", p.root, 0).map_err(bad)?;
     Ok(walk.out)
