@@ -31,7 +31,6 @@
 //! Opcodes of protocols 2 to 5 are understood (torch writes protocol 2; `pickle_protocol=4`
 //! adds `FRAME`, `SHORT_BINUNICODE`, `MEMOIZE`, `STACK_GLOBAL`).
 
-use std::cell::Cell;
 use std::collections::{HashMap, HashSet};
 use std::mem::size_of;
 use std::rc::Rc;
@@ -39,149 +38,9 @@ use std::rc::Rc;
 pub(crate) use super::allow::AllowGlobals;
 use crate::dtype::Dtype;
 
-/// Bounds on what a pickle may make us hold.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Limits {
-    pub max_memo: usize,
-    pub max_stack: usize,
-    pub max_depth: u32,
-    /// Memory budget per byte of pickle (see [`Budget`]).
-    pub budget_per_byte: usize,
-    /// Memory budget of any pickle, however short.
-    pub budget_floor: usize,
-    /// Memory budget of the longest pickle.
-    pub budget_cap: usize,
-}
+mod budget;
 
-impl Default for Limits {
-    fn default() -> Self {
-        Limits {
-            max_memo: 1 << 24,
-            max_stack: 1 << 24,
-            max_depth: 256,
-            // What torch's pickles really hold, counted as the budget counts (arena and stack
-            // slots reserved by doubling, the allocator's chunks, hash tables, the values'
-            // JSON, each tensor's catalog entry): 36 to 44 bytes per byte for state dicts and
-            // optimizers of 60 000 tensors and a config of 400 000 values. The floor covers
-            // small files of large values.
-            budget_per_byte: 64,
-            budget_floor: 16 << 20,
-            budget_cap: 1 << 30,
-        }
-    }
-}
-
-/// The memory budget of one pickle: `budget_per_byte` × its length + `budget_floor`, at most
-/// `budget_cap` bytes. The unpickler charges what it builds, and so does every walk over the
-/// result ([`Pickle::charge`]); charges are never given back, so what the walks build and
-/// throw away also counts, which bounds their time as well.
-///
-/// Pickles whose values are kept together (the shards of one torch checkpoint, the bytes items
-/// of one DCP checkpoint, which may all name the same bytes) share one budget ([`Budget::shared`], [`load_shared`]): it grows
-/// with each pickle's length, and its floor and cap count once.
-#[derive(Debug)]
-pub(crate) struct Budget {
-    limits: Limits,
-    /// Bytes of pickle read under this budget.
-    len: Cell<usize>,
-    used: Cell<usize>,
-}
-
-impl Budget {
-    /// A budget for pickles read with `limits`, before any is read.
-    pub(crate) fn shared(limits: Limits) -> Rc<Budget> {
-        Rc::new(Budget { limits, len: Cell::new(0), used: Cell::new(0) })
-    }
-
-    fn limit(&self) -> usize {
-        let l = &self.limits;
-        self.len.get().saturating_mul(l.budget_per_byte).saturating_add(l.budget_floor).min(l.budget_cap)
-    }
-
-    /// Charges `bytes`; the error is the reason, naming the budget.
-    pub(crate) fn charge(&self, bytes: usize) -> std::result::Result<(), String> {
-        let used = self.used.get().saturating_add(bytes);
-        self.used.set(used);
-        if used > self.limit() {
-            return Err(format!(
-                "memory budget exceeded: the objects and values of {} bytes of pickle need more than {} bytes",
-                self.len.get(),
-                self.limit()
-            ));
-        }
-        Ok(())
-    }
-
-    /// Refuses when `bytes` more would not fit, charging nothing: called before building
-    /// something that [`Budget::charge`] is then given once it exists.
-    pub(crate) fn afford(&self, bytes: usize) -> std::result::Result<(), String> {
-        self.charge(bytes)?;
-        self.used.set(self.used.get().saturating_sub(bytes));
-        Ok(())
-    }
-
-    /// Makes room for `more` elements in `v`, charging what its buffer grows by before it is
-    /// allocated (doubling, as `Vec` does; a large buffer is moved by remapping its pages, not
-    /// by copying them).
-    pub(crate) fn grow<T>(&self, v: &mut Vec<T>, more: usize) -> std::result::Result<(), String> {
-        let need = v.len().saturating_add(more);
-        if need <= v.capacity() {
-            return Ok(());
-        }
-        let cap = need.max(v.capacity().saturating_mul(2)).max(4);
-        self.charge(vec_bytes::<T>(cap) - vec_bytes::<T>(v.capacity()))?;
-        v.reserve_exact(cap - v.len());
-        Ok(())
-    }
-
-    /// Makes room for one more entry in a hash table of `len` entries and room for `cap`,
-    /// whose entries are `T`: the capacity to reserve, charged ([`table_bytes`]), or `None`
-    /// when it has room.
-    pub(crate) fn grow_table<T>(&self, len: usize, cap: usize) -> std::result::Result<Option<usize>, String> {
-        if len < cap {
-            return Ok(None);
-        }
-        let cap = cap.saturating_mul(2).max(16);
-        self.charge(table_bytes::<T>(cap))?;
-        Ok(Some(cap - len))
-    }
-
-    /// Bytes charged so far.
-    #[cfg(test)]
-    pub(crate) fn used(&self) -> usize {
-        self.used.get()
-    }
-}
-
-/// What a heap allocation of `n` bytes takes from the allocator: glibc's chunk of a header word
-/// and `n` rounded up to 16 bytes, 32 at least; an empty buffer allocates nothing.
-pub(crate) const fn alloc_bytes(n: usize) -> usize {
-    if n == 0 {
-        return 0;
-    }
-    let chunk = n.saturating_add(8 + 15) & !15;
-    if chunk < 32 {
-        32
-    } else {
-        chunk
-    }
-}
-
-/// The buffer of a vector of `cap` elements of `T`.
-pub(crate) const fn vec_bytes<T>(cap: usize) -> usize {
-    alloc_bytes(cap.saturating_mul(size_of::<T>()))
-}
-
-/// The allocation of a hash table (std's `HashMap`, hashbrown) with room for `cap` entries of
-/// `T`: a power of two of buckets at most 7/8 full, each an entry and a control byte.
-pub(crate) fn table_bytes<T>(cap: usize) -> usize {
-    let buckets = match cap {
-        0..4 => 4,
-        4..8 => 8,
-        _ => (cap.saturating_mul(8) / 7).checked_next_power_of_two().unwrap_or(usize::MAX),
-    };
-    alloc_bytes(buckets.saturating_mul(size_of::<T>() + 1).saturating_add(16))
-}
+pub(crate) use budget::{alloc_bytes, table_bytes, vec_bytes, Budget, Limits};
 
 /// A value on the stack: scalars inline, everything else an arena index.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -972,297 +831,364 @@ impl Machine<'_> {
             self.op_at = self.pos;
             let op = self.u8()?;
             match op {
-                0x80 => {
-                    let proto = self.u8()?;
-                    if proto > 5 {
-                        return self.bad(format!("unsupported pickle protocol {proto}"));
-                    }
-                }
-                0x95 => {
-                    self.take(8)?;
-                }
                 b'.' => {
                     let v = self.pop()?;
                     return Ok(v);
                 }
-                b'(' => {
-                    if self.marks.len() >= self.limits.max_depth as usize {
-                        return self.bad(format!("nesting deeper than {} levels", self.limits.max_depth));
-                    }
-                    self.marks.push(self.stack.len());
-                }
-                b'0' => {
-                    self.pop()?;
-                }
-                b'1' => {
-                    self.pop_mark()?;
-                }
-                b'2' => {
-                    let v = self.top()?;
-                    self.push(v)?;
-                }
-                b'N' => self.push(V::None)?,
-                0x88 => self.push(V::Bool(true))?,
-                0x89 => self.push(V::Bool(false))?,
-                b'J' => {
-                    let v = i32::from_le_bytes(self.arr()?);
-                    self.push(V::Int(v.into()))?
-                }
-                b'K' => {
-                    let v = self.u8()?;
-                    self.push(V::Int(v.into()))?
-                }
-                b'M' => {
-                    let v = u16::from_le_bytes(self.arr()?);
-                    self.push(V::Int(v.into()))?
-                }
-                0x8a => {
-                    let n = usize::from(self.u8()?);
-                    self.long(n)?
-                }
-                0x8b => {
-                    let n = self.len_u32()?;
-                    self.long(n)?
-                }
-                b'G' => {
-                    let v = f64::from_be_bytes(self.arr()?);
-                    self.push(V::Float(v))?
-                }
-                b'X' => {
-                    let n = self.len_u32()?;
-                    let v = self.utf8(n)?;
-                    self.push(v)?
-                }
-                0x8c => {
-                    let n = usize::from(self.u8()?);
-                    let v = self.utf8(n)?;
-                    self.push(v)?
-                }
-                0x8d => {
-                    let n = self.len_u64()?;
-                    let v = self.utf8(n)?;
-                    self.push(v)?
-                }
-                // py2 byte strings: torch reads them as latin-1 text.
-                b'U' | b'T' => {
-                    let n = if op == b'U' { usize::from(self.u8()?) } else { self.len_u32()? };
-                    let at = self.pos;
-                    let wide = self.take(n)?.iter().filter(|&&b| b >= 0x80).count();
-                    self.afford(alloc_bytes(n + wide))?;
-                    let mut s = String::with_capacity(n + wide);
-                    s.extend(self.data.get(at..at + n).unwrap_or_default().iter().map(|&b| char::from(b)));
-                    let v = self.alloc(Obj::Str(s))?;
-                    self.push(v)?
-                }
-                b'C' | b'B' | 0x8e | 0x96 => {
-                    let n = match op {
-                        b'C' => usize::from(self.u8()?),
-                        b'B' => self.len_u32()?,
-                        _ => self.len_u64()?,
-                    };
-                    let b = self.taken(n)?.to_vec();
-                    let v = self.alloc(Obj::Bytes(b))?;
-                    self.push(v)?
-                }
-                b')' => {
-                    let v = self.alloc(Obj::Tuple(Vec::new()))?;
-                    self.push(v)?
-                }
-                b't' => {
-                    let items = self.pop_mark()?;
-                    let v = self.alloc(Obj::Tuple(items))?;
-                    self.push(v)?
-                }
-                0x85..=0x87 => {
-                    let n = usize::from(op - 0x84);
-                    let mut items = Vec::with_capacity(n);
-                    for _ in 0..n {
-                        items.push(self.pop()?);
-                    }
-                    items.reverse();
-                    let v = self.alloc(Obj::Tuple(items))?;
-                    self.push(v)?
-                }
-                b']' => {
-                    let v = self.alloc(Obj::List(Vec::new()))?;
-                    self.push(v)?
-                }
-                b'l' => {
-                    let items = self.pop_mark()?;
-                    let v = self.alloc(Obj::List(items))?;
-                    self.push(v)?
-                }
-                // Sets become lists: order is all a reader can observe.
-                0x8f => {
-                    let v = self.alloc(Obj::List(Vec::new()))?;
-                    self.push(v)?
-                }
-                0x91 => {
-                    let items = self.pop_mark()?;
-                    let v = self.alloc(Obj::List(items))?;
-                    self.push(v)?
-                }
-                b'a' | b'e' | 0x90 => {
-                    let (start, target) = self.added((op == b'a').then_some(1))?;
-                    self.extend_list(target, start)?
-                }
-                b'}' => {
-                    let v = self.alloc(Obj::Dict(Vec::new()))?;
-                    self.push(v)?
-                }
-                b'd' => {
-                    let Some(m) = self.marks.pop() else {
-                        return self.bad("no mark on the stack");
-                    };
-                    let m = m.min(self.stack.len());
-                    if !(self.stack.len() - m).is_multiple_of(2) {
-                        return self.bad("odd number of dict items");
-                    }
-                    self.afford(vec_bytes::<(V, V)>((self.stack.len() - m) / 2))?;
-                    let pairs = pairs(self.stack.drain(m..));
-                    let v = self.alloc(Obj::Dict(pairs))?;
-                    self.push(v)?
-                }
-                b's' | b'u' => {
-                    let (start, target) = self.added((op == b's').then_some(2))?;
-                    if !(self.stack.len() - start).is_multiple_of(2) {
-                        return self.bad("odd number of dict items");
-                    }
-                    self.extend_dict(target, start)?
-                }
-                b'q' => {
-                    let i = self.u8()?;
-                    self.memo_put(i.into())?
-                }
-                b'r' => {
-                    let i = u32::from_le_bytes(self.arr()?);
-                    self.memo_put(i)?
-                }
-                0x94 => {
-                    let i = u32::try_from(self.dense.len() + self.memo.len()).unwrap_or(u32::MAX);
-                    self.memo_put(i)?
-                }
-                b'h' => {
-                    let i = self.u8()?;
-                    self.memo_get(i.into())?
-                }
-                b'j' => {
-                    let i = u32::from_le_bytes(self.arr()?);
-                    self.memo_get(i)?
-                }
-                b'c' => {
-                    let module = self.line()?;
-                    let name = self.line()?;
-                    self.global(&module, &name)?
-                }
-                0x93 => {
-                    let name = self.pop()?;
-                    let module = self.pop()?;
-                    let (Some(module), Some(name)) = (self.str_of(module), self.str_of(name)) else {
-                        return self.bad("STACK_GLOBAL needs two strings");
-                    };
-                    let (module, name) = (module.to_string(), name.to_string());
-                    self.global(&module, &name)?
-                }
-                b'Q' => {
-                    let pid = self.pop()?;
-                    let v = self.persistent(pid)?;
-                    self.push(v)?
-                }
-                b'R' => {
-                    let args = self.pop()?;
-                    let func = self.pop()?;
-                    let v = self.call(func, args)?;
-                    self.push(v)?
-                }
-                0x81 => {
-                    let args = self.pop()?;
-                    let cls = self.pop()?;
-                    match self.global_of(cls) {
-                        Some(Global::OrderedDict) if self.items_of(args).is_some_and(<[V]>::is_empty) => {
-                            let v = self.alloc(Obj::Dict(Vec::new()))?;
-                            self.push(v)?
-                        }
-                        Some(Global::Counter) if self.items_of(args).is_some_and(<[V]>::is_empty) => {
-                            let v = self.alloc(Obj::Dict(Vec::new()))?;
-                            self.push(v)?
-                        }
-                        Some(Global::Set) if self.items_of(args).is_some_and(<[V]>::is_empty) => {
-                            let v = self.alloc(Obj::List(Vec::new()))?;
-                            self.push(v)?
-                        }
-                        // torch applies `Parameter(*args)`: the data tensor, requires_grad aside.
-                        Some(Global::ParameterClass) => match self.items_of(args) {
-                            Some(&[t, ..]) => {
-                                let v = self.expect_tensor(t)?;
-                                self.push(v)?
-                            }
-                            _ => return self.bad("NEWOBJ of `Parameter` needs a tensor"),
-                        },
-                        Some(Global::Unreadable(global, what)) => return self.unreadable(global, what),
-                        Some(Global::Class(class)) => {
-                            self.afford(vec_bytes::<V>(self.items_of(args).map_or(0, <[V]>::len)))?;
-                            let Some(args) = self.items_of(args).map(<[V]>::to_vec) else {
-                                return self.bad("NEWOBJ arguments must be a tuple");
-                            };
-                            let v = self.instance(class, args)?;
-                            self.push(v)?
-                        }
-                        Some(Global::Script(class)) if self.items_of(args).is_some_and(<[V]>::is_empty) => {
-                            let v = self.alloc(Obj::Script { class, state: None })?;
-                            self.push(v)?
-                        }
-                        _ => return self.bad(format!("NEWOBJ of {} is not allowed", self.describe(cls))),
-                    }
-                }
-                b'b' => {
-                    let state = self.pop()?;
-                    let target = self.top()?;
-                    // torch sets attributes of state dicts (`_metadata`) and of tensors this
-                    // way; neither carries tensor data, so the state is dropped. An allow-listed
-                    // instance keeps its state: that is where dataclasses keep their fields.
-                    let idx = match target {
-                        V::Obj(i) => i,
-                        _ => usize::MAX,
-                    };
-                    // A legacy tensor gets its storage here: torch calls
-                    // `set_(storage, offset, size, stride)` with the state.
-                    if let Some(Obj::EmptyTensor(d)) = self.objs.get(idx) {
-                        let d = *d;
-                        let t = match self.items_of(state) {
-                            Some(&[storage, offset, size, stride]) => {
-                                self.tensor_ref(storage, offset, size, stride, Some(d))?
-                            }
-                            _ => return self.bad("a legacy tensor's state must be (storage, offset, size, stride)"),
-                        };
-                        self.charge(tensor_bytes(&t))?;
-                        if let Some(slot) = self.objs.get_mut(idx) {
-                            *slot = Obj::Tensor(t);
-                        }
-                        continue;
-                    }
-                    let dict_state = matches!(self.obj_at(state), Some(Obj::Dict(_)));
-                    let d = self.depth_of(state) + 1;
-                    if matches!(self.objs.get(idx), Some(Obj::Instance { state: None, .. })) {
-                        if d > self.limits.max_depth {
-                            return self.bad(format!("nesting deeper than {} levels", self.limits.max_depth));
-                        }
-                        if let Some(slot) = self.depth.get_mut(idx) {
-                            *slot = (*slot).max(d);
-                        }
-                    }
-                    match self.objs.get_mut(idx) {
-                        Some(Obj::Dict(_) | Obj::Tensor(_)) => {}
-                        Some(Obj::Instance { state: slot @ None, .. }) => *slot = Some(state),
-                        // A TorchScript object's state is its attribute dict, unless its class
-                        // defines `__getstate__`; that state only its own code understands.
-                        Some(Obj::Script { state: slot @ None, .. }) if dict_state => *slot = Some(state),
-                        _ => return self.bad(format!("BUILD on {} is not allowed", self.describe(target))),
-                    }
-                }
+                0x80 | 0x95 | b'(' | b'0' | b'1' | b'2' => self.frame_op(op)?,
+                b'N' | 0x88 | 0x89 | b'J' | b'K' | b'M' | 0x8a | 0x8b | b'G' => self.scalar_op(op)?,
+                b'X' | 0x8c | 0x8d | b'U' | b'T' | b'C' | b'B' | 0x8e | 0x96 => self.text_op(op)?,
+                b')'
+                | b't'
+                | 0x85..=0x87
+                | b']'
+                | b'l'
+                | 0x8f
+                | 0x91
+                | b'a'
+                | b'e'
+                | 0x90
+                | b'}'
+                | b'd'
+                | b's'
+                | b'u' => self.container_op(op)?,
+                b'q' | b'r' | 0x94 | b'h' | b'j' => self.memo_op(op)?,
+                b'c' | 0x93 | b'Q' | b'R' | 0x81 | b'b' => self.object_op(op)?,
                 other => return self.bad(format!("unsupported opcode 0x{other:02x}")),
             }
         }
+    }
+
+    /// One opcode of the stack and its marks: `PROTO`, `FRAME`, `MARK`, `POP`, `POP_MARK`, `DUP`.
+    fn frame_op(&mut self, op: u8) -> R<()> {
+        match op {
+            0x80 => {
+                let proto = self.u8()?;
+                if proto > 5 {
+                    return self.bad(format!("unsupported pickle protocol {proto}"));
+                }
+            }
+            0x95 => {
+                self.take(8)?;
+            }
+            b'(' => {
+                if self.marks.len() >= self.limits.max_depth as usize {
+                    return self.bad(format!("nesting deeper than {} levels", self.limits.max_depth));
+                }
+                self.marks.push(self.stack.len());
+            }
+            b'0' => {
+                self.pop()?;
+            }
+            b'1' => {
+                self.pop_mark()?;
+            }
+            b'2' => {
+                let v = self.top()?;
+                self.push(v)?;
+            }
+            other => return self.bad(format!("unsupported opcode 0x{other:02x}")),
+        }
+        Ok(())
+    }
+
+    /// One opcode of numbers and constants: `NONE`, the booleans, the integers in text and binary, `BINFLOAT`.
+    fn scalar_op(&mut self, op: u8) -> R<()> {
+        match op {
+            b'N' => self.push(V::None)?,
+            0x88 => self.push(V::Bool(true))?,
+            0x89 => self.push(V::Bool(false))?,
+            b'J' => {
+                let v = i32::from_le_bytes(self.arr()?);
+                self.push(V::Int(v.into()))?
+            }
+            b'K' => {
+                let v = self.u8()?;
+                self.push(V::Int(v.into()))?
+            }
+            b'M' => {
+                let v = u16::from_le_bytes(self.arr()?);
+                self.push(V::Int(v.into()))?
+            }
+            0x8a => {
+                let n = usize::from(self.u8()?);
+                self.long(n)?
+            }
+            0x8b => {
+                let n = self.len_u32()?;
+                self.long(n)?
+            }
+            b'G' => {
+                let v = f64::from_be_bytes(self.arr()?);
+                self.push(V::Float(v))?
+            }
+            other => return self.bad(format!("unsupported opcode 0x{other:02x}")),
+        }
+        Ok(())
+    }
+
+    /// One opcode of strings and bytes, in every width.
+    fn text_op(&mut self, op: u8) -> R<()> {
+        match op {
+            b'X' => {
+                let n = self.len_u32()?;
+                let v = self.utf8(n)?;
+                self.push(v)?
+            }
+            0x8c => {
+                let n = usize::from(self.u8()?);
+                let v = self.utf8(n)?;
+                self.push(v)?
+            }
+            0x8d => {
+                let n = self.len_u64()?;
+                let v = self.utf8(n)?;
+                self.push(v)?
+            }
+            // py2 byte strings: torch reads them as latin-1 text.
+            b'U' | b'T' => {
+                let n = if op == b'U' { usize::from(self.u8()?) } else { self.len_u32()? };
+                let at = self.pos;
+                let wide = self.take(n)?.iter().filter(|&&b| b >= 0x80).count();
+                self.afford(alloc_bytes(n + wide))?;
+                let mut s = String::with_capacity(n + wide);
+                s.extend(self.data.get(at..at + n).unwrap_or_default().iter().map(|&b| char::from(b)));
+                let v = self.alloc(Obj::Str(s))?;
+                self.push(v)?
+            }
+            b'C' | b'B' | 0x8e | 0x96 => {
+                let n = match op {
+                    b'C' => usize::from(self.u8()?),
+                    b'B' => self.len_u32()?,
+                    _ => self.len_u64()?,
+                };
+                let b = self.taken(n)?.to_vec();
+                let v = self.alloc(Obj::Bytes(b))?;
+                self.push(v)?
+            }
+            other => return self.bad(format!("unsupported opcode 0x{other:02x}")),
+        }
+        Ok(())
+    }
+
+    /// One opcode of tuples, lists, dicts and sets, and the opcodes that fill them.
+    fn container_op(&mut self, op: u8) -> R<()> {
+        match op {
+            b')' => {
+                let v = self.alloc(Obj::Tuple(Vec::new()))?;
+                self.push(v)?
+            }
+            b't' => {
+                let items = self.pop_mark()?;
+                let v = self.alloc(Obj::Tuple(items))?;
+                self.push(v)?
+            }
+            0x85..=0x87 => {
+                let n = usize::from(op - 0x84);
+                let mut items = Vec::with_capacity(n);
+                for _ in 0..n {
+                    items.push(self.pop()?);
+                }
+                items.reverse();
+                let v = self.alloc(Obj::Tuple(items))?;
+                self.push(v)?
+            }
+            b']' => {
+                let v = self.alloc(Obj::List(Vec::new()))?;
+                self.push(v)?
+            }
+            b'l' => {
+                let items = self.pop_mark()?;
+                let v = self.alloc(Obj::List(items))?;
+                self.push(v)?
+            }
+            // Sets become lists: order is all a reader can observe.
+            0x8f => {
+                let v = self.alloc(Obj::List(Vec::new()))?;
+                self.push(v)?
+            }
+            0x91 => {
+                let items = self.pop_mark()?;
+                let v = self.alloc(Obj::List(items))?;
+                self.push(v)?
+            }
+            b'a' | b'e' | 0x90 => {
+                let (start, target) = self.added((op == b'a').then_some(1))?;
+                self.extend_list(target, start)?
+            }
+            b'}' => {
+                let v = self.alloc(Obj::Dict(Vec::new()))?;
+                self.push(v)?
+            }
+            b'd' => {
+                let Some(m) = self.marks.pop() else {
+                    return self.bad("no mark on the stack");
+                };
+                let m = m.min(self.stack.len());
+                if !(self.stack.len() - m).is_multiple_of(2) {
+                    return self.bad("odd number of dict items");
+                }
+                self.afford(vec_bytes::<(V, V)>((self.stack.len() - m) / 2))?;
+                let pairs = pairs(self.stack.drain(m..));
+                let v = self.alloc(Obj::Dict(pairs))?;
+                self.push(v)?
+            }
+            b's' | b'u' => {
+                let (start, target) = self.added((op == b's').then_some(2))?;
+                if !(self.stack.len() - start).is_multiple_of(2) {
+                    return self.bad("odd number of dict items");
+                }
+                self.extend_dict(target, start)?
+            }
+            other => return self.bad(format!("unsupported opcode 0x{other:02x}")),
+        }
+        Ok(())
+    }
+
+    /// One opcode of the memo: `BINPUT`, `LONG_BINPUT`, `MEMOIZE`, `BINGET`, `LONG_BINGET`.
+    fn memo_op(&mut self, op: u8) -> R<()> {
+        match op {
+            b'q' => {
+                let i = self.u8()?;
+                self.memo_put(i.into())?
+            }
+            b'r' => {
+                let i = u32::from_le_bytes(self.arr()?);
+                self.memo_put(i)?
+            }
+            0x94 => {
+                let i = u32::try_from(self.dense.len() + self.memo.len()).unwrap_or(u32::MAX);
+                self.memo_put(i)?
+            }
+            b'h' => {
+                let i = self.u8()?;
+                self.memo_get(i.into())?
+            }
+            b'j' => {
+                let i = u32::from_le_bytes(self.arr()?);
+                self.memo_get(i)?
+            }
+            other => return self.bad(format!("unsupported opcode 0x{other:02x}")),
+        }
+        Ok(())
+    }
+
+    /// One opcode of objects: globals (`GLOBAL`, `STACK_GLOBAL`), persistent ids, `REDUCE`, `NEWOBJ` and `BUILD`.
+    fn object_op(&mut self, op: u8) -> R<()> {
+        match op {
+            b'c' => {
+                let module = self.line()?;
+                let name = self.line()?;
+                self.global(&module, &name)?
+            }
+            0x93 => {
+                let name = self.pop()?;
+                let module = self.pop()?;
+                let (Some(module), Some(name)) = (self.str_of(module), self.str_of(name)) else {
+                    return self.bad("STACK_GLOBAL needs two strings");
+                };
+                let (module, name) = (module.to_string(), name.to_string());
+                self.global(&module, &name)?
+            }
+            b'Q' => {
+                let pid = self.pop()?;
+                let v = self.persistent(pid)?;
+                self.push(v)?
+            }
+            b'R' => {
+                let args = self.pop()?;
+                let func = self.pop()?;
+                let v = self.call(func, args)?;
+                self.push(v)?
+            }
+            0x81 => {
+                let args = self.pop()?;
+                let cls = self.pop()?;
+                match self.global_of(cls) {
+                    Some(Global::OrderedDict) if self.items_of(args).is_some_and(<[V]>::is_empty) => {
+                        let v = self.alloc(Obj::Dict(Vec::new()))?;
+                        self.push(v)?
+                    }
+                    Some(Global::Counter) if self.items_of(args).is_some_and(<[V]>::is_empty) => {
+                        let v = self.alloc(Obj::Dict(Vec::new()))?;
+                        self.push(v)?
+                    }
+                    Some(Global::Set) if self.items_of(args).is_some_and(<[V]>::is_empty) => {
+                        let v = self.alloc(Obj::List(Vec::new()))?;
+                        self.push(v)?
+                    }
+                    // torch applies `Parameter(*args)`: the data tensor, requires_grad aside.
+                    Some(Global::ParameterClass) => match self.items_of(args) {
+                        Some(&[t, ..]) => {
+                            let v = self.expect_tensor(t)?;
+                            self.push(v)?
+                        }
+                        _ => return self.bad("NEWOBJ of `Parameter` needs a tensor"),
+                    },
+                    Some(Global::Unreadable(global, what)) => return self.unreadable(global, what),
+                    Some(Global::Class(class)) => {
+                        self.afford(vec_bytes::<V>(self.items_of(args).map_or(0, <[V]>::len)))?;
+                        let Some(args) = self.items_of(args).map(<[V]>::to_vec) else {
+                            return self.bad("NEWOBJ arguments must be a tuple");
+                        };
+                        let v = self.instance(class, args)?;
+                        self.push(v)?
+                    }
+                    Some(Global::Script(class)) if self.items_of(args).is_some_and(<[V]>::is_empty) => {
+                        let v = self.alloc(Obj::Script { class, state: None })?;
+                        self.push(v)?
+                    }
+                    _ => return self.bad(format!("NEWOBJ of {} is not allowed", self.describe(cls))),
+                }
+            }
+            b'b' => {
+                let state = self.pop()?;
+                let target = self.top()?;
+                // torch sets attributes of state dicts (`_metadata`) and of tensors this
+                // way; neither carries tensor data, so the state is dropped. An allow-listed
+                // instance keeps its state: that is where dataclasses keep their fields.
+                let idx = match target {
+                    V::Obj(i) => i,
+                    _ => usize::MAX,
+                };
+                // A legacy tensor gets its storage here: torch calls
+                // `set_(storage, offset, size, stride)` with the state.
+                if let Some(Obj::EmptyTensor(d)) = self.objs.get(idx) {
+                    let d = *d;
+                    let t = match self.items_of(state) {
+                        Some(&[storage, offset, size, stride]) => {
+                            self.tensor_ref(storage, offset, size, stride, Some(d))?
+                        }
+                        _ => return self.bad("a legacy tensor's state must be (storage, offset, size, stride)"),
+                    };
+                    self.charge(tensor_bytes(&t))?;
+                    if let Some(slot) = self.objs.get_mut(idx) {
+                        *slot = Obj::Tensor(t);
+                    }
+                    return Ok(());
+                }
+                let dict_state = matches!(self.obj_at(state), Some(Obj::Dict(_)));
+                let d = self.depth_of(state) + 1;
+                if matches!(self.objs.get(idx), Some(Obj::Instance { state: None, .. })) {
+                    if d > self.limits.max_depth {
+                        return self.bad(format!("nesting deeper than {} levels", self.limits.max_depth));
+                    }
+                    if let Some(slot) = self.depth.get_mut(idx) {
+                        *slot = (*slot).max(d);
+                    }
+                }
+                match self.objs.get_mut(idx) {
+                    Some(Obj::Dict(_) | Obj::Tensor(_)) => {}
+                    Some(Obj::Instance { state: slot @ None, .. }) => *slot = Some(state),
+                    // A TorchScript object's state is its attribute dict, unless its class
+                    // defines `__getstate__`; that state only its own code understands.
+                    Some(Obj::Script { state: slot @ None, .. }) if dict_state => *slot = Some(state),
+                    _ => return self.bad(format!("BUILD on {} is not allowed", self.describe(target))),
+                }
+            }
+            other => return self.bad(format!("unsupported opcode 0x{other:02x}")),
+        }
+        Ok(())
     }
 
     fn long(&mut self, n: usize) -> R<()> {
