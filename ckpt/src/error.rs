@@ -236,6 +236,12 @@ pub enum Error {
         dst: PathBuf,
         reason: String,
     },
+    /// A tensor handed to [`crate::save_safetensors`] that cannot be saved as it is.
+    BadSaveTensor {
+        dst: PathBuf,
+        tensor: String,
+        reason: String,
+    },
     BadBlockScale {
         weight: String,
         scale: String,
@@ -489,6 +495,10 @@ impl Error {
                 let dst = dst.display();
                 format!("cannot convert to {dst}: {reason}")
             }
+            Error::BadSaveTensor { dst, tensor, reason } => {
+                let dst = dst.display();
+                format!("cannot save {dst}: tensor `{tensor}` {reason}")
+            }
             Error::BadBlockScale { weight, scale, reason } => {
                 format!("block-scaled weight `{weight}` with scales `{scale}`: {reason}")
             }
@@ -597,7 +607,8 @@ impl Error {
             | Error::OutputIsSource { .. }
             | Error::BadOption { .. }
             | Error::NotInSafetensors { .. }
-            | Error::BadConvert { .. } => ErrorKind::Usage,
+            | Error::BadConvert { .. }
+            | Error::BadSaveTensor { .. } => ErrorKind::Usage,
             Error::Io { .. } => ErrorKind::Io,
             Error::Collective { .. } | Error::ShardedSave { .. } => ErrorKind::Collective,
         }

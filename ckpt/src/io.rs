@@ -153,22 +153,50 @@ fn too_large(path: &Path, size: u64, limit: u64) -> Error {
     Error::RecordTooLarge { path: path.to_path_buf(), record: "the whole file".into(), size, limit }
 }
 
-/// The source files of an operation, open, each mapped on first use.
+/// Bytes a source holds in memory instead of in its file.
+enum Held<'m> {
+    /// Decoded from the file (a torch file's numpy arrays), shared with the catalog.
+    Shared(std::sync::Arc<[u8]>),
+    /// Borrowed from the caller for the length of the operation (tensors saved from memory).
+    Borrowed(&'m [u8]),
+}
+
+impl Held<'_> {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Held::Shared(b) => b,
+            Held::Borrowed(b) => b,
+        }
+    }
+}
+
+impl std::fmt::Debug for Held<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} bytes in memory", self.bytes().len())
+    }
+}
+
+/// The sources of an operation: open files, each mapped on first use, or the caller's memory.
+///
+/// Source `i` is read by offset whatever it is: a file from its start, then the bytes decoded
+/// from it past its recorded length ([`crate::SourceFile`]); a buffer of the caller's
+/// ([`Sources::memory`]) from offset 0, with no file behind it. Bytes in memory are borrowed
+/// where they are, never copied first, so an operation over them holds no more than over files.
 #[derive(Debug)]
-pub(crate) struct Sources {
-    files: Vec<(PathBuf, File)>,
+pub(crate) struct Sources<'m> {
+    /// Each source's name in errors, and its open file (none for the caller's memory).
+    files: Vec<(PathBuf, Option<File>)>,
     maps: Vec<OnceLock<std::result::Result<MappedFile, String>>>,
-    /// Bytes decoded from a file (a torch file's numpy arrays), addressed from the file's
-    /// recorded length on (see [`crate::SourceFile`]).
-    tails: Vec<Option<(u64, std::sync::Arc<[u8]>)>>,
+    /// Bytes held in memory and the offset they are addressed from.
+    tails: Vec<Option<(u64, Held<'m>)>>,
     /// The CRC-covered records of each file, and the rank that wrote it (for the message).
     checks: Vec<(crate::checksum::Checks, Option<u64>)>,
 }
 
-impl Sources {
+impl Sources<'static> {
     /// The files at `paths`, with nothing decoded from them.
-    pub(crate) fn open<'p>(paths: impl IntoIterator<Item = &'p Path>) -> Result<Sources> {
-        let files = paths.into_iter().map(|p| Ok((p.to_path_buf(), open(p)?))).collect::<Result<Vec<_>>>()?;
+    pub(crate) fn open<'p>(paths: impl IntoIterator<Item = &'p Path>) -> Result<Sources<'static>> {
+        let files = paths.into_iter().map(|p| Ok((p.to_path_buf(), Some(open(p)?)))).collect::<Result<Vec<_>>>()?;
         let maps = files.iter().map(|_| OnceLock::new()).collect();
         let tails = files.iter().map(|_| None).collect();
         let checks = files.iter().map(|_| Default::default()).collect();
@@ -177,11 +205,23 @@ impl Sources {
 
     /// The source files of a catalog, with the bytes decoded from them and the records whose
     /// CRCs every read checks.
-    pub(crate) fn of(files: &[crate::SourceFile]) -> Result<Sources> {
+    pub(crate) fn of(files: &[crate::SourceFile]) -> Result<Sources<'static>> {
         let mut s = Sources::open(files.iter().map(|f| f.path.as_path()))?;
-        s.tails = files.iter().map(|f| f.inline.0.clone().map(|b| (f.len, b))).collect();
+        s.tails = files.iter().map(|f| f.inline.0.clone().map(|b| (f.len, Held::Shared(b)))).collect();
         s.checks = files.iter().map(|f| (f.checks.clone(), f.rank)).collect();
         Ok(s)
+    }
+}
+
+impl<'m> Sources<'m> {
+    /// The caller's buffers as sources, borrowed for the operation: source `i` is the bytes of
+    /// the `i`th, from offset 0, named by its `name` in errors.
+    pub(crate) fn memory(buffers: impl IntoIterator<Item = (PathBuf, &'m [u8])>) -> Sources<'m> {
+        let (files, tails): (Vec<_>, Vec<_>) =
+            buffers.into_iter().map(|(name, bytes)| ((name, None), Some((0, Held::Borrowed(bytes))))).unzip();
+        let maps = files.iter().map(|_| OnceLock::new()).collect();
+        let checks = files.iter().map(|_| Default::default()).collect();
+        Sources { files, maps, tails, checks }
     }
 
     /// File `i` as the CRC checks see it, when it has records to check.
@@ -230,9 +270,21 @@ impl Sources {
         matches!(self.tails.get(i), Some(Some((start, _))) if off >= *start)
     }
 
-    /// The open file `i` and its path.
+    /// The open file `i` and its path (an error for a buffer in memory, which has no file).
     pub(crate) fn file(&self, i: usize) -> Result<(&File, &Path)> {
-        self.files.get(i).map(|(p, f)| (f, p.as_path())).ok_or_else(|| unknown(i))
+        match self.files.get(i) {
+            Some((p, Some(f))) => Ok((f, p.as_path())),
+            Some((p, None)) => Err(Error::Io {
+                path: p.clone(),
+                source: std::io::Error::new(std::io::ErrorKind::Unsupported, "held in memory, not in a file"),
+            }),
+            None => Err(unknown(i)),
+        }
+    }
+
+    /// The name of source `i` in errors.
+    fn name(&self, i: usize) -> Result<&Path> {
+        self.files.get(i).map(|(p, _)| p.as_path()).ok_or_else(|| unknown(i))
     }
 
     fn map(&self, i: usize) -> Result<&MappedFile> {
@@ -245,11 +297,11 @@ impl Sources {
 
     /// The bytes `[off, off + len)` of file `i`, borrowed from its map.
     pub(crate) fn read(&self, i: usize, off: u64, len: u64) -> Result<&[u8]> {
-        let (_, path) = self.file(i)?;
+        let path = self.name(i)?;
         if let Some(Some((start, tail))) = self.tails.get(i).filter(|_| self.in_memory(i, off)) {
             let lo = usize::try_from(off - start).unwrap_or(usize::MAX);
             let hi = usize::try_from(len).ok().and_then(|n| lo.checked_add(n));
-            return hi.and_then(|hi| tail.get(lo..hi)).ok_or_else(|| short_source(path, off));
+            return hi.and_then(|hi| tail.bytes().get(lo..hi)).ok_or_else(|| short_source(path, off));
         }
         self.check(i, off, len)?;
         self.map(i)?.get(off, len).ok_or_else(|| short_source(path, off))

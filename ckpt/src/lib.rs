@@ -13,6 +13,8 @@
 //! ```
 //!
 //! - [`split`], [`merge`], [`convert`], [`reshard`]: the operations, each returning an [`Outcome`];
+//! - [`save_safetensors`]: tensors held in memory as one safetensors file or huggingface_hub's
+//!   shards, through the same planner and write engine as [`split`];
 //! - [`save_sharded`]: a DCP folder written by the ranks of a running job, each from memory;
 //! - [`StagedFolder`]: a folder built under a temporary name and committed whole, then named by
 //!   a `latest` link, replacing a folder of the same name without a moment where the link dangles;
@@ -38,6 +40,7 @@ mod open;
 mod ops;
 mod outcome;
 mod plan;
+mod save;
 mod shape;
 mod sharded;
 mod size;
@@ -57,6 +60,7 @@ pub use open::OpenOptions;
 pub use ops::{
     convert, merge, reshard, split, ConvertOptions, MergeOptions, Outcome, TargetFormat, MAX_WORLD_SIZE, OPTIMIZER_NAME,
 };
+pub use save::{save_safetensors, MemoryTensor, SaveOptions};
 pub use sharded::{save_sharded, KeyPart, LocalTensor, LocalValue};
 pub use size::{parse_size, DEFAULT_MAX_SHARD_SIZE};
 pub use staged::StagedFolder;

@@ -213,10 +213,22 @@ const MIN_WINDOW: u64 = 1 << 20;
 /// drop); shorter ones, a strided view's elements, come from the map.
 const PREAD_MIN: u64 = 1 << 10;
 
-/// Runs `plan`, reading from `sources`. On error, no target or temporary is left behind and
-/// nothing that existed before is touched.
+/// Runs `plan`, reading from the files of `source`. On error, no target or temporary is left
+/// behind and nothing that existed before is touched.
 pub(crate) fn execute(plan: &Plan, source: &Checkpoint, opts: &WriteOptions<'_>) -> Result<()> {
-    refuse_overwriting_sources(plan, source)?;
+    execute_from(plan, &Sources::of(source.files())?, source.members(), opts)
+}
+
+/// Runs `plan`, reading from `srcs` (open files, or the caller's memory: [`Sources::memory`]),
+/// refusing to write, replace or delete any of `members` (the files the sources are part of)
+/// or of the plan's protected files. As [`execute`] on error.
+pub(crate) fn execute_from(
+    plan: &Plan,
+    srcs: &Sources<'_>,
+    members: &[PathBuf],
+    opts: &WriteOptions<'_>,
+) -> Result<()> {
+    refuse_overwriting_sources(plan, members)?;
     // Checked before anything is written (and again at each rename, for links planted while
     // the plan runs), so a refusal leaves nothing behind.
     let manifest = plan.targets.first().and_then(|t| t.path.parent()).map(|d| d.join(crate::manifest::MANIFEST_NAME));
@@ -224,7 +236,6 @@ pub(crate) fn execute(plan: &Plan, source: &Checkpoint, opts: &WriteOptions<'_>)
     for out in plan.targets.iter().map(|t| &t.path).chain(plan.trailers.iter().map(|(p, _)| p)).chain(&manifest) {
         refuse_planted_link(out, plan)?;
     }
-    let sources = source.files();
     // A folder the plan creates is built under a temporary name and renamed into place once
     // everything in it is complete, so a failure or a kill never leaves half of one behind.
     let stage = Stage::new(plan)?;
@@ -236,7 +247,6 @@ pub(crate) fn execute(plan: &Plan, source: &Checkpoint, opts: &WriteOptions<'_>)
         }
         temps.create(&path)?;
     }
-    let srcs = Sources::of(sources)?;
     // Every CRC-covered record the plan reads is checked first, in parallel pieces: a damaged
     // source is refused before anything is written.
     let copies = plan.targets.iter().flat_map(|t| t.copies.iter().map(|c| (c.src, c.src_off, c.len)));
@@ -262,9 +272,10 @@ pub(crate) fn execute(plan: &Plan, source: &Checkpoint, opts: &WriteOptions<'_>)
     let kernel_ok = AtomicBool::new(opts.copy == CopyMethod::Auto);
     pieces.par_iter().try_for_each(|(ti, c)| {
         let (dst_path, dst) = &temps.files[*ti];
-        let (src, src_path) = srcs.file(c.src)?;
-        // Bytes decoded from a source (numpy arrays) are not in its file: copied from memory.
+        // Bytes held in memory (a torch file's numpy arrays, the caller's buffers) are not in a
+        // file: written from where they are.
         let copied = if kernel_ok.load(Ordering::Relaxed) && !srcs.in_memory(c.src, c.src_off) {
+            let (src, src_path) = srcs.file(c.src)?;
             kernel_copy(src, src_path, dst, dst_path, c, &kernel_ok)?
         } else {
             0
@@ -275,7 +286,7 @@ pub(crate) fn execute(plan: &Plan, source: &Checkpoint, opts: &WriteOptions<'_>)
         if copied < c.len {
             let rest =
                 RangeCopy { src: c.src, src_off: c.src_off + copied, dst_off: c.dst_off + copied, len: c.len - copied };
-            mapped_copy(&srcs, dst, dst_path, &rest, opts.progress)?;
+            mapped_copy(srcs, dst, dst_path, &rest, opts.progress)?;
         }
         sys::start_writeback(dst, c.dst_off, c.len);
         Ok::<(), Error>(())
@@ -284,7 +295,7 @@ pub(crate) fn execute(plan: &Plan, source: &Checkpoint, opts: &WriteOptions<'_>)
         plan.targets.iter().enumerate().flat_map(|(ti, t)| t.gathers.iter().map(move |g| (ti, g))).collect();
     gathers.par_iter().try_for_each(|(ti, g)| {
         let (p, f) = &temps.files[*ti];
-        gather(&srcs, g, f, p, opts.progress)
+        gather(srcs, g, f, p, opts.progress)
     })?;
     plan.targets.par_iter().zip(&temps.files).try_for_each(|(t, (p, f))| match &t.seal {
         Some(s) => s.seal(f, p),
@@ -614,10 +625,10 @@ fn mapped_copy(
 /// Refuses a plan that would write, replace or delete any file of its source: writing a
 /// checkpoint over its own files would destroy them mid-read. Paths are compared after
 /// resolving links.
-fn refuse_overwriting_sources(plan: &Plan, source: &Checkpoint) -> Result<()> {
+fn refuse_overwriting_sources(plan: &Plan, members: &[PathBuf]) -> Result<()> {
     let canon = |p: &Path| std::fs::canonicalize(p).ok();
     let read: std::collections::HashSet<PathBuf> =
-        source.members().iter().chain(&plan.protected).filter_map(|p| canon(p)).collect();
+        members.iter().chain(&plan.protected).filter_map(|p| canon(p)).collect();
     let written =
         plan.targets.iter().map(|t| &t.path).chain(plan.stale.all()).chain(plan.trailers.iter().map(|(p, _)| p));
     for out in written {

@@ -113,19 +113,6 @@ pub(crate) fn usage(message: impl Into<String>) -> PyErr {
     build("bindings", "Usage".into(), message.into(), |_| Ok(()))
 }
 
-/// An I/O error of the bindings' own writers.
-pub(crate) fn io(path: &std::path::Path, source: std::io::Error) -> PyErr {
-    let (kind, errno) = io_kind(&source);
-    let message = format!("{}: {source}", ckpt::escape_controls(&path.display().to_string()));
-    build("ckpt", "Io".into(), message, |d| {
-        d.set_item("path", path.display().to_string())?;
-        d.set_item("io_kind", kind)?;
-        d.set_item("errno", errno)?;
-        d.set_item("invalid_data", false)?;
-        Ok(())
-    })
-}
-
 /// Runs `f` (a call into the libraries, usually with the GIL released), turning a panic into a
 /// `StatekitError` naming `what` (the file or the operation): the last line behind the
 /// libraries' own checks, so that no input makes a pyo3 `PanicException` reach Python.

@@ -442,25 +442,33 @@ def save(state_dict: Mapping[str, Any], path: PathLike, *, max_shard_size: Optio
     one file at ``path``, or with ``max_shard_size`` huggingface_hub's sharded layout in the
     folder ``path``; atomically (temporaries beside the targets, fsynced, renamed, index last).
 
+    The tensors go in the order the state dict gives them, through ``ckpt split``'s planner and
+    writer: the files are those ``huggingface_hub.save_torch_state_dict(state_dict, path,
+    max_shard_size=...)`` writes, every file's ``__metadata__`` starting with ``format: pt``
+    (``metadata`` follows it in a single file, and goes in the index of a sharded one).
+
     Tied weights are handled as ``safetensors.torch.save_model`` does: exact aliases (same
     storage, offset, shape and strides) are written once, under the first of their names in
     sorted order, and ``Outcome.aliases`` lists the ``(dropped, kept)`` pairs. Other views
     into one storage are each written as their own contiguous copy.
     """
-    entries = []
-    keep = []
+    for name in state_dict:
+        if not isinstance(name, str):
+            raise UsageError(f"state dict keys must be strings, not {name!r}")
     aliases: List[Tuple[str, str]] = []
     seen: Dict[Tuple[Any, ...], str] = {}
     for name in sorted(state_dict):
-        if not isinstance(name, str):
-            raise UsageError(f"state dict keys must be strings, not {name!r}")
-        value = state_dict[name]
-        key = _alias_key(value)
+        key = _alias_key(state_dict[name])
         if key is not None and key in seen:
             aliases.append((name, seen[key]))
-            continue
-        if key is not None:
+        elif key is not None:
             seen[key] = name
+    dropped = {a for a, _ in aliases}
+    entries = []
+    keep = []
+    for name, value in state_dict.items():
+        if name in dropped:
+            continue
         dt, shape, addr, nbytes, alive = _buffer(value, name)
         keep.append(alive)
         entries.append((name, dt, list(shape), addr, nbytes))

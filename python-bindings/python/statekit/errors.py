@@ -161,6 +161,7 @@ _CKPT: Dict[str, Type[CheckpointError]] = {
     "BadSize": BadOutput,
     "OutputIsSource": BadOutput,
     "BadConvert": BadOutput,
+    "BadSaveTensor": BadOutput,
     "NotInSafetensors": BadOutput,
     "BadHubUrl": HubError,
     "NotInHubCache": HubError,
