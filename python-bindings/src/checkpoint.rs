@@ -9,8 +9,8 @@ use pyo3::prelude::*;
 use serde_json::{json, Value};
 
 use crate::args;
+use crate::buffer::BytesMut;
 use crate::errors;
-use crate::raw::RawBuf;
 
 /// An opened checkpoint (`ckpt::Checkpoint`): the catalog only; tensors are read on demand.
 #[pyclass(module = "statekit._native", name = "Checkpoint", frozen)]
@@ -102,29 +102,42 @@ impl PyCheckpoint {
         }
     }
 
-    /// Reads tensor `index` into the buffer at `addr` (exactly its byte length).
-    fn read_into(&self, py: Python<'_>, index: usize, addr: usize, len: usize) -> PyResult<()> {
-        self.read_many_into(py, vec![(index, addr, len)])
+    /// Reads tensor `index` into `out`, a writable C-contiguous buffer of exactly its bytes.
+    fn read_into(&self, py: Python<'_>, index: usize, out: &Bound<'_, PyAny>) -> PyResult<()> {
+        let t = self.tensor(index)?;
+        let mut buf = BytesMut::get(out, "`out`", Some(byte_len(t)?))?;
+        self.read(py, vec![(t, buf.as_mut_slice())])
     }
 
-    /// Reads each `(tensor index, address, length)`, opening the source files once.
-    fn read_many_into(&self, py: Python<'_>, jobs: Vec<(usize, usize, usize)>) -> PyResult<()> {
-        let ck = &self.inner;
+    /// Reads each `(tensor index, out)`, opening the source files once; the outputs must not
+    /// share memory.
+    fn read_many_into(&self, py: Python<'_>, jobs: Vec<(usize, Bound<'_, PyAny>)>) -> PyResult<()> {
         let mut plan = Vec::with_capacity(jobs.len());
-        for (index, addr, len) in jobs {
-            let t = ck.tensors().get(index).ok_or_else(|| errors::usage(format!("no tensor {index}")))?;
-            plan.push((t, RawBuf { addr, len }));
+        for (k, (index, out)) in jobs.iter().enumerate() {
+            let t = self.tensor(*index)?;
+            plan.push((t, BytesMut::get(out, &format!("`jobs[{k}]` (tensor {index})"), Some(byte_len(t)?))?));
         }
-        let root = format!("`{}`", ck.root().display());
-        errors::unpanicked(&root, || {
-            py.detach(|| {
-                let mut bufs: Vec<(&ckpt::TensorInfo, &mut [u8])> =
-                    plan.iter().map(|(t, b)| (*t, b.bytes_mut())).collect();
-                ck.read_tensors_into(&mut bufs)
-            })
-            .map_err(errors::ckpt)
-        })
+        crate::buffer::disjoint(plan.iter().enumerate().map(|(k, (_, b))| (b, format!("`jobs[{k}]`"))))?;
+        self.read(py, plan.iter_mut().map(|(t, b)| (*t, b.as_mut_slice())).collect())
     }
+}
+
+impl PyCheckpoint {
+    fn tensor(&self, index: usize) -> PyResult<&ckpt::TensorInfo> {
+        self.inner.tensors().get(index).ok_or_else(|| errors::usage(format!("no tensor {index}")))
+    }
+
+    /// Fills each buffer with its tensor, the GIL released.
+    fn read(&self, py: Python<'_>, mut jobs: Vec<(&ckpt::TensorInfo, &mut [u8])>) -> PyResult<()> {
+        let ck = &self.inner;
+        let root = format!("`{}`", ck.root().display());
+        errors::unpanicked(&root, || py.detach(|| ck.read_tensors_into(&mut jobs)).map_err(errors::ckpt))
+    }
+}
+
+/// The bytes of `t`, as a buffer length.
+fn byte_len(t: &ckpt::TensorInfo) -> PyResult<usize> {
+    usize::try_from(t.byte_len()).map_err(|_| errors::usage(format!("tensor `{}` is too large to read", t.name)))
 }
 
 fn outcome_json(o: &Outcome) -> String {

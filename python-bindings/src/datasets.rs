@@ -18,8 +18,8 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
 
 use crate::args::{self, MAX_LEN};
+use crate::buffer::BytesMut;
 use crate::errors;
-use crate::raw::RawBuf;
 
 /// The longest window the bindings read (2^32 tokens): far past any context length, and small
 /// enough that a batch's buffer sizes cannot overflow.
@@ -106,27 +106,34 @@ impl TokenSource {
         Ok((k, f.data_offset() + start * f.dtype().size()))
     }
 
-    /// Reads the windows at `indices` into two `int64` buffers of `len(indices) × block_size`.
+    /// Reads the windows at `indices` into `inputs` and `targets`: two writable C-contiguous
+    /// buffers of `len(indices) × block_size` int64 tokens each, not sharing memory.
     fn read_batch_into(
         &self,
         py: Python<'_>,
         indices: &Bound<'_, PyAny>,
-        inputs: (usize, usize),
-        targets: (usize, usize),
+        inputs: &Bound<'_, PyAny>,
+        targets: &Bound<'_, PyAny>,
     ) -> PyResult<()> {
         let indices = args::uint_list(indices, "indices", MAX_LEN)?;
         let inner = &self.inner;
-        let (inputs, targets) = (RawBuf { addr: inputs.0, len: inputs.1 }, RawBuf { addr: targets.0, len: targets.1 });
         let want = indices.len().checked_mul(inner.block_size()).and_then(|n| n.checked_mul(8));
-        if want.is_none_or(|w| inputs.len != w || targets.len != w) {
-            let n = indices.len().saturating_mul(inner.block_size());
-            return Err(errors::usage(format!("two buffers of {n} int64 tokens each are needed")));
-        }
+        let Some(want) = want else {
+            return Err(errors::usage(format!(
+                "{} windows of {} tokens are too many",
+                indices.len(),
+                inner.block_size()
+            )));
+        };
+        let mut inputs = BytesMut::get(inputs, "`inputs`", Some(want))?;
+        let mut targets = BytesMut::get(targets, "`targets`", Some(want))?;
+        crate::buffer::disjoint([(&inputs, "`inputs`".to_string()), (&targets, "`targets`".to_string())])?;
+        let (inputs, targets) = (inputs.as_mut_slice(), targets.as_mut_slice());
         let files = inner.files().first().map(|f| f.path().to_path_buf()).unwrap_or_default();
         errors::unpanicked(&at(&files), || {
             py.detach(|| {
                 let batch = inner.read_batch(&indices)?;
-                for (src, dst) in [(&batch.inputs, inputs.bytes_mut()), (&batch.targets, targets.bytes_mut())] {
+                for (src, dst) in [(&batch.inputs, inputs), (&batch.targets, targets)] {
                     for (d, v) in dst.chunks_exact_mut(8).zip(src.iter()) {
                         d.copy_from_slice(&v.to_le_bytes());
                     }

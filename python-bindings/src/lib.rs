@@ -7,17 +7,22 @@
 //! the GIL.
 
 mod args;
+mod buffer;
 mod checkpoint;
 mod comm;
 mod datasets;
 mod errors;
-mod raw;
 mod sampler;
 mod save;
 
 use pyo3::prelude::*;
 
-#[pymodule]
+// Free-threaded CPython may run this module without the GIL: nothing here relies on it. Every
+// class is `frozen` (immutable, `Sync`) except `Sampler`, whose `&mut self` methods go through
+// pyo3's borrow flag (atomic where there is no GIL: a second thread gets a `RuntimeError`, never
+// a data race); buffers are held as exports for the whole call, which is what keeps them alive
+// and sized, with or without the GIL (every call that touches their bytes releases it anyway).
+#[pymodule(gil_used = false)]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_class::<sampler::Sampler>()?;

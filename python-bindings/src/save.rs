@@ -7,12 +7,13 @@ use std::path::PathBuf;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
+use crate::buffer::Bytes;
 use crate::comm::PyCollective;
 use crate::errors;
-use crate::raw::RawBuf;
 
-/// One tensor handed over by the Python layer: name, safetensors dtype name, shape, bytes.
-type Entry = (String, String, Vec<u64>, usize, usize);
+/// One tensor handed over by the Python layer: name, safetensors dtype name, shape, and its
+/// bytes as a C-contiguous buffer.
+type Entry<'py> = (String, String, Vec<u64>, Bound<'py, PyAny>);
 
 /// Saves `entries`, in the order given, as safetensors at `path` (with `max_shard_size`: a
 /// folder in huggingface_hub's layout, `model.safetensors` alone when everything fits one
@@ -21,40 +22,35 @@ type Entry = (String, String, Vec<u64>, usize, usize);
 #[pyo3(signature = (entries, path, max_shard_size=None, metadata=None))]
 pub(crate) fn save_safetensors(
     py: Python<'_>,
-    entries: Vec<Entry>,
+    entries: Vec<Entry<'_>>,
     path: PathBuf,
     max_shard_size: Option<&Bound<'_, PyAny>>,
     metadata: Option<&Bound<'_, PyDict>>,
 ) -> PyResult<Vec<String>> {
     let max_shard_size = crate::args::opt_uint(max_shard_size, "max_shard_size", 0, u64::MAX)?;
-    let mut dtypes = Vec::with_capacity(entries.len());
-    for (_, dtype, ..) in &entries {
-        dtypes.push(
-            ckpt::Dtype::from_safetensors_name(dtype)
-                .ok_or_else(|| errors::usage(format!("safetensors has no dtype `{dtype}`")))?,
-        );
+    let mut held = Vec::with_capacity(entries.len());
+    for (name, dtype, _, data) in &entries {
+        let dtype = ckpt::Dtype::from_safetensors_name(dtype)
+            .ok_or_else(|| errors::usage(format!("safetensors has no dtype `{dtype}`")))?;
+        held.push((dtype, Bytes::get(data, &format!("the data of tensor `{name}`"), None)?));
     }
     let mut meta = Vec::new();
     for (k, v) in metadata.iter().flat_map(|m| m.iter()) {
         meta.push((k.extract::<String>()?, v.extract::<String>()?));
     }
     let options = ckpt::SaveOptions { max_shard_size, metadata: meta };
-    let outcome = py
-        .detach(|| {
-            let bufs: Vec<RawBuf> = entries.iter().map(|&(.., addr, len)| RawBuf { addr, len }).collect();
-            let tensors: Vec<ckpt::MemoryTensor<'_>> = entries
-                .iter()
-                .zip(&dtypes)
-                .zip(&bufs)
-                .map(|(((name, _, shape, ..), dtype), buf)| ckpt::MemoryTensor {
-                    name,
-                    dtype: *dtype,
-                    shape,
-                    bytes: buf.bytes(),
-                })
-                .collect();
-            ckpt::save_safetensors(&tensors, &path, &options, &ckpt::WriteOptions::default())
+    let tensors: Vec<ckpt::MemoryTensor<'_>> = entries
+        .iter()
+        .zip(&held)
+        .map(|((name, _, shape, _), (dtype, data))| ckpt::MemoryTensor {
+            name,
+            dtype: *dtype,
+            shape,
+            bytes: data.as_slice(),
         })
+        .collect();
+    let outcome = py
+        .detach(|| ckpt::save_safetensors(&tensors, &path, &options, &ckpt::WriteOptions::default()))
         .map_err(errors::ckpt)?;
     Ok(outcome.files.iter().map(|p| p.display().to_string()).collect())
 }
@@ -96,11 +92,11 @@ fn local_value(v: &Bound<'_, PyAny>) -> PyResult<ckpt::LocalValue> {
 }
 
 /// A rank's slice of a tensor from Python: key path parts (str or int), dtype, global shape,
-/// first global row, address and length of its bytes.
-type Slice<'py> = (Bound<'py, PyAny>, String, Vec<u64>, u64, usize, usize);
+/// first global row, and its bytes as a C-contiguous buffer.
+type Slice<'py> = (Bound<'py, PyAny>, String, Vec<u64>, u64, Bound<'py, PyAny>);
 
 /// `ckpt::save_sharded` over torch.distributed (through `comm`). `tensors`: `(key parts,
-/// dtype, global shape, dim0 offset, address, length)`; `values`: `(key parts, value)`.
+/// dtype, global shape, dim0 offset, data)`; `values`: `(key parts, value)`.
 #[pyfunction]
 pub(crate) fn save_sharded(
     py: Python<'_>,
@@ -111,10 +107,11 @@ pub(crate) fn save_sharded(
 ) -> PyResult<String> {
     let comm = PyCollective::new(&comm)?;
     let mut locals = Vec::with_capacity(tensors.len());
-    for (parts, dtype, global_shape, dim0_offset, addr, len) in &tensors {
+    for (k, (parts, dtype, global_shape, dim0_offset, data)) in tensors.iter().enumerate() {
         let dtype = ckpt::Dtype::from_safetensors_name(dtype)
             .ok_or_else(|| errors::usage(format!("unknown dtype `{dtype}`")))?;
-        locals.push((key_parts(parts)?, dtype, global_shape.clone(), *dim0_offset, RawBuf { addr: *addr, len: *len }));
+        let data = Bytes::get(data, &format!("the data of `tensors[{k}]`"), None)?;
+        locals.push((key_parts(parts)?, dtype, global_shape.clone(), *dim0_offset, data));
     }
     let mut vals = Vec::with_capacity(values.len());
     for (parts, v) in &values {
@@ -129,7 +126,7 @@ pub(crate) fn save_sharded(
                     dtype: *dtype,
                     global_shape: global_shape.clone(),
                     dim0_offset: *dim0_offset,
-                    bytes: buf.bytes(),
+                    bytes: buf.as_slice(),
                 })
                 .collect();
             ckpt::save_sharded(&dir, &ts, &vals, &comm, &ckpt::WriteOptions::default())

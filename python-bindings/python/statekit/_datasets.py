@@ -130,7 +130,7 @@ class TokenDataset(_Base):
         idx = _indices(indices, len(self))
         inputs = np.empty((len(idx), self.block_size), np.int64)
         targets = np.empty((len(idx), self.block_size), np.int64)
-        self._src.read_batch_into(idx, (inputs.ctypes.data, inputs.nbytes), (targets.ctypes.data, targets.nbytes))
+        self._src.read_batch_into(idx, inputs, targets)
         return inputs, targets
 
 

@@ -342,7 +342,7 @@ def load(
             m = maps[i] = _map_regular(info["files"][i]["path"])
         return _whole(m, info["files"][i]["path"])
 
-    reads: List[Tuple[int, int, int]] = []
+    reads: List[Tuple[int, Any]] = []
     out = LoadedStateDict()
     out.dtypes = {}
     out.format = info["format"]
@@ -359,7 +359,7 @@ def load(
                 value = torch.frombuffer(mapping(t["file"]), dtype=tdt, count=nbytes // tdt.itemsize, offset=t["offset"]).reshape(shape)
             else:
                 value = torch.empty(shape, dtype=tdt)
-                reads.append((i, value.data_ptr(), nbytes))
+                reads.append((i, _torch_bytes(value)))
         else:
             ndt = _NUMPY.get(dt) or _RAW.get(dt)
             if ndt is None:
@@ -371,7 +371,7 @@ def load(
                 value = np.frombuffer(mapping(t["file"]), dtype=ndt, count=nbytes // itemsize, offset=t["offset"]).reshape(shape)
             else:
                 value = np.empty(shape, dtype=ndt)
-                reads.append((i, value.ctypes.data, nbytes))
+                reads.append((i, value))
         out[name] = value
     # One native call for every tensor that is gathered (chunks, partitions, strided views,
     # casts): the files are opened once, and the GIL is released for the whole read.
@@ -395,9 +395,18 @@ def _np_dtype_name(a: np.ndarray) -> str:
     raise UsageError(f"numpy dtype `{a.dtype}` has no safetensors dtype")
 
 
-def _buffer(value: Any, name: str) -> Tuple[str, Tuple[int, ...], int, int, Any]:
-    """(dtype name, shape, address, length, keep-alive) of a C-contiguous little-endian CPU copy
-    or view of ``value``."""
+def _torch_bytes(t: Any) -> np.ndarray:
+    """A C-contiguous CPU torch tensor's memory as a flat ``uint8`` numpy array (no copy): torch
+    tensors have no buffer protocol, and numpy has no bf16 or fp8."""
+    import torch
+
+    return t.reshape(-1).view(torch.uint8).numpy()
+
+
+def _buffer(value: Any, name: str) -> Tuple[str, Tuple[int, ...], Any]:
+    """(dtype name, shape, data) of ``value``: ``data`` a C-contiguous little-endian CPU buffer
+    (a copy, or a view when ``value`` already is one), which Rust reads through the buffer
+    protocol."""
     torch = _torch_module()
     if torch is not None and isinstance(value, torch.Tensor):
         if value.layout != torch.strided:
@@ -411,20 +420,20 @@ def _buffer(value: Any, name: str) -> Tuple[str, Tuple[int, ...], int, int, Any]
             raise UsageError(f"tensor `{name}` is {kind}: safetensors stores plain dense tensors only")
         if value.device.type != "cpu":
             raise UsageError(f"tensor `{name}` is on `{value.device}`: move it to the CPU first")
-        t = value.detach()
+        t = value.detach().resolve_conj().resolve_neg()
         if not t.is_contiguous():
             t = t.contiguous()
         names = {v: k for k, v in _TORCH.items()}
         dt = names.get(str(t.dtype).replace("torch.", ""))
         if dt is None:
             raise UsageError(f"tensor `{name}`: dtype `{t.dtype}` has no safetensors dtype")
-        return dt, tuple(t.shape), t.data_ptr(), t.numel() * t.element_size(), t
+        return dt, tuple(t.shape), _torch_bytes(t)
     if isinstance(value, np.ndarray):
         a = value
         if a.dtype.byteorder == ">":
             a = a.astype(a.dtype.newbyteorder("<"))
         a = np.ascontiguousarray(a)
-        return _np_dtype_name(a), tuple(a.shape), a.ctypes.data, a.nbytes, a
+        return _np_dtype_name(a), tuple(a.shape), a
     raise UsageError(f"`{name}` is a `{type(value).__name__}`, not a numpy array or a torch tensor")
 
 
@@ -465,17 +474,14 @@ def save(state_dict: Mapping[str, Any], path: PathLike, *, max_shard_size: Optio
             seen[key] = name
     dropped = {a for a, _ in aliases}
     entries = []
-    keep = []
     for name, value in state_dict.items():
         if name in dropped:
             continue
-        dt, shape, addr, nbytes, alive = _buffer(value, name)
-        keep.append(alive)
-        entries.append((name, dt, list(shape), addr, nbytes))
+        dt, shape, data = _buffer(value, name)
+        entries.append((name, dt, list(shape), data))
     meta = None if metadata is None else {str(k): str(v) for k, v in metadata.items()}
     files = _native.save_safetensors(entries, os.fspath(path), _size(max_shard_size), meta)
-    del keep
-    return Outcome(files=files, tensors=len(entries), bytes=sum(e[4] for e in entries), aliases=aliases)
+    return Outcome(files=files, tensors=len(entries), bytes=sum(e[3].nbytes for e in entries), aliases=aliases)
 
 
 def _holds_containers(obj: Any) -> bool:
@@ -527,7 +533,6 @@ def save_sharded(state_dict: Mapping[str, Any], dir: PathLike, *, rank: int, wor
     _flatten(state_dict, (), leaves)
     tensors = []
     values = []
-    keep = []
     dtensor_cls = None
     if torch is not None:
         try:
@@ -543,17 +548,13 @@ def save_sharded(state_dict: Mapping[str, Any], dir: PathLike, *, rank: int, wor
             if any(o != 0 for o in offset[1:]):
                 raise UsageError(f"`{name}`: only DTensors sharded on dim 0 are supported")
             local = v.to_local()
-            dt, _, addr, nbytes, alive = _buffer(local.cpu(), name)
-            keep.append(alive)
-            tensors.append((list(parts), dt, list(v.shape), int(offset[0]) if len(offset) else 0, addr, nbytes))
+            dt, _, data = _buffer(local.cpu(), name)
+            tensors.append((list(parts), dt, list(v.shape), int(offset[0]) if len(offset) else 0, data))
         elif (torch is not None and isinstance(v, torch.Tensor)) or isinstance(v, np.ndarray):
             if rank != 0:
                 continue
-            dt, shape, addr, nbytes, alive = _buffer(v.cpu() if torch is not None and isinstance(v, torch.Tensor) else v, name)
-            keep.append(alive)
-            tensors.append((list(parts), dt, list(shape), 0, addr, nbytes))
+            dt, shape, data = _buffer(v.cpu() if torch is not None and isinstance(v, torch.Tensor) else v, name)
+            tensors.append((list(parts), dt, list(shape), 0, data))
         elif rank == 0:
             values.append((list(parts), v))
-    out = _outcome(_native.save_sharded(os.fspath(dir), tensors, values, comm))
-    del keep
-    return out
+    return _outcome(_native.save_sharded(os.fspath(dir), tensors, values, comm))
