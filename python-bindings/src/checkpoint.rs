@@ -43,6 +43,8 @@ impl PyCheckpoint {
     /// file and offset of the bytes when they lie contiguous in one file), metadata, values.
     fn info_json(&self, py: Python<'_>) -> PyResult<String> {
         let ck = &self.inner;
+        // Shards that disagree on a metadata key are refused, as every writer refuses them.
+        let metadata = ck.file_metadata().map_err(errors::ckpt)?;
         py.detach(|| {
             let tensors: Vec<Value> = ck
                 .tensors()
@@ -65,7 +67,7 @@ impl PyCheckpoint {
                 .map(|f| json!({"path": f.path.display().to_string(), "len": f.len, "globals": f.globals}))
                 .collect();
             let metadata: serde_json::Map<String, Value> =
-                ck.file_metadata().unwrap_or_default().into_iter().map(|(k, v)| (k, Value::String(v))).collect();
+                metadata.into_iter().map(|(k, v)| (k, Value::String(v))).collect();
             let values: serde_json::Map<String, Value> =
                 ck.values().into_iter().map(|(k, v)| (k.to_owned(), v)).collect();
             let info = json!({

@@ -239,6 +239,24 @@ def test_not_a_checkpoint_and_a_truncated_file(tmp_path):
     assert e.value.variant == "HeaderTooSmall"
 
 
+def test_shards_that_disagree_on_metadata_are_refused_by_inspect_as_by_verify(tmp_path):
+    """`inspect` once showed no metadata for shards whose `__metadata__` conflict; it refuses
+    them as the library refuses them everywhere, naming both files, and verify reports it."""
+    d = tmp_path / "sharded"
+    d.mkdir()
+    safetensors.numpy.save_file({"a": np.zeros(2, np.float32)}, d / "model-00001-of-00002.safetensors", metadata={"format": "pt"})
+    safetensors.numpy.save_file({"b": np.ones(2, np.float32)}, d / "model-00002-of-00002.safetensors", metadata={"format": "np"})
+    index = {"metadata": {"total_size": 16}, "weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}
+    (d / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(InvalidCheckpoint) as e:
+        ckpt.inspect(d)
+    assert e.value.variant == "MetadataConflict"
+    assert "model-00001-of-00002.safetensors" in str(e.value) and "model-00002-of-00002.safetensors" in str(e.value)
+    report = ckpt.verify(d)
+    assert not report.valid
+    assert [str(p) for p in report.problems] == [str(e.value)]
+
+
 # -- the GIL ----------------------------------------------------------------------------------
 
 
