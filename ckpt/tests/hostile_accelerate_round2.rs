@@ -5,10 +5,13 @@
 //! class, each pinning the message.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use ckpt::Checkpoint;
+use common::copy_tree;
 
 fn hostile(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../fixtures/hostile/accelerate_round2").join(name)
@@ -158,16 +161,4 @@ fn hostile_missing_ranks_of_a_sharded_model_are_one_problem_at_the_model() {
         dir.join("pytorch_model_fsdp_0").display()
     );
     assert_eq!(refusals(&dir), (vec![want.clone()], want));
-}
-
-fn copy_tree(src: &Path, dst: &Path) {
-    std::fs::create_dir_all(dst).unwrap();
-    for e in std::fs::read_dir(src).unwrap() {
-        let e = e.unwrap();
-        if e.file_type().unwrap().is_dir() {
-            copy_tree(&e.path(), &dst.join(e.file_name()));
-        } else {
-            std::fs::copy(e.path(), dst.join(e.file_name())).unwrap();
-        }
-    }
 }

@@ -5,22 +5,14 @@
 //! real tools' fixtures.
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use std::path::{Path, PathBuf};
+
+use common::copy_tree;
 
 fn fixtures() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../fixtures")
-}
-
-fn copy_tree(from: &Path, to: &Path) {
-    if from.is_file() {
-        std::fs::copy(from, to).unwrap();
-        return;
-    }
-    std::fs::create_dir_all(to).unwrap();
-    for e in std::fs::read_dir(from).unwrap() {
-        let e = e.unwrap();
-        copy_tree(&e.path(), &to.join(e.file_name()));
-    }
 }
 
 /// The damage done: where, and the CRCs before and after.

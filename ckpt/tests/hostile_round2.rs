@@ -4,23 +4,17 @@
 #![cfg(target_os = "linux")]
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
+
+use common::copy_tree;
 
 const CHILD: &str = "STATEKIT_ROUND2_CHILD";
 
 fn fixtures() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../fixtures")
-}
-
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for e in std::fs::read_dir(from).unwrap() {
-        let e = e.unwrap();
-        if e.file_type().unwrap().is_file() {
-            std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
-        }
-    }
 }
 
 /// Runs the test `name` of this binary again in a child process and returns its peak RSS in
@@ -62,7 +56,7 @@ fn dcp_sparse_metadata_refused_before_it_is_read() {
     }
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("ck");
-    copy_dir(&fixtures().join("dcp/fsdp2_w8_f32_bare/checkpoint"), &dir);
+    copy_tree(&fixtures().join("dcp/fsdp2_w8_f32_bare/checkpoint"), &dir);
     // A real metadata, then a gigabyte of holes.
     std::fs::OpenOptions::new().write(true).open(dir.join(".metadata")).unwrap().set_len(1 << 30).unwrap();
     let src = dir.to_str().unwrap();

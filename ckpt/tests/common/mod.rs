@@ -105,3 +105,16 @@ pub fn refused_everywhere(dir: &Path, format: &str, expected: &str) -> tempfile:
     assert!(!target.exists(), "{src}: no output left behind");
     out
 }
+
+/// Copies the file or folder tree `src` to `dst`: a checkpoint to damage at test time.
+pub fn copy_tree(src: &Path, dst: &Path) {
+    if src.is_file() {
+        std::fs::copy(src, dst).unwrap();
+        return;
+    }
+    std::fs::create_dir_all(dst).unwrap();
+    for e in std::fs::read_dir(src).unwrap() {
+        let e = e.unwrap();
+        copy_tree(&e.path(), &dst.join(e.file_name()));
+    }
+}
