@@ -21,7 +21,6 @@ import platform
 import re
 import shutil
 import statistics
-import subprocess
 import sys
 import time
 
@@ -32,22 +31,11 @@ OPS = ("convert", "dcp", "zero", "dcp_tp")
 
 
 def timed(cmd, out, sources):
-    """Wall and CPU seconds of one run, from a fresh output folder with warm sources."""
-    shutil.rmtree(out, ignore_errors=True)
-    os.makedirs(out)
-    subprocess.run(["sync"], check=True)
-    vs_cp.warm(sources)
-    t0 = time.perf_counter()
-    proc = subprocess.run(["/usr/bin/time", "-v", "-o", vs_cp.TIME_FILE, *cmd], stdout=subprocess.DEVNULL,
-                          stderr=subprocess.PIPE, text=True)
-    wall = time.perf_counter() - t0
-    if proc.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stderr[-4000:]}")
-    text = open(vs_cp.TIME_FILE).read()
+    """Wall and CPU seconds and peak RSS of one run (vs_cp.py's fresh-folder, warm-source rules)."""
+    wall, text = vs_cp.timed_run(cmd, out, sources)
     user = float(re.search(r"User time \(seconds\): ([\d.]+)", text).group(1))
     system = float(re.search(r"System time \(seconds\): ([\d.]+)", text).group(1))
-    rss = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", text).group(1)) / 1024
-    return wall, user + system, rss
+    return wall, user + system, vs_cp.peak_rss_mib(text)
 
 
 def measure(name, a_spec, c_spec, pairs, warmup):

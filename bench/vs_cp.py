@@ -245,7 +245,9 @@ def warm(files):
                 pass
 
 
-def timed(cmd, out, sources):
+def timed_run(cmd, out, sources):
+    """One run from a fresh output folder, after a `sync` and with warm sources, under
+    `/usr/bin/time -v`: its wall time and what `time` reported."""
     shutil.rmtree(out, ignore_errors=True)
     os.makedirs(out)
     run(["sync"])
@@ -256,9 +258,16 @@ def timed(cmd, out, sources):
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stderr[-4000:]}")
-    text = open(TIME_FILE).read()
-    rss_kib = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", text).group(1))
-    return wall, rss_kib / 1024
+    return wall, open(TIME_FILE).read()
+
+
+def peak_rss_mib(time_text):
+    return int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", time_text).group(1)) / 1024
+
+
+def timed(cmd, out, sources):
+    wall, text = timed_run(cmd, out, sources)
+    return wall, peak_rss_mib(text)
 
 
 def traced(cmd, out, sources):
