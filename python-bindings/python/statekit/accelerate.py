@@ -1,0 +1,537 @@
+"""accelerate's loader classes with statekit's batches: one line in an accelerate script.
+
+``DataLoaderShard``, ``DataLoaderDispatcher`` and ``BatchSamplerShard`` subclass accelerate
+1.15's classes of the same names, and ``prepare_data_loader`` / ``skip_first_batches`` take
+accelerate's signatures, so every ``isinstance`` check and attribute accelerate's internals use
+(``GradientState``'s ``end_of_dataloader`` and ``remainder``, which ``gather_for_metrics`` cuts
+the last batch's duplicates by; ``set_epoch``, ``iteration``, ``total_batch_size``,
+``total_dataset_length``, ``use_stateful_dataloader``, ``state_dict`` / ``load_state_dict``)
+keeps working. What changes is where a map-style loader's batches come from: the batch sampler
+is ``statekit.data``'s ``ShardedBatchSampler``, whose position is one number per epoch. So:
+
+* ``skip_first_batches(dl, k)`` moves that number, in O(1), where accelerate's
+  ``SkipBatchSampler`` walks the first ``k`` batches of the epoch;
+* a loader's ``state_dict()`` is torchdata's ``StatefulDataLoader`` state with statekit's
+  position inside (``_index_sampler_state``), the same on every rank; ``load_state_dict`` takes
+  one saved on any number of processes (``dataload``'s elastic rule: the rest of the epoch is
+  dealt out over the new world, every remaining sample once).
+
+``patch(accelerator)`` routes ``accelerator.prepare`` / ``prepare_data_loader`` and
+``accelerator.skip_first_batches`` through this module; ``save_state`` then writes a stateful
+loader's position as ``dl_state_dict[_i].bin`` (accelerate's own code, our ``state_dict``) and
+``load_state`` restores it, on the same or another number of processes.
+
+What is left to accelerate, unchanged: loaders whose sampler statekit does not model (a custom
+batch sampler or sampler, a ``RandomSampler`` with replacement or ``num_samples``, a
+``sampler=`` that is itself a batch sampler), device meshes (TP/CP rank remapping), XLA and
+Megatron; ``prepare_data_loader`` hands those to accelerate's own function. Iterable datasets
+keep accelerate's flow (statekit's ``IterableDatasetShard`` per rank, or rank 0's stream
+broadcast by accelerate's dispatcher); their ``skip_first_batches`` replays, as accelerate's does,
+since a stream has no position to compute.
+
+Two choices differ from accelerate on purpose. ``skip_first_batches`` on a dispatched map-style
+loader counts steps, as it does for every other loader (accelerate's counts the underlying
+loader's batches there, ``num_processes`` to a step). A prepared loader keeps a mid-epoch
+position across ``iter()`` only after ``load_state_dict`` or ``skip_first_batches``; a pass that
+was broken off starts its epoch again, as accelerate's does.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Callable, Dict, Optional
+
+import torch
+from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, SequentialSampler
+
+import accelerate.data_loader as _acc
+from accelerate.state import DistributedType, PartialState
+from accelerate.utils import send_to_device
+
+from . import data as _data
+
+__all__ = [
+    "BatchSamplerShard",
+    "DataLoaderDispatcher",
+    "DataLoaderShard",
+    "IterableDatasetShard",
+    "patch",
+    "prepare_data_loader",
+    "skip_first_batches",
+]
+
+# accelerate's own table of the DataLoader arguments it forwards (with their defaults).
+_KWARGS = _acc._PYTORCH_DATALOADER_KWARGS
+_IGNORED = ("batch_size", "shuffle", "sampler", "batch_sampler", "drop_last")
+
+
+def __getattr__(name: str) -> Any:
+    if name == "IterableDatasetShard":
+        return _data.IterableDatasetShard
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _stateful_loader() -> Optional[type]:
+    try:
+        from torchdata.stateful_dataloader import StatefulDataLoader
+    except ImportError:
+        return None
+    return StatefulDataLoader
+
+
+def _plain_batch_sampler(bs: Any) -> bool:
+    """torch's ``BatchSampler``, or a subclass that batches the same way: one with its own
+    ``__iter__`` decides batches statekit cannot compute."""
+    return isinstance(bs, BatchSampler) and type(bs).__iter__ is BatchSampler.__iter__
+
+
+def _modelled(bs: Any) -> bool:
+    """Whether statekit computes the batches of ``bs``: a plain batch sampler over a sequential
+    sampler or a ``RandomSampler`` without replacement or ``num_samples``."""
+    if not _plain_batch_sampler(bs) or bs.batch_size is None:
+        return False
+    s = bs.sampler
+    if isinstance(s, RandomSampler):
+        return not s.replacement and s._num_samples is None
+    return type(s) is SequentialSampler or (isinstance(s, range) and s.start == 0 and s.step == 1)
+
+
+def _statekit_sampler(dataset: Any, batch_sampler: BatchSampler, world: int, rank: int,
+                      config: "_data.DataLoaderConfiguration", collate_fn: Any, generator: Any) -> Dict[str, Any]:
+    """statekit's batch sampler (and the collate function and generator its loader uses) for a
+    map-style ``dataset`` batched by ``batch_sampler``, on rank ``rank`` of ``world``:
+    ``statekit.data.prepare_data_loader`` decides it, as it does for its own loaders."""
+    template = DataLoader(dataset, batch_sampler=batch_sampler, collate_fn=collate_fn, generator=generator)
+    made = _data.prepare_data_loader(template, num_processes=world, process_index=rank, dataloader_config=config)
+    return {"batch_sampler": made.batch_sampler, "collate_fn": made.collate_fn, "generator": made.generator}
+
+
+def _split_of(sampler: Any) -> bool:
+    return bool(sampler.state_dict()["config"]["split_batches"])
+
+
+def _position_epoch(state: Any) -> Optional[int]:
+    """The epoch a loader state (torchdata's form, with or without workers) holds statekit's
+    position in, else None."""
+    if not isinstance(state, dict):
+        return None
+    for inner in (state.get("_index_sampler_state"),
+                  (state.get("_snapshot") or {}).get("_main_snapshot", {}).get("_index_sampler_state")):
+        if isinstance(inner, dict) and inner.get("format") == "statekit.dataload":
+            return int(inner["epoch"])
+    return None
+
+
+class _Positioned:
+    """What the two loaders share: the base loader built over statekit's sampler (torchdata's
+    ``StatefulDataLoader`` where torchdata is installed, so that a state can be taken, else
+    torch's ``DataLoader``), and a position that survives ``iter()`` only when it was set."""
+
+    _statekit: Any = None
+    _positioned = False
+    _abandoned = False
+
+    def _build_base(self, dataset: Any, use_stateful_dataloader: bool, kwargs: Dict[str, Any]) -> None:
+        self.use_stateful_dataloader = use_stateful_dataloader
+        bs = kwargs.get("batch_sampler")
+        self._statekit = bs if isinstance(bs, _data.ShardedBatchSampler) else None
+        stateful = _stateful_loader()
+        if use_stateful_dataloader and stateful is None:
+            raise ImportError("StatefulDataLoader is not available. Please install torchdata version 0.8.0 or higher to use it.")
+        if self._statekit is not None and stateful is not None or use_stateful_dataloader:
+            self.base_dataloader = stateful(dataset, **kwargs)
+        else:
+            self.base_dataloader = DataLoader(dataset, **kwargs)
+        # accelerate takes a snapshot when the loader is made only for stateful loaders (it makes
+        # the base iterator, and its workers); ours is taken on the first `state_dict()`.
+        if use_stateful_dataloader:
+            self.dl_state_dict = self.base_dataloader.state_dict()
+
+    def _start_pass(self) -> None:
+        s = self._statekit
+        if s is not None and self._abandoned and not self._positioned:
+            # accelerate's samplers start every pass at the start of the epoch; ours keeps its
+            # position, so a pass broken off (a `break`) is undone here.
+            s.set_epoch(self.iteration)
+            s.skip_first_batches(0)
+        self._positioned = False
+        self._abandoned = True
+
+    def state_dict(self) -> Dict[str, Any]:
+        """torchdata's ``StatefulDataLoader`` state after the batches handed out so far, with
+        statekit's position as ``_index_sampler_state`` (the same on every rank)."""
+        if "dl_state_dict" not in self.__dict__:
+            if not hasattr(self.base_dataloader, "state_dict"):
+                raise AttributeError("state_dict needs torchdata's StatefulDataLoader (pip install torchdata)")
+            self.dl_state_dict = self.base_dataloader.state_dict()
+        return self.dl_state_dict
+
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        """Continues from ``state_dict``; statekit's position loads on any number of processes."""
+        epoch = _position_epoch(state_dict)
+        if epoch is not None:
+            self.iteration = epoch  # accelerate's `iteration` is not in the state; its epoch is
+        self._positioned = True
+        self.base_dataloader.load_state_dict(state_dict)
+
+    def _positioned_copy(self, num_batches: int) -> Any:
+        s = copy.copy(self._statekit)
+        s.set_epoch(self.iteration)
+        s.skip_first_batches(num_batches)
+        return s
+
+    def _total(self, batch_size: int) -> int:
+        s = self._statekit
+        return batch_size if _split_of(s) else batch_size * s.num_processes
+
+
+class DataLoaderShard(_Positioned, _acc.DataLoaderShard):
+    """accelerate's ``DataLoaderShard`` (same arguments) over statekit's batch sampler.
+
+    Made by ``prepare_data_loader``, its batch sampler is this rank's ``ShardedBatchSampler``.
+    Made directly (``DataLoaderShard(dataset, batch_size=4, shuffle=...)``), a plain batch
+    sampler over a sequential or random sampler becomes statekit's (one process, as accelerate's
+    class does not shard); any other batch sampler is used as given, as accelerate does.
+    """
+
+    def __init__(self, dataset: Any, device: Any = None, rng_types: Any = None, synchronized_generator: Any = None,
+                 skip_batches: int = 0, use_stateful_dataloader: bool = False, _drop_last: bool = False,
+                 _non_blocking: bool = False, torch_device_mesh: Any = None, iteration: int = 0, **kwargs: Any) -> None:
+        kwargs = _convert(dataset, kwargs, _data.DataLoaderConfiguration(dispatch_batches=False), 1, 0)
+        self._build_base(dataset, use_stateful_dataloader, kwargs)
+        self._init_kwargs = dict(kwargs, device=device, rng_types=rng_types, synchronized_generator=synchronized_generator,
+                                 use_stateful_dataloader=use_stateful_dataloader, _drop_last=_drop_last,
+                                 _non_blocking=_non_blocking, torch_device_mesh=torch_device_mesh)
+        self.device = device
+        self.rng_types = rng_types
+        self.synchronized_generator = synchronized_generator
+        self.skip_batches = skip_batches
+        self.gradient_state = _acc.GradientState()
+        self._drop_last = _drop_last
+        self._non_blocking = _non_blocking
+        self.iteration = iteration
+
+    def __iter__(self) -> Any:
+        self._start_pass()
+        yield from super().__iter__()
+        self._abandoned = False
+
+    def __reduce__(self) -> Any:
+        return (DataLoaderShard, *object.__reduce__(self)[1:])
+
+    @property
+    def total_batch_size(self) -> int:
+        if self._statekit is None:
+            return super().total_batch_size
+        return self._total(self._statekit.batch_size)
+
+
+class DataLoaderDispatcher(_Positioned, _acc.DataLoaderDispatcher):
+    """accelerate's ``DataLoaderDispatcher`` (same arguments).
+
+    A map-style dataset: every rank reads its own slice of rank 0's global batches, which
+    ``statekit.data``'s dispatch plan computes (nothing is broadcast per batch); the slices,
+    the padding of a last uneven global batch and ``remainder`` (the rows of that batch, which
+    ``gather_for_metrics`` keeps) are accelerate's. An iterable dataset: accelerate's dispatcher
+    itself (rank 0 reads the stream and broadcasts each global batch).
+    """
+
+    def __init__(self, dataset: Any, split_batches: bool = False, skip_batches: int = 0,
+                 use_stateful_dataloader: bool = False, _drop_last: bool = False, _non_blocking: bool = False,
+                 slice_fn: Optional[Callable] = None, torch_device_mesh: Any = None, iteration: int = 0,
+                 **kwargs: Any) -> None:
+        self.state = PartialState()
+        config = _data.DataLoaderConfiguration(dispatch_batches=True, split_batches=split_batches)
+        kwargs = _convert(dataset, kwargs, config, self.state.num_processes, self.state.process_index)
+        self._build_base(dataset, use_stateful_dataloader, kwargs)
+        self._init_kwargs = dict(kwargs, split_batches=split_batches, use_stateful_dataloader=use_stateful_dataloader,
+                                 _drop_last=_drop_last, _non_blocking=_non_blocking, slice_fn=slice_fn,
+                                 torch_device_mesh=torch_device_mesh)
+        self.split_batches = split_batches
+        self.gradient_state = _acc.GradientState()
+        self._drop_last = _drop_last
+        self._non_blocking = _non_blocking
+        self.skip_batches = skip_batches
+        self.torch_device_mesh = torch_device_mesh
+        self.slice_fn = _acc.slice_tensors if slice_fn is None else slice_fn
+        self.iteration = iteration
+        self.submesh_tp = self.submesh_dp = self.submesh_fsdp = None
+        if torch_device_mesh is not None and self._statekit is not None:
+            raise ValueError("statekit.accelerate: a device mesh is accelerate's (prepare_data_loader hands it over)")
+
+    def __iter__(self) -> Any:
+        self._start_pass()
+        if self._statekit is None:
+            yield from super().__iter__()
+        else:
+            yield from self._iter_slices()
+        self._abandoned = False
+
+    def _iter_slices(self) -> Any:
+        # accelerate's loop, one batch ahead to know the last, over slices each rank reads itself.
+        self.begin()
+        self.set_epoch(self.iteration)
+        it = iter(self.base_dataloader)
+        try:
+            current = next(it)
+        except StopIteration:
+            self.end()
+            return
+        while True:
+            current = send_to_device(current, self.state.device, non_blocking=self._non_blocking)
+            self._update_state_dict()
+            try:
+                following = next(it)
+            except StopIteration:
+                self.end_of_dataloader = True
+                self._update_state_dict()
+                self.remainder = self._last_rows()
+                yield current
+                break
+            yield current
+            current = following
+        self.iteration += 1
+        self.end()
+
+    def _last_rows(self) -> int:
+        """The rows of the last global batch rank 0 would have read (accelerate's dispatcher sets
+        ``remainder`` to them): one underlying batch with ``split_batches``, else up to
+        ``num_processes`` of them, the last short unless ``drop_last``."""
+        s = self._statekit
+        n, bs, world = s.length, s.batch_size, s.num_processes
+        if s.drop_last:
+            return bs if _split_of(s) else bs * world
+        if _split_of(s):
+            return n - (-(-n // bs) - 1) * bs
+        step = bs * world
+        return n - (-(-n // step) - 1) * step
+
+    def adjust_state_dict_for_prefetch(self) -> None:
+        # accelerate's correction is for rank 0 reading `num_processes` batches a step; here each
+        # rank's base loader reads one slice a step.
+        if self._statekit is None:
+            super().adjust_state_dict_for_prefetch()
+
+    def set_epoch(self, epoch: int) -> None:
+        if self._statekit is None:
+            return super().set_epoch(epoch)
+        self.iteration = epoch
+        self._statekit.set_epoch(epoch)
+
+    def __reduce__(self) -> Any:
+        return (DataLoaderDispatcher, *object.__reduce__(self)[1:])
+
+    @property
+    def total_batch_size(self) -> int:
+        if self._statekit is None:
+            bs = self.base_dataloader.batch_size
+            return bs if self.split_batches else bs * self.state.num_processes
+        return self._total(self._statekit.batch_size)
+
+
+def _convert(dataset: Any, kwargs: Dict[str, Any], config: "_data.DataLoaderConfiguration", world: int,
+             rank: int) -> Dict[str, Any]:
+    """The DataLoader arguments with torch's batching (``batch_size``/``shuffle``/``sampler``/
+    ``drop_last``, or a ``batch_sampler``) replaced by statekit's batch sampler where statekit
+    computes those batches; else unchanged."""
+    if isinstance(dataset, IterableDataset) or isinstance(kwargs.get("batch_sampler"), _data.ShardedBatchSampler):
+        return kwargs
+    if isinstance(kwargs.get("sampler"), BatchSampler):
+        return kwargs  # accelerate's `sampler_is_batch_sampler` form
+    try:
+        template = DataLoader(dataset, **{k: kwargs[k] for k in ("batch_size", "shuffle", "sampler", "batch_sampler",
+                                                                  "drop_last", "generator") if k in kwargs})
+    except (TypeError, ValueError):
+        return kwargs  # torch refuses the combination: let accelerate's path say so
+    if not _modelled(template.batch_sampler):
+        return kwargs
+    made = _statekit_sampler(dataset, template.batch_sampler, world, rank, config,
+                             kwargs.get("collate_fn"), kwargs.get("generator"))
+    out = {k: v for k, v in kwargs.items() if k not in _IGNORED}
+    out["batch_sampler"] = made["batch_sampler"]
+    if kwargs.get("collate_fn") is not None or config.dispatch_batches:
+        out["collate_fn"] = made["collate_fn"]
+    return out
+
+
+class BatchSamplerShard(_acc.BatchSamplerShard):
+    """accelerate's ``BatchSamplerShard`` (same arguments and checks); over a plain batch
+    sampler of a sequential sampler (or ``range(n)``), its batches are statekit's, else
+    accelerate's."""
+
+    def __init__(self, batch_sampler: Any, num_processes: int = 1, process_index: int = 0,
+                 split_batches: bool = False, even_batches: bool = True) -> None:
+        super().__init__(batch_sampler, num_processes, process_index, split_batches, even_batches)
+        self._statekit = None
+        if _modelled(batch_sampler) and not isinstance(batch_sampler.sampler, RandomSampler):
+            self._statekit = _data.ShardedBatchSampler(
+                len(batch_sampler.sampler), batch_sampler.batch_size, num_processes=num_processes,
+                process_index=process_index, drop_last=self.drop_last, split_batches=split_batches,
+                even_batches=even_batches)
+
+    def __len__(self) -> int:
+        return super().__len__() if self._statekit is None else len(self._statekit)
+
+    def __iter__(self) -> Any:
+        if self._statekit is None:
+            return super().__iter__()
+        self._statekit.skip_first_batches(0)  # every pass from the start, as accelerate's
+        return iter(self._statekit)
+
+
+# --- prepare_data_loader, skip_first_batches, patch ------------------------------------------
+
+def prepare_data_loader(
+    dataloader: DataLoader,
+    device: Optional[torch.device] = None,
+    num_processes: Optional[int] = None,
+    process_index: Optional[int] = None,
+    split_batches: bool = False,
+    put_on_device: bool = False,
+    rng_types: Optional[list] = None,
+    dispatch_batches: Optional[bool] = None,
+    even_batches: bool = True,
+    slice_fn_for_dispatch: Optional[Callable] = None,
+    use_seedable_sampler: bool = False,
+    data_seed: Optional[int] = None,
+    non_blocking: bool = False,
+    use_stateful_dataloader: bool = False,
+    torch_device_mesh: Any = None,
+) -> DataLoader:
+    """accelerate 1.15's ``prepare_data_loader`` (same arguments, same checks and defaults),
+    giving this module's loaders. Inputs statekit does not model go to accelerate's own."""
+    state = PartialState()
+    dataset = dataloader.dataset
+    iterable = isinstance(dataset, IterableDataset)
+    sampler_is_batch_sampler = isinstance(dataloader.sampler, BatchSampler)
+    accelerate_only = (
+        torch_device_mesh is not None
+        or state.distributed_type in (DistributedType.XLA, DistributedType.MEGATRON_LM)
+        or (not iterable and (sampler_is_batch_sampler or not _modelled(dataloader.batch_sampler)))
+    )
+    if accelerate_only:
+        return _acc.prepare_data_loader(
+            dataloader, device, num_processes, process_index, split_batches, put_on_device, rng_types,
+            dispatch_batches, even_batches, slice_fn_for_dispatch, use_seedable_sampler, data_seed, non_blocking,
+            use_stateful_dataloader, torch_device_mesh)
+    if dispatch_batches is None:
+        dispatch_batches = False if not put_on_device else iterable
+    if dispatch_batches and not put_on_device:
+        raise ValueError("Using `dispatch_batches=True` requires `put_on_device=True`.")
+    world = state.num_processes if num_processes is None else num_processes
+    rank = state.process_index if process_index is None else process_index
+    if split_batches and dataloader.batch_size is not None and dataloader.batch_size > 1 and dataloader.batch_size % world != 0:
+        raise ValueError(
+            f"To use a `DataLoader` in `split_batches` mode, the batch size ({dataloader.batch_size}) "
+            f"needs to be a round multiple of the number of processes ({world})."
+        )
+    kwargs = {k: getattr(dataloader, k, _KWARGS[k]) for k in _KWARGS if k not in _IGNORED}
+    synchronized_generator = None
+    if iterable:
+        if world != 1 and not dispatch_batches:
+            if getattr(dataset, "generator", None) is not None:
+                synchronized_generator = dataset.generator
+            dataset = _data.IterableDatasetShard(dataset, batch_size=dataloader.batch_size, drop_last=dataloader.drop_last,
+                                                 num_processes=world, process_index=rank, split_batches=split_batches)
+        kwargs["drop_last"] = dataloader.drop_last
+        kwargs["batch_size"] = (dataloader.batch_size // world if split_batches and not dispatch_batches
+                                else dataloader.batch_size)
+    else:
+        config = _data.DataLoaderConfiguration(
+            split_batches=split_batches, dispatch_batches=bool(dispatch_batches), even_batches=even_batches,
+            use_seedable_sampler=use_seedable_sampler, data_seed=data_seed, non_blocking=non_blocking,
+            use_stateful_dataloader=use_stateful_dataloader)
+        made = _statekit_sampler(dataset, dataloader.batch_sampler, world, rank, config, dataloader.collate_fn,
+                                 dataloader.generator)
+        kwargs.update(batch_sampler=made["batch_sampler"], collate_fn=made["collate_fn"], generator=made["generator"])
+    # statekit computes the order from the generator's state: nothing to keep in step per pass.
+    if rng_types is not None and synchronized_generator is None and "generator" in rng_types:
+        rng_types.remove("generator")
+    if dispatch_batches:
+        kwargs.pop("generator")
+        return DataLoaderDispatcher(dataset, split_batches=split_batches, _drop_last=dataloader.drop_last,
+                                    _non_blocking=non_blocking, slice_fn=slice_fn_for_dispatch,
+                                    use_stateful_dataloader=use_stateful_dataloader, **kwargs)
+    return DataLoaderShard(dataset, device=device if put_on_device else None, rng_types=rng_types,
+                           synchronized_generator=synchronized_generator, _drop_last=dataloader.drop_last,
+                           _non_blocking=non_blocking, use_stateful_dataloader=use_stateful_dataloader, **kwargs)
+
+
+def skip_first_batches(dataloader: Any, num_batches: int = 0) -> Any:
+    """accelerate's ``skip_first_batches``: a loader whose current epoch starts after its first
+    ``num_batches`` batches (this rank's; steps for a dispatcher). O(1) over statekit's sampler;
+    an iterable dataset replays them, as accelerate does; other loaders go to accelerate's."""
+    if not isinstance(dataloader, (DataLoaderShard, DataLoaderDispatcher)):
+        return _acc.skip_first_batches(dataloader, num_batches=num_batches)
+    kwargs = dict(dataloader._init_kwargs)
+    if dataloader._statekit is not None:
+        kwargs["batch_sampler"] = dataloader._positioned_copy(num_batches)
+        new = type(dataloader)(dataloader.dataset, iteration=dataloader.iteration, **kwargs)
+        new._positioned = True
+        return new
+    if isinstance(dataloader.dataset, IterableDataset):
+        return type(dataloader)(dataloader.dataset, iteration=dataloader.iteration, skip_batches=num_batches, **kwargs)
+    # a batch sampler statekit does not model: accelerate's replaying `SkipBatchSampler`, in our class
+    if isinstance(kwargs.get("sampler"), BatchSampler):
+        kwargs["sampler"] = _acc.SkipBatchSampler(kwargs["sampler"], skip_batches=num_batches)
+    else:
+        kwargs["batch_sampler"] = _acc.SkipBatchSampler(dataloader.batch_sampler, skip_batches=num_batches)
+        for k in _IGNORED:
+            if k != "batch_sampler":
+                kwargs.pop(k, None)
+    return type(dataloader)(dataloader.dataset, iteration=dataloader.iteration, **kwargs)
+
+
+class _Patched:
+    """What ``patch`` mixes into an accelerator's class: ``Accelerator.prepare_data_loader``
+    (which ``prepare`` calls) and ``skip_first_batches``, over this module's functions. A
+    class, not bound methods stored on the instance, so that the accelerator holds no reference
+    to itself and is freed as soon as it is dropped (accelerate's tests check that)."""
+
+    def prepare_data_loader(self, data_loader: DataLoader, device_placement: Optional[bool] = None,
+                            slice_fn_for_dispatch: Optional[Callable] = None) -> Any:
+        if getattr(data_loader, "_is_accelerate_prepared", False):
+            if data_loader not in self._dataloaders:
+                self._dataloaders.append(data_loader)
+            return data_loader
+        if device_placement is None:
+            device_placement = self.device_placement if self.distributed_type != DistributedType.XLA else False
+        prepared = prepare_data_loader(
+            data_loader,
+            self.device,
+            num_processes=self.num_processes,
+            process_index=self.process_index,
+            split_batches=self.split_batches,
+            put_on_device=device_placement,
+            rng_types=self.rng_types.copy(),
+            dispatch_batches=self.dispatch_batches,
+            even_batches=self.even_batches,
+            slice_fn_for_dispatch=slice_fn_for_dispatch,
+            use_seedable_sampler=self.use_seedable_sampler,
+            data_seed=self.dataloader_config.data_seed,
+            non_blocking=self.non_blocking,
+            use_stateful_dataloader=self.use_stateful_dataloader,
+            torch_device_mesh=self._prepare_device_mesh(),
+        )
+        self._dataloaders.append(prepared)
+        return prepared
+
+    def skip_first_batches(self, dataloader: Any, num_batches: int = 0) -> Any:
+        return skip_first_batches(dataloader, num_batches=num_batches)
+
+
+_PATCHED: Dict[type, type] = {}
+
+
+def patch(accelerator: Any) -> Any:
+    """Makes ``accelerator.prepare(...)`` / ``prepare_data_loader(...)`` and
+    ``accelerator.skip_first_batches(...)`` use this module's loaders (this accelerator only: its
+    class becomes a subclass of its class with those two methods); returns it, so
+    ``accelerator = patch(Accelerator(...))`` is the one line a script adds."""
+    cls = type(accelerator)
+    if issubclass(cls, _Patched):
+        return accelerator
+    if cls not in _PATCHED:
+        _PATCHED[cls] = type(cls.__name__, (_Patched, cls), {"__module__": cls.__module__, "__qualname__": cls.__qualname__})
+    accelerator.__class__ = _PATCHED[cls]
+    return accelerator
