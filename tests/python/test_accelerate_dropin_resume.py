@@ -71,6 +71,12 @@ def test_killed_on_2_ranks_resumed_on_3_trains_every_sample_once(tmp_path):
     for key in ("epoch", "cursor", "world_size", "dataset_len", "batch_size", "sampler"):
         assert state[key] == saved["_index_sampler_state"][key], key
 
+    # `ckpt reshard` rewrites accelerate's counts for 3 ranks and keeps statekit's position as it was
+    run_ckpt("reshard", "--world-size", 3, ckpt, tmp_path / "ckpt3")
+    resharded = torch.load(tmp_path / "ckpt3" / "dl_state_dict.bin", weights_only=True)
+    assert resharded["_num_yielded"] == 2 * SAVE_AT // 3
+    assert resharded["_index_sampler_state"] == saved["_index_sampler_state"]
+
     res = torchrun(3, JOB, "resume", tmp_path, ckpt, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     seen = [i for r in range(2) for i in trained(tmp_path / f"train.rank{r}.txt", before=SAVE_AT)]

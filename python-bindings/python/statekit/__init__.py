@@ -4,7 +4,9 @@
   and elastic resume), ``DataLoaderConfiguration``, ``prepare_data_loader``;
 * ``statekit.ckpt``: ``load``, ``save``, ``save_sharded``, ``inspect``, ``verify``,
   ``split``, ``merge``, ``convert``, ``reshard``;
-* ``statekit.errors``: the exception hierarchy (``StatekitError`` at the root).
+* ``statekit.errors``: the exception hierarchy (``StatekitError`` at the root);
+* ``statekit.accelerate`` (imported on its own: it needs torch and accelerate): accelerate's
+  loader classes over ``statekit.data``'s sampler, and ``patch(accelerator)``.
 
 numpy is the only dependency; torch is imported only where torch tensors are asked for.
 """
