@@ -1,10 +1,14 @@
 """An accelerate 1.15 training script with the one `statekit.accelerate.patch` line, for
 `test_accelerate_dropin_resume.py`. Run under torchrun (gloo, CPU):
 
-    accelerate_dropin_job.py train  OUT SAVE_AT   # train, save_state after SAVE_AT steps, go on 2
-                                                  # steps, write OUT/past_save, then wait to be killed
-    accelerate_dropin_job.py resume OUT CKPT      # load_state(CKPT), train the rest of the epoch,
-                                                  # then the evaluation epochs
+    accelerate_dropin_job.py train  OUT SAVE_AT SHUFFLE  # train, save_state after SAVE_AT steps, go
+                                                         # on 2 steps, write OUT/past_save, then wait
+                                                         # to be killed
+    accelerate_dropin_job.py resume OUT CKPT SHUFFLE     # load_state(CKPT), train the rest of the
+                                                         # epoch, then the evaluation epochs
+
+SHUFFLE is `seedable` (`use_seedable_sampler=True, data_seed=1234`) or `default` (accelerate's
+default configuration: a `RandomSampler` and a generator); the loader is stateful in both.
 
 Every rank writes its pid to OUT/pid.rank<R> (the test kills each rank by it) and appends the
 sample ids of each batch it trains on to OUT/<mode>.rank<R>.txt (`step id id ...`, flushed and
@@ -36,9 +40,12 @@ def dataset(n):
 
 
 def main():
-    mode, out, arg = sys.argv[1], sys.argv[2], sys.argv[3]
+    mode, out, arg, shuffle = sys.argv[1:5]
     set_seed(SEED)
-    config = DataLoaderConfiguration(use_stateful_dataloader=True, use_seedable_sampler=True, data_seed=SEED)
+    if shuffle == "seedable":
+        config = DataLoaderConfiguration(use_stateful_dataloader=True, use_seedable_sampler=True, data_seed=SEED)
+    else:
+        config = DataLoaderConfiguration(use_stateful_dataloader=True)
     accelerator = Accelerator(cpu=True, dataloader_config=config, kwargs_handlers=[InitProcessGroupKwargs(backend="gloo")])
     accelerator = statekit.accelerate.patch(accelerator)  # the one line
 
@@ -71,7 +78,7 @@ def main():
             while True:  # mid-epoch, until the test kills every rank with SIGKILL
                 time.sleep(1)
     log.close()
-    if mode == "resume":
+    if mode == "resume" and shuffle == "seedable":  # (the evaluation loaders do not shuffle: once is enough)
         evaluate(accelerator, out)
     accelerator.wait_for_everyone()
 

@@ -180,3 +180,68 @@ def test_patch_routes_prepare_and_skip_and_save_state_restores_the_position(tmp_
     again.load_state(tmp_path / "ckpt")
     assert batches(dl2) == rest
     assert len(head) + len(rest) == len(dl)
+
+
+@pytest.mark.parametrize("world", [1, 2])
+@pytest.mark.parametrize("user_generator", [False, True])
+def test_accelerates_default_shuffle_over_three_epochs(world, user_generator):
+    """`use_seedable_sampler=False` (accelerate's default): the `RandomSampler` keeps a
+    generator (a fresh one seeded from torch's global generator when prepared on several
+    processes, else the user's) and every epoch is a randperm from its running state."""
+    for rank in range(world):
+        made = []
+        for prepare in (ours.prepare_data_loader, acc.prepare_data_loader):
+            torch.manual_seed(11)
+            gen = torch.Generator().manual_seed(5) if user_generator else None
+            dl = DataLoader(list(range(23)), batch_size=3, shuffle=True, generator=gen)
+            made.append(prepare(dl, num_processes=world, process_index=rank))
+        mine, theirs = made
+        assert isinstance(mine.batch_sampler, ShardedBatchSampler)
+        for epoch in range(3):
+            torch.manual_seed(100 + epoch)  # what a pass draws from the global generator, the same for both
+            got = batches(mine)
+            torch.manual_seed(100 + epoch)
+            assert got == batches(theirs), f"rank {rank} epoch {epoch}"
+
+
+class Stream(torch.utils.data.IterableDataset):
+    """0, 1, ..., n - 1, counting the items it produced; with `stateful`, torchdata's
+    `Stateful` protocol (its position is the next item)."""
+
+    def __init__(self, n, stateful=False):
+        self.n, self.produced, self.start = n, 0, 0
+        if stateful:
+            self.state_dict = lambda: {"next": self.start + self.taken}
+            self.load_state_dict = lambda st: setattr(self, "start", st["next"])
+
+    def __iter__(self):
+        self.taken = 0
+        for i in range(self.start, self.n):
+            self.produced += 1
+            self.taken += 1
+            yield i
+        self.start = 0
+
+
+@pytest.mark.parametrize("stateful", [False, True])
+def test_an_iterable_dataset_resumes_mid_epoch(stateful):
+    """Every rank's iterable loader (statekit's `IterableDatasetShard`) continues after the
+    batches it had read: by replaying them, or in O(1) through the dataset's own state."""
+    world, n, bs, read = 2, 40, 2, 3
+    for rank in range(world):
+        def prepared():
+            return ours.prepare_data_loader(DataLoader(Stream(n, stateful), batch_size=bs), num_processes=world,
+                                            process_index=rank, use_stateful_dataloader=True)
+        whole = batches(prepared())
+        first = prepared()
+        it = iter(first)
+        head = [next(it).tolist() for _ in range(read)]
+        assert head == whole[:read]
+        again = prepared()
+        again.load_state_dict(first.state_dict())
+        assert batches(again) == whole[read:], f"rank {rank}"
+        skipped = ours.skip_first_batches(prepared(), read)
+        assert batches(skipped) == whole[read:], f"rank {rank}: skip_first_batches replays"
+        if stateful:
+            stream = again.dataset.dataset
+            assert stream.produced == n - read * bs * world, "resumed from the dataset's state, nothing replayed"
