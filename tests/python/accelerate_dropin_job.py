@@ -95,10 +95,12 @@ def evaluate(accelerator, out):
             got = {}
             for who, prepare in (("statekit", statekit.accelerate.prepare_data_loader), ("accelerate", accelerates_prepare)):
                 dl = prepare(DataLoader(dataset(n), batch_size=BATCH), **kw)
-                ids = []
+                ids, steps = [], 0
                 for batch_ids, _ in dl:
                     ids += accelerator.gather_for_metrics(batch_ids).tolist()
+                    steps += 1
                 got[who] = ids
+                got[f"{who} len, steps"] = [len(dl), steps]
             cases[f"n{n}_dispatch{int(dispatch)}"] = got
     if accelerator.is_main_process:
         with open(os.path.join(out, "eval.json"), "w") as f:

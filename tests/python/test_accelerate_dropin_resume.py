@@ -93,4 +93,5 @@ def test_killed_on_2_ranks_resumed_on_3_trains_every_sample_once(tmp_path, shuff
     assert len(cases) == 6
     for name, got in cases.items():
         assert got["statekit"] == got["accelerate"], name
+        assert got["statekit len, steps"] == got["accelerate len, steps"], name
         assert sorted(got["statekit"]) == list(range(int(name[1:].split("_")[0]))), name

@@ -130,11 +130,22 @@ class _Positioned:
     _statekit: Any = None
     _positioned = False
     _abandoned = False
+    _skip = 0
 
-    def _build_base(self, dataset: Any, use_stateful_dataloader: bool, kwargs: Dict[str, Any]) -> None:
+    def _build_base(self, dataset: Any, use_stateful_dataloader: bool, kwargs: Dict[str, Any], iteration: int,
+                    skip_batches: int) -> int:
+        """Makes the base loader; returns the ``skip_batches`` left for accelerate's replay."""
         self.use_stateful_dataloader = use_stateful_dataloader
         bs = kwargs.get("batch_sampler")
         self._statekit = bs if isinstance(bs, _data.ShardedBatchSampler) else None
+        if self._statekit is not None and skip_batches:
+            # accelerate's `skip_batches` (every pass skips them): here a position, set before
+            # the base loader exists (a stateful one makes its iterator, and prefetches, now)
+            self._skip = skip_batches
+            self._statekit.set_epoch(iteration)
+            self._statekit.skip_first_batches(skip_batches)
+            self._positioned = True
+            skip_batches = 0
         stateful = _stateful_loader()
         if use_stateful_dataloader and stateful is None:
             raise ImportError("StatefulDataLoader is not available. Please install torchdata version 0.8.0 or higher to use it.")
@@ -146,16 +157,22 @@ class _Positioned:
         # the base iterator, and its workers); ours is taken on the first `state_dict()`.
         if use_stateful_dataloader:
             self.dl_state_dict = self.base_dataloader.state_dict()
+        return skip_batches
 
     def _start_pass(self) -> None:
         s = self._statekit
-        if s is not None and self._abandoned and not self._positioned:
-            # accelerate's samplers start every pass at the start of the epoch; ours keeps its
-            # position, so a pass broken off (a `break`) is undone here.
+        if s is not None and not self._positioned and (self._abandoned or self._skip):
+            # accelerate's samplers start every pass at the start of the epoch (after the skipped
+            # batches); ours keeps its position, so a pass broken off (a `break`) is undone here.
             s.set_epoch(self.iteration)
-            s.skip_first_batches(0)
+            s.skip_first_batches(self._skip)
         self._positioned = False
         self._abandoned = True
+
+    def __len__(self) -> int:
+        if self._statekit is None:
+            return super().__len__()  # type: ignore[misc]
+        return max(len(self.base_dataloader) - self._skip, 0)
 
     def state_dict(self) -> Dict[str, Any]:
         """torchdata's ``StatefulDataLoader`` state after the batches handed out so far, with
@@ -173,12 +190,6 @@ class _Positioned:
             self.iteration = epoch  # accelerate's `iteration` is not in the state; its epoch is
         self._positioned = True
         self.base_dataloader.load_state_dict(state_dict)
-
-    def _positioned_copy(self, num_batches: int) -> Any:
-        s = copy.copy(self._statekit)
-        s.set_epoch(self.iteration)
-        s.skip_first_batches(num_batches)
-        return s
 
     def _total(self, batch_size: int) -> int:
         s = self._statekit
@@ -198,7 +209,7 @@ class DataLoaderShard(_Positioned, _acc.DataLoaderShard):
                  skip_batches: int = 0, use_stateful_dataloader: bool = False, _drop_last: bool = False,
                  _non_blocking: bool = False, torch_device_mesh: Any = None, iteration: int = 0, **kwargs: Any) -> None:
         kwargs = _convert(dataset, kwargs, _data.DataLoaderConfiguration(dispatch_batches=False), 1, 0)
-        self._build_base(dataset, use_stateful_dataloader, kwargs)
+        skip_batches = self._build_base(dataset, use_stateful_dataloader, kwargs, iteration, skip_batches)
         self._init_kwargs = dict(kwargs, device=device, rng_types=rng_types, synchronized_generator=synchronized_generator,
                                  use_stateful_dataloader=use_stateful_dataloader, _drop_last=_drop_last,
                                  _non_blocking=_non_blocking, torch_device_mesh=torch_device_mesh)
@@ -243,7 +254,7 @@ class DataLoaderDispatcher(_Positioned, _acc.DataLoaderDispatcher):
         self.state = PartialState()
         config = _data.DataLoaderConfiguration(dispatch_batches=True, split_batches=split_batches)
         kwargs = _convert(dataset, kwargs, config, self.state.num_processes, self.state.process_index)
-        self._build_base(dataset, use_stateful_dataloader, kwargs)
+        skip_batches = self._build_base(dataset, use_stateful_dataloader, kwargs, iteration, skip_batches)
         self._init_kwargs = dict(kwargs, split_batches=split_batches, use_stateful_dataloader=use_stateful_dataloader,
                                  _drop_last=_drop_last, _non_blocking=_non_blocking, slice_fn=slice_fn,
                                  torch_device_mesh=torch_device_mesh)
@@ -458,17 +469,17 @@ def prepare_data_loader(
 
 
 def skip_first_batches(dataloader: Any, num_batches: int = 0) -> Any:
-    """accelerate's ``skip_first_batches``: a loader whose current epoch starts after its first
-    ``num_batches`` batches (this rank's; steps for a dispatcher). O(1) over statekit's sampler;
-    an iterable dataset replays them, as accelerate does; other loaders go to accelerate's."""
+    """accelerate's ``skip_first_batches``: a loader whose passes start after their first
+    ``num_batches`` batches (this rank's; steps for a dispatcher), from the epoch ``dataloader``
+    is in; ``len()`` counts the rest, as accelerate's does. O(1) over statekit's sampler (a
+    position); an iterable dataset replays them, as accelerate does; loaders that are not this
+    module's go to accelerate's."""
     if not isinstance(dataloader, (DataLoaderShard, DataLoaderDispatcher)):
         return _acc.skip_first_batches(dataloader, num_batches=num_batches)
     kwargs = dict(dataloader._init_kwargs)
-    if dataloader._statekit is not None:
-        kwargs["batch_sampler"] = dataloader._positioned_copy(num_batches)
-        new = type(dataloader)(dataloader.dataset, iteration=dataloader.iteration, **kwargs)
-        new._positioned = True
-        return new
+    if dataloader._statekit is not None:  # a copy of the sampler, positioned: O(1)
+        kwargs["batch_sampler"] = copy.copy(dataloader._statekit)
+        return type(dataloader)(dataloader.dataset, iteration=dataloader.iteration, skip_batches=num_batches, **kwargs)
     if isinstance(dataloader.dataset, IterableDataset):
         return type(dataloader)(dataloader.dataset, iteration=dataloader.iteration, skip_batches=num_batches, **kwargs)
     # a batch sampler statekit does not model: accelerate's replaying `SkipBatchSampler`, in our class
