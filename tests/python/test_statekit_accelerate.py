@@ -247,3 +247,16 @@ def test_an_iterable_dataset_resumes_mid_epoch(stateful):
         if stateful:
             stream = again.dataset.dataset
             assert stream.produced == n - read * bs * world, "resumed from the dataset's state, nothing replayed"
+
+
+def test_a_loader_pickles_as_accelerates_does_and_the_copy_goes_on_from_its_epoch():
+    import pickle
+
+    mine, theirs = both(10, 2, 2, 1, shuffle=True)
+    assert batches(mine) == batches(theirs)
+    for cls, dl in ((ours.DataLoaderShard, mine), (acc.DataLoaderShard, theirs)):
+        copy = pickle.loads(pickle.dumps(dl))
+        assert type(copy) is cls and copy.iteration == 1
+    assert batches(pickle.loads(pickle.dumps(mine))) == batches(theirs)
+    dispatcher = ours.DataLoaderDispatcher(list(range(8)), batch_size=2)
+    assert batches(pickle.loads(pickle.dumps(dispatcher))) == batches(dispatcher)

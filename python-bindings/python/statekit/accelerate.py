@@ -122,6 +122,13 @@ def _position_epoch(state: Any) -> Optional[int]:
     return None
 
 
+def _bare(cls: type) -> Any:
+    """An instance of ``cls`` not yet initialized, which unpickling fills with its attributes
+    (accelerate's ``__reduce__`` calls the class on placeholder arguments, which ours would
+    build a sampler from)."""
+    return cls.__new__(cls)
+
+
 class _Positioned:
     """What the two loaders share: the base loader built over statekit's sampler (torchdata's
     ``StatefulDataLoader`` where torchdata is installed, so that a state can be taken, else
@@ -158,6 +165,16 @@ class _Positioned:
         if use_stateful_dataloader:
             self.dl_state_dict = self.base_dataloader.state_dict()
         return skip_batches
+
+    def _pickled(self) -> Dict[str, Any]:
+        # torchdata's loader keeps its last iterator, which does not pickle (torch's keeps none
+        # without persistent workers): the copy goes without it, its sampler keeps the position
+        state = self.__dict__.copy()
+        base = state.get("base_dataloader")
+        if getattr(base, "_iterator", None) is not None:
+            base = state["base_dataloader"] = copy.copy(base)
+            base._iterator = None
+        return state
 
     def _start_pass(self) -> None:
         s = self._statekit
@@ -228,7 +245,7 @@ class DataLoaderShard(_Positioned, _acc.DataLoaderShard):
         self._abandoned = False
 
     def __reduce__(self) -> Any:
-        return (DataLoaderShard, *object.__reduce__(self)[1:])
+        return (_bare, (DataLoaderShard,), self._pickled())
 
     @property
     def total_batch_size(self) -> int:
@@ -330,7 +347,7 @@ class DataLoaderDispatcher(_Positioned, _acc.DataLoaderDispatcher):
         self._statekit.set_epoch(epoch)
 
     def __reduce__(self) -> Any:
-        return (DataLoaderDispatcher, *object.__reduce__(self)[1:])
+        return (_bare, (DataLoaderDispatcher,), self._pickled())
 
     @property
     def total_batch_size(self) -> int:
