@@ -116,7 +116,7 @@ def _position_epoch(state: Any) -> Optional[int]:
     if not isinstance(state, dict):
         return None
     for inner in (state.get("_index_sampler_state"),
-                  (state.get("_snapshot") or {}).get("_main_snapshot", {}).get("_index_sampler_state")):
+                  ((state.get("_snapshot") or {}).get("_main_snapshot") or {}).get("_index_sampler_state")):
         if isinstance(inner, dict) and inner.get("format") == "statekit.dataload":
             return int(inner["epoch"])
     return None
@@ -156,7 +156,7 @@ class _Positioned:
         stateful = _stateful_loader()
         if use_stateful_dataloader and stateful is None:
             raise ImportError("StatefulDataLoader is not available. Please install torchdata version 0.8.0 or higher to use it.")
-        if self._statekit is not None and stateful is not None or use_stateful_dataloader:
+        if use_stateful_dataloader or (self._statekit is not None and stateful is not None):
             self.base_dataloader = stateful(dataset, **kwargs)
         else:
             self.base_dataloader = DataLoader(dataset, **kwargs)
@@ -345,6 +345,8 @@ class DataLoaderDispatcher(_Positioned, _acc.DataLoaderDispatcher):
             return super().set_epoch(epoch)
         self.iteration = epoch
         self._statekit.set_epoch(epoch)
+        if hasattr(self.dataset, "set_epoch"):  # as accelerate does where the sampler has no set_epoch chain
+            self.dataset.set_epoch(epoch)
 
     def __reduce__(self) -> Any:
         return (_bare, (DataLoaderDispatcher,), self._pickled())
