@@ -19,7 +19,10 @@
 //! - [`StagedFolder`]: a folder built under a temporary name and committed whole, then named by
 //!   a `latest` link, replacing a folder of the same name without a moment where the link dangles;
 //! - [`verify`]: every defect a reader would trip on, in a [`Report`];
-//! - [`WriteOptions`]: progress, checksums and the copy method, shared by every operation.
+//! - [`WriteOptions`]: progress, checksums and the copy method, shared by every operation;
+//! - JSON: [`Checkpoint`], [`Report`] and [`Outcome`] are `serde::Serialize` as the versioned
+//!   documents `ckpt --json` prints and the Python bindings return ([`INSPECT_SCHEMA`],
+//!   [`VERIFY_SCHEMA`], [`OUTCOME_SCHEMA`]).
 //!
 //! Readers never execute anything from a checkpoint, and every error names its file and, where
 //! it applies, its tensor and rank.
@@ -48,6 +51,7 @@ mod staged;
 mod sys;
 mod value;
 mod verify;
+mod view;
 mod write;
 
 pub use blockscale::BlockScaling;
@@ -65,6 +69,7 @@ pub use sharded::{save_sharded, KeyPart, LocalTensor, LocalValue};
 pub use size::{parse_size, DEFAULT_MAX_SHARD_SIZE};
 pub use staged::StagedFolder;
 pub use verify::{verify, verify_with, Report};
+pub use view::{INSPECT_SCHEMA, OUTCOME_SCHEMA, VERIFY_SCHEMA};
 pub use write::{CopyMethod, WriteOptions};
 
 /// accelerate's `save_state` folders and transformers' `Trainer` folders as read: their

@@ -91,6 +91,9 @@ pub enum Command {
         /// than the storage they read (a tiny file must not start a write of gigabytes).
         #[arg(long)]
         allow_expanded: bool,
+        /// Print what was written as JSON (schema `statekit.outcome/1` in the README), not its paths.
+        #[arg(long)]
+        json: bool,
         #[command(flatten)]
         open: OpenArgs,
     },
@@ -130,6 +133,9 @@ pub enum Command {
         /// than the storage they read (a tiny file must not start a write of gigabytes).
         #[arg(long)]
         allow_expanded: bool,
+        /// Print what was written as JSON (schema `statekit.outcome/1` in the README), not its paths.
+        #[arg(long)]
+        json: bool,
         #[command(flatten)]
         open: OpenArgs,
     },
@@ -179,6 +185,9 @@ pub enum Command {
         /// than the storage they read (a tiny file must not start a write of gigabytes).
         #[arg(long)]
         allow_expanded: bool,
+        /// Print what was written as JSON (schema `statekit.outcome/1` in the README), not its paths.
+        #[arg(long)]
+        json: bool,
         #[command(flatten)]
         open: OpenArgs,
     },
@@ -202,6 +211,9 @@ pub enum Command {
         /// The number of ranks to lay the checkpoint out for.
         #[arg(long, value_parser = world_size())]
         world_size: u64,
+        /// Print what was written as JSON (schema `statekit.outcome/1` in the README), not its paths.
+        #[arg(long)]
+        json: bool,
     },
     /// Check headers, offsets, indexes, CRC32s and checksums. Exit 0 valid, 1 problems, 2 error.
     Verify {
@@ -212,6 +224,21 @@ pub enum Command {
         #[command(flatten)]
         open: OpenArgs,
     },
+}
+
+impl Command {
+    /// `--json`: the command prints its JSON document instead of text.
+    fn json(&self) -> bool {
+        match self {
+            Command::Inspect { json, .. }
+            | Command::Verify { json, .. }
+            | Command::Split { json, .. }
+            | Command::Merge { json, .. }
+            | Command::Convert { json, .. }
+            | Command::Reshard { json, .. } => *json,
+            Command::Data { .. } => false,
+        }
+    }
 }
 
 /// `--dtype`: a float dtype by torch's, safetensors' or a short name.
@@ -278,10 +305,12 @@ fn run(cli: &Cli) -> anyhow::Result<ExitCode> {
         CopyArg::Auto => ckpt::CopyMethod::Auto,
         CopyArg::Mmap => ckpt::CopyMethod::Mapped,
     };
-    let notes = !cli.quiet && std::io::stderr().is_terminal();
+    // With `--json` stdout is the document, and stderr carries errors only.
+    let quiet = cli.quiet || cli.command.json();
+    let notes = !quiet && std::io::stderr().is_terminal();
     let mut out = std::io::stdout().lock();
     // One progress bar and one set of write options for whichever operation runs.
-    let bar = progress::Bar::new(0, !cli.quiet);
+    let bar = progress::Bar::new(0, !quiet);
     let report = |n: u64| bar.inc(n);
     let write = |checksums: bool, allow_expanded: bool| ckpt::WriteOptions {
         copy,
@@ -294,7 +323,7 @@ fn run(cli: &Cli) -> anyhow::Result<ExitCode> {
         Command::Inspect { path, json, open } => {
             let ck = ckpt::Checkpoint::open_with(path, &open.options(None)?)?;
             if *json {
-                output::inspect_json(&mut out, &ck)?;
+                output::json(&mut out, &ck)?;
             } else {
                 output::inspect_text(&mut out, &ck)?;
                 if let Some(state) = ck.save_state() {
@@ -306,14 +335,14 @@ fn run(cli: &Cli) -> anyhow::Result<ExitCode> {
         Command::Verify { path, json, open } => {
             let report = ckpt::verify_with(path, &open.options(None)?)?;
             if *json {
-                output::verify_json(&mut out, &report)?;
+                output::json(&mut out, &report)?;
             } else {
                 output::verify_text(&mut out, &report)?;
             }
             out.flush()?;
             return Ok(if report.is_valid() { ExitCode::SUCCESS } else { ExitCode::from(1) });
         }
-        Command::Split { src, out_dir, max_shard_size, checksums, allow_expanded, open } => {
+        Command::Split { src, out_dir, max_shard_size, checksums, allow_expanded, open, .. } => {
             let max = ckpt::parse_size(max_shard_size)?;
             let ck = ckpt::Checkpoint::open_with(src, &open.options(None)?)?;
             bar.set_total(ck.total_bytes());
@@ -321,7 +350,18 @@ fn run(cli: &Cli) -> anyhow::Result<ExitCode> {
                 .or_else(|e| named(e, "splitting", src))?;
             Some((ck, done, "split"))
         }
-        Command::Merge { src, out: dst, model, checksums, tag, optimizer, max_shard_size, allow_expanded, open } => {
+        Command::Merge {
+            src,
+            out: dst,
+            model,
+            checksums,
+            tag,
+            optimizer,
+            max_shard_size,
+            allow_expanded,
+            open,
+            ..
+        } => {
             let ck = ckpt::Checkpoint::open_with(src, &open.options(tag.clone())?)?;
             let options = ckpt::MergeOptions {
                 max_shard_size: max_shard_size.as_deref().map(ckpt::parse_size).transpose()?,
@@ -347,6 +387,7 @@ fn run(cli: &Cli) -> anyhow::Result<ExitCode> {
             world_size,
             allow_expanded,
             open,
+            ..
         } => {
             let to = to.map(|t| match t {
                 ToArg::Safetensors => ckpt::TargetFormat::Safetensors,
@@ -380,7 +421,7 @@ fn run(cli: &Cli) -> anyhow::Result<ExitCode> {
             let ck = ckpt::Checkpoint::open_with(src, &open.options(None)?).or_else(|e| named(e, "converting", src))?;
             let done = ckpt::convert(&ck, dst, &options, &write(false, *allow_expanded))
                 .or_else(|e| named(e, "converting", src))?;
-            if !cli.quiet {
+            if !quiet {
                 // safetensors output drops an alias; torch output ties it to the kept storage.
                 let dropped = done.files.iter().any(|p| p.extension().is_some_and(|e| e == "safetensors"));
                 let what = if dropped { "dropped, alias of" } else { "tied to" };
@@ -393,7 +434,7 @@ fn run(cli: &Cli) -> anyhow::Result<ExitCode> {
             }
             Some((ck, done, "converted"))
         }
-        Command::Reshard { src, out: dst, world_size } => {
+        Command::Reshard { src, out: dst, world_size, .. } => {
             let ck = ckpt::Checkpoint::open(src)?;
             let done =
                 ckpt::reshard(&ck, dst, *world_size, &write(false, false)).or_else(|e| named(e, "resharding", src))?;
@@ -402,8 +443,12 @@ fn run(cli: &Cli) -> anyhow::Result<ExitCode> {
     };
     bar.finish();
     if let Some((ck, done, verb)) = done {
-        for path in &done.files {
-            writeln!(out, "{}", path.display())?;
+        if cli.command.json() {
+            output::json(&mut out, &done)?;
+        } else {
+            for path in &done.files {
+                writeln!(out, "{}", path.display())?;
+            }
         }
         if notes {
             eprintln!("{}", summary(&ck, &done, verb));

@@ -6,7 +6,6 @@ use std::path::PathBuf;
 
 use ckpt::{Checkpoint, ConvertOptions, MergeOptions, OpenOptions, Outcome, TargetFormat, WriteOptions};
 use pyo3::prelude::*;
-use serde_json::{json, Value};
 
 use crate::args;
 use crate::buffer::BytesMut;
@@ -39,53 +38,12 @@ impl PyCheckpoint {
         Ok(Self { inner: open(py, src, tag, allow_globals)? })
     }
 
-    /// The catalog as JSON: format, root, files, tensors (name, dtype, shape, bytes, and the
-    /// file and offset of the bytes when they lie contiguous in one file), metadata, values.
+    /// The catalog as `ckpt inspect --json` prints it (`statekit.inspect/2`).
     fn info_json(&self, py: Python<'_>) -> PyResult<String> {
         let ck = &self.inner;
         // Shards that disagree on a metadata key are refused, as every writer refuses them.
-        let metadata = ck.file_metadata().map_err(errors::ckpt)?;
-        py.detach(|| {
-            let tensors: Vec<Value> = ck
-                .tensors()
-                .iter()
-                .map(|t| {
-                    let at = ck.mappable(t);
-                    json!({
-                        "name": t.name,
-                        "dtype": t.dtype.safetensors_name(),
-                        "shape": t.shape,
-                        "nbytes": t.byte_len(),
-                        "file": at.map(|a| a.0),
-                        "offset": at.map(|a| a.1),
-                    })
-                })
-                .collect();
-            let files: Vec<Value> = ck
-                .files()
-                .iter()
-                .map(|f| json!({"path": f.path.display().to_string(), "len": f.len, "globals": f.globals}))
-                .collect();
-            let metadata: serde_json::Map<String, Value> =
-                metadata.into_iter().map(|(k, v)| (k, Value::String(v))).collect();
-            let values: serde_json::Map<String, Value> =
-                ck.values().into_iter().map(|(k, v)| (k.to_owned(), v)).collect();
-            let info = json!({
-                "format": ck.format().name(),
-                "root": ck.root().display().to_string(),
-                "files": files,
-                "tensors": tensors,
-                "metadata": metadata,
-                "index_metadata": ck.index_metadata(),
-                "values": values,
-                "world_size": ck.world_size(),
-                "zero_stage": ck.zero_stage(),
-                "total_bytes": ck.total_bytes(),
-                "components": ck.save_state().map(ckpt::accelerate::SaveState::to_json),
-            });
-            serde_json::to_string(&info)
-        })
-        .map_err(|e| errors::usage(e.to_string()))
+        ck.file_metadata().map_err(errors::ckpt)?;
+        py.detach(|| serde_json::to_string(ck)).map_err(|e| errors::usage(e.to_string()))
     }
 
     /// Refuses, as `ckpt` does unless `allow_expanded` is given, a broadcast view that reading
@@ -142,39 +100,22 @@ fn byte_len(t: &ckpt::TensorInfo) -> PyResult<usize> {
     usize::try_from(t.byte_len()).map_err(|_| errors::usage(format!("tensor `{}` is too large to read", t.name)))
 }
 
-fn outcome_json(o: &Outcome) -> String {
-    json!({
-        "files": o.files.iter().map(|p| p.display().to_string()).collect::<Vec<_>>(),
-        "tensors": o.tensors,
-        "bytes": o.bytes,
-        "values": o.values,
-        "aliases": o.aliases,
-        "world_size": o.world_size,
-    })
-    .to_string()
+/// What an operation wrote, as `ckpt OP --json` prints it (`statekit.outcome/1`).
+fn outcome_json(o: &Outcome) -> PyResult<String> {
+    serde_json::to_string(o).map_err(|e| errors::usage(e.to_string()))
 }
 
 fn write_options(checksums: bool, allow_expanded: bool) -> WriteOptions<'static> {
     WriteOptions { checksums, allow_expanded, ..WriteOptions::default() }
 }
 
-/// `ckpt verify`: the report as JSON.
+/// `ckpt verify`: the report as `ckpt verify --json` prints it (`statekit.verify/1`).
 #[pyfunction]
 #[pyo3(signature = (src, *, allow_globals=None))]
 pub(crate) fn verify(py: Python<'_>, src: &str, allow_globals: Option<Vec<String>>) -> PyResult<String> {
     let opts = options(None, allow_globals)?;
     let report = py.detach(|| ckpt::verify_with(src, &opts)).map_err(errors::ckpt)?;
-    Ok(json!({
-        "path": report.path.display().to_string(),
-        "format": report.format.map(|f| f.name()),
-        "files": report.files,
-        "tensors": report.tensors,
-        "problems": report.problems.iter().map(|p| p.to_string()).collect::<Vec<_>>(),
-        "warnings": report.warnings,
-        "checksums_ok": report.checksums_ok,
-        "valid": report.is_valid(),
-    })
-    .to_string())
+    serde_json::to_string(&report).map_err(|e| errors::usage(e.to_string()))
 }
 
 /// `ckpt split`.
@@ -195,7 +136,7 @@ pub(crate) fn split(
     let ck = open(py, src, tag, allow_globals)?;
     let opts = write_options(checksums, allow_expanded);
     let o = py.detach(|| ckpt::split(&ck, &out, max_shard_size, &opts)).map_err(errors::ckpt)?;
-    Ok(outcome_json(&o))
+    outcome_json(&o)
 }
 
 /// `ckpt merge`.
@@ -220,7 +161,7 @@ pub(crate) fn merge(
     let opts = write_options(checksums, allow_expanded);
     let options = MergeOptions { max_shard_size, optimizer, model };
     let o = py.detach(|| ckpt::merge(&ck, &out, &options, &opts)).map_err(errors::ckpt)?;
-    Ok(outcome_json(&o))
+    outcome_json(&o)
 }
 
 /// `ckpt convert`.
@@ -266,7 +207,7 @@ pub(crate) fn convert(
     let opts = write_options(checksums, allow_expanded);
     let options = ConvertOptions { to, dtype, max_shard_size, dedupe, world_size, blocks: None };
     let o = py.detach(|| ckpt::convert(&ck, &out, &options, &opts)).map_err(errors::ckpt)?;
-    Ok(outcome_json(&o))
+    outcome_json(&o)
 }
 
 /// `ckpt reshard`.
@@ -287,7 +228,7 @@ pub(crate) fn reshard(
     let ck = open(py, src, tag, allow_globals)?;
     let opts = write_options(checksums, allow_expanded);
     let o = py.detach(|| ckpt::reshard(&ck, &out, world_size, &opts)).map_err(errors::ckpt)?;
-    Ok(outcome_json(&o))
+    outcome_json(&o)
 }
 
 /// `ckpt::parse_size` (`5GB`, `500MiB`, a number of bytes).

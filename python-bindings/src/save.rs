@@ -132,12 +132,6 @@ pub(crate) fn save_sharded(
             ckpt::save_sharded(&dir, &ts, &vals, &comm, &ckpt::WriteOptions::default())
         })
         .map_err(|e| comm.take_error().unwrap_or_else(|| errors::ckpt(e)))?;
-    Ok(serde_json::json!({
-        "files": outcome.files.iter().map(|p| p.display().to_string()).collect::<Vec<_>>(),
-        "tensors": outcome.tensors,
-        "bytes": outcome.bytes,
-        "values": outcome.values,
-        "world_size": outcome.world_size,
-    })
-    .to_string())
+    // The document every operation returns (`statekit.outcome/1`).
+    serde_json::to_string(&outcome).map_err(|e| errors::usage(e.to_string()))
 }

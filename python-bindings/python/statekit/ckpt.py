@@ -2,7 +2,9 @@
 without executing a pickle; write safetensors and per-rank DCP folders.
 
 Every function releases the GIL while it reads, writes or copies. Results are small objects
-(the paths written, tensor counts, bytes), never printed output.
+(the paths written, tensor counts, bytes), never printed output; each one's ``document`` is the
+JSON document ``ckpt ... --json`` prints for the same call (``statekit.inspect/2``,
+``statekit.verify/1``, ``statekit.outcome/1``), which the results are read from.
 """
 
 from __future__ import annotations
@@ -105,6 +107,8 @@ class CheckpointInfo:
     components: Optional[Dict[str, Any]] = None
     #: For each torch file (by path), the globals its pickle names, as written, allowed or not.
     globals: Dict[str, List[str]] = dataclasses.field(default_factory=dict)
+    #: The ``statekit.inspect/2`` document, as ``ckpt inspect --json`` prints it.
+    document: Optional[Dict[str, Any]] = dataclasses.field(default=None, compare=False, repr=False)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,6 +121,9 @@ class Outcome:
     values: List[str] = dataclasses.field(default_factory=list)
     aliases: List[Tuple[str, str]] = dataclasses.field(default_factory=list)
     world_size: Optional[int] = None
+    #: The ``statekit.outcome/1`` document, as ``ckpt OP --json`` prints it (``None`` for
+    #: :func:`save`, which the CLI has no command for).
+    document: Optional[Dict[str, Any]] = dataclasses.field(default=None, compare=False, repr=False)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,6 +136,8 @@ class VerifyReport:
     warnings: List[str]
     checksums_ok: int
     valid: bool
+    #: The ``statekit.verify/1`` document, as ``ckpt verify --json`` prints it.
+    document: Optional[Dict[str, Any]] = dataclasses.field(default=None, compare=False, repr=False)
 
     def __bool__(self) -> bool:
         return self.valid
@@ -156,9 +165,10 @@ def _outcome(text: str) -> Outcome:
         files=d["files"],
         tensors=d["tensors"],
         bytes=d["bytes"],
-        values=d.get("values") or [],
-        aliases=[tuple(a) for a in d.get("aliases") or []],  # type: ignore[misc]
-        world_size=d.get("world_size"),
+        values=d["values"],
+        aliases=[tuple(a) for a in d["aliases"]],  # type: ignore[misc]
+        world_size=d["world_size"],
+        document=d,
     )
 
 
@@ -181,22 +191,25 @@ def inspect(path: PathLike, *, tag: Optional[str] = None, allow_globals: Optiona
     d = _info(_native.Checkpoint(os.fspath(path), tag, _allow(allow_globals)))
     return CheckpointInfo(
         format=d["format"],
-        root=d["root"],
+        root=d["path"],
         files=[f["path"] for f in d["files"]],
-        tensors=[TensorSpec(t["name"], t["dtype"], tuple(t["shape"]), t["nbytes"]) for t in d["tensors"]],
+        tensors=[TensorSpec(t["name"], t["dtype"], tuple(t["shape"]), t["bytes"]) for t in d["tensors"]],
         metadata=d["metadata"],
         values=d["values"],
         world_size=d["world_size"],
         zero_stage=d["zero_stage"],
-        total_bytes=d["total_bytes"],
+        total_bytes=d["totals"]["bytes"],
         components=d.get("components"),
         globals={f["path"]: f["globals"] for f in d["files"] if f.get("globals")},
+        document=d,
     )
 
 
 def verify(path: PathLike, *, allow_globals: Optional[Sequence[str]] = None) -> VerifyReport:
     """``ckpt verify``: every defect a reader would trip on (``report.problems``)."""
-    return VerifyReport(**json.loads(_native.verify(os.fspath(path), allow_globals=_allow(allow_globals))))
+    d = json.loads(_native.verify(os.fspath(path), allow_globals=_allow(allow_globals)))
+    fields = ("path", "format", "files", "tensors", "problems", "warnings", "checksums_ok", "valid")
+    return VerifyReport(**{k: d[k] for k in fields}, document=d)
 
 
 def split(
@@ -332,22 +345,22 @@ def load(
     if not allow_expanded:
         ck.refuse_expanded()
     info = _info(ck)
-    maps: Dict[int, mmap.mmap] = {}
+    maps: Dict[str, mmap.mmap] = {}
 
-    def mapping(i: int) -> mmap.mmap:
+    def mapping(path: str) -> mmap.mmap:
         from ._datasets import _map_regular, _whole
 
-        m = maps.get(i)
+        m = maps.get(path)
         if m is None:
-            m = maps[i] = _map_regular(info["files"][i]["path"])
-        return _whole(m, info["files"][i]["path"])
+            m = maps[path] = _map_regular(path)
+        return _whole(m, path)
 
     reads: List[Tuple[int, Any]] = []
     out = LoadedStateDict()
     out.dtypes = {}
     out.format = info["format"]
     for i, t in enumerate(info["tensors"]):
-        name, dt, shape, nbytes = t["name"], t["dtype"], tuple(t["shape"]), t["nbytes"]
+        name, dt, shape, nbytes = t["name"], t["dtype"], tuple(t["shape"]), t["bytes"]
         out.dtypes[name] = dt
         if use_torch:
             tdt = getattr(torch, _TORCH.get(dt, ""), None)
@@ -355,7 +368,7 @@ def load(
                 raise UsageError(f"tensor `{name}`: torch has no dtype for `{dt}`")
             if nbytes == 0:
                 value = torch.empty(shape, dtype=tdt)
-            elif t["file"] is not None:
+            elif t["mappable"]:
                 value = torch.frombuffer(mapping(t["file"]), dtype=tdt, count=nbytes // tdt.itemsize, offset=t["offset"]).reshape(shape)
             else:
                 value = torch.empty(shape, dtype=tdt)
@@ -367,7 +380,7 @@ def load(
             itemsize = np.dtype(ndt).itemsize
             if nbytes == 0:
                 value = np.empty(shape, dtype=ndt)
-            elif t["file"] is not None:
+            elif t["mappable"]:
                 value = np.frombuffer(mapping(t["file"]), dtype=ndt, count=nbytes // itemsize, offset=t["offset"]).reshape(shape)
             else:
                 value = np.empty(shape, dtype=ndt)

@@ -123,20 +123,6 @@ impl TrainerState {
             .ok_or_else(|| bad(&self.path, "`global_step` times `gradient_accumulation_steps` overflows"))?;
         Ok(TrainerResume { epoch: self.global_step / steps_per_epoch, batches })
     }
-
-    /// As JSON, for `inspect --json`'s `components.trainer`.
-    pub(crate) fn to_json(&self) -> serde_json::Value {
-        serde_json::json!({
-            "path": self.path,
-            "global_step": self.global_step,
-            "epoch": self.epoch,
-            "max_steps": self.max_steps,
-            "train_batch_size": self.train_batch_size,
-            "num_train_epochs": self.num_train_epochs,
-            "log_entries": self.log_entries,
-            "last_log": self.last_log,
-        })
-    }
 }
 
 #[cfg(test)]

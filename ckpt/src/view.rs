@@ -1,0 +1,262 @@
+//! The JSON documents of an opened checkpoint, a verify report and an operation's outcome: the
+//! one rendering that `ckpt --json` prints and the Python bindings return, so the two edges
+//! cannot drift apart (they did: `bytes` here, `nbytes` there).
+//!
+//! Each is a `serde::Serialize` impl on the library's own type, and each document names its
+//! schema; within a version fields are only ever added, never renamed or removed (the README
+//! documents them):
+//! - `statekit.inspect/2` for a [`Checkpoint`]. Its tensors are written as they are serialized,
+//!   one entry at a time, so the catalog of a million tensors never stands as one JSON tree;
+//! - `statekit.verify/1` for a [`Report`];
+//! - `statekit.outcome/1` for an [`Outcome`], what split, merge, convert and reshard wrote;
+//! - the `components` of an accelerate `save_state` or `Trainer` folder ([`SaveState`]),
+//!   inside the inspect document.
+//!
+//! Paths are JSON strings; a name that is not UTF-8 (a file planted in a `save_state` folder)
+//! is written with U+FFFD in place of its invalid bytes rather than failing the document.
+
+use std::path::Path;
+
+use serde::ser::{SerializeMap, SerializeSeq};
+use serde::{Serialize, Serializer};
+use serde_json::{json, Value};
+
+use crate::catalog::{Checkpoint, TensorBox, TensorInfo};
+use crate::formats::accelerate::trainer::TrainerState;
+use crate::formats::accelerate::{Component, OptimizerState, SaveState};
+use crate::outcome::Outcome;
+use crate::verify::Report;
+
+/// The schema of [`Checkpoint`]'s document (`ckpt inspect --json`).
+pub const INSPECT_SCHEMA: &str = "statekit.inspect/2";
+/// The schema of [`Report`]'s document (`ckpt verify --json`).
+pub const VERIFY_SCHEMA: &str = "statekit.verify/1";
+/// The schema of [`Outcome`]'s document (`ckpt split|merge|convert|reshard --json`).
+pub const OUTCOME_SCHEMA: &str = "statekit.outcome/1";
+
+/// `statekit.inspect/2`: the catalog, its files, its non-tensor values and totals, and for a
+/// `save_state` folder its `components`.
+impl Serialize for Checkpoint {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let values: serde_json::Map<String, Value> =
+            self.values().into_iter().map(|(k, v)| (k.to_owned(), v)).collect();
+        let mut map = s.serialize_map(None)?;
+        map.serialize_entry("schema", INSPECT_SCHEMA)?;
+        map.serialize_entry("format", self.format().name())?;
+        map.serialize_entry("path", &text(self.root()))?;
+        map.serialize_entry("index_metadata", &self.index_metadata())?;
+        map.serialize_entry("values", &values)?;
+        map.serialize_entry("files", &Files(self))?;
+        map.serialize_entry("tensors", &Tensors(self))?;
+        let totals =
+            json!({ "files": self.files().len(), "tensors": self.tensors().len(), "bytes": self.total_bytes() });
+        map.serialize_entry("totals", &totals)?;
+        map.serialize_entry("world_size", &self.world_size())?;
+        map.serialize_entry("zero_stage", &self.zero_stage())?;
+        // The files' `__metadata__` merged, as writers carry it; null where shards disagree on a
+        // key (the document still shows each file's own, and `verify` names the conflict).
+        let merged: Option<serde_json::Map<String, Value>> =
+            self.file_metadata().ok().map(|m| m.into_iter().map(|(k, v)| (k, Value::String(v))).collect());
+        map.serialize_entry("metadata", &merged)?;
+        if let Some(state) = self.save_state() {
+            map.serialize_entry("components", state)?;
+        }
+        map.end()
+    }
+}
+
+/// The `files` array: path, size, own `__metadata__`, and for torch files the globals the
+/// pickle names, allowed or not.
+struct Files<'a>(&'a Checkpoint);
+
+impl Serialize for Files<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut seq = s.serialize_seq(Some(self.0.files().len()))?;
+        for f in self.0.files() {
+            let metadata: serde_json::Map<String, Value> =
+                f.metadata.iter().map(|(k, v)| (k.clone(), Value::String(v.clone()))).collect();
+            let mut entry = json!({ "path": text(&f.path), "bytes": f.len, "metadata": metadata });
+            if let (false, Some(map)) = (f.globals.is_empty(), entry.as_object_mut()) {
+                map.insert("globals".into(), f.globals.clone().into());
+            }
+            seq.serialize_element(&entry)?;
+        }
+        seq.end()
+    }
+}
+
+/// The `tensors` array, each entry built as it is written.
+struct Tensors<'a>(&'a Checkpoint);
+
+impl Serialize for Tensors<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(self.0.tensors().iter().map(|t| tensor(self.0, t)))
+    }
+}
+
+/// One tensor: name, dtype (safetensors' names), global shape, bytes, and where its first byte
+/// is stored. `mappable` says that its bytes lie contiguous and uncast in `file` from `offset`,
+/// so a reader may map them as they are.
+fn tensor(ck: &Checkpoint, t: &TensorInfo) -> Value {
+    let decoded = ck.is_decoded(t);
+    let mappable = ck.mappable(t);
+    let at = mappable.or_else(|| t.location());
+    let file = at.and_then(|(f, _)| ck.files().get(f)).map(|f| text(&f.path));
+    let offset = at.map(|(_, o)| o).filter(|_| !decoded);
+    let mut entry = json!({
+        "name": t.name, "dtype": t.dtype.safetensors_name(), "shape": t.shape, "file": file, "offset": offset,
+        "bytes": t.byte_len(), "mappable": mappable.is_some(),
+    });
+    if let Some(map) = entry.as_object_mut() {
+        if decoded {
+            // A numpy array: its bytes are decoded from the file's pickle, not stored.
+            map.insert("decoded".into(), true.into());
+        } else if !t.boxes().is_empty() {
+            map.insert("boxes".into(), t.boxes().iter().map(|b| tensor_box(ck, b)).collect());
+        }
+    }
+    entry
+}
+
+/// One box of a tensor: where it sits in the tensor, and the strided view on the stored bytes
+/// that holds it (storage `offset` is the absolute byte offset of its storage in `file`).
+fn tensor_box(ck: &Checkpoint, b: &TensorBox) -> Value {
+    let file = ck.files().get(b.file);
+    json!({
+        "offsets": b.region.offsets,
+        "sizes": b.region.sizes,
+        "file": file.map(|f| text(&f.path)),
+        "rank": file.and_then(|f| f.rank),
+        "storage_offset": b.base,
+        "storage_bytes": b.len,
+        "view_offset": b.offset,
+        "strides": b.strides,
+    })
+}
+
+/// `statekit.verify/1`: whether the checkpoint is valid, what was checked, every problem.
+impl Serialize for Report {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        json!({
+            "schema": VERIFY_SCHEMA,
+            "valid": self.is_valid(),
+            "path": text(&self.path),
+            "format": self.format.map(|f| f.name()),
+            "files": self.files,
+            "tensors": self.tensors,
+            "checksums_ok": self.checksums_ok,
+            "problems": self.problems.iter().map(ToString::to_string).collect::<Vec<_>>(),
+            "warnings": self.warnings,
+        })
+        .serialize(s)
+    }
+}
+
+/// `statekit.outcome/1`: the files written (the commit marker last), tensors and bytes, the
+/// values carried over, the `[alias, kept]` pairs and the world size of a sharded output.
+impl Serialize for Outcome {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        json!({
+            "schema": OUTCOME_SCHEMA,
+            "files": self.files.iter().map(|p| text(p)).collect::<Vec<_>>(),
+            "tensors": self.tensors,
+            "bytes": self.bytes,
+            "values": self.values,
+            "aliases": self.aliases,
+            "world_size": self.world_size,
+        })
+        .serialize(s)
+    }
+}
+
+/// The `components` of the inspect document (the README documents the schema).
+impl Serialize for SaveState {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.to_json().serialize(s)
+    }
+}
+
+impl SaveState {
+    /// The components as the JSON `ckpt inspect --json` prints under `components`.
+    pub fn to_json(&self) -> Value {
+        let models: Vec<_> = self
+            .models
+            .iter()
+            .map(|m| {
+                let ck = &m.checkpoint;
+                json!({ "index": m.index, "path": text(&m.path), "format": ck.format().name(), "tensors": ck.tensors().len(),
+                        "bytes": ck.total_bytes(), "world_size": ck.world_size(), "zero_stage": ck.zero_stage() })
+            })
+            .collect();
+        let optimizers: Vec<_> = self
+            .optimizers
+            .iter()
+            .map(|o| {
+                let format = match &o.state {
+                    OptimizerState::Own(ck) => ck.format().name(),
+                    _ => "in-model",
+                };
+                json!({ "index": o.index, "path": text(&o.path), "format": format, "param_groups": o.param_groups, "params": o.params,
+                        "state_tensors": o.state_tensors, "step": o.step })
+            })
+            .collect();
+        let rng: Vec<_> = self
+            .rng
+            .iter()
+            .map(|r| json!({ "rank": r.rank, "path": text(&r.path), "step": r.state.step, "generators": r.state.generators }))
+            .collect();
+        let data: Vec<_> = self
+            .data
+            .iter()
+            .map(|(c, p)| {
+                let mut v = component(c);
+                if let (Some(p), Some(m)) = (p, v.as_object_mut()) {
+                    m.insert(
+                        "position".into(),
+                        json!({ "kind": p.kind, "epoch": p.epoch, "seed": p.seed, "batches_yielded": p.batches_yielded,
+                        "samples_yielded": p.samples_yielded, "finished": p.finished, "num_workers": p.num_workers }),
+                    );
+                }
+                v
+            })
+            .collect();
+        json!({
+            "world_size": self.world_size,
+            "models": models,
+            "optimizers": optimizers,
+            "schedulers": self.schedulers.iter().map(component).collect::<Vec<_>>(),
+            "scaler": self.scaler.as_ref().map(component),
+            "rng": rng,
+            "data": data,
+            "custom": self.custom.iter().map(component).collect::<Vec<_>>(),
+            "other_files": self.other.iter().map(|p| text(p)).collect::<Vec<_>>(),
+            "trainer": self.trainer.as_ref().map(trainer),
+            "training_args": self.training_args.as_ref().map(component),
+        })
+    }
+}
+
+/// A values file: its values, the classes it names, and the global a refused pickle names.
+fn component(c: &Component) -> Value {
+    let values: serde_json::Map<String, Value> = c.values.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+    json!({ "index": c.index, "path": text(&c.path), "values": values, "classes": c.classes, "refused": c.refused })
+}
+
+/// `components.trainer`: what `trainer_state.json` says.
+fn trainer(t: &TrainerState) -> Value {
+    json!({
+        "path": text(&t.path),
+        "global_step": t.global_step,
+        "epoch": t.epoch,
+        "max_steps": t.max_steps,
+        "train_batch_size": t.train_batch_size,
+        "num_train_epochs": t.num_train_epochs,
+        "log_entries": t.log_entries,
+        "last_log": t.last_log,
+    })
+}
+
+/// A path as JSON text.
+fn text(p: &Path) -> std::borrow::Cow<'_, str> {
+    p.to_string_lossy()
+}
