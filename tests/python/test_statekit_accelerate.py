@@ -260,3 +260,16 @@ def test_a_loader_pickles_as_accelerates_does_and_the_copy_goes_on_from_its_epoc
     assert batches(pickle.loads(pickle.dumps(mine))) == batches(theirs)
     dispatcher = ours.DataLoaderDispatcher(list(range(8)), batch_size=2)
     assert batches(pickle.loads(pickle.dumps(dispatcher))) == batches(dispatcher)
+
+
+def test_bad_input_is_refused_by_name():
+    from statekit.errors import StateMismatch, UsageError
+
+    dl = both(20, 2, 2, 0, use_stateful_dataloader=True)[0]
+    with pytest.raises(UsageError, match="`num_batches` must be an int in \\[0, 2\\^64 - 1\\], not -1"):
+        ours.skip_first_batches(dl, -1)
+    other = both(21, 2, 2, 0, use_stateful_dataloader=True)[0]
+    other.load_state_dict(dl.state_dict())
+    with pytest.raises(StateMismatch) as refused:
+        next(iter(other))
+    assert refused.value.field == "dataset_len"
