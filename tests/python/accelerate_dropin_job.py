@@ -83,10 +83,25 @@ def main():
     accelerator.wait_for_everyone()
 
 
+class Stream(torch.utils.data.IterableDataset):
+    """The samples of `dataset(n)` as a stream."""
+
+    def __init__(self, n):
+        self.items = dataset(n)
+
+    def __iter__(self):
+        return iter(self.items)
+
+
+class SizedStream(Stream):
+    def __len__(self):
+        return len(self.items)
+
+
 def evaluate(accelerator, out):
     """`gather_for_metrics` over whole evaluation epochs, ours against accelerate's own loader."""
     cases = {}
-    for n in (50, 48, 7):
+    for n, kind in ((50, "map"), (48, "map"), (7, "map"), (50, "stream"), (7, "sized stream")):
         for dispatch in (False, True):
             # even_batches stays on: with uneven counts some ranks would gather on steps others
             # never take (accelerate's gather then hangs)
@@ -94,14 +109,15 @@ def evaluate(accelerator, out):
                       process_index=accelerator.process_index, put_on_device=True, dispatch_batches=dispatch)
             got = {}
             for who, prepare in (("statekit", statekit.accelerate.prepare_data_loader), ("accelerate", accelerates_prepare)):
-                dl = prepare(DataLoader(dataset(n), batch_size=BATCH), **kw)
+                data = {"map": dataset, "stream": Stream, "sized stream": SizedStream}[kind](n)
+                dl = prepare(DataLoader(data, batch_size=BATCH), **kw)
                 ids, steps = [], 0
                 for batch_ids, _ in dl:
                     ids += accelerator.gather_for_metrics(batch_ids).tolist()
                     steps += 1
                 got[who] = ids
-                got[f"{who} len, steps"] = [len(dl), steps]
-            cases[f"n{n}_dispatch{int(dispatch)}"] = got
+                got[f"{who} len, steps"] = [len(dl), steps] if kind != "stream" else [None, steps]
+            cases[f"{kind} n{n} dispatch{int(dispatch)}"] = got
     if accelerator.is_main_process:
         with open(os.path.join(out, "eval.json"), "w") as f:
             json.dump(cases, f)

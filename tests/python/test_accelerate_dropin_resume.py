@@ -5,7 +5,8 @@ shuffle (a `RandomSampler` and its generator): every sample of the epoch is trai
 once (the samples trained after the save are lost with the kill and trained again). The folder it saved is
 read by the `ckpt` CLI as it reads accelerate's own, and over whole evaluation epochs
 `gather_for_metrics` gives what it gives over accelerate's own loaders (per rank and dispatched,
-datasets that do and do not divide by the global batch).
+map-style datasets that do and do not divide by the global batch, streams with and without a
+length).
 
 torchrun with gloo on CPU, 100 samples, batch size 4, a linear model: a few seconds a run.
 """
@@ -90,8 +91,11 @@ def test_killed_on_2_ranks_resumed_on_3_trains_every_sample_once(tmp_path, shuff
     if shuffle != "seedable":
         return
     cases = json.loads((tmp_path / "eval.json").read_text())
-    assert len(cases) == 6
+    assert len(cases) == 10
     for name, got in cases.items():
         assert got["statekit"] == got["accelerate"], name
         assert got["statekit len, steps"] == got["accelerate len, steps"], name
-        assert sorted(got["statekit"]) == list(range(int(name[1:].split("_")[0]))), name
+        if name.startswith("map") or "dispatch1" in name:
+            # (a stream sharded per rank keeps its padding: accelerate's `remainder` is 0 there)
+            n = int(name.split(" n")[1].split()[0])
+            assert sorted(got["statekit"]) == list(range(n)), name
