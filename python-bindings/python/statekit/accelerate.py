@@ -7,10 +7,13 @@ accelerate's signatures, so every ``isinstance`` check and attribute accelerate'
 the last batch's duplicates by; ``set_epoch``, ``iteration``, ``total_batch_size``,
 ``total_dataset_length``, ``use_stateful_dataloader``, ``state_dict`` / ``load_state_dict``)
 keeps working. What changes is where a map-style loader's batches come from: the batch sampler
-is ``statekit.data``'s ``ShardedBatchSampler``, whose position is one number per epoch. So:
+is ``statekit.data``'s ``ShardedBatchSampler`` (made by ``statekit.data.prepare_data_loader``
+from the same configuration: the seedable sampler or accelerate's default shuffle, per rank or
+dispatched), whose position is one number per epoch. So:
 
 * ``skip_first_batches(dl, k)`` moves that number, in O(1), where accelerate's
-  ``SkipBatchSampler`` walks the first ``k`` batches of the epoch;
+  ``SkipBatchSampler`` walks the first ``k`` batches of the epoch (as there, every pass of the
+  skipped loader skips them);
 * a loader's ``state_dict()`` is torchdata's ``StatefulDataLoader`` state with statekit's
   position inside (``_index_sampler_state``), the same on every rank; ``load_state_dict`` takes
   one saved on any number of processes (``dataload``'s elastic rule: the rest of the epoch is
