@@ -29,6 +29,38 @@ pub struct DispatchedBatch {
     pub remainder: Option<u64>,
 }
 
+/// Which rows of a dispatched global batch one rank takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DispatchSlice {
+    /// The global batch is first extended with the first `world_size` rows of the iteration's
+    /// first global batch (the last, uneven step without `drop_last`).
+    pub padded: bool,
+    /// First row of this rank's slice (in the extended batch), clipped to its length.
+    pub start: u64,
+    /// One past the last row, clipped to the extended batch's length.
+    pub end: u64,
+}
+
+/// accelerate's cut of a global batch of `rows` rows (the dispatcher's `observed_batch_size`)
+/// for `rank` of `world_size`: `rows / P` rows each, or on the `last` step, when `P` does not
+/// divide `rows` and without `drop_last`, `rows / P + 1` rows of the batch extended by
+/// `padding` rows (the first `P` rows of the first global batch, fewer when it had fewer).
+pub fn dispatch_slice(
+    rows: u64,
+    padding: u64,
+    world_size: u64,
+    rank: u64,
+    last: bool,
+    drop_last: bool,
+) -> DispatchSlice {
+    let p = world_size.max(1);
+    let padded = !drop_last && last && !rows.is_multiple_of(p);
+    let per = rows / p + u64::from(padded);
+    let len = rows + if padded { padding } else { 0 };
+    let at = |k: u64| k.saturating_mul(per).min(len);
+    DispatchSlice { padded, start: at(rank), end: at(rank.saturating_add(1)) }
+}
+
 /// Batches of the underlying torch `BatchSampler` over an epoch order: chunks of
 /// `batch_size`, the last one short unless `drop_last`.
 pub fn base_batches(order: EpochOrder, batch_size: u64, drop_last: bool) -> impl Iterator<Item = Vec<u64>> {
@@ -183,7 +215,6 @@ impl<'a, C: Collective + ?Sized> Dispatcher<'a, C> {
                 self.first_keep = Some(batch.iter().take(usize::try_from(p).unwrap_or(usize::MAX)).copied().collect());
             }
             let obs = batch.len() as u64;
-            let mut per = obs / p;
             let mut last = current.exhausted;
             if !last {
                 let ahead = self.fetch()?;
@@ -192,15 +223,14 @@ impl<'a, C: Collective + ?Sized> Dispatcher<'a, C> {
                 }
                 self.next = Some(ahead);
             }
-            if !self.drop_last && last && !obs.is_multiple_of(p) {
+            let padding = self.first_keep.as_ref().map_or(0, |f| f.len() as u64);
+            let cut = dispatch_slice(obs, padding, p, self.comm.rank(), last, self.drop_last);
+            if cut.padded {
                 batch.extend(self.first_keep.iter().flatten().copied());
-                per += 1;
             }
-            let r = self.comm.rank();
-            let at = |k: u64| usize::try_from(k.saturating_mul(per)).unwrap_or(usize::MAX).min(batch.len());
-            let (lo, hi) = (at(r), at(r.saturating_add(1)));
+            // Both are at most the batch's length, which is a usize.
             let out = DispatchedBatch {
-                rows: batch[lo..hi].to_vec(),
+                rows: batch[cut.start as usize..cut.end as usize].to_vec(),
                 end_of_dataloader: last,
                 remainder: last.then_some(obs),
             };

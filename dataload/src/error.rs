@@ -61,10 +61,10 @@ pub enum DataloadError {
     /// accelerate refuses dispatching when batches are not placed on a device.
     #[error("`dispatch_batches = true` requires `put_on_device = true`")]
     DispatchWithoutDevicePlacement,
-    /// Shuffling without `use_seedable_sampler` depends on torch's global generator, which
-    /// nothing here can reproduce or resume.
+    /// A dispatched loader shuffles with `use_seedable_sampler` only: without it the order is
+    /// drawn from rank 0's running generator, which the other ranks do not have.
     #[error(
-        "shuffling needs `use_seedable_sampler = true`: without it the order comes from torch's global generator and cannot be reproduced"
+        "a dispatched loader (`dispatch_batches = true`) shuffles with `use_seedable_sampler = true` only: without it the order is drawn from rank 0's running generator, which the other ranks do not have"
     )]
     ShuffleNeedsSeedableSampler,
     /// A seedable sampler was asked for but no seed is known.

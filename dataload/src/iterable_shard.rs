@@ -8,17 +8,78 @@
 //!
 //! accelerate's `len()` ignores `split_batches` and is wrong in split mode;
 //! [`IterableDatasetShard::len_for`] gives the true count.
+//!
+//! [`StreamPlan`] is the decision alone (which items of a chunk, and which items complete a
+//! short last chunk), for callers that hold the items themselves: the Python package's
+//! `IterableDatasetShard` moves Python objects by the positions it gives.
 
 use crate::error::{DataloadError, Result};
+
+/// Where an item of the completed last chunk comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TailItem {
+    /// Position in the short last chunk.
+    Last(usize),
+    /// Position in the first full chunk of the stream.
+    First(usize),
+}
+
+/// Which items of each global chunk one rank keeps: accelerate's `IterableDatasetShard` as
+/// positions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StreamPlan {
+    global: usize,
+    lo: usize,
+    hi: usize,
+    drop_last: bool,
+}
+
+impl StreamPlan {
+    /// `batch_size` and `drop_last` are the original `DataLoader`'s.
+    pub fn new(
+        batch_size: usize,
+        drop_last: bool,
+        world_size: usize,
+        rank: usize,
+        split_batches: bool,
+    ) -> Result<Self> {
+        let (global, lo, hi) = geometry(batch_size, world_size, rank, split_batches)?;
+        Ok(Self { global, lo, hi, drop_last })
+    }
+
+    /// Items per global chunk.
+    pub fn chunk_len(&self) -> usize {
+        self.global
+    }
+
+    /// This rank's positions in a full chunk.
+    pub fn slice(&self) -> std::ops::Range<usize> {
+        self.lo..self.hi
+    }
+
+    /// What this rank yields from the stream's short last chunk of `last_len` items (`0 <
+    /// last_len < chunk_len`): nothing with `drop_last`; otherwise that chunk completed with
+    /// whole copies of the first full chunk (of `first_len` items), or of itself when the
+    /// stream had no full chunk, and cut like a full one.
+    pub fn tail(&self, last_len: usize, first_len: Option<usize>) -> Vec<TailItem> {
+        if self.drop_last || last_len == 0 {
+            return Vec::new();
+        }
+        (self.lo..self.hi)
+            .map(|pos| match (pos.checked_sub(last_len), first_len) {
+                (None, _) => TailItem::Last(pos),
+                (Some(past), Some(f)) if f > 0 => TailItem::First(past % f),
+                (Some(past), _) => TailItem::Last(past % last_len),
+            })
+            .collect()
+    }
+}
 
 /// Wraps a stream of items; iterate it to get this rank's items.
 #[derive(Debug, Clone)]
 pub struct IterableDatasetShard<I: Iterator> {
     inner: I,
-    global: usize,
-    lo: usize,
-    hi: usize,
-    drop_last: bool,
+    plan: StreamPlan,
     first: Option<Vec<I::Item>>,
     out: std::collections::VecDeque<I::Item>,
     done: bool,
@@ -69,8 +130,8 @@ where
         rank: usize,
         split_batches: bool,
     ) -> Result<Self> {
-        let (global, lo, hi) = geometry(batch_size, world_size, rank, split_batches)?;
-        Ok(Self { inner, global, lo, hi, drop_last, first: None, out: Default::default(), done: false })
+        let plan = StreamPlan::new(batch_size, drop_last, world_size, rank, split_batches)?;
+        Ok(Self { inner, plan, first: None, out: Default::default(), done: false })
     }
 
     /// Items rank `rank` really yields from a stream of `n` items.
@@ -93,10 +154,6 @@ where
         let chunks = if drop_last { n / global } else { n.div_ceil(global) };
         chunks * batch_size
     }
-
-    fn emit(&mut self, chunk: &[I::Item]) {
-        self.out.extend(chunk[self.lo..self.hi].iter().cloned());
-    }
 }
 
 impl<I> Iterator for IterableDatasetShard<I>
@@ -114,29 +171,28 @@ where
             if self.done {
                 return None;
             }
-            let mut cur: Vec<I::Item> = Vec::with_capacity(self.global);
+            let global = self.plan.chunk_len();
+            let mut cur: Vec<I::Item> = Vec::with_capacity(global);
             for x in self.inner.by_ref() {
                 cur.push(x);
-                if cur.len() == self.global {
+                if cur.len() == global {
                     break;
                 }
             }
-            if cur.len() == self.global {
-                self.emit(&cur);
+            if cur.len() == global {
+                self.out.extend(cur[self.plan.slice()].iter().cloned());
                 if self.first.is_none() {
                     self.first = Some(cur);
                 }
                 continue;
             }
             self.done = true;
-            if self.drop_last || cur.is_empty() {
-                continue;
-            }
-            let first = self.first.take().unwrap_or_else(|| cur.clone());
-            while cur.len() < self.global {
-                cur.extend(first.iter().cloned());
-            }
-            self.emit(&cur);
+            let first = self.first.take().unwrap_or_default();
+            let tail = self.plan.tail(cur.len(), (!first.is_empty()).then_some(first.len()));
+            self.out.extend(tail.into_iter().map(|t| match t {
+                TailItem::Last(i) => cur[i].clone(),
+                TailItem::First(i) => first[i].clone(),
+            }));
         }
     }
 }

@@ -9,7 +9,11 @@
 //! * [`TorchGenerator`] is torch's CPU MT19937 and [`randperm`] is `torch.randperm` on the
 //!   CPU, both algorithms and the switch between them at [`INSIDE_OUT_THRESHOLD`].
 //! * [`SequentialSampler`] and [`SeedableRandomSampler`] order an epoch; the seedable sampler
-//!   draws `randperm(n, manual_seed(seed + epoch))`.
+//!   draws `randperm(n, manual_seed(seed + epoch))`. Without `use_seedable_sampler`
+//!   (accelerate's default) a shuffled loader is torch's `RandomSampler` with the generator
+//!   accelerate gives it ([`SamplerSpec::Random`]): each epoch is a `randperm` drawn from the
+//!   generator's running state, which [`TorchGenerator`] takes from and gives back as torch's
+//!   `get_state()` bytes, and which the [`LoaderState`] records at the epoch's start.
 //! * [`DataLoaderConfiguration`] has accelerate's fields and defaults, and
 //!   [`DataLoaderConfiguration::resolve`] accelerate's refusals.
 //! * [`shard_batches`] is `BatchSamplerShard`, batch by batch (varying batch sizes included);
@@ -129,9 +133,9 @@ pub use arrow_file::{ArrowDataset, ContiguousRows};
 pub use batch_shard::{accelerate_shard_len, shard_batches, ShardParams};
 pub use collective::{Collective, CollectiveError, InProcessCollective, InProcessGroup};
 pub use config::{DataLoaderConfiguration, DatasetKind, LoaderShape, ShardMode};
-pub use dispatch::{base_batches, gather_for_metrics, DispatchedBatch, Dispatcher};
+pub use dispatch::{base_batches, dispatch_slice, gather_for_metrics, DispatchSlice, DispatchedBatch, Dispatcher};
 pub use error::{DataloadError, Result};
-pub use iterable_shard::IterableDatasetShard;
+pub use iterable_shard::{IterableDatasetShard, StreamPlan, TailItem};
 #[cfg(feature = "sources")]
 pub use jsonl::{IndexPlacement, JsonlDataset, TextBatch, DEFAULT_FRAME_CACHE};
 pub use loader::{ShardedSampler, ShardedSamplerBuilder};
@@ -140,11 +144,13 @@ pub use parquet_rows::{ParquetDataset, DEFAULT_ROW_GROUP_CACHE};
 pub use plan::{BatchGeometry, EpochPlan};
 #[cfg(feature = "sources")]
 pub use prefetch::{DataLoader, DataLoaderBuilder};
-pub use randperm::{randperm, randperm_with, Permutation, RandpermAlgorithm, TorchVersion, INSIDE_OUT_THRESHOLD};
+pub use randperm::{
+    randperm, randperm_draws, randperm_with, Permutation, RandpermAlgorithm, TorchVersion, INSIDE_OUT_THRESHOLD,
+};
 pub use sampler::{EpochOrder, IndexSampler, SeedableRandomSampler, SequentialSampler, MAX_SEED, MIN_SEED};
 #[cfg(feature = "sources")]
 pub use source::{FileFingerprint, Fingerprint, Source};
-pub use state::{LoaderState, SamplerSpec, STATE_FORMAT, STATE_VERSION};
+pub use state::{EpochGenerator, LoaderState, SamplerSpec, STATE_FORMAT, STATE_VERSION};
 #[cfg(feature = "sources")]
 pub use tokens::{TokenBatch, TokenDtype, TokenFile, TokenWindows};
-pub use torch_rng::TorchGenerator;
+pub use torch_rng::{TorchGenerator, STATE_BYTES as GENERATOR_STATE_BYTES};

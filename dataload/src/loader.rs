@@ -3,9 +3,11 @@
 use crate::config::{DataLoaderConfiguration, DatasetKind, LoaderShape, ShardMode};
 use crate::error::{DataloadError, Result};
 use crate::plan::{BatchGeometry, EpochPlan};
+use crate::randperm::randperm;
 use crate::randperm::TorchVersion;
 use crate::sampler::{EpochOrder, IndexSampler, SeedableRandomSampler, SequentialSampler};
-use crate::state::{LoaderState, SamplerSpec, STATE_FORMAT, STATE_VERSION};
+use crate::state::{EpochGenerator, LoaderState, SamplerSpec, STATE_FORMAT, STATE_VERSION};
+use crate::torch_rng::TorchGenerator;
 
 /// Builds a [`ShardedSampler`]; every check happens in [`ShardedSamplerBuilder::build`].
 #[derive(Debug, Clone, Default)]
@@ -21,6 +23,7 @@ pub struct ShardedSamplerBuilder {
     put_on_device: bool,
     fingerprint: Option<String>,
     torch: TorchVersion,
+    generator: Option<TorchGenerator>,
 }
 
 impl ShardedSamplerBuilder {
@@ -54,7 +57,9 @@ impl ShardedSamplerBuilder {
         self
     }
 
-    /// torch `DataLoader`'s `shuffle` (a `RandomSampler`). Needs `use_seedable_sampler`.
+    /// torch `DataLoader`'s `shuffle` (a `RandomSampler`). With `use_seedable_sampler` the
+    /// order is accelerate's `SeedableRandomSampler`'s; without (accelerate's default) it is
+    /// torch's `RandomSampler` drawing from a running [`generator`](Self::generator).
     pub fn shuffle(mut self, s: bool) -> Self {
         self.shuffle = s;
         self
@@ -82,6 +87,15 @@ impl ShardedSamplerBuilder {
     /// Identity of the dataset, checked when a state is loaded.
     pub fn fingerprint(mut self, f: impl Into<String>) -> Self {
         self.fingerprint = Some(f.into());
+        self
+    }
+
+    /// The generator a `RandomSampler` (shuffling without `use_seedable_sampler`) draws the
+    /// first epoch from: the state of the `torch.Generator` accelerate gives the sampler (the
+    /// user's, or a fresh one seeded from torch's global generator). Each epoch draws one
+    /// `randperm` from it and the next epoch starts from where that left it.
+    pub fn generator(mut self, g: TorchGenerator) -> Self {
+        self.generator = Some(g);
         self
     }
 
@@ -143,10 +157,16 @@ impl ShardedSamplerBuilder {
             world_size: usize::try_from(world_size).unwrap_or(usize::MAX),
             put_on_device: self.put_on_device,
         })?;
-        let sampler = if self.shuffle {
-            if !self.config.use_seedable_sampler {
+        let mut generator = None;
+        let sampler = if self.shuffle && !self.config.use_seedable_sampler {
+            // Each rank would compute its slice from rank 0's running generator; the
+            // dispatcher's rank 0 draws it alone, and nothing carries it to the others yet.
+            if mode == ShardMode::Dispatch {
                 return Err(DataloadError::ShuffleNeedsSeedableSampler);
             }
+            generator = Some(self.generator.ok_or(DataloadError::Missing { field: "generator" })?);
+            SamplerSpec::Random
+        } else if self.shuffle {
             let seed = self.config.data_seed.or(self.torch_initial_seed).ok_or(DataloadError::MissingSeed)?;
             // Validates the seed range.
             SeedableRandomSampler::new(dataset_len, seed, self.torch)?;
@@ -174,6 +194,9 @@ impl ShardedSamplerBuilder {
             pad_origin: 0,
             step: 0,
             plan: None,
+            generator,
+            drawn: false,
+            after: None,
         })
     }
 }
@@ -198,6 +221,13 @@ pub struct ShardedSampler {
     step: u64,
     /// The current epoch's plan, built on first use: building it costs the permutation.
     plan: Option<EpochPlan>,
+    /// [`SamplerSpec::Random`] only: the generator the current epoch is (or will be) drawn from.
+    generator: Option<TorchGenerator>,
+    /// Whether the current epoch's permutation has been drawn from `generator`: from then on it
+    /// is the epoch's, whatever happens to the caller's generator.
+    drawn: bool,
+    /// The generator once the current epoch's permutation is drawn (built with the plan).
+    after: Option<TorchGenerator>,
 }
 
 impl ShardedSampler {
@@ -224,6 +254,9 @@ impl ShardedSampler {
         }
         if let SamplerSpec::SeedableRandom { seed } = state.sampler {
             b = b.shuffle(true).torch_initial_seed(seed);
+        }
+        if let Some(g) = &state.generator {
+            b = b.shuffle(true).generator(g.state.clone());
         }
         let mut loader = b.build()?;
         loader.load_state_dict(state)?;
@@ -261,14 +294,80 @@ impl ShardedSampler {
         self.start.saturating_add(self.step.saturating_mul(g)).min(self.dataset_len)
     }
 
-    /// The order of `epoch`, computed from scratch.
+    /// The order of `epoch`, computed from scratch. A [`SamplerSpec::Random`] sampler knows the
+    /// generator of its current epoch only: another epoch's order depends on what draws from
+    /// the generator in between, so it is refused.
     pub fn order(&self, epoch: u64) -> Result<EpochOrder> {
+        Ok(self.draw(epoch)?.0)
+    }
+
+    /// The order of `epoch` and, for a `random` sampler, its generator after the draw.
+    fn draw(&self, epoch: u64) -> Result<(EpochOrder, Option<TorchGenerator>)> {
         match self.sampler {
-            SamplerSpec::Sequential => SequentialSampler::new(self.dataset_len).order(epoch),
+            SamplerSpec::Sequential => Ok((SequentialSampler::new(self.dataset_len).order(epoch)?, None)),
             SamplerSpec::SeedableRandom { seed } => {
-                SeedableRandomSampler::new(self.dataset_len, seed, self.torch)?.order(epoch)
+                Ok((SeedableRandomSampler::new(self.dataset_len, seed, self.torch)?.order(epoch)?, None))
+            }
+            SamplerSpec::Random => {
+                if epoch != self.epoch {
+                    return Err(DataloadError::InvalidValue {
+                        field: "epoch",
+                        value: epoch.to_string(),
+                        reason: "a `random` sampler's order is known for its current epoch only",
+                    });
+                }
+                let mut g = self.generator.clone().ok_or(DataloadError::Missing { field: "generator" })?;
+                let perm = randperm(self.dataset_len, &mut g, self.torch)?;
+                Ok((EpochOrder::Shuffled(std::sync::Arc::new(perm)), Some(g)))
             }
         }
+    }
+
+    /// Batches this rank gets in a whole epoch (accelerate's `len`), without drawing any
+    /// permutation: the count depends on the dataset length only.
+    pub fn epoch_len(&self) -> u64 {
+        EpochPlan::new(EpochOrder::Sequential { len: self.dataset_len }, self.geometry, 0, 0).rank_len(self.rank)
+    }
+
+    /// A `random` sampler whose current epoch is not drawn yet: its generator may still be
+    /// replaced ([`ShardedSampler::set_generator`]), as the caller's `torch.Generator` may
+    /// have been drawn from since.
+    pub fn needs_generator(&self) -> bool {
+        self.sampler == SamplerSpec::Random && !self.drawn
+    }
+
+    /// Sets the generator the current epoch of a `random` sampler is drawn from (the running
+    /// state of the caller's `torch.Generator`). Refused once the epoch is drawn, and for other
+    /// samplers.
+    pub fn set_generator(&mut self, g: TorchGenerator) -> Result<()> {
+        let reason = if self.sampler != SamplerSpec::Random {
+            "only a `random` sampler (shuffling without `use_seedable_sampler`) draws from a generator"
+        } else if self.drawn {
+            "the current epoch's permutation is already drawn"
+        } else {
+            self.generator = Some(g);
+            self.plan = None;
+            return Ok(());
+        };
+        Err(DataloadError::InvalidValue {
+            field: "generator",
+            value: format!("for a {} sampler", self.sampler),
+            reason,
+        })
+    }
+
+    /// A `random` sampler's generator as torch's would be now: after the current epoch's
+    /// draw once it is drawn, else the running state the epoch will be drawn from. `None` for
+    /// other samplers.
+    pub fn running_generator(&mut self) -> Result<Option<TorchGenerator>> {
+        if self.sampler != SamplerSpec::Random {
+            return Ok(None);
+        }
+        if self.drawn {
+            self.current_plan()?;
+            return Ok(self.after.clone());
+        }
+        Ok(self.generator.clone())
     }
 
     /// The whole plan of `epoch` from its start, for any rank (what a fresh loader would do).
@@ -279,7 +378,11 @@ impl ShardedSampler {
     /// The plan of the current epoch from where this loader started reading it.
     pub fn current_plan(&mut self) -> Result<&EpochPlan> {
         if self.plan.is_none() {
-            let order = self.order(self.epoch)?;
+            let (order, after) = self.draw(self.epoch)?;
+            if after.is_some() {
+                self.drawn = true;
+                self.after = after;
+            }
             self.plan = Some(EpochPlan::new(order, self.geometry, self.start, self.pad_origin));
         }
         self.plan.as_ref().ok_or(DataloadError::InconsistentState { reason: "plan vanished".into() })
@@ -296,6 +399,12 @@ impl ShardedSampler {
                 Ok(Some(batch))
             }
             None => {
+                // torch's RandomSampler, read to its end, evaluates a second `randperm(n)`
+                // for the `num_samples % n` (= 0) samples after the first: its generator
+                // moves on by the draws of two permutations per epoch.
+                if let (true, Some(g)) = (self.drawn, self.after.as_mut()) {
+                    g.discard(crate::randperm::randperm_draws(self.dataset_len, self.torch));
+                }
                 self.set_epoch(self.epoch + 1);
                 Ok(None)
             }
@@ -312,10 +421,17 @@ impl ShardedSampler {
         Ok(out)
     }
 
-    /// Moves to the start of `epoch` (accelerate's `set_epoch`).
+    /// Moves to the start of `epoch` (accelerate's `set_epoch`). A `random` sampler whose
+    /// current epoch was drawn goes on from the generator that draw left (torch's
+    /// `RandomSampler` ignores the epoch number: its next iteration draws from the running
+    /// generator); staying in the same epoch keeps its permutation.
     pub fn set_epoch(&mut self, epoch: u64) {
         if epoch != self.epoch {
             self.plan = None;
+            if self.drawn {
+                self.generator = self.after.take();
+                self.drawn = false;
+            }
         }
         self.epoch = epoch;
         if self.start != 0 || self.pad_origin != 0 {
@@ -396,6 +512,7 @@ impl ShardedSampler {
             dataset_len: self.dataset_len,
             fingerprint: self.fingerprint.clone(),
             sampler: self.sampler,
+            generator: self.generator.clone().map(|state| EpochGenerator { state, drawn: self.drawn }),
             torch: self.torch,
             batch_size: self.geometry.batch_size,
             drop_last: self.geometry.drop_last,
@@ -437,6 +554,11 @@ impl ShardedSampler {
         self.pad_origin = state.padding_origin;
         self.step = 0;
         self.plan = None;
+        if let Some(g) = &state.generator {
+            self.generator = Some(g.state.clone());
+            self.drawn = g.drawn;
+            self.after = None;
+        }
         Ok(())
     }
 }

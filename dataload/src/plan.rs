@@ -182,19 +182,16 @@ impl EpochPlan {
     fn dispatched_batch(&self, step: u64, rank: u64) -> Vec<u64> {
         let p = self.geometry.world_size;
         let mut rows = self.global_rows(step);
-        let obs = rows.len() as u64;
-        let mut per = obs / p;
         let last = step + 1 == self.num_steps();
-        if !self.geometry.drop_last && last && !obs.is_multiple_of(p) {
-            // accelerate keeps the first P rows of the first global batch of the iteration.
-            let first_len = self.geometry.global_batch().min(self.len() - self.pad_origin);
-            let keep = p.min(first_len);
+        // accelerate keeps the first P rows of the first global batch of the iteration.
+        let first_len = self.geometry.global_batch().min(self.len() - self.pad_origin);
+        let keep = p.min(first_len);
+        let cut = crate::dispatch::dispatch_slice(rows.len() as u64, keep, p, rank, last, self.geometry.drop_last);
+        if cut.padded {
             rows.extend(self.order.range(self.pad_origin, self.pad_origin + keep));
-            per += 1;
         }
-        let lo = (rank * per).min(rows.len() as u64) as usize;
-        let hi = ((rank + 1) * per).min(rows.len() as u64) as usize;
-        rows[lo..hi].to_vec()
+        // Both are at most the rows' length, which is a usize.
+        rows[cut.start as usize..cut.end as usize].to_vec()
     }
 
     /// How many batches `rank` really gets from this plan.

@@ -125,6 +125,18 @@ impl Slot for u64 {
     }
 }
 
+/// How many 32-bit draws `torch.randperm(n)` takes from its generator: `n - 1` (classic) or
+/// `2n` (inside-out, two per 64-bit draw), none for `n ≤ 1`.
+pub fn randperm_draws(n: u64, torch: TorchVersion) -> u64 {
+    if n < 2 {
+        return 0;
+    }
+    match RandpermAlgorithm::for_len(n, torch) {
+        RandpermAlgorithm::Classic => n - 1,
+        RandpermAlgorithm::InsideOut => n.saturating_mul(2),
+    }
+}
+
 /// `torch.randperm(n, generator=gen)` with the algorithm the given torch picks.
 pub fn randperm(n: u64, gen: &mut TorchGenerator, torch: TorchVersion) -> Result<Permutation> {
     randperm_with(n, gen, RandpermAlgorithm::for_len(n, torch))
@@ -201,6 +213,17 @@ mod tests {
                 assert_eq!(p.len(), n);
                 assert!(is_perm(&p), "n={n} {algo:?}");
             }
+        }
+    }
+
+    #[test]
+    fn draw_counts_are_what_randperm_takes() {
+        for n in [0u64, 1, 2, 3, 700, 1500] {
+            let mut a = TorchGenerator::manual_seed(n);
+            let mut b = a.clone();
+            randperm(n, &mut a, TorchVersion::default()).unwrap();
+            b.discard(randperm_draws(n, TorchVersion::default()));
+            assert_eq!(a, b, "n = {n}");
         }
     }
 

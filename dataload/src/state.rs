@@ -9,7 +9,8 @@
 //!   "padding_origin": 0,      // where dispatcher padding rows come from (0 = epoch start)
 //!   "dataset_len": 100000,
 //!   "fingerprint": "sha256:…",// caller-chosen identity of the dataset, or null
-//!   "sampler": {"kind": "seedable_random", "seed": 42},
+//!   "sampler": {"kind": "seedable_random", "seed": 42},   // or {"kind": "random"}
+//!   "generator": {"state": "…", "drawn": true},          // with "random" only, see below
 //!   "torch": "torch2_6_plus", // which torch's randperm the order reproduces
 //!   "batch_size": 8, "drop_last": false,
 //!   "world_size": 4,          // world at save time; loading on another world is elastic
@@ -20,12 +21,20 @@
 //!
 //! The state is the same on every rank: a position is global, which is what lets a state
 //! saved by N ranks be loaded by M.
+//!
+//! With the `random` sampler (torch's `RandomSampler`, accelerate's default) an epoch's order is
+//! `torch.randperm` drawn from a generator's running state, so the state records that
+//! generator: torch's `get_state()` bytes in hex. With `drawn` the current epoch's permutation
+//! was drawn from it (resuming redraws the same one, whatever the position); without, the
+//! epoch has not started and the generator is its running state, from which the next
+//! permutation will be drawn.
 
 use serde::{Deserialize, Serialize};
 
 use crate::config::{DataLoaderConfiguration, ShardMode};
 use crate::error::{DataloadError, Result};
 use crate::randperm::TorchVersion;
+use crate::torch_rng::TorchGenerator;
 
 /// Value of the `format` field.
 pub const STATE_FORMAT: &str = "statekit.dataload";
@@ -45,6 +54,9 @@ pub enum SamplerSpec {
         #[serde(with = "crate::sampler::seed_serde")]
         seed: i128,
     },
+    /// torch's `RandomSampler` with a generator: each epoch is one `randperm` drawn from the
+    /// generator's running state ([`LoaderState::generator`]).
+    Random,
 }
 
 impl std::fmt::Display for SamplerSpec {
@@ -52,6 +64,7 @@ impl std::fmt::Display for SamplerSpec {
         match self {
             Self::Sequential => f.write_str("sequential"),
             Self::SeedableRandom { seed } => write!(f, "seedable random (seed {seed})"),
+            Self::Random => f.write_str("random (a running torch generator)"),
         }
     }
 }
@@ -76,6 +89,9 @@ pub struct LoaderState {
     pub fingerprint: Option<String>,
     /// The sampler.
     pub sampler: SamplerSpec,
+    /// The generator of a [`SamplerSpec::Random`] sampler; absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generator: Option<EpochGenerator>,
     /// Which torch's `randperm` the order reproduces.
     pub torch: TorchVersion,
     /// Batch size of the underlying batch sampler.
@@ -88,6 +104,18 @@ pub struct LoaderState {
     pub mode: ShardMode,
     /// accelerate's configuration.
     pub config: DataLoaderConfiguration,
+}
+
+/// The generator an epoch of a [`SamplerSpec::Random`] sampler is drawn from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EpochGenerator {
+    /// torch's generator state (its `get_state()` bytes, in hex in the JSON).
+    #[serde(with = "crate::torch_rng::hex_serde")]
+    pub state: TorchGenerator,
+    /// Whether the epoch's permutation has been drawn from `state`; if not, `state` is the
+    /// running state the next permutation will be drawn from.
+    pub drawn: bool,
 }
 
 impl LoaderState {
@@ -128,6 +156,11 @@ impl LoaderState {
         }
         if self.padding_origin > self.cursor {
             return bad(format!("padding origin {} is past the cursor {}", self.padding_origin, self.cursor));
+        }
+        match (&self.sampler, &self.generator) {
+            (SamplerSpec::Random, None) => return bad("a `random` sampler needs its `generator`".into()),
+            (SamplerSpec::Random, Some(_)) | (_, None) => {}
+            (_, Some(_)) => return bad(format!("a {} sampler has no `generator`", self.sampler)),
         }
         if self.batch_size == 0 || self.world_size == 0 {
             return bad("batch size and world size must be positive".into());

@@ -27,6 +27,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_class::<sampler::Sampler>()?;
     m.add_function(wrap_pyfunction!(sampler::default_config_json, m)?)?;
+    m.add_function(wrap_pyfunction!(sampler::stream_plan, m)?)?;
+    m.add_function(wrap_pyfunction!(sampler::dispatch_slice, m)?)?;
     m.add_class::<checkpoint::PyCheckpoint>()?;
     m.add_class::<datasets::TokenSource>()?;
     m.add_class::<datasets::TableSource>()?;

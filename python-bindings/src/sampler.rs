@@ -1,7 +1,8 @@
 //! `dataload`'s sharded sampler as a Python object; `statekit.data` wraps it.
 
-use dataload::{DataLoaderConfiguration, LoaderState, ShardedSampler};
+use dataload::{DataLoaderConfiguration, LoaderState, ShardedSampler, TorchGenerator};
 use pyo3::prelude::*;
+use pyo3::types::PyBytes;
 
 use crate::args::{self, MAX_LEN};
 use crate::errors;
@@ -33,8 +34,10 @@ fn state_from_json(text: &str) -> PyResult<LoaderState> {
 #[pymethods]
 impl Sampler {
     /// `config` is accelerate's `DataLoaderConfiguration` as JSON (dataload's field names).
+    /// `generator` (a `torch.Generator`'s `get_state()` bytes) is what a shuffled loader without
+    /// `use_seedable_sampler` draws its first epoch from.
     #[new]
-    #[pyo3(signature = (length, batch_size, world_size, rank, shuffle, drop_last, config, fingerprint=None))]
+    #[pyo3(signature = (length, batch_size, world_size, rank, shuffle, drop_last, config, fingerprint=None, generator=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         length: &Bound<'_, PyAny>,
@@ -45,6 +48,7 @@ impl Sampler {
         drop_last: bool,
         config: &str,
         fingerprint: Option<String>,
+        generator: Option<&Bound<'_, PyBytes>>,
     ) -> PyResult<Self> {
         let length = args::uint(length, "length", 0, MAX_LEN)?;
         // dataload's builder refuses what is out of its own ranges, by name.
@@ -66,6 +70,9 @@ impl Sampler {
             .config(config);
         if let Some(f) = fingerprint {
             b = b.fingerprint(f);
+        }
+        if let Some(g) = generator {
+            b = b.generator(TorchGenerator::from_state_bytes(g.as_bytes()).map_err(errors::dataload)?);
         }
         Ok(Self { inner: b.build().map_err(errors::dataload)? })
     }
@@ -155,9 +162,29 @@ impl Sampler {
     }
 
     /// Batches this rank gets in a whole epoch (accelerate's `len`).
-    fn epoch_len(&self, py: Python<'_>) -> PyResult<u64> {
-        let (inner, rank) = (&self.inner, self.inner.rank());
-        py.detach(|| inner.plan_for_epoch(inner.epoch()).map(|p| p.rank_len(rank))).map_err(errors::dataload)
+    fn epoch_len(&self) -> u64 {
+        self.inner.epoch_len()
+    }
+
+    /// Whether the current epoch is drawn from a generator not drawn from yet (then
+    /// `set_generator` may still give its running state).
+    #[getter]
+    fn needs_generator(&self) -> bool {
+        self.inner.needs_generator()
+    }
+
+    /// The running state (`get_state()` bytes) of the generator the current epoch is drawn from.
+    fn set_generator(&mut self, state: &Bound<'_, PyBytes>) -> PyResult<()> {
+        let g = TorchGenerator::from_state_bytes(state.as_bytes()).map_err(errors::dataload)?;
+        self.inner.set_generator(g).map_err(errors::dataload)
+    }
+
+    /// The generator's state as torch's would be now (after the current epoch's draw once it
+    /// is drawn), as `get_state()` bytes; `None` unless the loader shuffles from a generator.
+    fn running_generator<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyBytes>>> {
+        let inner = &mut self.inner;
+        let g = py.detach(|| inner.running_generator()).map_err(errors::dataload)?;
+        Ok(g.map(|g| PyBytes::new(py, &g.state_bytes())))
     }
 
     /// Batches left for this rank in the current epoch.
@@ -182,4 +209,47 @@ impl Sampler {
 #[pyfunction]
 pub(crate) fn default_config_json() -> PyResult<String> {
     serde_json::to_string(&DataLoaderConfiguration::default()).map_err(|e| errors::usage(e.to_string()))
+}
+
+/// accelerate's `IterableDatasetShard` as positions (`dataload::StreamPlan`), for the Python
+/// shard that holds the items: `(chunk_len, start, end)` of this rank in each full chunk, and
+/// what it yields from a short last chunk of `last_len` items, as `(from_first, position)`
+/// (`from_first`: a position in the first full chunk, of `first_len` items).
+#[pyfunction]
+#[pyo3(signature = (batch_size, drop_last, world_size, rank, split_batches, last_len=0, first_len=None))]
+#[allow(clippy::type_complexity)]
+pub(crate) fn stream_plan(
+    batch_size: &Bound<'_, PyAny>,
+    drop_last: bool,
+    world_size: &Bound<'_, PyAny>,
+    rank: &Bound<'_, PyAny>,
+    split_batches: bool,
+    last_len: usize,
+    first_len: Option<usize>,
+) -> PyResult<((usize, usize, usize), Vec<(bool, usize)>)> {
+    let batch_size = args::size(batch_size, "batch_size", 0, dataload::MAX_BATCH_SIZE)?;
+    let world_size = args::size(world_size, "num_processes", 0, dataload::MAX_WORLD_SIZE)?;
+    let rank = args::size(rank, "process_index", 0, u64::MAX)?;
+    let plan =
+        dataload::StreamPlan::new(batch_size, drop_last, world_size, rank, split_batches).map_err(errors::dataload)?;
+    let tail = plan.tail(last_len.min(plan.chunk_len() - 1), first_len).into_iter().map(|t| match t {
+        dataload::TailItem::Last(i) => (false, i),
+        dataload::TailItem::First(i) => (true, i),
+    });
+    Ok(((plan.chunk_len(), plan.slice().start, plan.slice().end), tail.collect()))
+}
+
+/// accelerate's dispatcher cut of a global batch of `rows` rows (`dataload::dispatch_slice`):
+/// `(padded, start, end)`.
+#[pyfunction]
+pub(crate) fn dispatch_slice(
+    rows: u64,
+    padding: u64,
+    world_size: u64,
+    rank: u64,
+    last: bool,
+    drop_last: bool,
+) -> (bool, u64, u64) {
+    let cut = dataload::dispatch_slice(rows, padding, world_size, rank, last, drop_last);
+    (cut.padded, cut.start, cut.end)
 }

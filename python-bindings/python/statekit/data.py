@@ -21,13 +21,14 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from . import _native
 from ._datasets import ArrowDataset, JsonlDataset, ParquetDataset, TokenDataset
-from .errors import UsageError
+from .errors import MalformedState, UsageError
 
 __all__ = [
     "DataLoaderConfiguration",
     "ShardedBatchSampler",
     "IterableDatasetShard",
     "prepare_data_loader",
+    "skip_first_batches",
     "TokenDataset",
     "ArrowDataset",
     "ParquetDataset",
@@ -101,7 +102,12 @@ class _EpochIterator:
     def __next__(self) -> List[int]:
         if self._done:
             raise StopIteration
-        batch = self._owner._native.next_batch()
+        owner = self._owner
+        if owner._random:
+            owner._before_draw()
+        batch = owner._native.next_batch()
+        if owner._pending or (batch is None and owner._random):
+            owner._write_back()
         if batch is None:
             self._done = True
             raise StopIteration
@@ -122,8 +128,13 @@ class ShardedBatchSampler:
 
     ``num_processes``/``process_index`` default to torch.distributed's world when it is
     initialized, else 1/0. ``seed`` is the seedable sampler's ``data_seed`` (used with
-    ``shuffle``). ``fingerprint`` (any string) names the dataset: a state saved over another
-    fingerprint is refused.
+    ``shuffle``). With ``shuffle`` and a CPU ``generator`` (a ``torch.Generator``) instead, the
+    order is accelerate's default shuffle (``use_seedable_sampler=False``): torch's
+    ``RandomSampler`` drawing each epoch's ``randperm`` from the generator's running state,
+    which the generator then holds, as it would in accelerate (over torch.distributed, rank 0's
+    state is taken at the start of each epoch, as accelerate synchronizes it).
+    ``fingerprint`` (any string) names the dataset: a state saved over another fingerprint is
+    refused.
 
     Iterating continues from the current position (the start of an epoch unless a state was
     loaded); reading an epoch to its end moves to the next one, as accelerate's sampler does.
@@ -142,20 +153,22 @@ class ShardedBatchSampler:
         split_batches: bool = False,
         even_batches: bool = True,
         fingerprint: Optional[str] = None,
+        generator: Any = None,
     ) -> None:
         world, rank = _world(num_processes, process_index)
-        if shuffle:
+        seedable = generator is None
+        if shuffle and seedable:
             seed = _check_int("seed", seed, -(2**63), _MAX_U64)
         config = DataLoaderConfiguration(
             split_batches=split_batches,
             dispatch_batches=False,
             even_batches=even_batches,
-            use_seedable_sampler=True,
-            data_seed=int(seed) if shuffle else None,
+            use_seedable_sampler=seedable,
+            data_seed=int(seed) if shuffle and seedable else None,
         )
-        self._init(length, batch_size, world, rank, shuffle, drop_last, config, fingerprint)
+        self._init(length, batch_size, world, rank, shuffle, drop_last, config, fingerprint, generator)
 
-    def _init(self, length, batch_size, world, rank, shuffle, drop_last, config, fingerprint) -> None:  # type: ignore[no-untyped-def]
+    def _init(self, length, batch_size, world, rank, shuffle, drop_last, config, fingerprint, generator=None) -> None:  # type: ignore[no-untyped-def]
         # Python's `len` counts to 2^63 - 1: a longer dataset would be accepted here and fail
         # at `len(sampler)`; the other counts are refused by dataload, by name, past its limits.
         length = _check_int("length", length, 0, _MAX_LEN)
@@ -163,7 +176,21 @@ class ShardedBatchSampler:
             ("batch_size", batch_size), ("num_processes", world), ("process_index", rank)))
         if config.data_seed is not None:
             _check_int("data_seed", config.data_seed, -(2**63), _MAX_U64)
-        self._native = _native.Sampler(length, batch_size, world, rank, bool(shuffle), bool(drop_last), config._json(), fingerprint)
+        # accelerate's default shuffle: epochs drawn from `generator`'s running state, or (one
+        # rank, no generator: torch's RandomSampler untouched) from a generator seeded from
+        # torch's global one at each epoch.
+        self._random = bool(shuffle) and not config.use_seedable_sampler
+        self._generator = generator if self._random else None
+        self._pending = False
+        first = None
+        if self._random:
+            import torch
+
+            if generator is not None and (not isinstance(generator, torch.Generator) or generator.device.type != "cpu"):
+                raise UsageError(f"`generator` must be a CPU `torch.Generator`, not {generator!r}")
+            first = _state_bytes(generator if generator is not None else torch.Generator())
+        self._native = _native.Sampler(length, batch_size, world, rank, bool(shuffle), bool(drop_last), config._json(),
+                                       fingerprint, first)
         self.length = length
         self.batch_size = batch_size
         self.drop_last = bool(drop_last)
@@ -206,16 +233,53 @@ class ShardedBatchSampler:
         return int(self._native.epoch_len())
 
     def __iter__(self) -> Iterator[List[int]]:
+        if self._random and self._generator is not None and self._native.needs_generator and self.num_processes > 1:
+            # accelerate's DataLoaderShard synchronizes the sampler's generator from rank 0 at
+            # each `__iter__`, before torch's DataLoader draws its base seed from it.
+            coll = _collective(self.num_processes, self.process_index)
+            if coll is not None:
+                theirs = coll.broadcast(0, _state_bytes(self._generator) if coll.rank == 0 else None)
+                _set_state(self._generator, theirs)
         return _EpochIterator(self)
+
+    def _before_draw(self) -> None:
+        """The current epoch is drawn from the generator's running state as it is now (torch's
+        RandomSampler draws at its first index, after the DataLoader took its base seed)."""
+        if not self._native.needs_generator:
+            return
+        if self._generator is not None:
+            self._native.set_generator(_state_bytes(self._generator))
+            self._pending = True
+        else:
+            import torch
+
+            seed = int(torch.empty((), dtype=torch.int64).random_().item())
+            self._native.set_generator(_state_bytes(torch.Generator().manual_seed(seed)))
+
+    def _write_back(self) -> None:
+        """The generator advances as torch's RandomSampler advances it: by the epoch's draw."""
+        self._pending = False
+        state = self._native.running_generator()
+        if state is not None and self._generator is not None:
+            _set_state(self._generator, state)
 
     def __getstate__(self) -> Dict[str, Any]:
         # Pickles (spawned workers, copies) as its settings and position.
+        gen = None if self._generator is None else _state_bytes(self._generator)
         return {"state": self._native.state_json(), "world": self.num_processes, "rank": self.process_index,
-                "attrs": (self.length, self.batch_size, self.drop_last, self.shuffle)}
+                "attrs": (self.length, self.batch_size, self.drop_last, self.shuffle),
+                "random": (self._random, gen, self._pending)}
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
         self._native = _native.Sampler.from_state(state["state"], state["world"], state["rank"])
         self.length, self.batch_size, self.drop_last, self.shuffle = state["attrs"]
+        self._random, gen, self._pending = state["random"]
+        self._generator = None
+        if gen is not None:
+            import torch
+
+            self._generator = torch.Generator()
+            _set_state(self._generator, gen)
 
     def state_dict(self) -> Dict[str, Any]:
         """The position and the settings it is valid with (``dataload``'s ``LoaderState``)."""
@@ -223,8 +287,40 @@ class ShardedBatchSampler:
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
         """Continues from ``state_dict``, saved on any world size; settings that differ are
-        refused with ``StateMismatch`` naming the field."""
+        refused with ``StateMismatch`` naming the field. A shuffle drawn from a generator
+        redraws the saved epoch from the generator state the epoch started with (nothing is
+        replayed) and leaves the generator where the uninterrupted run left it."""
         self._native.load_state_json(json.dumps(state_dict))
+        if self._random and self._generator is not None:
+            if self._native.needs_generator:
+                # The epoch has not started: its permutation is drawn from the saved running
+                # state, after whatever the DataLoader draws first.
+                _set_state(self._generator, self._native.running_generator())
+            else:
+                self._pending = True
+
+
+def _state_bytes(generator: Any) -> bytes:
+    return generator.get_state().numpy().tobytes()
+
+
+def _set_state(generator: Any, state: bytes) -> None:
+    import torch
+
+    generator.set_state(torch.frombuffer(bytearray(state), dtype=torch.uint8))
+
+
+def _collective(world: int, rank: int) -> Any:
+    """``TorchCollective`` when torch.distributed runs this world, else None."""
+    try:
+        import torch.distributed as dist
+    except ImportError:
+        return None
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() == world and dist.get_rank() == rank:
+        from ._dist import TorchCollective
+
+        return TorchCollective(rank, world)
+    return None
 
 
 _MOVED = ("dispatch_batches", "split_batches", "even_batches", "use_seedable_sampler", "data_seed", "non_blocking")
@@ -286,6 +382,7 @@ def _iterable_shard_class() -> Any:
                 self.process_index = process_index
                 self.split_batches = split_batches
                 self.epoch = 0  # accelerate leaves it unset until set_epoch (its loader always calls it)
+                self._st_first: Optional[List[Any]] = None  # the current pass's first chunk (a loader state holds it)
 
             def set_epoch(self, epoch: int) -> None:
                 self.epoch = epoch
@@ -300,26 +397,20 @@ def _iterable_shard_class() -> Any:
             def __iter__(self) -> Iterator[Any]:
                 if (not hasattr(self.dataset, "set_epoch") and isinstance(getattr(self.dataset, "generator", None), torch.Generator)):
                     self.dataset.generator.manual_seed(self.epoch)
-                real = self.batch_size if self.split_batches else self.batch_size * self.num_processes
-                per = self.batch_size // self.num_processes if self.split_batches else self.batch_size
-                mine = range(self.process_index * per, (self.process_index + 1) * per)
-                first: Optional[List[Any]] = None
+                # dataload's plan says which items this rank keeps; the objects stay here.
+                args = (self.batch_size, self.drop_last, self.num_processes, self.process_index, self.split_batches)
+                (real, lo, hi), _ = _native.stream_plan(*args)
+                # A restored stream continues mid-epoch: the first chunk comes from the state.
+                first: Optional[List[Any]] = self.__dict__.pop("_st_resume_first", None)
                 cur: List[Any] = []
                 for x in self.dataset:
                     cur.append(x)
                     if len(cur) == real:
-                        for i in mine:
-                            yield cur[i]
-                        if first is None:
-                            first = cur.copy()
+                        first = self._st_first = first or cur  # before yielding: a state may be taken then
+                        yield from cur[lo:hi]
                         cur = []
-                if not self.drop_last and cur:
-                    if first is None:
-                        first = cur.copy()
-                    while len(cur) < real:
-                        cur += first
-                    for i in mine:
-                        yield cur[i]
+                for from_first, i in _native.stream_plan(*args, len(cur), first and len(first))[1] if cur else ():
+                    yield (first if from_first else cur)[i]  # type: ignore[index]
 
         IterableDatasetShard.__module__ = __name__
         IterableDatasetShard.__qualname__ = "IterableDatasetShard"
@@ -420,12 +511,54 @@ def _iterable_loader_class(base: type, dispatch: bool) -> type:
                 self.dataset.set_epoch(epoch)
 
         def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
-            self.set_epoch(getattr(self, "iteration", 0))
-            if dispatch:
-                yield from self._dispatch(super().__iter__())
-            else:
-                yield from super().__iter__()
+            self.set_epoch(self.iteration)
+            restore, self._st_restore = self._st_restore, None
+            skip, self._st_skip = self._st_skip, 0
+            self._st_yielded = 0
+            if restore is not None:  # after set_epoch, which may rewind a stream
+                self._st_stream()[0].load_state_dict(restore["stream"])
+                if isinstance(self.dataset, _iterable_shard_class()):
+                    self.dataset._st_resume_first = restore["first"]
+                self._st_yielded = restore["batches"]
+            for batch in (self._dispatch(super().__iter__()) if dispatch else super().__iter__()):
+                self._st_yielded += 1
+                if self._st_yielded > skip:  # accelerate's skip_first_batches: read and dropped
+                    yield batch
             self.iteration += 1
+            self._st_yielded = 0
+
+        def skip_first_batches(self, num_batches: int) -> None:
+            """accelerate's ``skip_first_batches`` for the next pass: its first ``num_batches``
+            batches are read and dropped (a stream has no position to jump to)."""
+            self._st_skip = _check_int("num_batches", num_batches, 0, _MAX_LEN)
+
+        def _st_stream(self) -> Tuple[Any, Any]:
+            """The user's dataset and the shard around it (or None)."""
+            shard = self.dataset if isinstance(self.dataset, _iterable_shard_class()) else None
+            return (shard.dataset if shard is not None else self.dataset), shard
+
+        def state_dict(self) -> Dict[str, Any]:
+            """The epoch and the batches of it this rank was handed. A dataset with torchdata's
+            ``state_dict``/``load_state_dict`` (read by one process: per-rank sharding,
+            ``num_workers=0``) adds its own state, and the first global batch the shard
+            completes the epoch with: restoring it is O(1). Otherwise the batches are replayed."""
+            stream, shard = self._st_stream()
+            state = None
+            if not dispatch and self.num_workers == 0 and self._st_yielded and callable(getattr(stream, "state_dict", None)):
+                state = {"stream": stream.state_dict(), "first": None if shard is None else shard._st_first,
+                         "batches": self._st_yielded}
+            return {"format": "statekit.iterable", "epoch": self.iteration, "batches": self._st_yielded, "stream": state}
+
+        def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+            if not isinstance(state_dict, dict) or state_dict.get("format") != "statekit.iterable":
+                raise MalformedState("not an iterable loader state (its `format` is not `statekit.iterable`)")
+            self.iteration = _check_int("epoch", state_dict.get("epoch"), 0, _MAX_LEN)
+            batches = _check_int("batches", state_dict.get("batches"), 0, _MAX_LEN)
+            stream = state_dict.get("stream")
+            if stream is not None and callable(getattr(self._st_stream()[0], "load_state_dict", None)):
+                self._st_restore, self._st_skip = stream, 0
+            else:
+                self._st_restore, self._st_skip = None, batches
 
         if dispatch:
             def __len__(self) -> int:
@@ -474,17 +607,16 @@ def _iterable_loader_class(base: type, dispatch: bool) -> type:
                         return  # an empty stream (accelerate fails on it with a ValueError)
                     if not drop_last and first is None:
                         first = _slice(batch, slice(0, P))
+                        first_rows = _find_batch_size(first)
                     obs = _find_batch_size(batch)
-                    per = obs // P
                     stop = stopped[0]
                     if not stop:
                         nxt = fetch()
                         if stopped[0] and nxt[0] is None:
                             stop = True
-                    if not drop_last and stop and obs % P != 0:
-                        batch = _concat([batch, first])
-                        per += 1
-                    yield _slice(batch, slice(p * per, (p + 1) * per))
+                    # dataload's cut: this rank's rows, and whether the last step is padded first.
+                    padded, lo, hi = _native.dispatch_slice(obs, 0 if first is None else first_rows, P, p, stop, drop_last)
+                    yield _slice(_concat([batch, first]) if padded else batch, slice(lo, hi))
 
     _Iterable.__name__ = _Iterable.__qualname__ = ("Dispatched" if dispatch else "Sharded") + base.__name__
     _LOADERS[key] = _Iterable
@@ -503,18 +635,27 @@ def _broadcast_object(obj: Any, coll: Any) -> Any:
 def _prepare_iterable(dataloader: Any, world: int, rank: int, config: DataLoaderConfiguration, Loader: type,
                       extra: Dict[str, Any]) -> Any:
     batch_size, drop_last = dataloader.batch_size, bool(dataloader.drop_last)
-    if batch_size is None:
-        raise UsageError("prepare_data_loader: an iterable dataset needs a loader with `batch_size=` (not None)")
     if world < 1 or not 0 <= rank < world:
         raise UsageError(f"prepare_data_loader: process_index {rank} is not in a world of {world}")
     split = bool(config.split_batches)
-    if split and batch_size > 1 and batch_size % world != 0:
+    # accelerate resolves dispatch_batches=None to True here (an Accelerator places on a device)
+    dispatch = True if config.dispatch_batches is None else bool(config.dispatch_batches)
+    if batch_size is None:
+        # Unbatched: the loader yields samples as they come. accelerate's dispatcher then joins
+        # P samples a step and cuts them like a batch, and one rank reads them as they are;
+        # `split_batches` needs a batch size and its IterableDatasetShard fails on None.
+        if split:
+            raise UsageError("prepare_data_loader(split_batches=True): an unbatched loader (`batch_size=None`) has no "
+                             "batch size to split")
+        if not dispatch and world > 1:
+            raise UsageError("prepare_data_loader(dispatch_batches=False): an unbatched loader (`batch_size=None`) over "
+                             "an iterable dataset cannot be sharded per rank (accelerate's IterableDatasetShard needs a "
+                             "batch size); use dispatch_batches=True or give a batch size")
+    elif split and batch_size > 1 and batch_size % world != 0:
         raise UsageError(
             f"prepare_data_loader(split_batches=True): batch size {batch_size} does not divide "
             f"among {world} processes"
         )
-    # accelerate's Accelerator (device placement on) resolves dispatch_batches=None to True here
-    dispatch = True if config.dispatch_batches is None else bool(config.dispatch_batches)
     common = dict(num_workers=dataloader.num_workers, collate_fn=dataloader.collate_fn, pin_memory=dataloader.pin_memory,
                   timeout=dataloader.timeout, worker_init_fn=dataloader.worker_init_fn,
                   multiprocessing_context=dataloader.multiprocessing_context, **extra)
@@ -540,7 +681,7 @@ def _prepare_iterable(dataloader: Any, world: int, rank: int, config: DataLoader
         loader = _iterable_loader_class(Loader, False)(
             dataset, batch_size=batch_size // world if split else batch_size, drop_last=drop_last,
             generator=dataloader.generator, **common)
-    loader.iteration = 0
+    loader.iteration, loader._st_skip, loader._st_yielded, loader._st_restore = 0, 0, 0, None
     return loader
 
 
@@ -602,12 +743,23 @@ def prepare_data_loader(
     world, rank = _world(num_processes, process_index)
     if shuffle and config.use_seedable_sampler and config.data_seed is None:
         config = dataclasses.replace(config, data_seed=torch.initial_seed())
+    generator = None
+    if shuffle and not config.use_seedable_sampler:
+        # accelerate's default: the RandomSampler keeps its generator (the DataLoader's), or
+        # on more than one rank gets a fresh one seeded from torch's global generator (on the
+        # user's sampler itself, as accelerate does); with one rank and no generator it draws
+        # each epoch's seed from the global generator, which `ShardedBatchSampler` does too.
+        generator = sampler.generator
+        if generator is None and world > 1 and not config.dispatch_batches:
+            generator = torch.Generator()
+            generator.manual_seed(int(torch.empty((), dtype=torch.int64).random_().item()))
+            sampler.generator = generator
     length, batch_size, drop_last = len(dataloader.dataset), batch_sampler.batch_size, batch_sampler.drop_last
     if config.dispatch_batches:
         length, batch_size, drop_last, shuffle, config = _rank0_settings(
             (length, batch_size, drop_last, shuffle, config), world, rank)
     bs = ShardedBatchSampler.__new__(ShardedBatchSampler)
-    bs._init(length, batch_size, world, rank, shuffle, drop_last, config, None)
+    bs._init(length, batch_size, world, rank, shuffle, drop_last, config, None, generator)
     try:
         from torchdata.stateful_dataloader import StatefulDataLoader as Loader
     except ImportError:
@@ -631,3 +783,16 @@ def prepare_data_loader(
         generator=dataloader.generator,
         **extra,
     )
+
+
+def skip_first_batches(dataloader: Any, num_batches: int = 0) -> Any:
+    """accelerate's ``skip_first_batches`` on a loader ``prepare_data_loader`` returned: the
+    next pass starts after this rank's first ``num_batches`` batches. Map-style loaders get
+    there in O(1) (``ShardedBatchSampler.skip_first_batches``); iterable ones read and drop
+    them, as accelerate does. Returns the loader."""
+    target = dataloader.batch_sampler if isinstance(getattr(dataloader, "batch_sampler", None), ShardedBatchSampler) \
+        else dataloader
+    if not callable(getattr(target, "skip_first_batches", None)):
+        raise UsageError("skip_first_batches: not a loader statekit.data.prepare_data_loader returned")
+    target.skip_first_batches(num_batches)
+    return dataloader
