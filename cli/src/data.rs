@@ -318,19 +318,21 @@ fn from_accelerate(dir: &std::path::Path, loader: &LoaderArgs, args: &StateArgs)
         let no_count = matches!(&e, ckpt::Error::BadSaveState { path, .. } if *path == saved.root);
         anyhow::anyhow!("{e}{}", if args.step.is_none() && no_count { " (`--step K`)" } else { "" })
     })?;
+    // Without `--seed` the saved sampler's seed is taken; with one, dataload checks they agree.
     let mut loader = loader.clone();
-    if let Some(seed) = point.seed {
-        match loader.seed {
-            Some(s) if s != i128::from(seed) => {
-                anyhow::bail!("`--seed {s}` contradicts the seed {seed} the saved sampler holds")
-            }
-            _ => {
-                loader.seed = Some(i128::from(seed));
-                loader.shuffle = true;
-            }
-        }
+    if let (Some(seed), None) = (point.seed, loader.seed) {
+        loader.seed = Some(i128::from(seed));
+        loader.shuffle = true;
     }
-    Ok(loader.loader(point.world_size, 0)?.state_at(point.world_size, point.epoch, point.batches)?)
+    let built = loader.loader(point.world_size, 0)?;
+    built.state_at(point.world_size, point.epoch, point.batches, point.seed.map(i128::from)).map_err(|e| match &e {
+        dataload::DataloadError::StateMismatch { field: "seed", .. } => {
+            anyhow::anyhow!(
+                "{e}\nhint: `--seed` contradicts the seed the saved sampler holds; leave it out to take that one"
+            )
+        }
+        _ => e.into(),
+    })
 }
 
 /// Our loader state where a `Trainer` resuming from `dir` continues: the epoch and the batches

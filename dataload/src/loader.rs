@@ -492,8 +492,18 @@ impl ShardedSampler {
     /// The state a loader with these settings has once each of `world_size` ranks took
     /// `steps` steps of `epoch` ([`ShardedSampler::skip_steps`]): where a run that stopped there
     /// continues, on any world size, from plain numbers (an accelerate folder's saved position).
-    /// Nothing is replayed.
-    pub fn state_at(&self, world_size: u64, epoch: u64, steps: u64) -> Result<LoaderState> {
+    /// Nothing is replayed. `saved_seed` is the seed the run's sampler held, where it saved
+    /// one (an accelerate folder's pickled `SeedableRandomSampler`): it must be this loader's.
+    pub fn state_at(&self, world_size: u64, epoch: u64, steps: u64, saved_seed: Option<i128>) -> Result<LoaderState> {
+        if let (Some(saved), SamplerSpec::SeedableRandom { seed }) = (saved_seed, self.sampler) {
+            if saved != seed {
+                return Err(DataloadError::StateMismatch {
+                    field: "seed",
+                    saved: saved.to_string(),
+                    current: seed.to_string(),
+                });
+            }
+        }
         let mut there = ShardedSampler::from_state(&self.state_dict(), world_size, 0)?;
         there.set_epoch(epoch);
         there.skip_steps(steps);

@@ -129,15 +129,10 @@ impl Sampler {
             })
             .map_err(errors::ckpt)?
             .ok_or_else(|| errors::usage(format!("{folder}: not an accelerate `save_state` folder")))?;
-        let state = self.inner.state_dict();
-        if let (Some(saved), dataload::SamplerSpec::SeedableRandom { seed }) = (point.seed, &state.sampler) {
-            if i128::from(saved) != *seed {
-                return Err(errors::usage(format!(
-                    "{folder}: the saved sampler's seed is {saved}, this sampler's {seed}"
-                )));
-            }
-        }
-        let saved = self.inner.state_at(point.world_size, point.epoch, point.batches).map_err(errors::dataload)?;
+        let saved = self
+            .inner
+            .state_at(point.world_size, point.epoch, point.batches, point.seed.map(i128::from))
+            .map_err(errors::dataload)?;
         self.inner.load_state_dict(&saved).map_err(errors::dataload)
     }
 
