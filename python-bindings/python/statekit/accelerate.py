@@ -30,7 +30,10 @@ batch sampler or sampler, a ``RandomSampler`` with replacement or ``num_samples`
 Megatron; ``prepare_data_loader`` hands those to accelerate's own function. Iterable datasets
 keep accelerate's flow (statekit's ``IterableDatasetShard`` per rank, or rank 0's stream
 broadcast by accelerate's dispatcher); their ``skip_first_batches`` replays, as accelerate's does,
-since a stream has no position to compute.
+since a stream has no position to compute. A loaded state replays too (torchdata's
+fast-forward), except where the dataset has torchdata's ``state_dict``/``load_state_dict`` and
+one process reads it (per rank, no workers): then the state holds the dataset's own
+(``_statekit_stream``) and resuming reads nothing again.
 
 Two choices differ from accelerate on purpose. ``skip_first_batches`` on a dispatched map-style
 loader counts steps, as it does for every other loader (accelerate's counts the underlying
@@ -242,10 +245,71 @@ class DataLoaderShard(_Positioned, _acc.DataLoaderShard):
         self._non_blocking = _non_blocking
         self.iteration = iteration
 
+    # An iterable dataset with torchdata's `state_dict`/`load_state_dict` (one process reads it:
+    # per-rank sharding, no workers) resumes from its own state, in O(1), as statekit.data's
+    # iterable loaders do; any other stream replays the batches it had handed out.
+    _stream_batches = 0
+    _stream_snapshot: Any = None
+    _stream_restore: Any = None
+    _pass_starting = False
+
+    def _stream(self) -> Any:
+        """The user's dataset and statekit's shard around it (or None), where the position can
+        be taken from the dataset's own state."""
+        shard = self.dataset if isinstance(self.dataset, _data.IterableDatasetShard) else None
+        stream = shard.dataset if shard is not None else self.dataset
+        stateful = (isinstance(stream, IterableDataset) and self.num_workers == 0
+                    and callable(getattr(stream, "state_dict", None)) and callable(getattr(stream, "load_state_dict", None)))
+        return (stream, shard) if stateful else (None, None)
+
     def __iter__(self) -> Any:
         self._start_pass()
+        self._pass_starting = True
+        if self._stream_restore is None:
+            self._stream_batches = 0
         yield from super().__iter__()
         self._abandoned = False
+        self._stream_batches, self._stream_snapshot = 0, None
+
+    def set_epoch(self, epoch: int) -> None:
+        super().set_epoch(epoch)
+        restore, self._stream_restore = self._stream_restore, None
+        if self._pass_starting and restore is not None:
+            # after the dataset's set_epoch (which may rewind it), before its first item is read
+            stream, shard = self._stream()
+            stream.load_state_dict(restore["stream"])
+            if shard is not None and restore.get("first") is not None:
+                shard._st_resume_first = restore["first"]
+            self._stream_batches = restore["batches"]
+        elif restore is not None:
+            self._stream_restore = restore
+        self._pass_starting = False
+
+    def _update_state_dict(self) -> None:
+        # accelerate calls this before each read ahead, when the batches handed out and the
+        # stream's position agree: the stream's state is taken then
+        super()._update_state_dict()
+        stream, shard = self._stream()
+        if stream is not None:
+            self._stream_batches += 1
+            self._stream_snapshot = {"stream": stream.state_dict(), "batches": self._stream_batches,
+                                     "first": None if shard is None else shard._st_first}
+
+    def state_dict(self) -> Dict[str, Any]:
+        state = super().state_dict()
+        if self._stream()[0] is None:
+            return state
+        state = dict(state, _statekit_stream=self._stream_snapshot)
+        if self._stream_snapshot is not None:  # the batches of this epoch, resumed ones included
+            state["_num_yielded"] = state["_sampler_iter_yielded"] = self._stream_snapshot["batches"]
+        return state
+
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        snapshot = state_dict.get("_statekit_stream") if isinstance(state_dict, dict) else None
+        if snapshot is None or self._stream()[0] is None:
+            return super().load_state_dict(state_dict)
+        self._stream_restore = snapshot  # O(1): the base loader replays nothing
+        self._positioned = True
 
     def __reduce__(self) -> Any:
         return (_bare, (DataLoaderShard,), self._pickled())
