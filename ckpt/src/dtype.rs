@@ -154,23 +154,6 @@ impl Dtype {
         }
     }
 
-    /// Parses a dtype the way a user writes it: safetensors' name (`F8_E4M3`, `BF16`), torch's
-    /// (`float8_e4m3fn`, `torch.bfloat16`), or a short float name (`f32`, `f16`, `bf16`,
-    /// `f64`, case ignored).
-    pub fn parse(name: &str) -> Option<Dtype> {
-        let bare = name.strip_prefix("torch.").unwrap_or(name);
-        let short = match bare.to_ascii_lowercase().as_str() {
-            "f64" | "fp64" | "double" => Some(Dtype::F64),
-            "f32" | "fp32" | "float" => Some(Dtype::F32),
-            "f16" | "fp16" | "half" => Some(Dtype::F16),
-            "bf16" => Some(Dtype::BF16),
-            _ => None,
-        };
-        short
-            .or_else(|| Dtype::from_safetensors_name(bare))
-            .or_else(|| Dtype::ALL.into_iter().chain([Dtype::C128]).find(|d| d.torch_name() == bare))
-    }
-
     /// True for the floating-point dtypes a cast can produce and read (f64, f32, f16, bf16 and
     /// the five FP8 dtypes), with the bits torch's `.to(dtype)` gives on CPU.
     pub fn is_castable(self) -> bool {
@@ -223,6 +206,28 @@ impl fmt::Display for Dtype {
     }
 }
 
+impl std::str::FromStr for Dtype {
+    type Err = String;
+
+    /// A dtype the way a user writes it: safetensors' name (`F8_E4M3`, `BF16`, case ignored),
+    /// torch's (`float8_e4m3fn`, `torch.bfloat16`), or a short float name (`f32`, `f16`,
+    /// `bf16`, `f64`, case ignored). The one parser of dtypes for every edge.
+    fn from_str(name: &str) -> Result<Dtype, String> {
+        let bare = name.strip_prefix("torch.").unwrap_or(name);
+        let short = match bare.to_ascii_lowercase().as_str() {
+            "f64" | "fp64" | "double" => Some(Dtype::F64),
+            "f32" | "fp32" | "float" => Some(Dtype::F32),
+            "f16" | "fp16" | "half" => Some(Dtype::F16),
+            "bf16" => Some(Dtype::BF16),
+            _ => None,
+        };
+        short
+            .or_else(|| Dtype::from_safetensors_name(&bare.to_ascii_uppercase()))
+            .or_else(|| Dtype::ALL.into_iter().chain([Dtype::C128]).find(|d| d.torch_name() == bare))
+            .ok_or_else(|| format!("unknown dtype `{}`", crate::escape_controls(name)))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::Dtype;
@@ -237,16 +242,19 @@ mod tests {
 
     #[test]
     fn user_names_parse() {
+        let parse = |s: &str| s.parse::<Dtype>().ok();
         for d in Dtype::ALL {
-            assert_eq!(Dtype::parse(d.safetensors_name()), Some(d));
-            assert_eq!(Dtype::parse(d.torch_name()), Some(d));
-            assert_eq!(Dtype::parse(&format!("torch.{}", d.torch_name())), Some(d));
+            assert_eq!(parse(d.safetensors_name()), Some(d));
+            assert_eq!(parse(d.torch_name()), Some(d));
+            assert_eq!(parse(&format!("torch.{}", d.torch_name())), Some(d));
         }
-        assert_eq!(Dtype::parse("float8_e4m3fn"), Some(Dtype::F8E4M3));
-        assert_eq!(Dtype::parse("F8_E5M2"), Some(Dtype::F8E5M2));
-        assert_eq!(Dtype::parse("bf16"), Some(Dtype::BF16));
-        assert_eq!(Dtype::parse("F16"), Some(Dtype::F16));
-        assert_eq!(Dtype::parse("float8"), None);
+        assert_eq!(parse("float8_e4m3fn"), Some(Dtype::F8E4M3));
+        assert_eq!(parse("F8_E5M2"), Some(Dtype::F8E5M2));
+        assert_eq!(parse("bf16"), Some(Dtype::BF16));
+        assert_eq!(parse("F16"), Some(Dtype::F16));
+        assert_eq!(parse("float8"), None);
+        assert_eq!(parse("bf16"), parse("BF16"));
+        assert_eq!(parse("f8_e4m3"), Some(Dtype::F8E4M3));
         let castable: Vec<Dtype> = Dtype::ALL.into_iter().filter(|d| d.is_castable()).collect();
         assert_eq!(castable.len(), 9);
     }

@@ -236,6 +236,16 @@ pub enum Error {
         dst: PathBuf,
         reason: String,
     },
+    /// Convert options that cannot be carried out together ([`crate::ConvertOptions::check`]);
+    /// each edge words `misuse` with its own spelling of the options.
+    Misuse {
+        dst: PathBuf,
+        misuse: crate::Misuse,
+    },
+    /// `reshard` of a checkpoint that is not laid out for ranks (`convert` to DCP lays out any).
+    NotReshardable {
+        path: PathBuf,
+    },
     /// A tensor handed to [`crate::save_safetensors`] that cannot be saved as it is.
     BadSaveTensor {
         dst: PathBuf,
@@ -405,7 +415,7 @@ impl Error {
                 let path = path.display();
                 format!(
                     "{path}: tensor `{tensor}` is a broadcast view: writing it takes {output} bytes from a \
-                     {storage}-byte storage; hint: `--allow-expanded` writes it anyway"
+                     {storage}-byte storage"
                 )
             }
             Error::NotARegularFile { path, kind } => {
@@ -494,6 +504,17 @@ impl Error {
             Error::BadConvert { dst, reason } => {
                 let dst = dst.display();
                 format!("cannot convert to {dst}: {reason}")
+            }
+            Error::Misuse { dst, misuse } => {
+                let dst = dst.display();
+                format!("cannot convert to {dst}: {misuse}")
+            }
+            Error::NotReshardable { path } => {
+                let path = path.display();
+                format!(
+                    "{path} is not a DCP folder (no `.metadata`), nor a DeepSpeed ZeRO, accelerate or Trainer folder: \
+                     reshard rewrites only checkpoints laid out for ranks"
+                )
             }
             Error::BadSaveTensor { dst, tensor, reason } => {
                 let dst = dst.display();
@@ -608,6 +629,8 @@ impl Error {
             | Error::BadOption { .. }
             | Error::NotInSafetensors { .. }
             | Error::BadConvert { .. }
+            | Error::Misuse { .. }
+            | Error::NotReshardable { .. }
             | Error::BadSaveTensor { .. } => ErrorKind::Usage,
             Error::Io { .. } => ErrorKind::Io,
             Error::Collective { .. } | Error::ShardedSave { .. } => ErrorKind::Collective,

@@ -39,6 +39,7 @@ mod formats;
 mod hub;
 mod io;
 mod manifest;
+mod misuse;
 mod open;
 mod ops;
 mod outcome;
@@ -60,6 +61,7 @@ pub use dtype::Dtype;
 pub use error::{escape_controls, Error, ErrorKind, Result};
 pub use formats::torch::allow::AllowGlobals;
 pub use fsdp_state::Region;
+pub use misuse::{Misuse, Opt};
 pub use open::OpenOptions;
 pub use ops::{
     convert, merge, reshard, split, ConvertOptions, MergeOptions, Outcome, TargetFormat, MAX_WORLD_SIZE, OPTIMIZER_NAME,

@@ -21,6 +21,7 @@ use crate::dtype::Dtype;
 use crate::error::{Error, IoContext, Result};
 use crate::formats::accelerate::{OptimizerState, SaveState};
 use crate::formats::{self, dcp, deepspeed};
+use crate::misuse::{Misuse, Opt};
 pub use crate::outcome::Outcome;
 use crate::plan::{self, Dest, IndexStyle, Meta, Out};
 use crate::write::{self, Plan, WriteOptions};
@@ -52,6 +53,29 @@ pub enum TargetFormat {
     Dcp,
 }
 
+impl TargetFormat {
+    /// The format's name: `safetensors`, `torch` or `dcp` (what [`str::parse`] takes).
+    pub fn name(self) -> &'static str {
+        match self {
+            TargetFormat::Safetensors => "safetensors",
+            TargetFormat::Torch => "torch",
+            TargetFormat::Dcp => "dcp",
+        }
+    }
+}
+
+impl std::str::FromStr for TargetFormat {
+    type Err = String;
+
+    /// `safetensors`, `torch` or `dcp`.
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        [TargetFormat::Safetensors, TargetFormat::Torch, TargetFormat::Dcp]
+            .into_iter()
+            .find(|f| f.name() == s)
+            .ok_or_else(|| format!("the output format is `safetensors`, `torch` or `dcp`, not `{s}`"))
+    }
+}
+
 /// What to convert to.
 #[derive(Clone, Debug, Default)]
 pub struct ConvertOptions {
@@ -69,6 +93,75 @@ pub struct ConvertOptions {
     pub world_size: Option<u64>,
     /// Dequantize or quantize block-scaled FP8 weights (not with `dtype`).
     pub blocks: Option<BlockScaling>,
+}
+
+impl ConvertOptions {
+    /// The format [`convert`] writes to `dst` with these options, or the [`Misuse`] that makes
+    /// them impossible, found before anything is read: the one check of these options, for
+    /// every caller.
+    pub fn check(&self, dst: &Path) -> Result<TargetFormat> {
+        let misuse = |misuse| Error::Misuse { dst: dst.to_path_buf(), misuse };
+        let file = file_format(dst);
+        let single = file.is_some();
+        let format = match (self.to, file) {
+            (Some(TargetFormat::Dcp), _) => TargetFormat::Dcp,
+            (Some(a), Some((b, ext))) if a != b => {
+                return Err(misuse(Misuse::ToContradictsExtension { to: a.name(), ext }));
+            }
+            (Some(a), _) => a,
+            (None, Some((b, _))) => b,
+            (None, None) => TargetFormat::Safetensors,
+        };
+        let blocks = self.blocks.map(|b| match b {
+            BlockScaling::Dequantize { .. } => Opt::Dequantize,
+            BlockScaling::Quantize { .. } => Opt::Quantize,
+        });
+        if format == TargetFormat::Dcp {
+            let extra = [
+                (self.dtype.is_some(), Opt::Dtype),
+                (self.max_shard_size.is_some(), Opt::MaxShardSize),
+                (self.dedupe, Opt::Dedupe),
+            ]
+            .into_iter()
+            .find_map(|(given, o)| given.then_some(o))
+            .or(blocks);
+            if let Some(extra) = extra {
+                return Err(misuse(Misuse::DcpTakesOnlyWorldSize { extra }));
+            }
+            if self.world_size.is_none() {
+                return Err(misuse(Misuse::DcpNeedsWorldSize));
+            }
+            return Ok(format);
+        }
+        if self.world_size.is_some() {
+            return Err(misuse(Misuse::WorldSizeWithoutDcp));
+        }
+        if single && self.max_shard_size.is_some() {
+            return Err(misuse(Misuse::ShardsNeedAFolder));
+        }
+        if let Some(dtype) = self.dtype.filter(|d| !crate::cast::is_castable(*d)) {
+            return Err(misuse(Misuse::NotAFloatDtype { dtype }));
+        }
+        match (self.blocks, blocks) {
+            (Some(_), Some(blocks)) if self.dtype.is_some() => Err(misuse(Misuse::CastWithBlocks { blocks })),
+            (Some(BlockScaling::Dequantize { to, .. }), _) if !crate::cast::is_wide(to) => {
+                Err(misuse(Misuse::DequantizeToNarrow { dtype: to }))
+            }
+            _ => Ok(format),
+        }
+    }
+}
+
+/// The format `dst`'s extension names (`.safetensors`; `.bin`, `.pt`, `.pth`) and that
+/// extension, when `dst` names one file rather than a folder.
+fn file_format(dst: &Path) -> Option<(TargetFormat, String)> {
+    let ext = dst.extension().and_then(|e| e.to_str()).unwrap_or_default().to_ascii_lowercase();
+    let format = match ext.as_str() {
+        "safetensors" => TargetFormat::Safetensors,
+        "bin" | "pt" | "pth" => TargetFormat::Torch,
+        _ => return None,
+    };
+    (!dst.is_dir()).then_some((format, ext))
 }
 
 /// The largest world size an operation lays a checkpoint out for (a million ranks): larger
@@ -234,41 +327,14 @@ fn write_state_dict(
 /// Non-tensor values go into safetensors metadata as JSON text (into the index metadata, as
 /// JSON values, when sharded), and into the pickle of a torch target (of its first shard).
 pub fn convert(ck: &Checkpoint, dst: &Path, options: &ConvertOptions, opts: &WriteOptions<'_>) -> Result<Outcome> {
-    let ext = dst.extension().and_then(|e| e.to_str()).unwrap_or_default().to_ascii_lowercase();
-    let by_ext = match ext.as_str() {
-        "safetensors" => Some(TargetFormat::Safetensors),
-        "bin" | "pt" | "pth" => Some(TargetFormat::Torch),
-        _ => None,
-    };
-    let single = by_ext.is_some() && !dst.is_dir();
-    let format = match (options.to, by_ext) {
-        (Some(TargetFormat::Dcp), _) => TargetFormat::Dcp,
-        (Some(a), Some(b)) if single && a != b => {
-            return Err(bad(dst, format!("`--to {}` contradicts the `.{ext}` extension", name_of(a))))
-        }
-        (Some(a), _) => a,
-        (None, Some(b)) if single => b,
-        _ => TargetFormat::Safetensors,
-    };
+    let format = options.check(dst)?;
+    let single = file_format(dst).is_some();
     if format == TargetFormat::Dcp {
-        if options.dtype.is_some() || options.max_shard_size.is_some() || options.dedupe || options.blocks.is_some() {
-            return Err(bad(dst, "DCP output takes only a world size"));
-        }
-        let world = options.world_size.ok_or_else(|| bad(dst, "DCP output needs a world size"))?;
+        let world = options.world_size.unwrap_or_default();
         check_world(world, dst)?;
         return dcp::write(ck, dst, world, opts);
     }
-    if options.world_size.is_some() {
-        return Err(bad(dst, "a world size only applies to DCP output"));
-    }
-    if single && options.max_shard_size.is_some() {
-        return Err(bad(dst, "sharded output needs a folder, not a file name"));
-    }
-    if let Some(d) = options.dtype.filter(|d| !crate::cast::is_castable(*d)) {
-        return Err(bad(dst, format!("`--dtype` must be a float dtype (f64, f32, f16, bf16 or FP8), not `{d}`")));
-    }
     let blocks = match options.blocks {
-        Some(_) if options.dtype.is_some() => return Err(bad(dst, "`--dtype` and block scaling do not combine")),
         Some(b) => Some(block_plan(ck, b, dst)?),
         None => None,
     };
@@ -367,9 +433,6 @@ fn block_plan(ck: &Checkpoint, scaling: BlockScaling, dst: &Path) -> Result<Bloc
     match scaling {
         BlockScaling::Dequantize { to, block } => {
             let block = check_block(block)?;
-            if !crate::cast::is_wide(to) {
-                return Err(bad(dst, format!("`--dequantize` writes f32, f16 or bf16, not `{to}`")));
-            }
             for (i, t) in ck.tensors.iter().enumerate() {
                 if crate::cast::fp8::Format::of(t.stored).is_none() || t.name.ends_with(blockscale::SCALE_SUFFIX) {
                     continue;
@@ -414,14 +477,6 @@ fn block_plan(ck: &Checkpoint, scaling: BlockScaling, dst: &Path) -> Result<Bloc
     Ok(p)
 }
 
-fn name_of(f: TargetFormat) -> &'static str {
-    match f {
-        TargetFormat::Safetensors => "safetensors",
-        TargetFormat::Torch => "torch",
-        TargetFormat::Dcp => "dcp",
-    }
-}
-
 /// Writes `ck` again for `world_size` ranks into `out`: a DCP folder in FSDP2's layout (every
 /// tensor the source held sharded, on any dims, is cut on dim 0 by `torch.chunk` rules, tensors
 /// saved whole stay whole, non-tensor values are carried byte for byte; DCP's safetensors
@@ -438,13 +493,7 @@ pub fn reshard(ck: &Checkpoint, out: &Path, world_size: u64, opts: &WriteOptions
     // DCP's safetensors shards reshard to a DCP folder, which `dcp.load` reads on any mesh.
     match ck.detail::<dcp::DcpSource>().is_some() || ck.format == crate::Format::DcpSafetensors {
         true => dcp::write(ck, out, world_size, opts),
-        false => Err(bad(
-            out,
-            format!(
-                "{} is not a DCP folder (no `.metadata`); hint: `ckpt convert SRC OUT --to dcp --world-size M`",
-                ck.root.display()
-            ),
-        )),
+        false => Err(Error::NotReshardable { path: ck.root.clone() }),
     }
 }
 

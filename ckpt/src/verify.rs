@@ -102,7 +102,7 @@ pub fn verify_with(src: &str, options: &OpenOptions) -> Result<Report> {
         if let Some((output, storage)) = t.expansion() {
             report.warnings.push(format!(
                 "tensor `{}` is a broadcast view: writing it takes {output} bytes from a {storage}-byte storage, \
-                 which split, merge and convert refuse without `--allow-expanded`",
+                 which split, merge and convert refuse without `allow_expanded`",
                 crate::escape_controls(&t.name)
             ));
         }

@@ -180,7 +180,7 @@ fn errors_leave_no_partial_output() {
     assert_eq!(
         err.to_string(),
         format!(
-            "cannot convert to {}: `--dtype` must be a float dtype (f64, f32, f16, bf16 or FP8), not `I8`",
+            "cannot convert to {}: `dtype` must be a float dtype (f64, f32, f16, bf16 or FP8), not `I8`",
             out.display()
         )
     );

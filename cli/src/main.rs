@@ -241,12 +241,12 @@ impl Command {
     }
 }
 
-/// `--dtype`: a float dtype by torch's, safetensors' or a short name.
+/// `--dtype` and `--dequantize`: a float dtype by torch's, safetensors' or a short name.
 fn cast_dtype(s: &str) -> Result<ckpt::Dtype, String> {
-    match ckpt::Dtype::parse(s) {
-        Some(d) if d.is_castable() => Ok(d),
-        Some(d) => Err(format!("`{d}` is not a float dtype a cast can produce")),
-        None => Err(format!("unknown dtype `{s}`")),
+    match s.parse::<ckpt::Dtype>() {
+        Ok(d) if d.is_castable() => Ok(d),
+        Ok(d) => Err(format!("`{d}` is not a float dtype a cast can produce")),
+        Err(e) => Err(e),
     }
     .map_err(|e| {
         format!("{e}\nhint: use f32, f16, bf16, f64, float8_e4m3fn, float8_e5m2, float8_e4m3fnuz, float8_e5m2fnuz, float8_e8m0fnu (or F8_E4M3, ...)")
@@ -270,55 +270,67 @@ pub enum ToArg {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    match run(&cli) {
-        Ok(code) => code,
-        Err(err) => {
-            // A closed pipe (`ckpt inspect x | head`) is not an error worth a message.
-            if err
-                .chain()
-                .any(|c| c.downcast_ref::<std::io::Error>().is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe))
-            {
-                return ExitCode::SUCCESS;
+    run(&cli).unwrap_or_else(|err| report_error(&err))
+}
+
+/// Prints `err` on stderr, each cause once, with the `hint:` a flag can act on; exit 2.
+fn report_error(err: &anyhow::Error) -> ExitCode {
+    // A closed pipe (`ckpt inspect x | head`) is not an error worth a message.
+    if err
+        .chain()
+        .any(|c| c.downcast_ref::<std::io::Error>().is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe))
+    {
+        return ExitCode::SUCCESS;
+    }
+    let lib = err.chain().find_map(|c| c.downcast_ref::<ckpt::Error>());
+    let mut stderr = std::io::stderr().lock();
+    // Options that do not go together are a usage error worded with the flags alone.
+    if let Some(ckpt::Error::Misuse { misuse, .. }) = lib {
+        let _ = writeln!(stderr, "error: {}", misuse.describe(&flag));
+        return ExitCode::from(2);
+    }
+    // Our library errors already include their cause; print each cause only once.
+    let mut msg = String::new();
+    for cause in err.chain() {
+        let text = cause.to_string();
+        if !msg.ends_with(&text) {
+            if !msg.is_empty() {
+                msg.push_str(": ");
             }
-            // Our library errors already include their cause; print each cause only once.
-            let mut msg = String::new();
-            for cause in err.chain() {
-                let text = cause.to_string();
-                if !msg.ends_with(&text) {
-                    if !msg.is_empty() {
-                        msg.push_str(": ");
-                    }
-                    msg.push_str(&text);
-                }
-            }
-            let _ = writeln!(std::io::stderr(), "error: {msg}");
-            if let Some(hint) = err.chain().filter_map(|c| c.downcast_ref::<ckpt::Error>()).find_map(allow_hint) {
-                let _ = writeln!(std::io::stderr(), "{hint}");
-            }
-            ExitCode::from(2)
+            msg.push_str(&text);
         }
+    }
+    if let Some(ckpt::Error::ExpandedView { .. }) = lib {
+        msg.push_str("; hint: `--allow-expanded` writes it anyway");
+    }
+    let _ = writeln!(stderr, "error: {msg}");
+    if let Some(hint) = lib.and_then(hint) {
+        let _ = writeln!(stderr, "{hint}");
+    }
+    ExitCode::from(2)
+}
+
+/// An option of the library as this command line spells it, with the value a message is about.
+fn flag(option: ckpt::Opt, value: Option<&str>) -> String {
+    let flag = match option {
+        ckpt::Opt::To => "--to",
+        ckpt::Opt::Dtype => "--dtype",
+        ckpt::Opt::MaxShardSize => "--max-shard-size",
+        ckpt::Opt::Dedupe => "--dedupe",
+        ckpt::Opt::WorldSize => "--world-size",
+        ckpt::Opt::Dequantize => "--dequantize",
+        ckpt::Opt::Quantize => "--quantize",
+        _ => "an option",
+    };
+    match value {
+        Some(v) => format!("`{flag} {v}`"),
+        None => format!("`{flag}`"),
     }
 }
 
 fn run(cli: &Cli) -> anyhow::Result<ExitCode> {
-    let copy = match cli.copy_method {
-        CopyArg::Auto => ckpt::CopyMethod::Auto,
-        CopyArg::Mmap => ckpt::CopyMethod::Mapped,
-    };
-    // With `--json` stdout is the document, and stderr carries errors only.
-    let quiet = cli.quiet || cli.command.json();
-    let notes = !quiet && std::io::stderr().is_terminal();
     let mut out = std::io::stdout().lock();
-    // One progress bar and one set of write options for whichever operation runs.
-    let bar = progress::Bar::new(0, !quiet);
-    let report = |n: u64| bar.inc(n);
-    let write = |checksums: bool, allow_expanded: bool| ckpt::WriteOptions {
-        copy,
-        checksums,
-        progress: Some(&report),
-        allow_expanded,
-    };
-    let done = match &cli.command {
+    match &cli.command {
         Command::Data { cmd } => return data::run(cmd.clone()),
         Command::Inspect { path, json, open } => {
             let ck = ckpt::Checkpoint::open_with(path, &open.options(None)?)?;
@@ -330,7 +342,6 @@ fn run(cli: &Cli) -> anyhow::Result<ExitCode> {
                     output::components_text(&mut out, state)?;
                 }
             }
-            None
         }
         Command::Verify { path, json, open } => {
             let report = ckpt::verify_with(path, &open.options(None)?)?;
@@ -342,13 +353,60 @@ fn run(cli: &Cli) -> anyhow::Result<ExitCode> {
             out.flush()?;
             return Ok(if report.is_valid() { ExitCode::SUCCESS } else { ExitCode::from(1) });
         }
-        Command::Split { src, out_dir, max_shard_size, checksums, allow_expanded, open, .. } => {
+        op => {
+            // With `--json` stdout is the document, and stderr carries errors only.
+            let quiet = cli.quiet || op.json();
+            // One progress bar and one set of write options for whichever operation runs.
+            let bar = progress::Bar::new(0, !quiet);
+            let report = |n: u64| bar.inc(n);
+            let copy = match cli.copy_method {
+                CopyArg::Auto => ckpt::CopyMethod::Auto,
+                CopyArg::Mmap => ckpt::CopyMethod::Mapped,
+            };
+            let write = |checksums: bool, allow_expanded: bool| ckpt::WriteOptions {
+                copy,
+                checksums,
+                progress: Some(&report),
+                allow_expanded,
+            };
+            let (ck, done, verb) = operate(op, &bar, &write, quiet)?;
+            bar.finish();
+            if op.json() {
+                output::json(&mut out, &done)?;
+            } else {
+                for path in &done.files {
+                    writeln!(out, "{}", path.display())?;
+                }
+            }
+            if !quiet && std::io::stderr().is_terminal() {
+                eprintln!("{}", summary(&ck, &done, verb));
+            }
+        }
+    }
+    out.flush()?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Runs a command that writes a checkpoint: the source it read, what it wrote, and its verb.
+fn operate<'a>(
+    command: &Command,
+    bar: &progress::Bar,
+    write: &dyn Fn(bool, bool) -> ckpt::WriteOptions<'a>,
+    quiet: bool,
+) -> anyhow::Result<(ckpt::Checkpoint, ckpt::Outcome, &'static str)> {
+    let open = |src: &str, open: &OpenArgs, tag: Option<String>, verb: &str| {
+        let ck = ckpt::Checkpoint::open_with(src, &open.options(tag)?).or_else(|e| named(e, verb, src))?;
+        bar.set_total(ck.total_bytes());
+        anyhow::Ok(ck)
+    };
+    let size = |s: &Option<String>| s.as_deref().map(ckpt::parse_size).transpose();
+    Ok(match command {
+        Command::Split { src, out_dir, max_shard_size, checksums, allow_expanded, open: o, .. } => {
             let max = ckpt::parse_size(max_shard_size)?;
-            let ck = ckpt::Checkpoint::open_with(src, &open.options(None)?)?;
-            bar.set_total(ck.total_bytes());
+            let ck = open(src, o, None, "splitting")?;
             let done = ckpt::split(&ck, out_dir, max, &write(*checksums, *allow_expanded))
                 .or_else(|e| named(e, "splitting", src))?;
-            Some((ck, done, "split"))
+            (ck, done, "split")
         }
         Command::Merge {
             src,
@@ -359,19 +417,15 @@ fn run(cli: &Cli) -> anyhow::Result<ExitCode> {
             optimizer,
             max_shard_size,
             allow_expanded,
-            open,
+            open: o,
             ..
         } => {
-            let ck = ckpt::Checkpoint::open_with(src, &open.options(tag.clone())?)?;
-            let options = ckpt::MergeOptions {
-                max_shard_size: max_shard_size.as_deref().map(ckpt::parse_size).transpose()?,
-                optimizer: *optimizer,
-                model: *model,
-            };
-            bar.set_total(ck.total_bytes());
+            let options =
+                ckpt::MergeOptions { max_shard_size: size(max_shard_size)?, optimizer: *optimizer, model: *model };
+            let ck = open(src, o, tag.clone(), "merging")?;
             let done = ckpt::merge(&ck, dst, &options, &write(*checksums, *allow_expanded))
                 .or_else(|e| named(e, "merging", src))?;
-            Some((ck, done, "merged"))
+            (ck, done, "merged")
         }
         Command::Convert {
             src,
@@ -386,26 +440,15 @@ fn run(cli: &Cli) -> anyhow::Result<ExitCode> {
             dedupe,
             world_size,
             allow_expanded,
-            open,
+            open: o,
             ..
         } => {
-            let to = to.map(|t| match t {
-                ToArg::Safetensors => ckpt::TargetFormat::Safetensors,
-                ToArg::Torch => ckpt::TargetFormat::Torch,
-                ToArg::Dcp => ckpt::TargetFormat::Dcp,
-            });
-            if to == Some(ckpt::TargetFormat::Dcp) {
-                if dtype.is_some() || max_shard_size.is_some() || *dedupe {
-                    anyhow::bail!("`--to dcp` takes only `--world-size`");
-                }
-                if world_size.is_none() {
-                    anyhow::bail!("`--to dcp` needs `--world-size M`");
-                }
-            } else if world_size.is_some() {
-                anyhow::bail!("`--world-size` only applies to `--to dcp`");
-            }
             let options = ckpt::ConvertOptions {
-                to,
+                to: to.map(|t| match t {
+                    ToArg::Safetensors => ckpt::TargetFormat::Safetensors,
+                    ToArg::Torch => ckpt::TargetFormat::Torch,
+                    ToArg::Dcp => ckpt::TargetFormat::Dcp,
+                }),
                 dtype: *dtype,
                 blocks: match (dequantize, quantize) {
                     (Some(to), _) => Some(ckpt::BlockScaling::Dequantize { to: *to, block: *block_size }),
@@ -414,59 +457,63 @@ fn run(cli: &Cli) -> anyhow::Result<ExitCode> {
                     }
                     (None, None) => None,
                 },
-                max_shard_size: max_shard_size.as_deref().map(ckpt::parse_size).transpose()?,
+                max_shard_size: size(max_shard_size)?,
                 dedupe: *dedupe,
                 world_size: *world_size,
             };
-            let ck = ckpt::Checkpoint::open_with(src, &open.options(None)?).or_else(|e| named(e, "converting", src))?;
+            // The library's check of the options, before anything is read.
+            let format = options.check(dst)?;
+            let ck = open(src, o, None, "converting")?;
             let done = ckpt::convert(&ck, dst, &options, &write(false, *allow_expanded))
                 .or_else(|e| named(e, "converting", src))?;
             if !quiet {
-                // safetensors output drops an alias; torch output ties it to the kept storage.
-                let dropped = done.files.iter().any(|p| p.extension().is_some_and(|e| e == "safetensors"));
-                let what = if dropped { "dropped, alias of" } else { "tied to" };
-                for (alias, kept) in &done.aliases {
-                    eprintln!("note: `{alias}` {what} `{kept}`");
-                }
-                if !done.values.is_empty() && to != Some(ckpt::TargetFormat::Dcp) {
-                    eprintln!("note: kept {} non-tensor value(s): {}", done.values.len(), done.values.join(", "));
-                }
+                notes(&done, format);
             }
-            Some((ck, done, "converted"))
+            (ck, done, "converted")
         }
         Command::Reshard { src, out: dst, world_size, .. } => {
-            let ck = ckpt::Checkpoint::open(src)?;
+            let ck = open(src, &OpenArgs::default(), None, "resharding")?;
             let done =
                 ckpt::reshard(&ck, dst, *world_size, &write(false, false)).or_else(|e| named(e, "resharding", src))?;
-            Some((ck, done, "resharded"))
+            (ck, done, "resharded")
         }
-    };
-    bar.finish();
-    if let Some((ck, done, verb)) = done {
-        if cli.command.json() {
-            output::json(&mut out, &done)?;
-        } else {
-            for path in &done.files {
-                writeln!(out, "{}", path.display())?;
-            }
+        Command::Data { .. } | Command::Inspect { .. } | Command::Verify { .. } => {
+            unreachable!("`run` handles the commands that write nothing")
         }
-        if notes {
-            eprintln!("{}", summary(&ck, &done, verb));
-        }
-    }
-    out.flush()?;
-    Ok(ExitCode::SUCCESS)
+    })
 }
 
-/// The `hint:` line for a torch file refused for globals `--allow-global` could admit, or for
-/// a pattern it cannot take.
-fn allow_hint(e: &ckpt::Error) -> Option<String> {
-    if let ckpt::Error::BadOption { option: "allow_globals", .. } = e {
-        return Some(
-            "hint: `--allow-global` applies to torch files and takes a dotted name, a prefix ending in `.*` \
-             (quoted: `'omegaconf.*'`), or `'*'`"
-                .into(),
-        );
+/// What a conversion did that the output alone does not show: aliases dropped or tied, and the
+/// non-tensor values kept.
+fn notes(done: &ckpt::Outcome, format: ckpt::TargetFormat) {
+    // safetensors output drops an alias; torch output ties it to the kept storage.
+    let dropped = done.files.iter().any(|p| p.extension().is_some_and(|e| e == "safetensors"));
+    let what = if dropped { "dropped, alias of" } else { "tied to" };
+    for (alias, kept) in &done.aliases {
+        eprintln!("note: `{alias}` {what} `{kept}`");
+    }
+    if !done.values.is_empty() && format != ckpt::TargetFormat::Dcp {
+        eprintln!("note: kept {} non-tensor value(s): {}", done.values.len(), done.values.join(", "));
+    }
+}
+
+/// The `hint:` line for a torch file refused for globals `--allow-global` could admit, for a
+/// pattern it cannot take, or for a checkpoint `reshard` cannot lay out for ranks.
+fn hint(e: &ckpt::Error) -> Option<String> {
+    match e {
+        ckpt::Error::BadOption { option: "allow_globals", .. } => {
+            return Some(
+                "hint: `--allow-global` applies to torch files and takes a dotted name, a prefix ending in `.*` \
+                 (quoted: `'omegaconf.*'`), or `'*'`"
+                    .into(),
+            )
+        }
+        ckpt::Error::NotReshardable { .. } => {
+            return Some(
+                "hint: `ckpt convert SRC OUT --to dcp --world-size M` lays any checkpoint out for M ranks".into(),
+            )
+        }
+        _ => {}
     }
     let globals = e.unallowed_globals()?;
     let flags: Vec<String> = globals.iter().map(|g| format!("--allow-global {}", ckpt::escape_controls(g))).collect();

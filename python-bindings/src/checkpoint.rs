@@ -49,17 +49,7 @@ impl PyCheckpoint {
     /// Refuses, as `ckpt` does unless `allow_expanded` is given, a broadcast view that reading
     /// whole would take far more memory than its storage (a 4-byte file can announce 16 GiB).
     fn refuse_expanded(&self) -> PyResult<()> {
-        match self.inner.refuse_expanded_views() {
-            Err(ckpt::Error::ExpandedView { path, tensor, output, storage }) => Err(errors::ckpt_variant(
-                "ExpandedView",
-                format!(
-                    "{}: tensor `{tensor}` is a broadcast view: loading it takes {output} bytes from a {storage}-byte \
-                     storage; hint: `allow_expanded=True` loads it anyway",
-                    ckpt::escape_controls(&path.display().to_string())
-                ),
-            )),
-            other => other.map_err(errors::ckpt),
-        }
+        self.inner.refuse_expanded_views().map_err(|e| errors::ckpt_doing(e, ("loading", "loads")))
     }
 
     /// Reads tensor `index` into `out`, a writable C-contiguous buffer of exactly its bytes.
@@ -184,28 +174,13 @@ pub(crate) fn convert(
 ) -> PyResult<String> {
     let max_shard_size = args::opt_uint(max_shard_size, "max_shard_size", 0, u64::MAX)?;
     let world_size = args::opt_uint(world_size, "world_size", 0, u64::MAX)?;
-    let to = match to {
-        None => None,
-        Some("safetensors") => Some(TargetFormat::Safetensors),
-        Some("torch") => Some(TargetFormat::Torch),
-        Some("dcp") => Some(TargetFormat::Dcp),
-        Some(other) => {
-            return Err(errors::usage(format!("`to` is `safetensors`, `torch` or `dcp`, not `{other}`")));
-        }
-    };
-    let dtype = match dtype {
-        None => None,
-        // The CLI's parser (torch's and safetensors' names, `bf16`), then any safetensors name
-        // in another case, as this function always took.
-        Some(d) => Some(
-            ckpt::Dtype::parse(d)
-                .or_else(|| ckpt::Dtype::from_safetensors_name(&d.to_ascii_uppercase()))
-                .ok_or_else(|| errors::usage(format!("unknown dtype `{d}`")))?,
-        ),
-    };
+    let to = to.map(str::parse::<TargetFormat>).transpose().map_err(errors::usage)?;
+    let dtype = dtype.map(str::parse::<ckpt::Dtype>).transpose().map_err(errors::usage)?;
+    let options = ConvertOptions { to, dtype, max_shard_size, dedupe, world_size, blocks: None };
+    // The library's check of the options, before anything is read.
+    options.check(&out).map_err(errors::ckpt)?;
     let ck = open(py, src, tag, allow_globals)?;
     let opts = write_options(checksums, allow_expanded);
-    let options = ConvertOptions { to, dtype, max_shard_size, dedupe, world_size, blocks: None };
     let o = py.detach(|| ckpt::convert(&ck, &out, &options, &opts)).map_err(errors::ckpt)?;
     outcome_json(&o)
 }

@@ -1,10 +1,11 @@
 //! Rust errors as Python exceptions.
 //!
-//! The classes live in the pure-Python `statekit.errors`, one per variant of `ckpt::Error`,
-//! `dataload::DataloadError` and `collective::CollectiveError`, under a parent per enum; this
-//! module passes the enum, the variant, the message and the structured fields, and
+//! The classes live in the pure-Python `statekit.errors`, under a parent per enum
+//! (`ckpt::Error`, `dataload::DataloadError`, `collective::CollectiveError`); this module
+//! passes the enum, the variant, the message and the structured fields, and
 //! `statekit.errors._from_native` builds the exception (an I/O error also subclasses the
-//! matching `OSError`: `FileNotFoundError`, `PermissionError`, ...).
+//! matching `OSError`: `FileNotFoundError`, `PermissionError`, ...). A `ckpt` error's class is
+//! chosen here from its `kind()`, so a new variant has a class the day it has a kind.
 
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -47,12 +48,33 @@ fn build(
     })
 }
 
-/// A `ckpt` error.
+/// A `ckpt` error raised by an operation that writes (its hints say what writes anyway).
 pub(crate) fn ckpt(e: ckpt::Error) -> PyErr {
+    ckpt_doing(e, ("writing", "writes"))
+}
+
+/// A `ckpt` error, its message worded for a Python caller: options by their keywords, and the
+/// `hint:` of an option that would let the call through, in the words of `verb` (`("loading",
+/// "loads")`).
+pub(crate) fn ckpt_doing(e: ckpt::Error, verb: (&str, &str)) -> PyErr {
+    let message = match &e {
+        ckpt::Error::Misuse { misuse, .. } => misuse.describe(&keyword),
+        ckpt::Error::ExpandedView { path, tensor, output, storage } => format!(
+            "{}: tensor `{}` is a broadcast view: {doing} it takes {output} bytes from a {storage}-byte storage; \
+             hint: `allow_expanded=True` {does} it anyway",
+            ckpt::escape_controls(&path.display().to_string()),
+            ckpt::escape_controls(tensor),
+            doing = verb.0,
+            does = verb.1,
+        ),
+        ckpt::Error::NotReshardable { .. } => format!(
+            "{e}; hint: `statekit.ckpt.convert(src, out, to=\"dcp\", world_size=M)` lays any checkpoint out for M ranks"
+        ),
+        _ => e.to_string(),
+    };
     let variant = variant_of(&format!("{e:?}"));
-    let message = e.to_string();
     build("ckpt", variant, message, |d| {
-        d.set_item("invalid_data", e.is_invalid_data())?;
+        d.set_item("class", class_of(&e))?;
         match &e {
             ckpt::Error::Io { path, source } => {
                 let (kind, errno) = io_kind(source);
@@ -79,10 +101,44 @@ pub(crate) fn ckpt(e: ckpt::Error) -> PyErr {
     })
 }
 
-/// A `ckpt` error of `variant` whose message the bindings word themselves (a hint that names
-/// the Python argument instead of the CLI flag).
-pub(crate) fn ckpt_variant(variant: &str, message: String) -> PyErr {
-    build("ckpt", variant.into(), message, |d| d.set_item("invalid_data", true))
+/// The `statekit.errors` class of `e`: the class of its [`ckpt::ErrorKind`], or a subclass of
+/// it for the errors a Python caller catches by name.
+fn class_of(e: &ckpt::Error) -> &'static str {
+    use ckpt::{Error as E, ErrorKind as K};
+    match e {
+        E::RefusedGlobal { .. } | E::GlobalNotAllowed { .. } => "UnsafePickle",
+        E::BadPickle { .. } => "BadPickle",
+        E::ChecksumMismatch { .. } => "ChecksumMismatch",
+        E::BadOption { .. } => "BadOption",
+        E::BadHubUrl { .. } | E::NotInHubCache { .. } => "HubError",
+        _ => match e.kind() {
+            K::InvalidData => "InvalidCheckpoint",
+            K::NotFound => "NotACheckpoint",
+            K::Usage => "BadOutput",
+            K::Collective => "ShardedSaveError",
+            // An I/O error becomes the matching `OSError` (from its `io_kind`); a kind added
+            // later is at least a `CheckpointError`.
+            _ => "CheckpointError",
+        },
+    }
+}
+
+/// An option of the library as the Python functions spell it, with the value a message is about.
+fn keyword(option: ckpt::Opt, value: Option<&str>) -> String {
+    let name = match option {
+        ckpt::Opt::To => "to",
+        ckpt::Opt::Dtype => "dtype",
+        ckpt::Opt::MaxShardSize => "max_shard_size",
+        ckpt::Opt::Dedupe => "dedupe",
+        ckpt::Opt::WorldSize => "world_size",
+        // Not arguments of the Python functions: the library's own spelling.
+        other => return other.library_spelling(value),
+    };
+    match (option, value) {
+        (ckpt::Opt::To, Some(v)) => format!("`{name}=\"{v}\"`"),
+        (_, Some(v)) => format!("`{name}={v}`"),
+        (_, None) => format!("`{name}`"),
+    }
 }
 
 /// A `dataload` error.

@@ -151,22 +151,21 @@ _IO: Dict[str, Type[StatekitOSError]] = {
     "NotADirectory": StatekitNotADirectoryError,
 }
 
+# The classes a `ckpt` error may be: the Rust side names one from the error's kind.
 _CKPT: Dict[str, Type[CheckpointError]] = {
-    "RefusedGlobal": UnsafePickle,
-    "GlobalNotAllowed": UnsafePickle,
-    "BadOption": BadOption,
-    "BadPickle": BadPickle,
-    "ChecksumMismatch": ChecksumMismatch,
-    "NotACheckpoint": NotACheckpoint,
-    "BadSize": BadOutput,
-    "OutputIsSource": BadOutput,
-    "BadConvert": BadOutput,
-    "BadSaveTensor": BadOutput,
-    "NotInSafetensors": BadOutput,
-    "BadHubUrl": HubError,
-    "NotInHubCache": HubError,
-    "ShardedSave": ShardedSaveError,
-    "Collective": ShardedSaveError,
+    c.__name__: c
+    for c in (
+        CheckpointError,
+        InvalidCheckpoint,
+        UnsafePickle,
+        BadOption,
+        BadPickle,
+        ChecksumMismatch,
+        NotACheckpoint,
+        BadOutput,
+        HubError,
+        ShardedSaveError,
+    )
 }
 
 _STATE = ("MalformedState", "UnsupportedVersion", "InconsistentState")
@@ -185,13 +184,11 @@ _CONFIG = (
 )
 
 
-def _class_for(domain: str, variant: str, invalid: bool) -> Type[StatekitError]:
+def _class_for(domain: str, variant: str, cls: Optional[str]) -> Type[StatekitError]:
     if domain == "bindings":
         return UsageError
     if domain == "ckpt":
-        if variant in _CKPT:
-            return _CKPT[variant]
-        return InvalidCheckpoint if invalid else CheckpointError
+        return _CKPT.get(cls or "", CheckpointError)
     if variant == "StateMismatch":
         return StateMismatch
     if variant in _STATE:
@@ -206,7 +203,7 @@ def _class_for(domain: str, variant: str, invalid: bool) -> Type[StatekitError]:
 def _from_native(domain: str, variant: str, message: str, fields: Dict[str, Any]) -> BaseException:
     """Builds the exception for a Rust error (called by ``statekit._native``)."""
     fields = dict(fields)
-    invalid = bool(fields.pop("invalid_data", False))
+    cls_name: Optional[str] = fields.pop("class", None)
     kind: Optional[str] = fields.pop("io_kind", None)
     if kind is not None:
         code = fields.pop("errno", None)
@@ -218,7 +215,7 @@ def _from_native(domain: str, variant: str, message: str, fields: Dict[str, Any]
         exc.filename = path
         exc.variant = variant
         return exc
-    return _class_for(domain, variant, invalid)(message, variant=variant, **fields)
+    return _class_for(domain, variant, cls_name)(message, variant=variant, **fields)
 
 
 __all__ = [

@@ -1,0 +1,139 @@
+//! Options that cannot be carried out together, found by the library before anything is read,
+//! and worded by each edge in its own terms.
+//!
+//! The library checks a combination of options once ([`crate::ConvertOptions::check`]), for
+//! every caller. What it finds is a [`Misuse`] naming [`Opt`]s, not a sentence: the `ckpt` CLI
+//! words it with its flags (`--to dcp`), the Python package with its keywords (`to="dcp"`), and
+//! the library's own `Display` with the fields of its option structs.
+
+use crate::dtype::Dtype;
+
+/// An option of the operations, as a [`Misuse`] names it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Opt {
+    /// [`crate::ConvertOptions::to`], the output format.
+    To,
+    /// [`crate::ConvertOptions::dtype`], the cast.
+    Dtype,
+    /// [`crate::ConvertOptions::max_shard_size`].
+    MaxShardSize,
+    /// [`crate::ConvertOptions::dedupe`].
+    Dedupe,
+    /// [`crate::ConvertOptions::world_size`].
+    WorldSize,
+    /// [`crate::ConvertOptions::blocks`] set to [`crate::BlockScaling::Dequantize`].
+    Dequantize,
+    /// [`crate::ConvertOptions::blocks`] set to [`crate::BlockScaling::Quantize`].
+    Quantize,
+}
+
+impl Opt {
+    /// The option as the library's structs spell it, with its value when the misuse is about
+    /// one value: `` `to` = `dcp` ``.
+    pub fn library_spelling(self, value: Option<&str>) -> String {
+        let name = match self {
+            Opt::To => "to",
+            Opt::Dtype => "dtype",
+            Opt::MaxShardSize => "max_shard_size",
+            Opt::Dedupe => "dedupe",
+            Opt::WorldSize => "world_size",
+            Opt::Dequantize => "blocks: Dequantize",
+            Opt::Quantize => "blocks: Quantize",
+        };
+        match value {
+            Some(v) => format!("`{name}` = `{v}`"),
+            None => format!("`{name}`"),
+        }
+    }
+}
+
+/// Convert options that cannot be carried out as given.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Misuse {
+    /// DCP output takes a world size and nothing else; `extra` is another option given.
+    DcpTakesOnlyWorldSize {
+        /// The first other option given.
+        extra: Opt,
+    },
+    /// DCP output without a world size.
+    DcpNeedsWorldSize,
+    /// A world size for an output that is not DCP.
+    WorldSizeWithoutDcp,
+    /// The output format asked for is not the one the destination's extension names.
+    ToContradictsExtension {
+        /// The format asked for (`safetensors`, `torch`).
+        to: &'static str,
+        /// The destination's extension, without its dot.
+        ext: String,
+    },
+    /// A shard size with a destination that names one file.
+    ShardsNeedAFolder,
+    /// A cast to a dtype that is not a float.
+    NotAFloatDtype {
+        /// The dtype asked for.
+        dtype: Dtype,
+    },
+    /// A cast together with block scaling.
+    CastWithBlocks {
+        /// Which block scaling was given.
+        blocks: Opt,
+    },
+    /// Dequantizing to a dtype narrower than f16.
+    DequantizeToNarrow {
+        /// The dtype asked for.
+        dtype: Dtype,
+    },
+}
+
+impl Misuse {
+    /// The sentence, with each option spelled by `spell` (the option, and the value the
+    /// sentence is about, if any).
+    pub fn describe(&self, spell: &dyn Fn(Opt, Option<&str>) -> String) -> String {
+        let dcp = || spell(Opt::To, Some("dcp"));
+        match self {
+            Misuse::DcpTakesOnlyWorldSize { .. } => format!("{} takes only {}", dcp(), spell(Opt::WorldSize, None)),
+            Misuse::DcpNeedsWorldSize => format!("{} needs {}", dcp(), spell(Opt::WorldSize, Some("M"))),
+            Misuse::WorldSizeWithoutDcp => format!("{} only applies to {}", spell(Opt::WorldSize, None), dcp()),
+            Misuse::ToContradictsExtension { to, ext } => {
+                format!("{} contradicts the `.{ext}` extension", spell(Opt::To, Some(to)))
+            }
+            Misuse::ShardsNeedAFolder => {
+                format!("{} shards into a folder, not into a file name", spell(Opt::MaxShardSize, None))
+            }
+            Misuse::NotAFloatDtype { dtype } => {
+                format!("{} must be a float dtype (f64, f32, f16, bf16 or FP8), not `{dtype}`", spell(Opt::Dtype, None))
+            }
+            Misuse::CastWithBlocks { blocks } => {
+                format!("{} and {} do not combine", spell(Opt::Dtype, None), spell(*blocks, None))
+            }
+            Misuse::DequantizeToNarrow { dtype } => {
+                format!("{} writes f32, f16 or bf16, not `{dtype}`", spell(Opt::Dequantize, None))
+            }
+        }
+    }
+}
+
+impl std::fmt::Display for Misuse {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.describe(&Opt::library_spelling))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_edge_spells_the_options_its_own_way() {
+        let m = Misuse::DcpNeedsWorldSize;
+        assert_eq!(m.to_string(), "`to` = `dcp` needs `world_size` = `M`");
+        let flags = |o: Opt, v: Option<&str>| match (o, v) {
+            (Opt::To, Some(v)) => format!("`--to {v}`"),
+            (Opt::WorldSize, Some(v)) => format!("`--world-size {v}`"),
+            _ => "`--other`".into(),
+        };
+        assert_eq!(m.describe(&flags), "`--to dcp` needs `--world-size M`");
+    }
+}
