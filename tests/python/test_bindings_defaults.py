@@ -296,3 +296,21 @@ def test_a_loader_state_of_another_kind_is_refused():
 
     with pytest.raises(MalformedState, match="not an iterable loader state"):
         _iterable(Counted(5), 1, 0).load_state_dict({"format": "statekit.dataload"})
+
+
+@pytest.mark.parametrize("num_processes", [1, 2])
+def test_reproducible_under_a_global_seed_as_in_accelerate(num_processes):
+    """accelerate's `test_reproducibility`: under `set_seed(s)` the default shuffle gives the same
+    order each time and another order under another seed; here also the order accelerate gives."""
+    from accelerate.utils import set_seed
+
+    def run(prepare, seed, **kw):
+        set_seed(seed)
+        dl = prepare(DataLoader(list(range(6)), batch_size=1, shuffle=True), num_processes=num_processes,
+                     process_index=0, **kw)
+        return [[b.tolist() for b in dl] for _ in range(2)]
+
+    ours = run(prepare_data_loader, 21)
+    assert ours == run(accelerate_data_loader.prepare_data_loader, 21, put_on_device=False)
+    assert ours == run(prepare_data_loader, 21)
+    assert ours != run(prepare_data_loader, 42)
