@@ -314,6 +314,69 @@ impl DataloadError {
     }
 }
 
+/// What kind of failure a [`DataloadError`] is: what the Python package's exception class and
+/// a caller's handling follow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// A sampler or loader configuration that cannot be run (accelerate refuses it too), or
+    /// values out of range.
+    Configuration,
+    /// A loader state that cannot be loaded: malformed, of another version, or inconsistent.
+    State,
+    /// A loader state saved with other settings than the current ones.
+    StateMismatch,
+    /// A dataset file that is defective, or changed under its index.
+    Data,
+    /// The file system failed.
+    Io,
+    /// A collective operation between ranks failed.
+    Collective,
+}
+
+impl DataloadError {
+    /// The kind of this error. Every variant names its kind here, so a new variant decides
+    /// what it is instead of falling into a default.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Self::Missing { .. }
+            | Self::InvalidValue { .. }
+            | Self::RankOutOfRange { .. }
+            | Self::SplitNotDivisible { .. }
+            | Self::SplitNeedsBatchSize
+            | Self::DispatchWithoutDevicePlacement
+            | Self::ShuffleNeedsSeedableSampler
+            | Self::MissingSeed
+            | Self::SeedOutOfRange { .. }
+            | Self::SeedOverflow { .. }
+            | Self::TooLarge { .. } => ErrorKind::Configuration,
+            Self::MalformedState { .. } | Self::UnsupportedVersion { .. } | Self::InconsistentState { .. } => {
+                ErrorKind::State
+            }
+            Self::StateMismatch { .. } => ErrorKind::StateMismatch,
+            Self::Collective { .. } | Self::Dispatch { .. } => ErrorKind::Collective,
+            Self::Io { .. } => ErrorKind::Io,
+            Self::NotARegularFile { .. }
+            | Self::BadPattern { .. }
+            | Self::FileChanged { .. }
+            | Self::ShorterThanIndex { .. }
+            | Self::CorruptIndex { .. }
+            | Self::NoFiles { .. }
+            | Self::Truncated { .. }
+            | Self::WrongDtype { .. }
+            | Self::BadFormat { .. }
+            | Self::MissingColumn { .. }
+            | Self::SchemaMismatch { .. }
+            | Self::BadRecord { .. }
+            | Self::CorruptFrame { .. }
+            | Self::NotJson { .. }
+            | Self::IndexOutOfRange { .. }
+            | Self::DataChanged { .. }
+            | Self::Worker { .. } => ErrorKind::Data,
+        }
+    }
+}
+
 impl From<CollectiveError> for DataloadError {
     fn from(source: CollectiveError) -> Self {
         Self::Collective { source }

@@ -134,7 +134,7 @@ pub use batch_shard::{accelerate_shard_len, shard_batches, ShardParams};
 pub use collective::{Collective, CollectiveError, InProcessCollective, InProcessGroup};
 pub use config::{DataLoaderConfiguration, DatasetKind, LoaderShape, ShardMode};
 pub use dispatch::{base_batches, dispatch_slice, gather_for_metrics, DispatchSlice, DispatchedBatch, Dispatcher};
-pub use error::{DataloadError, Result};
+pub use error::{DataloadError, ErrorKind, Result};
 pub use iterable_shard::{IterableDatasetShard, StreamPlan, TailItem};
 #[cfg(feature = "sources")]
 pub use jsonl::{IndexPlacement, JsonlDataset, TextBatch, DEFAULT_FRAME_CACHE};

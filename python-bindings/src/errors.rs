@@ -146,6 +146,7 @@ pub(crate) fn dataload(e: dataload::DataloadError) -> PyErr {
     let variant = variant_of(&format!("{e:?}"));
     let message = e.to_string();
     build("dataload", variant, message, |d| {
+        d.set_item("class", dataload_class(&e))?;
         match &e {
             dataload::DataloadError::StateMismatch { field, saved, current } => {
                 d.set_item("field", *field)?;
@@ -162,6 +163,20 @@ pub(crate) fn dataload(e: dataload::DataloadError) -> PyErr {
         }
         Ok(())
     })
+}
+
+/// The `statekit.errors` class of `e`, from its [`dataload::ErrorKind`].
+fn dataload_class(e: &dataload::DataloadError) -> &'static str {
+    use dataload::ErrorKind as K;
+    match e.kind() {
+        K::Configuration => "InvalidConfiguration",
+        K::State => "MalformedState",
+        K::StateMismatch => "StateMismatch",
+        K::Collective => "CollectiveError",
+        // An I/O error becomes the matching `OSError` (from its `io_kind`).
+        K::Data | K::Io => "DataError",
+        _ => "DataloadError",
+    }
 }
 
 /// A usage error found by the bindings themselves (`ValueError` under `StatekitError`).
@@ -183,7 +198,7 @@ pub(crate) fn unpanicked<T>(what: &str, f: impl FnOnce() -> PyResult<T>) -> PyRe
             "dataload",
             "Internal".into(),
             format!("{what}: statekit failed on it ({reason}); this is a bug, please report it with the input"),
-            |_| Ok(()),
+            |d| d.set_item("class", "DataError"),
         ))
     })
 }

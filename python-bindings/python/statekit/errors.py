@@ -168,36 +168,19 @@ _CKPT: Dict[str, Type[CheckpointError]] = {
     )
 }
 
-_STATE = ("MalformedState", "UnsupportedVersion", "InconsistentState")
-_CONFIG = (
-    "Missing",
-    "InvalidValue",
-    "RankOutOfRange",
-    "SplitNotDivisible",
-    "SplitNeedsBatchSize",
-    "DispatchWithoutDevicePlacement",
-    "ShuffleNeedsSeedableSampler",
-    "MissingSeed",
-    "SeedOutOfRange",
-    "SeedOverflow",
-    "TooLarge",
-)
+# The classes a `dataload` error may be, named by the Rust side from the error's kind.
+_DATALOAD: Dict[str, Type[StatekitError]] = {
+    c.__name__: c
+    for c in (DataloadError, InvalidConfiguration, MalformedState, StateMismatch, DataError, CollectiveError)
+}
 
 
-def _class_for(domain: str, variant: str, cls: Optional[str]) -> Type[StatekitError]:
+def _class_for(domain: str, cls: Optional[str]) -> Type[StatekitError]:
     if domain == "bindings":
         return UsageError
     if domain == "ckpt":
         return _CKPT.get(cls or "", CheckpointError)
-    if variant == "StateMismatch":
-        return StateMismatch
-    if variant in _STATE:
-        return MalformedState
-    if variant in _CONFIG:
-        return InvalidConfiguration
-    if variant in ("Collective", "Dispatch"):
-        return CollectiveError
-    return DataError
+    return _DATALOAD.get(cls or "", DataloadError)
 
 
 def _from_native(domain: str, variant: str, message: str, fields: Dict[str, Any]) -> BaseException:
@@ -215,7 +198,7 @@ def _from_native(domain: str, variant: str, message: str, fields: Dict[str, Any]
         exc.filename = path
         exc.variant = variant
         return exc
-    return _class_for(domain, variant, cls_name)(message, variant=variant, **fields)
+    return _class_for(domain, cls_name)(message, variant=variant, **fields)
 
 
 __all__ = [
