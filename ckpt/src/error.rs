@@ -2,184 +2,113 @@
 //!
 //! Every variant names what a user needs to find the problem: the file, and where it applies
 //! the tensor. Messages are lowercase, one line, and name literals in backticks.
+//!
+//! Messages quote names and paths read from files, and a hostile file can hold a tensor named
+//! with a newline, a NUL or an escape sequence. Such a name must not forge a second line of
+//! output nor drive a terminal, but the place to stop it is where text reaches a person, not
+//! here: an error's `Display` (its `#[error]` message) keeps every field as it is, so a caller
+//! matching or comparing a name sees the name the file holds. Each edge escapes the message
+//! with [`escape_controls`] as it prints it: the `ckpt` CLI (errors and `verify`'s problems),
+//! `statekit-train`, the Python exceptions, and the JSON view of a [`crate::Report`].
 
 use std::path::PathBuf;
 
 /// Everything that can go wrong while reading, planning or writing a checkpoint.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-// Each variant's fields are named for what they hold; its message (`Error::raw`) says the rest.
+// Each variant's fields are named for what they hold; its `#[error]` message says the rest.
 #[allow(missing_docs)]
 pub enum Error {
+    #[error("{path}: {source}")]
     Io {
         path: PathBuf,
         #[source]
         source: std::io::Error,
     },
-    HeaderTooSmall {
-        path: PathBuf,
-        len: u64,
-    },
-    HeaderTooLarge {
-        path: PathBuf,
-        header_len: u64,
-        max: u64,
-    },
-    HeaderBeyondFile {
-        path: PathBuf,
-        header_len: u64,
-        len: u64,
-    },
-    BadHeaderJson {
-        path: PathBuf,
-        reason: String,
-    },
-    BadTensorEntry {
-        path: PathBuf,
-        tensor: String,
-        reason: String,
-    },
-    UnknownDtype {
-        path: PathBuf,
-        tensor: String,
-        dtype: String,
-    },
-    DuplicateTensor {
-        path: PathBuf,
-        tensor: String,
-    },
-    DuplicateInFile {
-        path: PathBuf,
-        tensor: String,
-    },
-    SizeMismatch {
-        path: PathBuf,
-        tensor: String,
-        dtype: String,
-        shape: Vec<u64>,
-        expected: u64,
-        found: u64,
-    },
-    BadOffset {
-        path: PathBuf,
-        tensor: String,
-        expected: u64,
-        found: u64,
-    },
-    LengthMismatch {
-        path: PathBuf,
-        len: u64,
-        expected: u64,
-    },
-    BadMetadata {
-        path: PathBuf,
-        reason: String,
-    },
-    BadIndex {
-        path: PathBuf,
-        reason: String,
-    },
-    MissingShard {
-        index: PathBuf,
-        tensor: String,
-        file: String,
-    },
-    TensorNotInShard {
-        index: PathBuf,
-        tensor: String,
-        file: String,
-    },
-    DuplicateAcrossShards {
-        tensor: String,
-        first: PathBuf,
-        second: PathBuf,
-    },
-    UnlistedTensor {
-        index: PathBuf,
-        file: PathBuf,
-        tensor: String,
-    },
-    UnsafeShardPath {
-        index: PathBuf,
-        tensor: String,
-        file: String,
-    },
-    NotACheckpoint {
-        path: PathBuf,
-    },
+    #[error("{path}: file is {len} bytes, too short for a safetensors header (8 bytes)")]
+    HeaderTooSmall { path: PathBuf, len: u64 },
+    #[error("{path}: header length {header_len} is larger than the {max} bytes allowed")]
+    HeaderTooLarge { path: PathBuf, header_len: u64, max: u64 },
+    #[error("{path}: header length {header_len} runs past the end of the {len}-byte file")]
+    HeaderBeyondFile { path: PathBuf, header_len: u64, len: u64 },
+    #[error("{path}: header is not valid JSON: {reason}")]
+    BadHeaderJson { path: PathBuf, reason: String },
+    #[error("{path}: tensor `{tensor}`: {reason}")]
+    BadTensorEntry { path: PathBuf, tensor: String, reason: String },
+    #[error("{path}: tensor `{tensor}` has unknown dtype `{dtype}`")]
+    UnknownDtype { path: PathBuf, tensor: String, dtype: String },
+    #[error("{path}: tensor `{tensor}` appears twice")]
+    DuplicateTensor { path: PathBuf, tensor: String },
+    #[error("{path}: tensor `{tensor}` appears twice in the header")]
+    DuplicateInFile { path: PathBuf, tensor: String },
+    #[error(
+        "{path}: tensor `{tensor}`: shape {shape:?} of `{dtype}` needs {expected} bytes but its offsets span {found}"
+    )]
+    SizeMismatch { path: PathBuf, tensor: String, dtype: String, shape: Vec<u64>, expected: u64, found: u64 },
+    #[error(
+        "{path}: tensor `{tensor}` starts at data offset {found}, expected {expected} (offsets overlap or leave a gap)"
+    )]
+    BadOffset { path: PathBuf, tensor: String, expected: u64, found: u64 },
+    #[error("{path}: file is {len} bytes but its header describes {expected} (truncated file or trailing bytes)")]
+    LengthMismatch { path: PathBuf, len: u64, expected: u64 },
+    #[error("{path}: `__metadata__` must map strings to strings: {reason}")]
+    BadMetadata { path: PathBuf, reason: String },
+    #[error("{path}: index is invalid: {reason}")]
+    BadIndex { path: PathBuf, reason: String },
+    #[error("{index}: tensor `{tensor}` is mapped to `{file}`, which does not exist")]
+    MissingShard { index: PathBuf, tensor: String, file: String },
+    #[error("{index}: tensor `{tensor}` is mapped to `{file}`, which does not hold it")]
+    TensorNotInShard { index: PathBuf, tensor: String, file: String },
+    #[error("tensor `{tensor}` is in both {first} and {second}")]
+    DuplicateAcrossShards { tensor: String, first: PathBuf, second: PathBuf },
+    #[error("{index}: shard {file} holds tensor `{tensor}`, which the `weight_map` does not list")]
+    UnlistedTensor { index: PathBuf, file: PathBuf, tensor: String },
+    #[error("{index}: `weight_map` entry `{tensor}` points at `{file}`, which is not a plain file name in the index's folder")]
+    UnsafeShardPath { index: PathBuf, tensor: String, file: String },
+    #[error("{path}: no checkpoint found (expected a `.safetensors` file, a `model.safetensors.index.json`, or a folder holding one)")]
+    NotACheckpoint { path: PathBuf },
     /// A folder of `.safetensors` files that fit no layout: `found` names some of them.
-    UnknownSafetensorsLayout {
-        path: PathBuf,
-        count: usize,
-        found: Vec<String>,
-    },
-    BadSize {
-        input: String,
-        reason: String,
-    },
-    BadHubUrl {
-        input: String,
-        reason: String,
-    },
-    NotInHubCache {
-        repo: String,
-        revision: String,
-        file: String,
-        cache: PathBuf,
-    },
-    OutputIsSource {
-        path: PathBuf,
-    },
-    ExpandedView {
-        path: PathBuf,
-        tensor: String,
-        output: u64,
-        storage: u64,
-    },
-    NotARegularFile {
-        path: PathBuf,
-        kind: &'static str,
-    },
-    PlantedLink {
-        path: PathBuf,
-    },
-    MetadataConflict {
-        key: String,
-        first: String,
-        first_file: PathBuf,
-        second: String,
-        second_file: PathBuf,
-    },
-    ChecksumMismatch {
-        path: PathBuf,
-        file: String,
-        expected: String,
-        found: String,
-    },
-    BadManifest {
-        path: PathBuf,
-        line: usize,
-        reason: String,
-    },
-    BadZip {
-        path: PathBuf,
-        reason: String,
-    },
-    RecordBeyondFile {
-        path: PathBuf,
-        record: String,
-        offset: u64,
-        len: u64,
-        file_len: u64,
-    },
-    RecordTooLarge {
-        path: PathBuf,
-        record: String,
-        size: u64,
-        limit: u64,
-    },
+    #[error("{path}: {count} `.safetensors` file(s) ({}) fit no checkpoint layout: expected \
+        `model.safetensors`, a `*.safetensors.index.json` naming them, a single file, or DCP \
+        shards `shard-NNNNN-model-NNNNN-of-NNNNN.safetensors`",
+        quoted_names(.found, *.count))]
+    UnknownSafetensorsLayout { path: PathBuf, count: usize, found: Vec<String> },
+    #[error("invalid size `{input}`: {reason}")]
+    BadSize { input: String, reason: String },
+    #[error("invalid hub address `{input}`: {reason}")]
+    BadHubUrl { input: String, reason: String },
+    #[error("`{repo}` (revision `{revision}`) has no `{file}` in the local Hugging Face cache {cache}")]
+    NotInHubCache { repo: String, revision: String, file: String, cache: PathBuf },
+    #[error("`{path}` is the source, refusing to overwrite it")]
+    OutputIsSource { path: PathBuf },
+    #[error(
+        "{path}: tensor `{tensor}` is a broadcast view: writing it takes {output} bytes from a \
+        {storage}-byte storage"
+    )]
+    ExpandedView { path: PathBuf, tensor: String, output: u64, storage: u64 },
+    #[error("{path}: is {kind}, not a regular file; refusing to read it")]
+    NotARegularFile { path: PathBuf, kind: &'static str },
+    #[error("`{path}` is a symlink that was not named as the output, refusing to replace it")]
+    PlantedLink { path: PathBuf },
+    #[error("shards disagree on `__metadata__` key `{key}`: {first:?} in {first_file}, {second:?} in {second_file}")]
+    MetadataConflict { key: String, first: String, first_file: PathBuf, second: String, second_file: PathBuf },
+    #[error("{path}: checksum mismatch for `{file}`: manifest says {expected}, file has {found}")]
+    ChecksumMismatch { path: PathBuf, file: String, expected: String, found: String },
+    #[error("{path}: bad checksum manifest line {line}: {reason}")]
+    BadManifest { path: PathBuf, line: usize, reason: String },
+    #[error("{path}: not a valid zip archive: {reason}")]
+    BadZip { path: PathBuf, reason: String },
+    #[error(
+        "{path}: record `{record}` declares {len} bytes at byte {offset}, past the end of the {file_len}-byte file"
+    )]
+    RecordBeyondFile { path: PathBuf, record: String, offset: u64, len: u64, file_len: u64 },
+    #[error("{path}: record `{record}` is {size} bytes, over the {limit}-byte limit")]
+    RecordTooLarge { path: PathBuf, record: String, size: u64, limit: u64 },
     /// Stored bytes whose CRC32 is not the one their zip record carries: the file changed after
     /// it was written (a flipped bit, a partial overwrite).
+    #[error("{path}{}:{} record `{record}`{} fails its CRC32 check (the archive says {stored:08x}, \
+        the bytes give {actual:08x}): the file was damaged after it was written",
+        rank_note(.rank), tensor_note(.tensor), item_note(.item))]
     BadChecksum {
         path: PathBuf,
         /// The tensor whose bytes they are; `None` for a record that is not a tensor's.
@@ -191,17 +120,13 @@ pub enum Error {
         stored: u32,
         actual: u32,
     },
-    InflateOverrun {
-        path: PathBuf,
-        record: String,
-        declared: u64,
-    },
-    RefusedGlobal {
-        path: PathBuf,
-        global: String,
-    },
+    #[error("{path}: record `{record}` inflates past its declared {declared} bytes (a zip bomb?)")]
+    InflateOverrun { path: PathBuf, record: String, declared: u64 },
+    #[error("{path}: refusing global `{global}`: only the tensor-rebuilding globals of torch's weights-only loader are allowed")]
+    RefusedGlobal { path: PathBuf, global: String },
     /// A torch file naming globals outside torch's weights-only list and the option
     /// `allow_globals`: the one refused first, then the file's others (at most 16 in all).
+    #[error("{path}: refusing global {}", globals_refusal(.globals, *.allowing))]
     GlobalNotAllowed {
         path: PathBuf,
         globals: Vec<String>,
@@ -209,350 +134,55 @@ pub enum Error {
         allowing: bool,
     },
     /// An option's value that cannot be used.
-    BadOption {
-        option: &'static str,
-        reason: String,
-    },
-    BadPickle {
-        path: PathBuf,
-        record: String,
-        at: usize,
-        reason: String,
-    },
-    BadTorchFile {
-        path: PathBuf,
-        reason: String,
-    },
-    BadTorchTensor {
-        path: PathBuf,
-        tensor: String,
-        reason: String,
-    },
-    NotInSafetensors {
-        tensor: String,
-        dtype: String,
-    },
-    BadConvert {
-        dst: PathBuf,
-        reason: String,
-    },
+    #[error("`{option}`: {reason}")]
+    BadOption { option: &'static str, reason: String },
+    #[error("{path}: `{record}` at byte {at}: {reason}")]
+    BadPickle { path: PathBuf, record: String, at: usize, reason: String },
+    #[error("{path}: {reason}")]
+    BadTorchFile { path: PathBuf, reason: String },
+    #[error("{path}: tensor `{tensor}`: {reason}")]
+    BadTorchTensor { path: PathBuf, tensor: String, reason: String },
+    #[error("tensor `{tensor}` has dtype `{dtype}`, which safetensors cannot store")]
+    NotInSafetensors { tensor: String, dtype: String },
+    #[error("cannot convert to {dst}: {reason}")]
+    BadConvert { dst: PathBuf, reason: String },
     /// Convert options that cannot be carried out together ([`crate::ConvertOptions::check`]);
     /// each edge words `misuse` with its own spelling of the options.
-    Misuse {
-        dst: PathBuf,
-        misuse: crate::Misuse,
-    },
+    #[error("cannot convert to {dst}: {misuse}")]
+    Misuse { dst: PathBuf, misuse: crate::Misuse },
     /// `reshard` of a checkpoint that is not laid out for ranks (`convert` to DCP lays out any).
-    NotReshardable {
-        path: PathBuf,
-    },
+    #[error(
+        "{path} is not a DCP folder (no `.metadata`), nor a DeepSpeed ZeRO, accelerate or Trainer folder: \
+        reshard rewrites only checkpoints laid out for ranks"
+    )]
+    NotReshardable { path: PathBuf },
     /// A tensor handed to [`crate::save_safetensors`] that cannot be saved as it is.
-    BadSaveTensor {
-        dst: PathBuf,
-        tensor: String,
-        reason: String,
-    },
-    BadBlockScale {
-        weight: String,
-        scale: String,
-        reason: String,
-    },
-    BadZeroCheckpoint {
-        path: PathBuf,
-        rank: u64,
-        tensor: String,
-        reason: String,
-    },
-    MissingRankFile {
-        path: PathBuf,
-        rank: u64,
-        world: u64,
-    },
-    BadDcpMetadata {
-        path: PathBuf,
-        reason: String,
-    },
-    BadDcpChunk {
-        path: PathBuf,
-        tensor: String,
-        rank: Option<u64>,
-        reason: String,
-    },
+    #[error("cannot save {dst}: tensor `{tensor}` {reason}")]
+    BadSaveTensor { dst: PathBuf, tensor: String, reason: String },
+    #[error("block-scaled weight `{weight}` with scales `{scale}`: {reason}")]
+    BadBlockScale { weight: String, scale: String, reason: String },
+    #[error("{path}: rank {rank}, `{tensor}`: {reason}")]
+    BadZeroCheckpoint { path: PathBuf, rank: u64, tensor: String, reason: String },
+    #[error("{path}: missing: the ZeRO checkpoint has {world} ranks but rank {rank} wrote no such file")]
+    MissingRankFile { path: PathBuf, rank: u64, world: u64 },
+    #[error("{path}: DCP metadata: {reason}")]
+    BadDcpMetadata { path: PathBuf, reason: String },
+    #[error("{path}{}: tensor `{tensor}`: {reason}", rank_note(.rank))]
+    BadDcpChunk { path: PathBuf, tensor: String, rank: Option<u64>, reason: String },
     /// A box of a tensor (a DCP chunk, a rank's shard) that does not fit the tensor or its file:
     /// out of bounds, overlapping another, or leaving part of the tensor uncovered.
-    BadBox {
-        path: PathBuf,
-        tensor: String,
-        rank: Option<u64>,
-        reason: String,
-    },
+    #[error("{path}{}: tensor `{tensor}`: {reason}", rank_note(.rank))]
+    BadBox { path: PathBuf, tensor: String, rank: Option<u64>, reason: String },
+    #[error("{dir}: sharded save: {source}")]
     Collective {
         dir: PathBuf,
         #[source]
         source: collective::CollectiveError,
     },
-    ShardedSave {
-        dir: PathBuf,
-        rank: u64,
-        reason: String,
-    },
-    BadSaveState {
-        path: PathBuf,
-        rank: Option<u64>,
-        reason: String,
-    },
-}
-
-/// `Result` with this crate's [`Error`].
-impl Error {
-    /// The message as the fields make it, before control characters are escaped.
-    fn raw(&self) -> String {
-        match self {
-            Error::Io { path, source } => {
-                let path = path.display();
-                format!("{path}: {source}")
-            }
-            Error::HeaderTooSmall { path, len } => {
-                let path = path.display();
-                format!("{path}: file is {len} bytes, too short for a safetensors header (8 bytes)")
-            }
-            Error::HeaderTooLarge { path, header_len, max } => {
-                let path = path.display();
-                format!("{path}: header length {header_len} is larger than the {max} bytes allowed")
-            }
-            Error::HeaderBeyondFile { path, header_len, len } => {
-                let path = path.display();
-                format!("{path}: header length {header_len} runs past the end of the {len}-byte file")
-            }
-            Error::BadHeaderJson { path, reason } => {
-                let path = path.display();
-                format!("{path}: header is not valid JSON: {reason}")
-            }
-            Error::BadTensorEntry { path, tensor, reason } => {
-                let path = path.display();
-                format!("{path}: tensor `{tensor}`: {reason}")
-            }
-            Error::UnknownDtype { path, tensor, dtype } => {
-                let path = path.display();
-                format!("{path}: tensor `{tensor}` has unknown dtype `{dtype}`")
-            }
-            Error::DuplicateTensor { path, tensor } => {
-                let path = path.display();
-                format!("{path}: tensor `{tensor}` appears twice")
-            }
-            Error::DuplicateInFile { path, tensor } => {
-                let path = path.display();
-                format!("{path}: tensor `{tensor}` appears twice in the header")
-            }
-            Error::SizeMismatch { path, tensor, dtype, shape, expected, found } => {
-                let path = path.display();
-                format!("{path}: tensor `{tensor}`: shape {shape:?} of `{dtype}` needs {expected} bytes but its offsets span {found}")
-            }
-            Error::BadOffset { path, tensor, expected, found } => {
-                let path = path.display();
-                format!("{path}: tensor `{tensor}` starts at data offset {found}, expected {expected} (offsets overlap or leave a gap)")
-            }
-            Error::LengthMismatch { path, len, expected } => {
-                let path = path.display();
-                format!("{path}: file is {len} bytes but its header describes {expected} (truncated file or trailing bytes)")
-            }
-            Error::BadMetadata { path, reason } => {
-                let path = path.display();
-                format!("{path}: `__metadata__` must map strings to strings: {reason}")
-            }
-            Error::BadIndex { path, reason } => {
-                let path = path.display();
-                format!("{path}: index is invalid: {reason}")
-            }
-            Error::MissingShard { index, tensor, file } => {
-                let index = index.display();
-                format!("{index}: tensor `{tensor}` is mapped to `{file}`, which does not exist")
-            }
-            Error::TensorNotInShard { index, tensor, file } => {
-                let index = index.display();
-                format!("{index}: tensor `{tensor}` is mapped to `{file}`, which does not hold it")
-            }
-            Error::DuplicateAcrossShards { tensor, first, second } => {
-                let first = first.display();
-                let second = second.display();
-                format!("tensor `{tensor}` is in both {first} and {second}")
-            }
-            Error::UnlistedTensor { index, file, tensor } => {
-                let index = index.display();
-                let file = file.display();
-                format!("{index}: shard {file} holds tensor `{tensor}`, which the `weight_map` does not list")
-            }
-            Error::UnsafeShardPath { index, tensor, file } => {
-                let index = index.display();
-                format!("{index}: `weight_map` entry `{tensor}` points at `{file}`, which is not a plain file name in the index's folder")
-            }
-            Error::UnknownSafetensorsLayout { path, count, found } => {
-                let path = path.display();
-                let more = if *count > found.len() { ", …" } else { "" };
-                let names: Vec<String> = found.iter().map(|n| format!("`{}`", escape_controls(n))).collect();
-                format!(
-                    "{path}: {count} `.safetensors` file(s) ({}{more}) fit no checkpoint layout: expected \
-                     `model.safetensors`, a `*.safetensors.index.json` naming them, a single file, or DCP \
-                     shards `shard-NNNNN-model-NNNNN-of-NNNNN.safetensors`",
-                    names.join(", ")
-                )
-            }
-            Error::NotACheckpoint { path } => {
-                let path = path.display();
-                format!("{path}: no checkpoint found (expected a `.safetensors` file, a `model.safetensors.index.json`, or a folder holding one)")
-            }
-            Error::BadSize { input, reason } => format!("invalid size `{input}`: {reason}"),
-            Error::BadHubUrl { input, reason } => format!("invalid hub address `{input}`: {reason}"),
-            Error::NotInHubCache { repo, revision, file, cache } => {
-                let cache = cache.display();
-                format!("`{repo}` (revision `{revision}`) has no `{file}` in the local Hugging Face cache {cache}")
-            }
-            Error::OutputIsSource { path } => {
-                let path = path.display();
-                format!("`{path}` is the source, refusing to overwrite it")
-            }
-            Error::ExpandedView { path, tensor, output, storage } => {
-                let path = path.display();
-                format!(
-                    "{path}: tensor `{tensor}` is a broadcast view: writing it takes {output} bytes from a \
-                     {storage}-byte storage"
-                )
-            }
-            Error::NotARegularFile { path, kind } => {
-                let path = path.display();
-                format!("{path}: is {kind}, not a regular file; refusing to read it")
-            }
-            Error::PlantedLink { path } => {
-                let path = path.display();
-                format!("`{path}` is a symlink that was not named as the output, refusing to replace it")
-            }
-            Error::MetadataConflict { key, first, first_file, second, second_file } => {
-                let first_file = first_file.display();
-                let second_file = second_file.display();
-                format!("shards disagree on `__metadata__` key `{key}`: {first:?} in {first_file}, {second:?} in {second_file}")
-            }
-            Error::ChecksumMismatch { path, file, expected, found } => {
-                let path = path.display();
-                format!("{path}: checksum mismatch for `{file}`: manifest says {expected}, file has {found}")
-            }
-            Error::BadManifest { path, line, reason } => {
-                let path = path.display();
-                format!("{path}: bad checksum manifest line {line}: {reason}")
-            }
-            Error::BadZip { path, reason } => {
-                let path = path.display();
-                format!("{path}: not a valid zip archive: {reason}")
-            }
-            Error::RecordBeyondFile { path, record, offset, len, file_len } => {
-                let path = path.display();
-                format!("{path}: record `{record}` declares {len} bytes at byte {offset}, past the end of the {file_len}-byte file")
-            }
-            Error::RecordTooLarge { path, record, size, limit } => {
-                let path = path.display();
-                format!("{path}: record `{record}` is {size} bytes, over the {limit}-byte limit")
-            }
-            Error::BadChecksum { path, tensor, rank, record, item, stored, actual } => {
-                let path = path.display();
-                let tensor = tensor.as_ref().map(|t| format!(" tensor `{}`:", escape_controls(t))).unwrap_or_default();
-                let item = item.map(|at| format!(" of the item at byte {at}")).unwrap_or_default();
-                format!(
-                    "{path}{}:{tensor} record `{record}`{item} fails its CRC32 check (the archive says {stored:08x}, \
-                     the bytes give {actual:08x}): the file was damaged after it was written",
-                    rank_note(*rank)
-                )
-            }
-            Error::InflateOverrun { path, record, declared } => {
-                let path = path.display();
-                format!("{path}: record `{record}` inflates past its declared {declared} bytes (a zip bomb?)")
-            }
-            Error::RefusedGlobal { path, global } => {
-                let path = path.display();
-                format!("{path}: refusing global `{global}`: only the tensor-rebuilding globals of torch's weights-only loader are allowed")
-            }
-            Error::GlobalNotAllowed { path, globals, allowing } => {
-                let path = path.display();
-                let (first, rest) = globals.split_first().map_or(("", &[][..]), |(f, r)| (f.as_str(), r));
-                let others = if rest.is_empty() {
-                    String::new()
-                } else {
-                    let names: Vec<String> = rest.iter().map(|g| format!("`{g}`")).collect();
-                    format!(" (and {})", names.join(", "))
-                };
-                let them = if rest.is_empty() { "it" } else { "them" };
-                if *allowing {
-                    format!("{path}: refusing global `{first}`{others}: only the tensor-rebuilding globals of torch's weights-only loader and those `allow_globals` names are allowed")
-                } else {
-                    format!("{path}: refusing global `{first}`{others}: only the tensor-rebuilding globals of torch's weights-only loader are allowed; `allow_globals` reads {them} as inert data, nothing imported or called")
-                }
-            }
-            Error::BadOption { option, reason } => format!("`{option}`: {reason}"),
-            Error::BadPickle { path, record, at, reason } => {
-                let path = path.display();
-                format!("{path}: `{record}` at byte {at}: {reason}")
-            }
-            Error::BadTorchFile { path, reason } => {
-                let path = path.display();
-                format!("{path}: {reason}")
-            }
-            Error::BadTorchTensor { path, tensor, reason } => {
-                let path = path.display();
-                format!("{path}: tensor `{tensor}`: {reason}")
-            }
-            Error::NotInSafetensors { tensor, dtype } => {
-                format!("tensor `{tensor}` has dtype `{dtype}`, which safetensors cannot store")
-            }
-            Error::BadConvert { dst, reason } => {
-                let dst = dst.display();
-                format!("cannot convert to {dst}: {reason}")
-            }
-            Error::Misuse { dst, misuse } => {
-                let dst = dst.display();
-                format!("cannot convert to {dst}: {misuse}")
-            }
-            Error::NotReshardable { path } => {
-                let path = path.display();
-                format!(
-                    "{path} is not a DCP folder (no `.metadata`), nor a DeepSpeed ZeRO, accelerate or Trainer folder: \
-                     reshard rewrites only checkpoints laid out for ranks"
-                )
-            }
-            Error::BadSaveTensor { dst, tensor, reason } => {
-                let dst = dst.display();
-                format!("cannot save {dst}: tensor `{tensor}` {reason}")
-            }
-            Error::BadBlockScale { weight, scale, reason } => {
-                format!("block-scaled weight `{weight}` with scales `{scale}`: {reason}")
-            }
-            Error::BadZeroCheckpoint { path, rank, tensor, reason } => {
-                let path = path.display();
-                format!("{path}: rank {rank}, `{tensor}`: {reason}")
-            }
-            Error::BadSaveState { path, rank, reason } => match rank {
-                Some(r) => format!("{}: rank {r}: {reason}", path.display()),
-                None => format!("{}: {reason}", path.display()),
-            },
-            Error::MissingRankFile { path, rank, world } => {
-                let path = path.display();
-                format!("{path}: missing: the ZeRO checkpoint has {world} ranks but rank {rank} wrote no such file")
-            }
-            Error::BadDcpMetadata { path, reason } => {
-                let path = path.display();
-                format!("{path}: DCP metadata: {reason}")
-            }
-            Error::BadDcpChunk { path, tensor, rank, reason } | Error::BadBox { path, tensor, rank, reason } => {
-                let path = path.display();
-                format!("{path}{}: tensor `{tensor}`: {reason}", rank_note(*rank))
-            }
-            Error::Collective { dir, source } => {
-                let dir = dir.display();
-                format!("{dir}: sharded save: {source}")
-            }
-            Error::ShardedSave { dir, rank, reason } => {
-                let dir = dir.display();
-                format!("{dir}: sharded save failed on rank {rank}: {reason}")
-            }
-        }
-    }
+    #[error("{dir}: sharded save failed on rank {rank}: {reason}")]
+    ShardedSave { dir: PathBuf, rank: u64, reason: String },
+    #[error("{path}{}: {reason}", rank_colon(.rank))]
+    BadSaveState { path: PathBuf, rank: Option<u64>, reason: String },
 }
 
 /// What an [`Error`] is about, for the edges that act on it: the CLI's exit code, the Python
@@ -638,15 +268,6 @@ impl Error {
     }
 }
 
-/// Messages quote names and paths read from files: a tensor named with a newline must not forge
-/// a second line of output, nor a NUL or an escape sequence reach a terminal. Every control
-/// character is shown escaped (`\n`, `\u{1b}`); the message stays one line.
-impl std::fmt::Display for Error {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&escape_controls(&self.raw()))
-    }
-}
-
 /// `text` with every control character escaped as Rust's `escape_debug` writes it.
 pub fn escape_controls(text: &str) -> std::borrow::Cow<'_, str> {
     if !text.chars().any(char::is_control) {
@@ -678,8 +299,54 @@ pub(crate) fn short_source(path: &std::path::Path, at: u64) -> Error {
 }
 
 /// ` (rank R)` for errors whose data file is a rank's (`__R_0.distcp`).
-fn rank_note(rank: Option<u64>) -> String {
+fn rank_note(rank: &Option<u64>) -> String {
     rank.map(|r| format!(" (rank {r})")).unwrap_or_default()
+}
+
+/// `: rank R` for a save-state file that is a rank's.
+fn rank_colon(rank: &Option<u64>) -> String {
+    rank.map(|r| format!(": rank {r}")).unwrap_or_default()
+}
+
+/// ` tensor `NAME`:` for a record that holds a tensor's bytes.
+fn tensor_note(tensor: &Option<String>) -> String {
+    tensor.as_ref().map(|t| format!(" tensor `{t}`:")).unwrap_or_default()
+}
+
+/// ` of the item at byte N` for a record inside a DCP item.
+fn item_note(item: &Option<u64>) -> String {
+    item.map(|at| format!(" of the item at byte {at}")).unwrap_or_default()
+}
+
+/// `found` quoted and joined, with `, …` when the folder holds more (`count`) than it names.
+fn quoted_names(found: &[String], count: usize) -> String {
+    let names: Vec<String> = found.iter().map(|n| format!("`{n}`")).collect();
+    let more = if count > found.len() { ", …" } else { "" };
+    format!("{}{more}", names.join(", "))
+}
+
+/// What follows `refusing global ` for [`Error::GlobalNotAllowed`]: the first global, the
+/// others, and what lets them through.
+fn globals_refusal(globals: &[String], allowing: bool) -> String {
+    let (first, rest) = globals.split_first().map_or(("", &[][..]), |(f, r)| (f.as_str(), r));
+    let others = if rest.is_empty() {
+        String::new()
+    } else {
+        let names: Vec<String> = rest.iter().map(|g| format!("`{g}`")).collect();
+        format!(" (and {})", names.join(", "))
+    };
+    let them = if rest.is_empty() { "it" } else { "them" };
+    if allowing {
+        format!(
+            "`{first}`{others}: only the tensor-rebuilding globals of torch's weights-only loader and those \
+             `allow_globals` names are allowed"
+        )
+    } else {
+        format!(
+            "`{first}`{others}: only the tensor-rebuilding globals of torch's weights-only loader are allowed; \
+             `allow_globals` reads {them} as inert data, nothing imported or called"
+        )
+    }
 }
 
 /// Attaches a path to an `io::Error`; every I/O error of this crate names its file.

@@ -145,7 +145,9 @@ impl Serialize for Report {
             "files": self.files,
             "tensors": self.tensors,
             "checksums_ok": self.checksums_ok,
-            "problems": self.problems.iter().map(ToString::to_string).collect::<Vec<_>>(),
+            // The document is printed (the CLI's `--json`) and shown (the bindings' results): its
+            // problems are escaped as every printed message is.
+            "problems": self.problems.iter().map(|p| crate::escape_controls(&p.to_string()).into_owned()).collect::<Vec<_>>(),
             "warnings": self.warnings,
         })
         .serialize(s)

@@ -206,3 +206,30 @@ fn every_fixture_has_a_test() {
         assert!(src.contains(&format!("\"{name}\"")), "no test for fixture {name}");
     }
 }
+
+/// A tensor named with a newline, a NUL and an escape sequence (`fixtures/hostile/output/`):
+/// the error keeps the name as the file holds it, so a caller compares names, and
+/// `escape_controls`, which every edge applies as it prints, makes the message one harmless line.
+#[test]
+fn an_error_keeps_a_hostile_name_as_it_is_and_escaping_it_is_the_printers_job() {
+    let path = dir().join("../output/control_chars_name.safetensors");
+    let name = "w\nok: forged\0\u{1b}[2J";
+    let err = ckpt::Checkpoint::open(path.to_str().unwrap()).expect_err("a size that does not match its shape");
+    let ckpt::Error::SizeMismatch { tensor, .. } = &err else { panic!("not a size mismatch: {err:?}") };
+    assert_eq!(tensor, name);
+    let raw = err.to_string();
+    assert_eq!(
+        raw,
+        format!("{}: tensor `{name}`: shape [4] of `F32` needs 16 bytes but its offsets span 8", path.display())
+    );
+    let printed = ckpt::escape_controls(&raw);
+    assert_eq!(printed, raw.replace(name, r"w\nok: forged\0\u{1b}[2J"));
+    assert!(!printed.chars().any(char::is_control), "{printed}");
+
+    // `verify` keeps its problems as errors; its JSON document, which the CLI prints and the
+    // bindings return, is escaped as a printed message is.
+    let report = ckpt::verify(path.to_str().unwrap()).expect("verify runs");
+    assert_eq!(report.problems.iter().map(ToString::to_string).collect::<Vec<_>>(), [raw.as_str()]);
+    let json = serde_json::to_value(&report).unwrap();
+    assert_eq!(json["problems"], serde_json::json!([printed]));
+}

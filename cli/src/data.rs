@@ -316,6 +316,8 @@ fn from_accelerate(dir: &std::path::Path, loader: &LoaderArgs, args: &StateArgs)
     // folder, not a file): a position file that cannot be read is refused whatever the flags say.
     let point = saved.resume_point(args.dataloader, args.step, args.epoch).map_err(|e| {
         let no_count = matches!(&e, ckpt::Error::BadSaveState { path, .. } if *path == saved.root);
+        // The library error becomes text here, so it is escaped here (as `report_error` would).
+        let e = ckpt::escape_controls(&e.to_string()).into_owned();
         anyhow::anyhow!("{e}{}", if args.step.is_none() && no_count { " (`--step K`)" } else { "" })
     })?;
     // Without `--seed` the saved sampler's seed is taken; with one, dataload checks they agree.

@@ -286,13 +286,19 @@ fn report_error(err: &anyhow::Error) -> ExitCode {
     let mut stderr = std::io::stderr().lock();
     // Options that do not go together are a usage error worded with the flags alone.
     if let Some(ckpt::Error::Misuse { misuse, .. }) = lib {
-        let _ = writeln!(stderr, "error: {}", misuse.describe(&flag));
+        let _ = writeln!(stderr, "error: {}", ckpt::escape_controls(&misuse.describe(&flag)));
         return ExitCode::from(2);
     }
-    // Our library errors already include their cause; print each cause only once.
+    // Our library errors already include their cause; print each cause only once. A library
+    // error keeps the names it quotes as the file holds them: its text and its causes' are
+    // escaped here, so that no name forges a line or reaches the terminal raw. The CLI's own
+    // context (`open SRC`, a `\nhint:`) is printed as written.
     let mut msg = String::new();
+    let mut quoting = false;
     for cause in err.chain() {
+        quoting |= cause.is::<ckpt::Error>();
         let text = cause.to_string();
+        let text = if quoting { ckpt::escape_controls(&text).into_owned() } else { text };
         if !msg.ends_with(&text) {
             if !msg.is_empty() {
                 msg.push_str(": ");
@@ -305,7 +311,7 @@ fn report_error(err: &anyhow::Error) -> ExitCode {
     }
     let _ = writeln!(stderr, "error: {msg}");
     if let Some(hint) = lib.and_then(hint) {
-        let _ = writeln!(stderr, "{hint}");
+        let _ = writeln!(stderr, "{}", ckpt::escape_controls(&hint));
     }
     ExitCode::from(2)
 }

@@ -235,7 +235,7 @@ pub fn verify_text(out: &mut impl Write, r: &ckpt::Report) -> anyhow::Result<()>
     } else {
         writeln!(out, "invalid: {what}: {} problem(s)", r.problems.len())?;
         for p in &r.problems {
-            writeln!(out, "  problem: {p}")?;
+            writeln!(out, "  problem: {}", ckpt::escape_controls(&p.to_string()))?;
         }
     }
     for w in &r.warnings {

@@ -72,6 +72,9 @@ pub(crate) fn ckpt_doing(e: ckpt::Error, verb: (&str, &str)) -> PyErr {
         ),
         _ => e.to_string(),
     };
+    // The library keeps the names it quotes as the file holds them; the message Python shows
+    // escapes their control characters, so a tensor name cannot forge a line of a traceback.
+    let message = ckpt::escape_controls(&message).into_owned();
     let variant = variant_of(&format!("{e:?}"));
     build("ckpt", variant, message, |d| {
         d.set_item("class", class_of(&e))?;

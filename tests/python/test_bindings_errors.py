@@ -64,3 +64,20 @@ def test_the_class_follows_the_kind_of_the_error(path, cls):
         ckpt.inspect(path)
     assert isinstance(e.value, CheckpointError)
     assert e.value.variant, "the Rust variant is named"
+
+
+def test_a_tensor_name_with_control_characters_reaches_python_escaped():
+    # The fixture's one tensor is named "w\nok: forged\0\x1b[2J" and its size does not match its
+    # shape, so every message quotes it. The Rust error keeps the name as it is; the exception's
+    # message and verify's problems show it escaped, one line, with no NUL or ESC left.
+    path = FX / "hostile" / "output" / "control_chars_name.safetensors"
+    shown = r"tensor `w\nok: forged\0\u{1b}[2J`"
+    expected = f"{path}: {shown}: shape [4] of `F32` needs 16 bytes but its offsets span 8"
+    with pytest.raises(InvalidCheckpoint) as e:
+        ckpt.load(path)
+    assert str(e.value) == expected
+    report = ckpt.verify(path)
+    assert not report.valid
+    assert report.problems == [expected]
+    for text in [str(e.value), *report.problems]:
+        assert not any(ord(c) < 0x20 or ord(c) == 0x7F for c in text), repr(text)

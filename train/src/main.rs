@@ -23,7 +23,8 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) if e.is::<trainer::Refused>() => ExitCode::from(1),
         Err(e) => {
-            eprintln!("statekit-train: error: {e:#}");
+            // Errors quote names read from checkpoints: no control character reaches the terminal.
+            eprintln!("statekit-train: error: {}", ckpt::escape_controls(&format!("{e:#}")));
             ExitCode::from(1)
         }
     }

@@ -37,7 +37,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let result = train(&args, &mpi, &comm);
     if let Err(e) = &result {
         if comm.size() > 1 && !e.is::<Refused>() {
-            eprintln!("statekit-train: rank {}: error: {e:#}", TensorComm::rank(&comm));
+            let e = ckpt::escape_controls(&format!("{e:#}")).into_owned();
+            eprintln!("statekit-train: rank {}: error: {e}", TensorComm::rank(&comm));
             comm.abort(1);
         }
     }
@@ -199,7 +200,8 @@ impl<'a> Run<'a> {
         let reasons = collective::Collective::all_gather(self.comm, reason.into_bytes())?;
         if let Some(first) = reasons.iter().find(|r| !r.is_empty()) {
             if rank == 0 {
-                let line = format!("statekit-train: refusing to resume: {}\n", String::from_utf8_lossy(first));
+                let reason = String::from_utf8_lossy(first);
+                let line = format!("statekit-train: refusing to resume: {}\n", ckpt::escape_controls(&reason));
                 use std::io::Write;
                 let _ = std::io::stderr().write_all(line.as_bytes());
             }
