@@ -34,8 +34,8 @@ PER_RANK_TIME = 'exec /usr/bin/time -f "%R %M %U %S" -o "$0.${OMPI_COMM_WORLD_RA
 def mpirun(world, train, args, cwd, timed=None):
     """stderr and stdout of statekit-train on `world` ranks; with `timed`, each rank runs under
     GNU time writing `timed.RANK`."""
-    # OMP_NUM_THREADS as torchrun sets it for torch's workers: `--threads` alone (libtorch's
-    # `set_num_threads`) left the ranks 1.8x slower in wall time at the same CPU time here.
+    # OMP_NUM_THREADS as torchrun sets it for torch's workers, so that both sides run in the same
+    # environment (statekit's `--threads` is libtorch's `set_num_threads`; torch's side gets both).
     env = dict(os.environ, LD_LIBRARY_PATH=f"{TORCH_LIB}:{os.environ.get('LD_LIBRARY_PATH', '')}",
                OMP_NUM_THREADS=THREADS)
     # Unbound, as torchrun leaves its workers: OpenMPI would pin 2 ranks to a core each, torch's
