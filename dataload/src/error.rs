@@ -61,12 +61,6 @@ pub enum DataloadError {
     /// accelerate refuses dispatching when batches are not placed on a device.
     #[error("`dispatch_batches = true` requires `put_on_device = true`")]
     DispatchWithoutDevicePlacement,
-    /// A dispatched loader shuffles with `use_seedable_sampler` only: without it the order is
-    /// drawn from rank 0's running generator, which the other ranks do not have.
-    #[error(
-        "a dispatched loader (`dispatch_batches = true`) shuffles with `use_seedable_sampler = true` only: without it the order is drawn from rank 0's running generator, which the other ranks do not have"
-    )]
-    ShuffleNeedsSeedableSampler,
     /// A seedable sampler was asked for but no seed is known.
     #[error("shuffling needs a seed: set `data_seed` in the configuration or give the torch initial seed")]
     MissingSeed,
@@ -345,7 +339,6 @@ impl DataloadError {
             | Self::SplitNotDivisible { .. }
             | Self::SplitNeedsBatchSize
             | Self::DispatchWithoutDevicePlacement
-            | Self::ShuffleNeedsSeedableSampler
             | Self::MissingSeed
             | Self::SeedOutOfRange { .. }
             | Self::SeedOverflow { .. }

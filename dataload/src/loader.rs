@@ -159,11 +159,9 @@ impl ShardedSamplerBuilder {
         })?;
         let mut generator = None;
         let sampler = if self.shuffle && !self.config.use_seedable_sampler {
-            // Each rank would compute its slice from rank 0's running generator; the
-            // dispatcher's rank 0 draws it alone, and nothing carries it to the others yet.
-            if mode == ShardMode::Dispatch {
-                return Err(DataloadError::ShuffleNeedsSeedableSampler);
-            }
+            // Dispatched, accelerate's rank 0 alone draws the order: every rank computes its
+            // slice from rank 0's generator, which the caller gives each rank at the start of
+            // each epoch ([`ShardedSampler::set_generator`]) through its collective.
             generator = Some(self.generator.ok_or(DataloadError::Missing { field: "generator" })?);
             SamplerSpec::Random
         } else if self.shuffle {
@@ -440,6 +438,25 @@ impl ShardedSampler {
         self.start = 0;
         self.pad_origin = 0;
         self.step = 0;
+    }
+
+    /// A new pass over the current epoch from its start, as torch's loaders make at each
+    /// `iter()` after a pass that was broken off: a sampler whose order follows from the epoch
+    /// number gives the same order again; a `random` one draws a new permutation from its
+    /// running generator, which the broken-off pass advanced by its draw (torch's
+    /// `RandomSampler` draws at every `iter()`; the epoch number stays, as accelerate's
+    /// `iteration` does).
+    pub fn restart_epoch(&mut self) -> Result<()> {
+        if self.drawn {
+            self.current_plan()?;
+            self.generator = self.after.take();
+            self.drawn = false;
+        }
+        self.plan = None;
+        self.start = 0;
+        self.pad_origin = 0;
+        self.step = 0;
+        Ok(())
     }
 
     /// accelerate's `skip_first_batches(loader, k)` for the current epoch: the epoch is read

@@ -230,14 +230,70 @@ fn generator_states_are_checked() {
     assert_eq!(err(&seq.to_string()), "inconsistent loader state: a sequential sampler has no `generator`");
 }
 
-/// Without a generator a `random` sampler cannot be built; dispatching refuses it.
+/// Without a generator a `random` sampler cannot be built.
 #[test]
 fn builder_refusals() {
     let base = || ShardedSampler::builder().dataset_len(10).batch_size(2).world_size(2).shuffle(true);
     assert_eq!(base().build().unwrap_err().to_string(), "missing `generator`: set it on the builder before `build()`");
+}
+
+/// `randperm(n)` drawn from `g`, as a vector.
+fn perm(n: u64, g: &mut TorchGenerator) -> Vec<u64> {
+    let p = randperm(n, g, TorchVersion::default()).unwrap();
+    (0..n).map(|i| p.get(i).unwrap()).collect()
+}
+
+/// Dispatched, every rank given rank 0's generator cuts its slice of the one order rank 0
+/// draws: together the ranks' rows of each step are rank 0's underlying batches, in order.
+#[test]
+fn a_dispatched_random_sampler_slices_rank_zeros_order() {
+    let (n, bs, world) = (23u64, 3u64, 2u64);
     let dispatch = DataLoaderConfiguration { dispatch_batches: Some(true), ..Default::default() };
-    assert_eq!(
-        base().config(dispatch).generator(TorchGenerator::manual_seed(0)).build().unwrap_err().to_string(),
-        "a dispatched loader (`dispatch_batches = true`) shuffles with `use_seedable_sampler = true` only: without it the order is drawn from rank 0's running generator, which the other ranks do not have"
-    );
+    let mut g = TorchGenerator::manual_seed(5);
+    let mut loaders: Vec<ShardedSampler> = (0..world)
+        .map(|r| {
+            let b = ShardedSampler::builder().dataset_len(n).batch_size(bs).world_size(world).rank(r).shuffle(true);
+            b.config(dispatch).generator(TorchGenerator::manual_seed(100 + r)).build().unwrap()
+        })
+        .collect();
+    for _epoch in 0..2 {
+        let order = perm(n, &mut g.clone());
+        for l in &mut loaders {
+            l.set_generator(g.clone()).unwrap();
+        }
+        let per_rank: Vec<Vec<Vec<u64>>> = loaders.iter_mut().map(|l| l.rest_of_epoch().unwrap()).collect();
+        let joined: Vec<u64> =
+            (0..per_rank[0].len()).flat_map(|s| per_rank.iter().flat_map(move |b| b[s].clone())).collect();
+        assert_eq!(&joined[..n as usize], &order[..]);
+        // The running generator moves on by the epoch's two permutations' draws, on every rank.
+        g.discard(2 * randperm_draws(n, TorchVersion::default()));
+        for l in &mut loaders {
+            assert_eq!(l.running_generator().unwrap().unwrap(), g);
+        }
+    }
+}
+
+/// A pass broken off and begun again draws a new order from the running generator (the
+/// broken-off pass's draw taken), in the same epoch; an order that follows from the epoch
+/// (the seedable sampler's) starts again unchanged.
+#[test]
+fn a_restarted_pass_draws_anew_from_the_running_generator() {
+    let mut g = TorchGenerator::manual_seed(9);
+    let builder = ShardedSampler::builder().dataset_len(10).batch_size(2).world_size(1).shuffle(true);
+    let mut l = builder.generator(g.clone()).build().unwrap();
+    let first = perm(10, &mut g);
+    assert_eq!(l.next_batch().unwrap().unwrap(), first[..2].to_vec());
+    l.restart_epoch().unwrap();
+    assert_eq!(l.epoch(), 0);
+    let second = perm(10, &mut g);
+    assert_ne!(first, second);
+    assert_eq!(l.rest_of_epoch().unwrap().concat(), second);
+
+    let seeded = DataLoaderConfiguration { use_seedable_sampler: true, data_seed: Some(3), ..Default::default() };
+    let builder = ShardedSampler::builder().dataset_len(10).batch_size(2).world_size(1).shuffle(true);
+    let mut s = builder.config(seeded).build().unwrap();
+    let whole = s.clone().rest_of_epoch().unwrap();
+    s.next_batch().unwrap();
+    s.restart_epoch().unwrap();
+    assert_eq!(s.rest_of_epoch().unwrap(), whole);
 }

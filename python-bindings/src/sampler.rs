@@ -182,6 +182,13 @@ impl Sampler {
         Ok(g.map(|g| PyBytes::new(py, &g.state_bytes())))
     }
 
+    /// A new pass over the current epoch from its start (a random sampler draws a new order
+    /// from its running generator), as torch's loaders make after a pass that was broken off.
+    fn restart_epoch(&mut self, py: Python<'_>) -> PyResult<()> {
+        let inner = &mut self.inner;
+        py.detach(|| inner.restart_epoch()).map_err(errors::dataload)
+    }
+
     /// Batches left for this rank in the current epoch.
     fn remaining(&mut self, py: Python<'_>) -> PyResult<u64> {
         let inner = &mut self.inner;

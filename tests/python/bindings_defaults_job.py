@@ -2,7 +2,8 @@
 prepare_data_loader against accelerate 1.15's own. (1) The default shuffle
 (`use_seedable_sampler=False`) over 3 epochs, with and without a user generator: each rank
 writes both sides' batches, the generators' states after them, and what a loader saved
-mid-epoch and resumed in a fresh loader gave. (2) Unbatched iterable loaders (`batch_size=None`)
+mid-epoch and resumed in a fresh loader gave; per rank and dispatched. A pass broken off and
+iterated again, on both sides and through statekit.accelerate. (2) Unbatched iterable loaders (`batch_size=None`)
 dispatched from rank 0 (accelerate's default for iterable datasets): both sides' samples over
 2 epochs.
 
@@ -36,6 +37,21 @@ CONFIGS = [
     dict(n=23, bs=5, split=False, drop_last=False, even=False, user_gen=True, workers=2, world=None),
     dict(n=17, bs=4, split=False, drop_last=False, even=True, user_gen=False, workers=0, world=1),
     dict(n=17, bs=4, split=False, drop_last=False, even=True, user_gen=True, workers=0, world=1),
+    # dispatched (accelerate's DataLoaderDispatcher): rank 0 alone draws the order
+    dict(n=37, bs=4, split=False, drop_last=False, even=True, user_gen=False, workers=0, world=None, dispatch=True),
+    dict(n=29, bs=6, split=True, drop_last=False, even=True, user_gen=True, workers=0, world=None, dispatch=True),
+    dict(n=23, bs=5, split=False, drop_last=True, even=True, user_gen=True, workers=2, world=None, dispatch=True),
+]
+# A pass broken off after `k` batches, then whole passes (`set_epoch` before them or not): the
+# default shuffle per rank (with and without a user generator), dispatched, and the seedable sampler.
+BROKEN = [
+    dict(n=37, bs=4, split=False, drop_last=False, even=True, user_gen=True, workers=0, world=None, k=2, set_epoch=False),
+    dict(n=37, bs=4, split=False, drop_last=False, even=True, user_gen=False, workers=0, world=None, k=3, set_epoch=True),
+    dict(n=17, bs=4, split=False, drop_last=False, even=True, user_gen=False, workers=0, world=1, k=1, set_epoch=False),
+    dict(n=37, bs=4, split=False, drop_last=False, even=True, user_gen=True, workers=0, world=None, k=2, set_epoch=False,
+         dispatch=True),
+    dict(n=37, bs=4, split=False, drop_last=False, even=True, user_gen=True, workers=0, world=None, k=2, set_epoch=True,
+         seedable=True),
 ]
 
 
@@ -77,6 +93,39 @@ def unbatched(n, rank):
     return out
 
 
+def broken(c, world, rank):
+    """A `for` loop left with `break` after k batches, then EPOCHS whole `for` loops over the same
+    prepared loader: accelerate's, statekit.data's and statekit.accelerate's, from one start."""
+    from statekit import accelerate as sk_accelerate
+
+    w, r = (world, rank) if c["world"] is None else (1, 0)
+    kw = dict(split_batches=c["split"], even_batches=c["even"], dispatch_batches=c.get("dispatch", False),
+              use_seedable_sampler=c.get("seedable", False))
+    out = {}
+    for who in ("accelerate", "statekit", "statekit.accelerate"):
+        dl, g = fresh(c, rank)
+        if who == "statekit":
+            loader = prepare_data_loader(dl, num_processes=w, process_index=r, dataloader_config=DataLoaderConfiguration(**kw))
+            set_epoch = loader.batch_sampler.set_epoch
+        else:
+            prep = accelerate_prepare if who == "accelerate" else sk_accelerate.prepare_data_loader
+            loader = prep(dl, device=torch.device("cpu"), put_on_device=True, rng_types=["generator"], num_processes=w,
+                          process_index=r, **kw)
+            set_epoch = loader.set_epoch
+        head = []
+        for b in loader:
+            head.append(b.tolist())
+            if len(head) == c["k"]:
+                break
+        passes = []
+        for e in range(EPOCHS):
+            if c["set_epoch"]:
+                set_epoch(e + 1)
+            passes.append([b.tolist() for b in loader])
+        out[who] = dict(head=head, passes=passes, **states(g))
+    return out
+
+
 def states(g):
     return dict(user=None if g is None else digest(g.get_state()), global_=digest(torch.get_rng_state()))
 
@@ -89,11 +138,13 @@ def main(out):
         w, r = (world, rank) if c["world"] is None else (1, 0)
         dl, g = fresh(c, rank)
         acc = accelerate_prepare(dl, device=torch.device("cpu"), put_on_device=True, split_batches=c["split"],
-                                 even_batches=c["even"], rng_types=["generator"], num_processes=w, process_index=r)
+                                 even_batches=c["even"], rng_types=["generator"], num_processes=w, process_index=r,
+                                 dispatch_batches=c.get("dispatch", False))
         expected = [[b.tolist() for b in acc] for _ in range(EPOCHS)]
         expected_states = states(g)
 
-        cfg = DataLoaderConfiguration(split_batches=c["split"], even_batches=c["even"])
+        cfg = DataLoaderConfiguration(split_batches=c["split"], even_batches=c["even"],
+                                      dispatch_batches=c.get("dispatch", False))
         dl, g = fresh(c, rank)
         ours = prepare_data_loader(dl, num_processes=w, process_index=r, dataloader_config=cfg)
         got = [[b.tolist() for b in ours] for _ in range(EPOCHS)]
@@ -117,12 +168,13 @@ def main(out):
                             expected_states=expected_states, got_states=got_states,
                             resumed_user=None if g2 is None else digest(g2.get_state()),
                             len_ours=len(ours)))
+    broken_results = [dict(config=c, **broken(c, world, rank)) for c in BROKEN]
     unbatched_results = []
     for n in (1, 2, 5, 6):
         torch.distributed.barrier()
         unbatched_results.append(dict(n=n, **unbatched(n, rank)))
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
-        json.dump({"shuffle": results, "unbatched": unbatched_results}, f)
+        json.dump({"shuffle": results, "unbatched": unbatched_results, "broken": broken_results}, f)
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()
 

@@ -5,9 +5,12 @@ from a running generator, reproduced bit for bit and resumed without replay.
 
 Against real accelerate 1.15 under torchrun (gloo, CPU, 2 ranks, one launch for every case):
 every rank's batches over 3 epochs equal accelerate's `prepare_data_loader` (with the
-`rng_types=["generator"]` an `Accelerator` passes), with and without a user generator, and the
+`rng_types=["generator"]` an `Accelerator` passes), with and without a user generator, per rank
+and dispatched (rank 0's draw sliced on every rank), and the
 user's generator and torch's global one end in the states accelerate leaves them in; a loader
-saved mid-epoch and resumed in a fresh loader yields exactly the rest. In-process: the native
+saved mid-epoch and resumed in a fresh loader yields exactly the rest. A pass broken off and
+iterated again gives accelerate's new draw (its seedable sampler's same order), through
+statekit.data and statekit.accelerate alike. In-process: the native
 generator takes and gives back torch's full `get_state()` (MT19937 words, position and the
 cached normal samples), and equals `torch.randperm` from arbitrary running states.
 
@@ -77,13 +80,15 @@ def test_a_resumed_loader_yields_the_rest(shuffle, rank):
     for r in shuffle[rank]:
         exp = r["expected"]
         assert r["head"] + r["tail"][0] == exp[1], r["config"]
-        if r["config"]["world"] == 1 and not r["config"]["user_gen"]:
-            # One rank, no generator: each epoch's seed is drawn from torch's global generator,
-            # which the resumed process has elsewhere (accelerate's save_state keeps it apart).
+        if (r["config"]["world"] == 1 or r["config"].get("dispatch")) and not r["config"]["user_gen"]:
+            # One rank or dispatched, no generator: each epoch's seed is drawn from (rank 0's)
+            # torch global generator, which the resumed process has elsewhere (accelerate's
+            # save_state keeps it apart).
             continue
         assert r["tail"][1] == exp[2], r["config"]
-        if r["config"]["user_gen"]:
-            # The resumed loader's own generator ends where the uninterrupted run left its.
+        if r["config"]["user_gen"] and not (r["config"].get("dispatch") and rank != 0):
+            # The resumed loader's own generator ends where the uninterrupted run left its
+            # (dispatched, rank 0's only: the others' are never drawn from, nor saved).
             assert r["resumed_user"] == r["expected_states"]["user"], r["config"]
 
 
@@ -139,11 +144,57 @@ def test_bad_generators_are_refused_by_name():
         _native.Sampler(10, 1, 1, 0, True, False, DataLoaderConfiguration()._json(), None, b"abc")
 
 
-def test_dispatching_refuses_the_default_shuffle():
-    dl = torch.utils.data.DataLoader(range(10), batch_size=2, shuffle=True)
-    with pytest.raises(InvalidConfiguration, match="shuffles with `use_seedable_sampler = true` only"):
-        prepare_data_loader(dl, num_processes=1, process_index=0,
-                            dataloader_config=DataLoaderConfiguration(dispatch_batches=True))
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_dispatched_default_shuffle_is_rank_zeros_on_every_rank(shuffle, rank):
+    """Dispatched, the ranks' own generators and global seeds differ, yet each rank's slices
+    are accelerate's (rank 0's draw); rank 1's user generator is left as it was, as accelerate's
+    other ranks never draw from theirs."""
+    dispatched = [r for r in shuffle[rank] if r["config"].get("dispatch")]
+    assert len(dispatched) == 3
+    for r in dispatched:
+        assert r["got"] == r["expected"], r["config"]
+        assert r["got_states"] == r["expected_states"], r["config"]
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_pass_broken_off_then_iterated_again_is_accelerates(job, rank):
+    """`break` after k batches, then whole `for` loops: accelerate draws a new order from the
+    running generator at the next `iter()` (the broken-off pass's draw taken), with or without
+    `set_epoch`; the seedable sampler starts its epoch's order again. statekit.data's and
+    statekit.accelerate's loaders do the same, and leave the generators where accelerate does."""
+    for r in job[rank]["broken"]:
+        exp = r["accelerate"]
+        assert len(exp["head"]) == r["config"]["k"]
+        if not r["config"].get("seedable"):
+            assert exp["passes"][0][: r["config"]["k"]] != exp["head"], r["config"]  # a new draw
+        for who in ("statekit", "statekit.accelerate"):
+            got = r[who]
+            assert (got["head"], got["passes"]) == (exp["head"], exp["passes"]), (who, r["config"])
+            assert got["global_"] == exp["global_"], (who, r["config"])
+            if not r["config"].get("seedable"):  # accelerate's seedable sampler reseeds the user's generator
+                assert got["user"] == exp["user"], (who, r["config"])
+
+
+def test_a_loaded_or_skipped_position_survives_iter():
+    """The one case a new `iter()` continues: a position set by `load_state_dict` or
+    `skip_first_batches`, with the default shuffle."""
+    def loader():
+        return prepare_data_loader(DataLoader(range(20), batch_size=2, shuffle=True,
+                                              generator=torch.Generator().manual_seed(3)),
+                                   num_processes=1, process_index=0)
+
+    whole = [b.tolist() for b in loader()]
+    dl = loader()
+    it = iter(dl)
+    head = [next(it).tolist() for _ in range(3)]
+    saved = dl.batch_sampler.state_dict()
+    del it
+    resumed = loader()
+    resumed.batch_sampler.load_state_dict(saved)
+    assert head + [b.tolist() for b in resumed] == whole
+    skipped = loader()
+    skipped.batch_sampler.skip_first_batches(4)
+    assert [b.tolist() for b in skipped] == whole[4:]
 
 
 # --- unbatched iterable loaders -------------------------------------------------------------

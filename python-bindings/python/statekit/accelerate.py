@@ -39,7 +39,8 @@ Two choices differ from accelerate on purpose. ``skip_first_batches`` on a dispa
 loader counts steps, as it does for every other loader (accelerate's counts the underlying
 loader's batches there, ``num_processes`` to a step). A prepared loader keeps a mid-epoch
 position across ``iter()`` only after ``load_state_dict`` or ``skip_first_batches``; a pass that
-was broken off starts its epoch again, as accelerate's does.
+was broken off starts its epoch again, as accelerate's does (with the default shuffle, from a new
+draw of the running generator).
 """
 
 from __future__ import annotations
@@ -186,8 +187,10 @@ class _Positioned:
         s = self._statekit
         if s is not None and not self._positioned and (self._abandoned or self._skip):
             # accelerate's samplers start every pass at the start of the epoch (after the skipped
-            # batches); ours keeps its position, so a pass broken off (a `break`) is undone here.
+            # batches; the default shuffle from a new draw of its running generator): a pass
+            # broken off (a `break`) starts again here, and the skip is a position set anew.
             s.set_epoch(self.iteration)
+            s._new_pass()
             s.skip_first_batches(self._skip)
         self._positioned = False
         self._abandoned = True

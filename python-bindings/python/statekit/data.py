@@ -108,6 +108,9 @@ class _EpochIterator:
         batch = owner._native.next_batch()
         if owner._pending or (batch is None and owner._random):
             owner._write_back()
+        # A pass that reads a batch and is not read to the end is broken off: the next
+        # `iter()` starts the epoch again (see `ShardedBatchSampler.__iter__`).
+        owner._read = batch is not None
         if batch is None:
             self._done = True
             raise StopIteration
@@ -136,8 +139,12 @@ class ShardedBatchSampler:
     ``fingerprint`` (any string) names the dataset: a state saved over another fingerprint is
     refused.
 
-    Iterating continues from the current position (the start of an epoch unless a state was
-    loaded); reading an epoch to its end moves to the next one, as accelerate's sampler does.
+    Reading an epoch to its end moves to the next one, as accelerate's sampler does. A pass
+    broken off (a ``break``) is not continued by the next ``iter()``: as torch's and
+    accelerate's samplers do, that starts the epoch again, from the same order for the seedable
+    and sequential samplers, from a new draw of the running generator for the default shuffle
+    (the broken-off pass's draw advanced it). Only a position that was set, by
+    ``load_state_dict``, ``skip_first_batches`` or ``resume_from_accelerate``, is continued.
     """
 
     def __init__(
@@ -182,6 +189,12 @@ class ShardedBatchSampler:
         self._random = bool(shuffle) and not config.use_seedable_sampler
         self._generator = generator if self._random else None
         self._pending = False
+        self._read = False  # a batch of the current epoch was read by a pass not finished
+        # Dispatched (accelerate's DataLoaderDispatcher), rank 0 alone reads the underlying
+        # loader: its generator draws every epoch, and the others' stay as they are.
+        self._dispatch = bool(config.dispatch_batches)
+        self._owns_generator = not (self._dispatch and rank != 0)
+        self._prefetched = 0  # dispatched: underlying batches torch's workers ask for on every rank
         first = None
         if self._random:
             import torch
@@ -214,10 +227,12 @@ class ShardedBatchSampler:
         epoch = _check_int("epoch", epoch, 0, _MAX_U64)
         if epoch != self._native.epoch:
             self._native.set_epoch(epoch)
+            self._read = False
 
     def skip_first_batches(self, num_batches: int) -> None:
         """accelerate's ``skip_first_batches`` for the current epoch, in O(1)."""
         self._native.skip_first_batches(_check_int("num_batches", num_batches, 0, _MAX_U64))
+        self._read = False
 
     def resume_from_accelerate(self, folder: Any, *, dataloader: int = 0, step: Optional[int] = None,
                                epoch: Optional[int] = None) -> None:
@@ -228,12 +243,15 @@ class ShardedBatchSampler:
         self._native.resume_from_accelerate(os.fspath(folder), dataloader,
                                             None if step is None else int(step),
                                             None if epoch is None else int(epoch))
+        self._read = False
 
     def __len__(self) -> int:
         return int(self._native.epoch_len())
 
     def __iter__(self) -> Iterator[List[int]]:
-        if self._random and self._generator is not None and self._native.needs_generator and self.num_processes > 1:
+        self._new_pass()
+        if (self._random and not self._dispatch and self._generator is not None and self._native.needs_generator
+                and self.num_processes > 1):
             # accelerate's DataLoaderShard synchronizes the sampler's generator from rank 0 at
             # each `__iter__`, before torch's DataLoader draws its base seed from it.
             coll = _collective(self.num_processes, self.process_index)
@@ -242,10 +260,40 @@ class ShardedBatchSampler:
                 _set_state(self._generator, theirs)
         return _EpochIterator(self)
 
+    def _new_pass(self) -> None:
+        """After a pass broken off, the epoch starts again (a random sampler draws anew from the
+        running generator, where the broken-off pass's draw left it, as torch's RandomSampler
+        does at each ``iter()``); the epoch number stays, as accelerate's ``iteration`` does."""
+        if self._read:
+            self._native.restart_epoch()
+            self._read = False
+
+    def _draw_state(self) -> bytes:
+        """The running state the epoch is drawn from here: the generator's, or (none given) a
+        fresh one seeded from torch's global generator, as torch's RandomSampler seeds its own."""
+        if self._generator is not None:
+            return _state_bytes(self._generator)
+        import torch
+
+        seed = int(torch.empty((), dtype=torch.int64).random_().item())
+        return _state_bytes(torch.Generator().manual_seed(seed))
+
     def _before_draw(self) -> None:
         """The current epoch is drawn from the generator's running state as it is now (torch's
-        RandomSampler draws at its first index, after the DataLoader took its base seed)."""
+        RandomSampler draws at its first index, after the DataLoader took its base seed).
+        Dispatched over torch.distributed, it is rank 0's: accelerate's rank 0 alone draws the
+        order (from its own generator, or from a seed its global generator gives), so rank 0
+        sends that state to the others here, at each epoch's first batch, through the
+        collective the dispatcher's settings came by; the others draw nothing themselves."""
         if not self._native.needs_generator:
+            return
+        coll = _collective(self.num_processes, self.process_index) if self._dispatch and self.num_processes > 1 else None
+        if coll is not None:
+            state = coll.broadcast(0, self._draw_state() if coll.rank == 0 else None)
+            self._native.set_generator(state)
+            self._pending = coll.rank == 0 and self._generator is not None
+            if coll.rank != 0 and self._generator is not None:
+                self._shadow_prefetch()
             return
         if self._generator is not None:
             self._native.set_generator(_state_bytes(self._generator))
@@ -256,11 +304,28 @@ class ShardedBatchSampler:
             seed = int(torch.empty((), dtype=torch.int64).random_().item())
             self._native.set_generator(_state_bytes(torch.Generator().manual_seed(seed)))
 
+    def _shadow_prefetch(self) -> None:
+        """accelerate's other ranks make the underlying loader's iterator too, and with workers
+        torch prefetches ``prefetch_factor * num_workers`` batches from it at once: their
+        RandomSampler draws one permutation from their own generator, and a second when the
+        prefetch runs past the epoch's last batch. Their generators move on the same way here."""
+        if not self._prefetched:
+            return
+        import torch
+
+        n, b = self.length, self.batch_size
+        batches = n // b if self.drop_last else -(-n // b)
+        # the pull that finds the sampler empty: the one after the last batch, unless a short
+        # last batch (drop_last=False) already emptied it
+        emptying = batches + (1 if self.drop_last or n % b == 0 else 0)
+        for _ in range(2 if self._prefetched >= emptying else 1):
+            torch.randperm(n, generator=self._generator)
+
     def _write_back(self) -> None:
         """The generator advances as torch's RandomSampler advances it: by the epoch's draw."""
         self._pending = False
         state = self._native.running_generator()
-        if state is not None and self._generator is not None:
+        if state is not None and self._generator is not None and self._owns_generator:
             _set_state(self._generator, state)
 
     def __getstate__(self) -> Dict[str, Any]:
@@ -268,12 +333,16 @@ class ShardedBatchSampler:
         gen = None if self._generator is None else _state_bytes(self._generator)
         return {"state": self._native.state_json(), "world": self.num_processes, "rank": self.process_index,
                 "attrs": (self.length, self.batch_size, self.drop_last, self.shuffle),
-                "random": (self._random, gen, self._pending)}
+                "random": (self._random, gen, self._pending),
+                "pass": (self._dispatch, self._owns_generator, self._prefetched)}
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
         self._native = _native.Sampler.from_state(state["state"], state["world"], state["rank"])
         self.length, self.batch_size, self.drop_last, self.shuffle = state["attrs"]
         self._random, gen, self._pending = state["random"]
+        # A copy continues from the position it was taken at (a position set, like a loaded one).
+        self._read = False
+        self._dispatch, self._owns_generator, self._prefetched = state.get("pass", (False, True, 0))
         self._generator = None
         if gen is not None:
             import torch
@@ -291,7 +360,8 @@ class ShardedBatchSampler:
         redraws the saved epoch from the generator state the epoch started with (nothing is
         replayed) and leaves the generator where the uninterrupted run left it."""
         self._native.load_state_json(json.dumps(state_dict))
-        if self._random and self._generator is not None:
+        self._read = False
+        if self._random and self._generator is not None and self._owns_generator:
             if self._native.needs_generator:
                 # The epoch has not started: its permutation is drawn from the saved running
                 # state, after whatever the DataLoader draws first.
@@ -746,9 +816,10 @@ def prepare_data_loader(
     generator = None
     if shuffle and not config.use_seedable_sampler:
         # accelerate's default: the RandomSampler keeps its generator (the DataLoader's), or
-        # on more than one rank gets a fresh one seeded from torch's global generator (on the
-        # user's sampler itself, as accelerate does); with one rank and no generator it draws
-        # each epoch's seed from the global generator, which `ShardedBatchSampler` does too.
+        # on more than one rank, not dispatched, gets a fresh one seeded from torch's global
+        # generator (on the user's sampler itself, as accelerate does); with one rank or
+        # dispatched, and no generator, it draws each epoch's seed from (rank 0's) global
+        # generator, which `ShardedBatchSampler` does too.
         generator = sampler.generator
         if generator is None and world > 1 and not config.dispatch_batches:
             generator = torch.Generator()
@@ -760,6 +831,8 @@ def prepare_data_loader(
             (length, batch_size, drop_last, shuffle, config), world, rank)
     bs = ShardedBatchSampler.__new__(ShardedBatchSampler)
     bs._init(length, batch_size, world, rank, shuffle, drop_last, config, None, generator)
+    if config.dispatch_batches and dataloader.num_workers > 0:
+        bs._prefetched = dataloader.num_workers * (dataloader.prefetch_factor or 2)
     try:
         from torchdata.stateful_dataloader import StatefulDataLoader as Loader
     except ImportError:
@@ -780,7 +853,9 @@ def prepare_data_loader(
         timeout=dataloader.timeout,
         worker_init_fn=dataloader.worker_init_fn,
         multiprocessing_context=dataloader.multiprocessing_context,
-        generator=dataloader.generator,
+        # accelerate's dispatcher drops the loader's generator (the base seed then comes
+        # from torch's global generator, the sampler keeps its own)
+        generator=None if config.dispatch_batches else dataloader.generator,
         **extra,
     )
 
