@@ -16,16 +16,11 @@ Left out, each with its reason:
 
 - `test_iterable_dataset_native_sharding_when_n_shards_equals_num_processes`: needs 🤗
   datasets (skipped by the file's own `require_datasets`; datasets is not installed).
-- `test_stateful_dataloader_adapter_equivalent_to_torchdata_stateful_dataloader_num_workers_{0,2}`
-  and `test_decoupled_stateful_dataloader_adapter_equivalent_to_torchdata_stateful_dataloader_num_workers_{0,2}`:
-  they assert that a loader's `state_dict()` equals a torchdata `StatefulDataLoader`'s over
-  torchdata's own `BatchSampler`, key for key. Ours holds statekit's position there
-  (`_index_sampler_state`), by design: it is what resumes in O(1) and on another world size. Kept
-  as strict xfails, so that the day they pass is noticed; the batches these tests compare
-  before that assertion are equal.
 
-Of the 37 tests the file gives, 32 pass, the 4 above are strict xfails and 1 is skipped. Of the
-32, 21 run on statekit's batches. Custom batch samplers (`SimpleBatchSampler`, lists of lists,
+Of the 37 tests the file gives, 36 pass and 1 is skipped. Of the 36, 25 run on statekit's
+batches, the four `*_equivalent_to_torchdata_stateful_dataloader_*` among them: on one process,
+a loader's `state_dict()` is key for key the one torchdata's `StatefulDataLoader` saves, and
+loads back. Custom batch samplers (`SimpleBatchSampler`, lists of lists,
 `DropLastBatchSampler`) run too: statekit does not model them, so they go through accelerate's
 own code inside our classes (`test_batch_sampler_with_varying_batch_size`,
 `test_batch_sampler_varying_batch_size_*` (2), `test_split_batches_validates_dynamic_batch_size`,
@@ -54,18 +49,6 @@ TEST_FILE = SRC / "tests" / "test_data_loader.py"
 REPLACED = ("DataLoaderShard", "DataLoaderDispatcher", "BatchSamplerShard", "IterableDatasetShard",
             "prepare_data_loader", "skip_first_batches")
 
-STATE_EQUALS_TORCHDATA = (
-    "asserts state_dict() equals torchdata's own BatchSampler state key for key; "
-    "ours holds statekit's position in `_index_sampler_state` by design"
-)
-XFAIL = {
-    "StatefulDataLoaderTester": [
-        f"test_{kind}stateful_dataloader_adapter_equivalent_to_torchdata_stateful_dataloader_num_workers_{n}"
-        for kind in ("", "decoupled_") for n in (0, 2)
-    ],
-}
-
-
 class _PatchedAccelerator(accelerate.Accelerator):
     """accelerate's `Accelerator` with the one line a script adds."""
 
@@ -91,10 +74,6 @@ def _load_accelerate_tests():
     module.Accelerator = _PatchedAccelerator
     for name in REPLACED:  # what the file's tests call is ours, not accelerate's
         assert getattr(module, name) is getattr(ours, name), name
-    for cls_name, tests in XFAIL.items():
-        cls = getattr(module, cls_name)
-        for test in tests:
-            setattr(cls, test, pytest.mark.xfail(strict=True, reason=STATE_EQUALS_TORCHDATA)(getattr(cls, test)))
     return module
 
 

@@ -17,7 +17,9 @@ dispatched), whose position is one number per epoch. So:
 * a loader's ``state_dict()`` is torchdata's ``StatefulDataLoader`` state with statekit's
   position inside (``_index_sampler_state``), the same on every rank; ``load_state_dict`` takes
   one saved on any number of processes (``dataload``'s elastic rule: the rest of the epoch is
-  dealt out over the new world, every remaining sample once).
+  dealt out over the new world, every remaining sample once). On one process, where
+  torchdata's own fields say the whole position (sequential, or shuffled from a generator),
+  the state is torchdata's, key for key.
 
 ``patch(accelerator)`` routes ``accelerator.prepare`` / ``prepare_data_loader`` and
 ``accelerator.skip_first_batches`` through this module; ``save_state`` then writes a stateful
@@ -56,6 +58,7 @@ from accelerate.state import DistributedType, PartialState
 from accelerate.utils import send_to_device
 
 from . import data as _data
+from .errors import MalformedState
 
 __all__ = [
     "BatchSamplerShard",
@@ -120,13 +123,36 @@ def _split_of(sampler: Any) -> bool:
 def _position_epoch(state: Any) -> Optional[int]:
     """The epoch a loader state (torchdata's form, with or without workers) holds statekit's
     position in, else None."""
+    main = _main_snapshot(state)
+    inner = None if main is None else main.get("_index_sampler_state")
+    if isinstance(inner, dict) and inner.get("format") == "statekit.dataload":
+        return int(inner["epoch"])
+    return None
+
+
+def _main_snapshot(state: Any) -> Optional[Dict[str, Any]]:
+    """The part of a torchdata loader state that holds the samplers' states: the state itself,
+    or with workers its ``_snapshot._main_snapshot``."""
     if not isinstance(state, dict):
         return None
-    for inner in (state.get("_index_sampler_state"),
-                  ((state.get("_snapshot") or {}).get("_main_snapshot") or {}).get("_index_sampler_state")):
-        if isinstance(inner, dict) and inner.get("format") == "statekit.dataload":
-            return int(inner["epoch"])
-    return None
+    main = (state.get("_snapshot") or {}).get("_main_snapshot") if "_snapshot" in state else state
+    return main if isinstance(main, dict) else None
+
+
+def _torchdata_form(state: Any) -> Any:
+    """``state`` with statekit's position in torchdata's own words where they say all of it
+    (one process, see ``statekit.data._torchdata_iter_state``): the iterator's state as
+    torchdata's ``BatchSampler`` iterator records it, and None for the batch sampler, which
+    torchdata's keeps no state of. Else ``state`` itself."""
+    main = _main_snapshot(state)
+    inner = None if main is None else main.get("_sampler_iter_state")
+    words = _data._torchdata_iter_state(inner) if isinstance(inner, dict) and "format" in inner else None
+    if words is None:
+        return state
+    main = dict(main, _index_sampler_state=None, _sampler_iter_state=words)
+    if "_snapshot" in state:
+        return dict(state, _snapshot=dict(state["_snapshot"], _main_snapshot=main))
+    return main
 
 
 def _bare(cls: type) -> Any:
@@ -201,21 +227,49 @@ class _Positioned:
         return max(len(self.base_dataloader) - self._skip, 0)
 
     def state_dict(self) -> Dict[str, Any]:
-        """torchdata's ``StatefulDataLoader`` state after the batches handed out so far, with
-        statekit's position as ``_index_sampler_state`` (the same on every rank)."""
+        """torchdata's ``StatefulDataLoader`` state after the batches handed out so far. On one
+        process, sequential or shuffled from a generator, it is key for key the state
+        torchdata's loader (and accelerate's) saves for the same batches, whose own fields hold
+        the whole position; elsewhere statekit's position is ``_index_sampler_state`` (the
+        same on every rank), which holds the world size and the seed and epoch too."""
         if "dl_state_dict" not in self.__dict__:
             if not hasattr(self.base_dataloader, "state_dict"):
                 raise AttributeError("state_dict needs torchdata's StatefulDataLoader (pip install torchdata)")
             self.dl_state_dict = self.base_dataloader.state_dict()
-        return self.dl_state_dict
+        return _torchdata_form(self.dl_state_dict)
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
-        """Continues from ``state_dict``; statekit's position loads on any number of processes."""
+        """Continues from ``state_dict``. statekit's position, and torchdata's record of one
+        process, load on any number of processes. accelerate's own record of a batch sampler
+        that keeps no state (only ``_sampler_iter_yielded``, the batches this rank had handed
+        out) skips that many of the batches of the epoch the next pass reads, as torchdata's
+        fast-forward would, in O(1)."""
         epoch = _position_epoch(state_dict)
         if epoch is not None:
             self.iteration = epoch  # accelerate's `iteration` is not in the state; its epoch is
+        if self._statekit is not None:
+            state_dict = self._with_skip(state_dict)
         self._positioned = True
         self.base_dataloader.load_state_dict(state_dict)
+
+    def _with_skip(self, state: Any) -> Any:
+        """``state`` with accelerate's bare batch count made a skip the sampler's iterator
+        loads (torchdata loads the iterator's state when the pass starts, after ``set_epoch``)."""
+        main = _main_snapshot(state)
+        if main is None or main.get("_index_sampler_state") is not None or main.get("_sampler_iter_state") is not None:
+            return state
+        k = main.get("_sampler_iter_yielded")
+        if isinstance(self, DataLoaderDispatcher):
+            # accelerate's dispatcher reads the underlying loader on rank 0 only: the other
+            # ranks' records hold no count to continue from
+            raise MalformedState(
+                "statekit.accelerate: this loader state holds no position a dispatched loader can continue from "
+                "(accelerate's own record of a batch sampler without state); save it from statekit's loader",
+                variant="MalformedState")
+        main = dict(main, _sampler_iter_state={"batches_yielded": k})
+        if "_snapshot" in state:
+            return dict(state, _snapshot=dict(state["_snapshot"], _main_snapshot=main))
+        return main
 
     def _total(self, batch_size: int) -> int:
         s = self._statekit
@@ -234,7 +288,8 @@ class DataLoaderShard(_Positioned, _acc.DataLoaderShard):
     def __init__(self, dataset: Any, device: Any = None, rng_types: Any = None, synchronized_generator: Any = None,
                  skip_batches: int = 0, use_stateful_dataloader: bool = False, _drop_last: bool = False,
                  _non_blocking: bool = False, torch_device_mesh: Any = None, iteration: int = 0, **kwargs: Any) -> None:
-        kwargs = _convert(dataset, kwargs, _data.DataLoaderConfiguration(dispatch_batches=False), 1, 0)
+        kwargs = _convert(dataset, kwargs, _data.DataLoaderConfiguration(dispatch_batches=False), 1, 0,
+                          use_stateful_dataloader)
         skip_batches = self._build_base(dataset, use_stateful_dataloader, kwargs, iteration, skip_batches)
         self._init_kwargs = dict(kwargs, device=device, rng_types=rng_types, synchronized_generator=synchronized_generator,
                                  use_stateful_dataloader=use_stateful_dataloader, _drop_last=_drop_last,
@@ -340,7 +395,8 @@ class DataLoaderDispatcher(_Positioned, _acc.DataLoaderDispatcher):
                  **kwargs: Any) -> None:
         self.state = PartialState()
         config = _data.DataLoaderConfiguration(dispatch_batches=True, split_batches=split_batches)
-        kwargs = _convert(dataset, kwargs, config, self.state.num_processes, self.state.process_index)
+        kwargs = _convert(dataset, kwargs, config, self.state.num_processes, self.state.process_index,
+                          use_stateful_dataloader)
         skip_batches = self._build_base(dataset, use_stateful_dataloader, kwargs, iteration, skip_batches)
         self._init_kwargs = dict(kwargs, split_batches=split_batches, use_stateful_dataloader=use_stateful_dataloader,
                                  _drop_last=_drop_last, _non_blocking=_non_blocking, slice_fn=slice_fn,
@@ -430,7 +486,7 @@ class DataLoaderDispatcher(_Positioned, _acc.DataLoaderDispatcher):
 
 
 def _convert(dataset: Any, kwargs: Dict[str, Any], config: "_data.DataLoaderConfiguration", world: int,
-             rank: int) -> Dict[str, Any]:
+             rank: int, use_stateful: bool) -> Dict[str, Any]:
     """The DataLoader arguments with torch's batching (``batch_size``/``shuffle``/``sampler``/
     ``drop_last``, or a ``batch_sampler``) replaced by statekit's batch sampler where statekit
     computes those batches; else unchanged."""
@@ -445,8 +501,16 @@ def _convert(dataset: Any, kwargs: Dict[str, Any], config: "_data.DataLoaderConf
         return kwargs  # torch refuses the combination: let accelerate's path say so
     if not _modelled(template.batch_sampler):
         return kwargs
+    # torchdata's StatefulDataLoader makes its own RandomSampler from `shuffle=True`: one that
+    # draws each epoch when its iterator is made, and (no generator given) seeds a generator of
+    # its own from torch's global one when it is made.
+    torchdata_shuffle = use_stateful and kwargs.get("shuffle") and kwargs.get("sampler") is None
+    if torchdata_shuffle and template.batch_sampler.sampler.generator is None:
+        template.batch_sampler.sampler.generator = torch.Generator().manual_seed(
+            int(torch.empty((), dtype=torch.int64).random_().item()))
     made = _statekit_sampler(dataset, template.batch_sampler, world, rank, config,
                              kwargs.get("collate_fn"), kwargs.get("generator"))
+    made["batch_sampler"]._draw_at_iter = bool(torchdata_shuffle)
     out = {k: v for k, v in kwargs.items() if k not in _IGNORED}
     out["batch_sampler"] = made["batch_sampler"]
     if kwargs.get("collate_fn") is not None or config.dispatch_batches:

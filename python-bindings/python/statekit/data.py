@@ -21,7 +21,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from . import _native
 from ._datasets import ArrowDataset, JsonlDataset, ParquetDataset, TokenDataset
-from .errors import MalformedState, UsageError
+from .errors import MalformedState, StateMismatch, UsageError
 
 __all__ = [
     "DataLoaderConfiguration",
@@ -106,11 +106,14 @@ class _EpochIterator:
         if owner._random:
             owner._before_draw()
         batch = owner._native.next_batch()
-        if owner._pending or (batch is None and owner._random):
+        # (torchdata's RandomSampler wrote it back when it drew, at `iter()`; the loader has
+        # drawn its base seed from it since)
+        if owner._pending or (batch is None and owner._random and not owner._draw_at_iter):
             owner._write_back()
         # A pass that reads a batch and is not read to the end is broken off: the next
         # `iter()` starts the epoch again (see `ShardedBatchSampler.__iter__`).
         owner._read = batch is not None
+        owner._kept = owner._kept and batch is None
         if batch is None:
             self._done = True
             raise StopIteration
@@ -120,8 +123,36 @@ class _EpochIterator:
         return self._owner.state_dict()
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
-        self._owner.load_state_dict(state)
         self._done = False
+        if isinstance(state, dict) and "batches_yielded" in state:
+            # statekit.accelerate's form of accelerate's bare count: this rank's batches
+            self._owner.skip_first_batches(state["batches_yielded"])
+            return
+        # torchdata's own record of one process (statekit.accelerate's loaders save that)
+        if isinstance(state, dict) and "samples_yielded" in state:
+            state = self._owner._from_torchdata(state)
+        self._owner.load_state_dict(state)
+
+
+def _torchdata_iter_state(state: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+    """A one-process position as torchdata's own ``BatchSampler`` iterator records it:
+    ``samples_yielded``, and for a shuffle drawn from a generator the ``RandomSampler``
+    iterator's ``yielded`` and ``generator`` (the state the epoch's permutation was drawn from).
+    None where that does not say it all: more than one process (the world size is not in it),
+    the seedable sampler (nor its seed and epoch), an epoch not drawn yet."""
+    kind = state["sampler"]["kind"]
+    if state["world_size"] != 1 or kind not in ("sequential", "random"):
+        return None
+    out: Dict[str, Any] = {"samples_yielded": state["cursor"]}
+    if kind == "random":
+        gen = state.get("generator")
+        if gen is None or not gen["drawn"]:
+            return None
+        import torch
+
+        drawn_from = torch.frombuffer(bytearray(bytes.fromhex(gen["state"])), dtype=torch.uint8)
+        out["sampler_iter_state"] = {"yielded": state["cursor"], "generator": drawn_from}
+    return out
 
 
 class ShardedBatchSampler:
@@ -190,6 +221,7 @@ class ShardedBatchSampler:
         self._generator = generator if self._random else None
         self._pending = False
         self._read = False  # a batch of the current epoch was read by a pass not finished
+        self._kept = False  # a position set (loaded, skipped to, unpickled) that no batch was read from yet
         # Dispatched (accelerate's DataLoaderDispatcher), rank 0 alone reads the underlying
         # loader: its generator draws every epoch, and the others' stay as they are.
         self._dispatch = bool(config.dispatch_batches)
@@ -228,11 +260,13 @@ class ShardedBatchSampler:
         if epoch != self._native.epoch:
             self._native.set_epoch(epoch)
             self._read = False
+            self._kept = False
 
     def skip_first_batches(self, num_batches: int) -> None:
         """accelerate's ``skip_first_batches`` for the current epoch, in O(1)."""
         self._native.skip_first_batches(_check_int("num_batches", num_batches, 0, _MAX_U64))
         self._read = False
+        self._kept = True
 
     def resume_from_accelerate(self, folder: Any, *, dataloader: int = 0, step: Optional[int] = None,
                                epoch: Optional[int] = None) -> None:
@@ -244,6 +278,7 @@ class ShardedBatchSampler:
                                             None if step is None else int(step),
                                             None if epoch is None else int(epoch))
         self._read = False
+        self._kept = True
 
     def __len__(self) -> int:
         return int(self._native.epoch_len())
@@ -258,7 +293,21 @@ class ShardedBatchSampler:
             if coll is not None:
                 theirs = coll.broadcast(0, _state_bytes(self._generator) if coll.rank == 0 else None)
                 _set_state(self._generator, theirs)
+        if self._draw_at_iter and self._random:
+            # torchdata's own RandomSampler draws a permutation each time its iterator is made
+            # (torch's loader with workers makes two), before the loader takes its base seed
+            # from the same generator; a position that was set is kept.
+            if not self._kept:
+                self._native.restart_epoch()
+            self._before_draw()
+            self._native.remaining()  # draws the epoch's order now, from the state just set
+            if self._pending:
+                self._write_back()
         return _EpochIterator(self)
+
+    # Set where the batches stand for torchdata's `RandomSampler` (a `StatefulDataLoader` made
+    # with `shuffle=True`): each epoch drawn at `iter()` rather than at the first batch.
+    _draw_at_iter = False
 
     def _new_pass(self) -> None:
         """After a pass broken off, the epoch starts again (a random sampler draws anew from the
@@ -334,7 +383,7 @@ class ShardedBatchSampler:
         return {"state": self._native.state_json(), "world": self.num_processes, "rank": self.process_index,
                 "attrs": (self.length, self.batch_size, self.drop_last, self.shuffle),
                 "random": (self._random, gen, self._pending),
-                "pass": (self._dispatch, self._owns_generator, self._prefetched)}
+                "pass": (self._dispatch, self._owns_generator, self._prefetched, self._draw_at_iter)}
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
         self._native = _native.Sampler.from_state(state["state"], state["world"], state["rank"])
@@ -342,7 +391,8 @@ class ShardedBatchSampler:
         self._random, gen, self._pending = state["random"]
         # A copy continues from the position it was taken at (a position set, like a loaded one).
         self._read = False
-        self._dispatch, self._owns_generator, self._prefetched = state.get("pass", (False, True, 0))
+        self._kept = True
+        self._dispatch, self._owns_generator, self._prefetched, self._draw_at_iter = state.get("pass", (False, True, 0, False))
         self._generator = None
         if gen is not None:
             import torch
@@ -354,13 +404,18 @@ class ShardedBatchSampler:
         """The position and the settings it is valid with (``dataload``'s ``LoaderState``)."""
         return json.loads(self._native.state_json())
 
-    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+    def load_state_dict(self, state_dict: Optional[Dict[str, Any]]) -> None:
         """Continues from ``state_dict``, saved on any world size; settings that differ are
         refused with ``StateMismatch`` naming the field. A shuffle drawn from a generator
         redraws the saved epoch from the generator state the epoch started with (nothing is
-        replayed) and leaves the generator where the uninterrupted run left it."""
+        replayed) and leaves the generator where the uninterrupted run left it. ``None``
+        changes nothing: it is what torchdata saved for a batch sampler it keeps no state of,
+        whose position is in the iterator's state."""
+        if state_dict is None:
+            return
         self._native.load_state_json(json.dumps(state_dict))
         self._read = False
+        self._kept = True
         if self._random and self._generator is not None and self._owns_generator:
             if self._native.needs_generator:
                 # The epoch has not started: its permutation is drawn from the saved running
@@ -368,6 +423,29 @@ class ShardedBatchSampler:
                 _set_state(self._generator, self._native.running_generator())
             else:
                 self._pending = True
+
+
+    def _from_torchdata(self, state: Dict[str, Any]) -> Dict[str, Any]:
+        """statekit's state for a position torchdata's ``BatchSampler`` iterator recorded (one
+        process: ``samples_yielded`` of this sampler's order in the current epoch, and for a
+        shuffle the generator state its permutation was drawn from), with this sampler's
+        settings; the epoch is the one the sampler is in, as torchdata's record has none."""
+        n = state["samples_yielded"]
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise MalformedState(f"torchdata's `samples_yielded` is {n!r}, not a sample count", variant="MalformedState")
+        inner = state.get("sampler_iter_state")
+        drawn_from = inner.get("generator") if isinstance(inner, dict) else None
+        mine = self.state_dict()
+        if self._random != (drawn_from is not None):
+            saved = "a RandomSampler's generator" if drawn_from is not None else "no generator"
+            current = "a shuffle drawn from a generator" if self._random else f"the {mine['sampler']['kind']} sampler"
+            raise StateMismatch(f"the torchdata state holds {saved}, this loader's order is {current}",
+                                variant="StateMismatch", field="sampler", saved=json.dumps(saved),
+                                current=json.dumps(current))
+        out = dict(mine, cursor=n, padding_origin=0, world_size=1)
+        if drawn_from is not None:
+            out["generator"] = {"state": drawn_from.numpy().tobytes().hex(), "drawn": True}
+        return out
 
 
 def _state_bytes(generator: Any) -> bytes:
