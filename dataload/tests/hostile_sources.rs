@@ -217,3 +217,17 @@ fn a_compressed_arrow_buffer_declaring_exabytes_is_refused_before_anything_is_al
         );
     }
 }
+
+#[test]
+fn a_panic_inside_arrows_decoder_is_an_error() {
+    // Found by the arrow_ipc fuzz target: an IPC stream whose int32 offsets buffer has a length
+    // that is not a multiple of 4. Our checks let it through; arrow's validation asserts on it,
+    // and the reader returns that as an error naming the file.
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fuzz_regressions/arrow_ipc_offsets_length.arrows");
+    let err = match dataload::ArrowDataset::open(&path, None) {
+        Err(e) => e,
+        Ok(ds) => ds.read_batch(&[0]).unwrap_err(),
+    };
+    let text = err.to_string();
+    assert!(text.contains(&path.display().to_string()) && text.contains("arrow's decoder failed on it"), "{text}");
+}
