@@ -149,7 +149,11 @@ def _torchdata_form(state: Any) -> Any:
     words = _data._torchdata_iter_state(inner) if isinstance(inner, dict) and "format" in inner else None
     if words is None:
         return state
-    main = dict(main, _index_sampler_state=None, _sampler_iter_state=words)
+    return _with_main(state, dict(main, _index_sampler_state=None, _sampler_iter_state=words))
+
+
+def _with_main(state: Dict[str, Any], main: Dict[str, Any]) -> Dict[str, Any]:
+    """``state`` with ``main`` in place of the part ``_main_snapshot`` finds."""
     if "_snapshot" in state:
         return dict(state, _snapshot=dict(state["_snapshot"], _main_snapshot=main))
     return main
@@ -266,10 +270,7 @@ class _Positioned:
                 "statekit.accelerate: this loader state holds no position a dispatched loader can continue from "
                 "(accelerate's own record of a batch sampler without state); save it from statekit's loader",
                 variant="MalformedState")
-        main = dict(main, _sampler_iter_state={"batches_yielded": k})
-        if "_snapshot" in state:
-            return dict(state, _snapshot=dict(state["_snapshot"], _main_snapshot=main))
-        return main
+        return _with_main(state, dict(main, _sampler_iter_state={"batches_yielded": k}))
 
     def _total(self, batch_size: int) -> int:
         s = self._statekit

@@ -148,10 +148,7 @@ def _torchdata_iter_state(state: Dict[str, Any]) -> Optional[Dict[str, Any]]:
         gen = state.get("generator")
         if gen is None or not gen["drawn"]:
             return None
-        import torch
-
-        drawn_from = torch.frombuffer(bytearray(bytes.fromhex(gen["state"])), dtype=torch.uint8)
-        out["sampler_iter_state"] = {"yielded": state["cursor"], "generator": drawn_from}
+        out["sampler_iter_state"] = {"yielded": state["cursor"], "generator": _state_tensor(bytes.fromhex(gen["state"]))}
     return out
 
 
@@ -452,10 +449,15 @@ def _state_bytes(generator: Any) -> bytes:
     return generator.get_state().numpy().tobytes()
 
 
-def _set_state(generator: Any, state: bytes) -> None:
+def _state_tensor(state: bytes) -> Any:
+    """A generator's ``get_state()`` tensor from its bytes."""
     import torch
 
-    generator.set_state(torch.frombuffer(bytearray(state), dtype=torch.uint8))
+    return torch.frombuffer(bytearray(state), dtype=torch.uint8)
+
+
+def _set_state(generator: Any, state: bytes) -> None:
+    generator.set_state(_state_tensor(state))
 
 
 def _collective(world: int, rank: int) -> Any:
