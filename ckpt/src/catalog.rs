@@ -52,6 +52,12 @@ pub enum Format {
     /// An accelerate `save_state` folder: models, optimizers, schedulers, RNG and data
     /// position files; seen as its first model, every component in [`Checkpoint::save_state`].
     AccelerateState,
+    /// A Megatron-Core `dist_checkpointing` folder (`--ckpt-format torch_dist`): DCP with
+    /// megatron's keys and stacked layers, seen as the model megatron holds on one rank.
+    MegatronTorchDist,
+    /// A Megatron-LM legacy save (`--ckpt-format torch`): one `model_optim_rng.pt` per
+    /// model-parallel rank, seen as the model megatron holds on one rank.
+    MegatronLegacy,
     /// A transformers `Trainer` `checkpoint-N/` folder: a `save_state` folder with the
     /// `Trainer`'s own files (`trainer_state.json`, `rng_state_R.pth`, `optimizer.pt`, ...).
     Trainer,
@@ -70,6 +76,8 @@ impl Format {
             Format::DeepSpeed => "deepspeed-zero",
             Format::AccelerateState => "accelerate-state",
             Format::Trainer => "trainer",
+            Format::MegatronTorchDist => "megatron-torch-dist",
+            Format::MegatronLegacy => "megatron-legacy",
         }
     }
 }

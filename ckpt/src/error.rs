@@ -183,6 +183,10 @@ pub enum Error {
     ShardedSave { dir: PathBuf, rank: u64, reason: String },
     #[error("{path}{}: {reason}", rank_colon(.rank))]
     BadSaveState { path: PathBuf, rank: Option<u64>, reason: String },
+    /// A Megatron-Core checkpoint that does not hold together: its tracker, a rank's file, a
+    /// stage that disagrees with the others, a tensor whose one-rank form cannot be derived.
+    #[error("{path}{}:{} {reason}", rank_note(.rank), key_note(.key))]
+    BadMegatron { path: PathBuf, key: Option<String>, rank: Option<u64>, reason: String },
 }
 
 /// What an [`Error`] is about, for the edges that act on it: the CLI's exit code, the Python
@@ -249,7 +253,8 @@ impl Error {
             | Error::BadDcpMetadata { .. }
             | Error::BadDcpChunk { .. }
             | Error::BadBox { .. }
-            | Error::BadSaveState { .. } => ErrorKind::InvalidData,
+            | Error::BadSaveState { .. }
+            | Error::BadMegatron { .. } => ErrorKind::InvalidData,
             Error::NotACheckpoint { .. } | Error::UnknownSafetensorsLayout { .. } | Error::NotInHubCache { .. } => {
                 ErrorKind::NotFound
             }
@@ -311,6 +316,11 @@ fn rank_colon(rank: &Option<u64>) -> String {
 /// ` tensor `NAME`:` for a record that holds a tensor's bytes.
 fn tensor_note(tensor: &Option<String>) -> String {
     tensor.as_ref().map(|t| format!(" tensor `{t}`:")).unwrap_or_default()
+}
+
+/// ` `KEY`:` for a Megatron error about one key of the checkpoint.
+fn key_note(key: &Option<String>) -> String {
+    key.as_ref().map(|k| format!(" `{k}`:")).unwrap_or_default()
 }
 
 /// ` of the item at byte N` for a record inside a DCP item.

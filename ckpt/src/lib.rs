@@ -59,6 +59,7 @@ pub use blockscale::BlockScaling;
 pub use catalog::{Checkpoint, Chunk, Format, SourceFile, TensorBox, TensorInfo};
 pub use dtype::Dtype;
 pub use error::{escape_controls, Error, ErrorKind, Result};
+pub use formats::megatron::MegatronInfo;
 pub use formats::torch::allow::AllowGlobals;
 pub use fsdp_state::Region;
 pub use misuse::{Misuse, Opt};

@@ -15,6 +15,10 @@ pub struct OpenOptions {
     /// Torch files: globals beyond torch's weights-only list to read as inert data (records
     /// of their name and state; numpy arrays as tensors). Nothing is imported or called.
     pub allow_globals: AllowGlobals,
+    /// Megatron `torch_dist` checkpoints: the tensors under their stored keys and global shapes (stacked
+    /// layers, TransformerEngine's norm names, the optimizer's tensors), instead of the model
+    /// megatron holds on one rank.
+    pub as_stored: bool,
 }
 
 impl OpenOptions {
@@ -36,6 +40,16 @@ impl OpenOptions {
                 ),
             });
         }
+        if self.as_stored && format != Format::MegatronTorchDist {
+            return Err(Error::BadOption {
+                option: "as_stored",
+                reason: format!(
+                    "applies to Megatron `torch_dist` checkpoints only; {} is {}",
+                    crate::escape_controls(&root.display().to_string()),
+                    format.name()
+                ),
+            });
+        }
         Ok(())
     }
 }
@@ -52,7 +66,7 @@ impl Checkpoint {
     pub fn open_with(src: &str, options: &OpenOptions) -> Result<Checkpoint> {
         let (format, root) = detect(src)?;
         options.check(format, &root)?;
-        let scan = formats::catalog(format, root, options.tag.as_deref(), &options.allow_globals)?;
+        let scan = formats::catalog(format, root, options)?;
         match scan.problems.into_iter().next() {
             Some(first) => Err(first),
             None => Ok(scan.checkpoint),
@@ -95,5 +109,5 @@ fn detect_path(path: &Path) -> Result<(Format, PathBuf)> {
 /// Reads a detected checkpoint, collecting the problems `verify` reports.
 pub(crate) fn scan(format: Format, root: PathBuf, options: &OpenOptions) -> Result<Scan> {
     options.check(format, &root)?;
-    formats::catalog(format, root, options.tag.as_deref(), &options.allow_globals)
+    formats::catalog(format, root, options)
 }

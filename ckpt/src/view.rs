@@ -61,6 +61,9 @@ impl Serialize for Checkpoint {
         if let Some(state) = self.save_state() {
             map.serialize_entry("components", state)?;
         }
+        if let Some(m) = self.megatron() {
+            map.serialize_entry("megatron", m)?;
+        }
         map.end()
     }
 }

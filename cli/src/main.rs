@@ -43,12 +43,21 @@ pub struct OpenArgs {
     /// called: objects become records of their class and state, numpy arrays tensors.
     #[arg(long = "allow-global", value_name = "PATTERN")]
     pub allow_global: Vec<String>,
+    /// Megatron `torch_dist` checkpoints: every tensor under its stored key and global shape
+    /// (stacked layers, the optimizer's tensors), as torch's `dcp_to_torch_save` gives them,
+    /// instead of the model megatron holds on one rank.
+    #[arg(long)]
+    pub as_stored: bool,
 }
 
 impl OpenArgs {
     /// The library's options, with the DeepSpeed `tag` when the command has one.
     pub fn options(&self, tag: Option<String>) -> anyhow::Result<ckpt::OpenOptions> {
-        Ok(ckpt::OpenOptions { tag, allow_globals: ckpt::AllowGlobals::new(&self.allow_global)? })
+        Ok(ckpt::OpenOptions {
+            tag,
+            allow_globals: ckpt::AllowGlobals::new(&self.allow_global)?,
+            as_stored: self.as_stored,
+        })
     }
 }
 

@@ -177,6 +177,9 @@ pub fn inspect_text(out: &mut impl Write, ck: &ckpt::Checkpoint) -> anyhow::Resu
         let globals = ckpt::escape_controls(&globals.join(", ")).into_owned();
         writeln!(out, "globals: {globals}")?;
     }
+    if let Some(m) = ck.megatron() {
+        megatron_text(out, m)?;
+    }
     writeln!(out)?;
     // A BOXES column when some tensor is cut into several boxes (DCP, on any dims).
     let boxed = ck.tensors().iter().any(|t| !cut(t).is_empty());
@@ -218,6 +221,36 @@ pub fn inspect_text(out: &mut impl Write, ck: &ckpt::Checkpoint) -> anyhow::Resu
             .collect();
         writeln!(out, "{}", line.join("  ").trim_end())?;
     }
+    Ok(())
+}
+
+/// A Megatron checkpoint's run and model, the settings it does not record left out.
+fn megatron_text(out: &mut impl Write, m: &ckpt::MegatronInfo) -> anyhow::Result<()> {
+    let n = |label: &str, v: Option<u64>| v.map(|v| format!("{label} {v}"));
+    let b = |label: &str, v: Option<bool>| v.map(|v| format!("{label} {}", if v { "yes" } else { "no" }));
+    let run: Vec<String> = [
+        n("iteration", m.iteration),
+        n("tensor parallel", m.tensor_parallel),
+        n("pipeline parallel", m.pipeline_parallel),
+        m.optimizer.as_ref().map(|o| format!("optimizer {}", ckpt::escape_controls(o))),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    let model: Vec<String> = [
+        n("layers", m.num_layers),
+        n("hidden", m.hidden_size),
+        n("ffn", m.ffn_hidden_size),
+        n("heads", m.num_attention_heads),
+        n("query groups", m.num_query_groups),
+        b("swiglu", m.swiglu),
+        b("tied embeddings", m.tied_embeddings),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    writeln!(out, "megatron: {} ({})", m.layout, run.join(", "))?;
+    writeln!(out, "model:   {}", model.join(", "))?;
     Ok(())
 }
 

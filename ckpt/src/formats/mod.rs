@@ -7,6 +7,7 @@ pub(crate) mod accelerate;
 pub(crate) mod dcp;
 pub(crate) mod deepspeed;
 pub(crate) mod hf_index;
+pub(crate) mod megatron;
 pub(crate) mod safetensors;
 pub(crate) mod torch;
 
@@ -23,6 +24,8 @@ type Detect = fn(&Path) -> Result<Option<PathBuf>>;
 /// and a folder's safetensors win over its torch files.
 pub(crate) const DETECTORS: &[(Format, Detect)] = &[
     (Format::AccelerateState, accelerate::detect),
+    (Format::MegatronTorchDist, megatron::detect_torch_dist),
+    (Format::MegatronLegacy, megatron::detect_legacy),
     (Format::Dcp, dcp::detect),
     (Format::DeepSpeed, deepspeed::detect),
     (Format::TorchSharded, torch::detect_sharded_file),
@@ -34,14 +37,9 @@ pub(crate) const DETECTORS: &[(Format, Detect)] = &[
     (Format::Torch, torch::detect_folder),
 ];
 
-/// Reads a checkpoint whose format detection decided; torch files admit the globals `allow`
-/// names as inert data.
-pub(crate) fn catalog(
-    format: Format,
-    root: PathBuf,
-    tag: Option<&str>,
-    allow: &torch::pickle::AllowGlobals,
-) -> Result<Scan> {
+/// Reads a checkpoint whose format detection decided, as `options` say.
+pub(crate) fn catalog(format: Format, root: PathBuf, options: &crate::OpenOptions) -> Result<Scan> {
+    let (tag, allow) = (options.tag.as_deref(), &options.allow_globals);
     match format {
         Format::Safetensors => safetensors::catalog(root),
         Format::HfSharded => hf_index::catalog(root),
@@ -50,5 +48,7 @@ pub(crate) fn catalog(
         Format::DcpSafetensors => dcp::hf_storage::catalog(root),
         Format::DeepSpeed => deepspeed::catalog(root, tag),
         Format::AccelerateState | Format::Trainer => accelerate::catalog(root),
+        Format::MegatronTorchDist => megatron::catalog_torch_dist(root, options.as_stored),
+        Format::MegatronLegacy => megatron::catalog_legacy(root),
     }
 }

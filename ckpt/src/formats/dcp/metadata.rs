@@ -46,6 +46,14 @@ pub(crate) const CLASSES: &[&str] = &[
     "torch.distributed.checkpoint.filesystem._StorageInfo",
     "torch.serialization._get_layout",
     "pathlib.PosixPath",
+    // Megatron's `all_local_plans` (every rank's save plan, kept to check a later save against)
+    // and the placeholder classes older megatron versions pickled there: records nobody reads.
+    "torch.distributed.checkpoint.planner.SavePlan",
+    "torch.distributed.checkpoint.planner.WriteItem",
+    "torch.distributed.checkpoint.planner.WriteItemType",
+    "torch.distributed.checkpoint.planner.TensorWriteData",
+    "megatron.core.dist_checkpointing.strategies.torch.MCoreMetadata",
+    "megatron.core.dist_checkpointing.strategies.torch.MCoreSavePlan",
 ];
 
 /// One element of a state-dict path: a dict key or a list index.

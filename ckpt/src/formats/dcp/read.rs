@@ -61,6 +61,13 @@ pub(crate) struct Dcp {
 
 /// Reads the DCP folder `dir`.
 pub(crate) fn read(dir: &Path) -> Result<Dcp> {
+    read_with(dir, &[])
+}
+
+/// Reads the DCP folder `dir`, its non-tensor items admitting the format's own `classes` as
+/// inert records besides torch's weights-only globals (Megatron pickles its `args` as an
+/// `argparse.Namespace`).
+pub(crate) fn read_with(dir: &Path, classes: &'static [&'static str]) -> Result<Dcp> {
     let meta_path = dir.join(super::METADATA_NAME);
     let data = read_metadata(dir, &meta_path)?;
     let md = metadata::parse(&data, &meta_path)?;
@@ -81,7 +88,7 @@ pub(crate) fn read(dir: &Path) -> Result<Dcp> {
             Kind::Bytes { storage } => {
                 let (fi, rank) = files.get(&item.key, &storage)?;
                 let f = &files.list[fi];
-                let value = read_bytes_item(&f.path, rank, &item.key, &storage, &values_budget)?;
+                let value = read_bytes_item(&f.path, rank, &item.key, &storage, &values_budget, classes)?;
                 let chunk = Chunk { file: fi, offset: storage.offset, len: storage.length };
                 bytes.push(DcpBytes { key: item.key, path: item.path, chunk, value });
             }
@@ -219,6 +226,7 @@ fn open_item(
     key: &str,
     storage: &StorageInfo,
     budget: Option<&Rc<pickle::Budget>>,
+    classes: &'static [&'static str],
 ) -> Result<(zip::Archive, String, pickle::Pickle)> {
     let bad = |reason: String| Error::BadDcpChunk { path: path.to_path_buf(), tensor: key.to_string(), rank, reason };
     let file = crate::io::open(path)?;
@@ -236,9 +244,10 @@ fn open_item(
         return Err(bad(format!("item at byte {} has no `data.pkl` record", storage.offset)));
     };
     let data = archive.read_entry(&item, pkl, MAX_ITEM_PICKLE).map_err(|e| bad(strip_path(&e, path)))?;
+    let how = pickle::Load::default().classes(classes);
     let p = match budget {
-        Some(b) => pickle::load(&data, pickle::Load::default().charging(b)),
-        None => pickle::load(&data, pickle::Load::default()),
+        Some(b) => pickle::load(&data, how.charging(b)),
+        None => pickle::load(&data, how),
     };
     let p = p.map_err(|r| match r {
         Refusal::Global(global) => Error::RefusedGlobal { path: path.to_path_buf(), global },
@@ -261,8 +270,9 @@ fn read_bytes_item(
     key: &str,
     storage: &StorageInfo,
     budget: &Rc<pickle::Budget>,
+    classes: &'static [&'static str],
 ) -> Result<Leaf> {
-    let (_, _, p) = open_item(path, rank, key, storage, Some(budget))?;
+    let (_, _, p) = open_item(path, rank, key, storage, Some(budget), classes)?;
     flatten::leaf_of(&p).map_err(|reason| Error::BadDcpChunk {
         path: path.to_path_buf(),
         tensor: key.to_string(),
@@ -284,7 +294,7 @@ fn tensor_item(
 ) -> Result<(TensorBox, Record)> {
     let bad = |reason: String| Error::BadDcpChunk { path: path.to_path_buf(), tensor: key.to_string(), rank, reason };
     let at = c.storage.offset;
-    let (archive, prefix, p) = open_item(path, rank, key, &c.storage, None)?;
+    let (archive, prefix, p) = open_item(path, rank, key, &c.storage, None, &[])?;
     let Some(Obj::Tensor(t)) = p.obj(p.root) else {
         return Err(bad(format!("the item at byte {at} does not hold a tensor")));
     };

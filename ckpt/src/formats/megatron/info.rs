@@ -1,0 +1,120 @@
+//! What a Megatron checkpoint says about its run: parallel sizes, iteration, the model's
+//! settings (from the saved `args` where Megatron-LM saved them, else from the tensors), and
+//! the optimizer's form.
+
+use super::{names, Location};
+use crate::error::Result;
+use crate::formats::dcp::DcpSource;
+use crate::value::Leaf;
+
+/// A Megatron checkpoint as the catalog's detail: the summary, and what the reader kept.
+#[derive(Debug)]
+pub(crate) struct Megatron {
+    pub meta: MegatronInfo,
+    /// The DCP folder of a `torch_dist` checkpoint.
+    pub dcp: Option<DcpSource>,
+}
+
+/// A Megatron-Core checkpoint's run and model, as far as the checkpoint tells them.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct MegatronInfo {
+    /// `torch_dist` or `legacy`.
+    pub layout: &'static str,
+    /// The iteration, from the saved state or the folder's name.
+    pub iteration: Option<u64>,
+    /// Tensor parallel size.
+    pub tensor_parallel: Option<u64>,
+    /// Pipeline parallel size.
+    pub pipeline_parallel: Option<u64>,
+    /// Transformer layers (the stacked axis of a `torch_dist` save).
+    pub num_layers: Option<u64>,
+    /// Hidden size.
+    pub hidden_size: Option<u64>,
+    /// The MLP's hidden size.
+    pub ffn_hidden_size: Option<u64>,
+    /// Attention heads.
+    pub num_attention_heads: Option<u64>,
+    /// Key/value groups (grouped-query attention); the number of heads without it.
+    pub num_query_groups: Option<u64>,
+    /// Gated linear units (SwiGLU) in the MLP.
+    pub swiglu: Option<bool>,
+    /// The output layer shares the word embeddings.
+    pub tied_embeddings: Option<bool>,
+    /// The distributed optimizer's form (`dp_reshardable`, `fully_reshardable`), when the
+    /// checkpoint holds an optimizer.
+    pub optimizer: Option<String>,
+}
+
+/// The value at `path` (dict keys) in `leaf`; a record is looked into through its `state`.
+pub(crate) fn lookup<'a>(leaf: &'a Leaf, path: &[&str]) -> Option<&'a Leaf> {
+    let Some((first, rest)) = path.split_first() else { return Some(leaf) };
+    let Leaf::Dict(items) = leaf else { return None };
+    let get = |k: &str| items.iter().find(|(key, _)| key == k).map(|(_, v)| v);
+    match get(first) {
+        Some(v) => lookup(v, rest),
+        // A record (`argparse.Namespace`): its attributes are its `BUILD` state.
+        None => get("state").and_then(|s| lookup(s, path)),
+    }
+}
+
+fn uint(leaf: Option<&Leaf>) -> Option<u64> {
+    match leaf? {
+        Leaf::Int(i) => u64::try_from(*i).ok(),
+        Leaf::Float(f) if f.fract() == 0.0 && *f >= 0.0 => Some(*f as u64),
+        _ => None,
+    }
+}
+
+fn flag(leaf: Option<&Leaf>) -> Option<bool> {
+    match leaf? {
+        Leaf::Bool(b) => Some(*b),
+        _ => None,
+    }
+}
+
+/// The saved dict megatron puts in `common_state` (a one-item list around it in some
+/// versions).
+fn common(values: &[(String, Leaf)]) -> Option<&Leaf> {
+    let (_, v) = values.iter().find(|(k, _)| k.split('/').next() == Some("common_state"))?;
+    match v {
+        Leaf::List(items) if items.len() == 1 => items.first(),
+        other => Some(other),
+    }
+}
+
+/// The summary of a `torch_dist` checkpoint.
+pub(crate) fn describe(loc: &Location, dcp: &DcpSource, values: &[(String, Leaf)]) -> Result<MegatronInfo> {
+    let common = common(values);
+    let arg = |name: &str| common.and_then(|c| lookup(c, &["args", name]));
+    let key_shape = |key: &str| dcp.tensors.iter().find(|t| t.key == key).map(|t| t.shape.clone());
+    let stacked_layers = dcp
+        .tensors
+        .iter()
+        .find(|t| names::stacked(&t.key).is_some_and(|s| s.block == "decoder.layers."))
+        .and_then(|t| t.shape.first().copied());
+    let iteration = uint(common.and_then(|c| lookup(c, &["iteration"]))).or(loc.iteration);
+    let tied = flag(arg("untie_embeddings_and_output_weights"))
+        .map(|untied| !untied)
+        .or_else(|| Some(key_shape("output_layer.weight").is_none()));
+    let optimizer = common
+        .and_then(|c| lookup(c, &["optimizer", "param_state_sharding_type"]))
+        .and_then(|v| if let Leaf::Str(s) = v { Some(s.clone()) } else { None })
+        .or_else(|| {
+            dcp.tensors.iter().any(|t| t.key.starts_with("optimizer.state.")).then(|| "fully_reshardable".to_string())
+        });
+    Ok(MegatronInfo {
+        layout: "torch_dist",
+        iteration,
+        tensor_parallel: uint(arg("tensor_model_parallel_size")),
+        pipeline_parallel: uint(arg("pipeline_model_parallel_size")),
+        num_layers: uint(arg("num_layers")).or(stacked_layers),
+        hidden_size: uint(arg("hidden_size"))
+            .or_else(|| key_shape("embedding.word_embeddings.weight").and_then(|s| s.get(1).copied())),
+        ffn_hidden_size: uint(arg("ffn_hidden_size")),
+        num_attention_heads: uint(arg("num_attention_heads")),
+        num_query_groups: uint(arg("num_query_groups")).or(uint(arg("num_attention_heads"))),
+        swiglu: flag(arg("swiglu")),
+        tied_embeddings: tied,
+        optimizer,
+    })
+}

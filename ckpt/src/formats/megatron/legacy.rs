@@ -1,0 +1,384 @@
+//! A legacy save (`--ckpt-format torch`): one `torch.save` per model-parallel rank, stitched
+//! into the one-rank model.
+//!
+//! `iter_N/mp_rank_TT/model_optim_rng.pt` (`mp_rank_TT_PPP/` with pipeline parallelism) holds
+//! `{args, iteration, checkpoint_version, model, optimizer, rng_state, ...}`; `model` is the
+//! rank's local module state under module names, with layer numbers counted within its
+//! pipeline stage. Nothing records how a tensor was split; megatron's parallel layers decide:
+//! the column-parallel linears (`linear_qkv`, `linear_fc1`, the word embeddings and the output
+//! layer) cut their weight and bias on dim 0, the row-parallel ones (`linear_proj`,
+//! `linear_fc2`) their weight on dim 1 and keep the bias whole, everything else is whole on
+//! every rank. A SwiGLU `linear_fc1` rank holds `[W_r; V_r]`, so the one-rank `[W; V]` takes
+//! each half of each rank to its own place. Grouped-query attention needs nothing more: each
+//! rank holds whole query groups, in order, so `linear_qkv` is a plain concatenation. The last
+//! stage of a tied model keeps a copy of the word embeddings as `output_layer.weight`, which
+//! the one-rank tied model does not have.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use super::info::{lookup, Megatron, MegatronInfo};
+use super::Location;
+use crate::catalog::{Checkpoint, Format, Parts, Scan, SourceFile, TensorBox, TensorData, TensorInfo};
+use crate::error::{Error, Result};
+use crate::formats::torch;
+use crate::value::Leaf;
+use crate::AllowGlobals;
+use fsdp_state::Region;
+
+/// The file of each model-parallel rank.
+pub(crate) const RANK_FILE: &str = "model_optim_rng.pt";
+
+/// How a rank's piece of a parameter sits in the one-rank tensor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Split {
+    /// The same on every rank.
+    Whole,
+    /// Concatenated on this dim.
+    Dim(usize),
+    /// SwiGLU's `[W_r; V_r]`: each half concatenated with the other ranks' on dim 0.
+    Gated,
+}
+
+/// How megatron's parallel layers split the tensor at `name` (a module name).
+fn split_of(name: &str, swiglu: bool) -> Split {
+    let (module, param) = name.rsplit_once('.').unwrap_or(("", name));
+    let leaf = module.rsplit('.').next().unwrap_or(module);
+    match (leaf, param) {
+        ("linear_fc1", "weight" | "bias") if swiglu => Split::Gated,
+        ("linear_qkv" | "linear_fc1" | "word_embeddings" | "output_layer", "weight" | "bias") => Split::Dim(0),
+        ("linear_proj" | "linear_fc2", "weight") => Split::Dim(1),
+        _ => Split::Whole,
+    }
+}
+
+/// A rank folder's name: `mp_rank_TT`, `mp_rank_TT_PPP`, or with an expert rank `_EEE`.
+fn ranks_of(name: &str) -> Option<(u64, Option<u64>, Option<u64>)> {
+    let rest = name.strip_prefix("mp_rank_")?;
+    let mut parts = rest.split('_').map(|p| p.parse::<u64>().ok().filter(|_| p.bytes().all(|b| b.is_ascii_digit())));
+    let tp = parts.next()??;
+    let pp = parts.next().map(|p| p.ok_or(())).transpose().ok()?;
+    let ep = parts.next().map(|p| p.ok_or(())).transpose().ok()?;
+    parts.next().is_none().then_some((tp, pp, ep))
+}
+
+/// True when `dir` holds megatron's per-rank folders.
+pub(crate) fn is_legacy(dir: &Path) -> bool {
+    std::fs::read_dir(dir).is_ok_and(|entries| {
+        entries
+            .flatten()
+            .any(|e| e.file_name().to_str().and_then(ranks_of).is_some() && e.path().join(RANK_FILE).is_file())
+    })
+}
+
+/// One rank's file, read.
+struct RankFile {
+    tp: u64,
+    pp: u64,
+    ck: Checkpoint,
+}
+
+/// The catalog of the legacy save at `loc`, named by `root`.
+pub(super) fn catalog(root: PathBuf, loc: Location) -> Result<Scan> {
+    let ranks = read_ranks(&loc.dir)?;
+    let first = &ranks[0];
+    let bad = |rank: &RankFile, key: Option<String>, reason: String| Error::BadMegatron {
+        path: rank.ck.root.clone(),
+        key,
+        rank: Some(rank.tp),
+        reason,
+    };
+    let args = |name: &str| first.ck.values.iter().find(|(k, _)| k == "args").and_then(|(_, v)| lookup(v, &[name]));
+    let swiglu = matches!(args("swiglu"), Some(Leaf::Bool(true)));
+    let tied = !matches!(args("untie_embeddings_and_output_weights"), Some(Leaf::Bool(true)));
+    let tp = ranks.iter().map(|r| r.tp).max().unwrap_or(0) + 1;
+    let pp = ranks.iter().map(|r| r.pp).max().unwrap_or(0) + 1;
+
+    // Every file's tensors become boxes of the one catalog: their file indices shift.
+    let mut files: Vec<SourceFile> = Vec::new();
+    let mut base_of = Vec::with_capacity(ranks.len());
+    for r in &ranks {
+        base_of.push(files.len());
+        files.extend(r.ck.files.iter().cloned());
+    }
+
+    // Layers per stage, from the stage's tensor-parallel rank 0.
+    let mut layer_offset = Vec::with_capacity(pp as usize);
+    let mut total_layers = 0u64;
+    for stage in 0..pp {
+        layer_offset.push(total_layers);
+        let r = ranks.iter().find(|r| r.pp == stage && r.tp == 0).unwrap_or(first);
+        let layers: BTreeSet<u64> =
+            r.ck.tensors.iter().filter_map(|t| local_layer(&t.name).map(|(_, l, _)| l)).collect();
+        if let Some((i, l)) = layers.iter().enumerate().find(|(i, l)| *i as u64 != **l) {
+            return Err(bad(r, None, format!("its layers are not numbered from 0 (layer {l} is its {i}th)")));
+        }
+        total_layers += layers.len() as u64;
+    }
+    if let Some(n) = args("num_layers").and_then(|v| if let Leaf::Int(i) = v { Some(*i) } else { None }) {
+        if n as u64 != total_layers {
+            return Err(Error::BadMegatron {
+                path: loc.dir.clone(),
+                key: None,
+                rank: None,
+                reason: format!("the stages hold {total_layers} layers in all, but `args.num_layers` is {n}"),
+            });
+        }
+    }
+
+    // Pieces by one-rank name: (tensor-parallel rank, piece), in stage order.
+    let mut pieces: BTreeMap<(u64, String), Vec<(u64, usize, &TensorInfo)>> = BTreeMap::new();
+    let mut order: Vec<(u64, String)> = Vec::new();
+    for (ri, r) in ranks.iter().enumerate() {
+        for t in &r.ck.tensors {
+            let Some(local) = t.name.strip_prefix("model.") else { continue };
+            if local.ends_with("_extra_state") || (tied && local == "output_layer.weight") {
+                continue;
+            }
+            let name = match local_layer(local) {
+                Some((block, l, rest)) => format!("{block}{}.{rest}", layer_offset[r.pp as usize] + l),
+                None => local.to_string(),
+            };
+            let key = (r.pp, name);
+            if !pieces.contains_key(&key) {
+                order.push(key.clone());
+            }
+            pieces.entry(key).or_default().push((r.tp, ri, t));
+        }
+    }
+
+    let mut tensors = Vec::with_capacity(order.len());
+    let mut seen = BTreeSet::new();
+    for key in &order {
+        let (stage, name) = key;
+        if !seen.insert(name.clone()) {
+            // The stages share nothing but a tied output's copy, dropped above.
+            let r = ranks.iter().find(|r| r.pp == *stage).unwrap_or(first);
+            return Err(bad(r, Some(name.clone()), "two pipeline stages both hold it".into()));
+        }
+        let list = &pieces[key];
+        let split = split_of(name, swiglu);
+        let rank_file = |ri: usize| &ranks[ri];
+        if list.len() as u64 != tp {
+            let r = rank_file(list[0].1);
+            return Err(bad(
+                r,
+                Some(name.clone()),
+                format!("{} of the stage's {tp} tensor-parallel ranks hold it", list.len()),
+            ));
+        }
+        tensors.push(
+            stitch(name, split, tp, list, &base_of)
+                .map_err(|reason| bad(rank_file(list[0].1), Some(name.clone()), reason))?,
+        );
+    }
+    let meta = MegatronInfo {
+        layout: "legacy",
+        iteration: args_u64(first, "iteration").or(loc.iteration),
+        tensor_parallel: Some(tp),
+        pipeline_parallel: Some(pp),
+        num_layers: Some(total_layers),
+        hidden_size: arg_u64(&args, "hidden_size"),
+        ffn_hidden_size: arg_u64(&args, "ffn_hidden_size"),
+        num_attention_heads: arg_u64(&args, "num_attention_heads"),
+        num_query_groups: arg_u64(&args, "num_query_groups").or(arg_u64(&args, "num_attention_heads")),
+        swiglu: Some(swiglu),
+        tied_embeddings: Some(tied),
+        optimizer: None,
+    };
+    if let Some(f) = files.first_mut() {
+        f.metadata = vec![("format".to_string(), "pt".to_string())];
+    }
+    let mut parts = Parts::new(Format::MegatronLegacy, root, files, tensors);
+    parts.world_size = Some(tp * pp);
+    parts.members.extend(loc.tracker.clone());
+    parts.detail = Some(Arc::new(Megatron { meta, dcp: None }));
+    Ok(Scan::clean(Checkpoint::new(parts)?))
+}
+
+fn arg_u64<'a>(args: &impl Fn(&str) -> Option<&'a Leaf>, name: &str) -> Option<u64> {
+    match args(name)? {
+        Leaf::Int(i) => u64::try_from(*i).ok(),
+        _ => None,
+    }
+}
+
+fn args_u64(r: &RankFile, key: &str) -> Option<u64> {
+    match r.ck.values.iter().find(|(k, _)| k == key).map(|(_, v)| v)? {
+        Leaf::Int(i) => u64::try_from(*i).ok(),
+        _ => None,
+    }
+}
+
+/// `decoder.layers.3.mlp.linear_fc1.weight` → (`decoder.layers.`, 3, `mlp.linear_fc1.weight`).
+fn local_layer(name: &str) -> Option<(&str, u64, &str)> {
+    let name = name.strip_prefix("model.").unwrap_or(name);
+    let at = name.find("layers.")? + "layers.".len();
+    let (block, rest) = name.split_at(at);
+    let (num, within) = rest.split_once('.')?;
+    let layer = num.parse().ok().filter(|_| num.bytes().all(|b| b.is_ascii_digit()))?;
+    Some((block, layer, within))
+}
+
+/// The one-rank tensor `name` from the pieces of its stage's tensor-parallel ranks.
+fn stitch(
+    name: &str,
+    split: Split,
+    tp: u64,
+    pieces: &[(u64, usize, &TensorInfo)],
+    base_of: &[usize],
+) -> std::result::Result<TensorInfo, String> {
+    let mut by_rank: Vec<&(u64, usize, &TensorInfo)> = pieces.iter().collect();
+    by_rank.sort_by_key(|p| p.0);
+    let t0 = by_rank[0].2;
+    let local = t0.shape.clone();
+    for (_, _, t) in &by_rank {
+        if t.shape != local || t.dtype != t0.dtype {
+            return Err(format!(
+                "tensor-parallel ranks disagree on its piece: {:?} `{}` and {:?} `{}`",
+                local, t0.dtype, t.shape, t.dtype
+            ));
+        }
+    }
+    let moved = |t: &TensorInfo, ri: usize| -> std::result::Result<TensorBox, String> {
+        match t.boxes() {
+            [b] => Ok(TensorBox { file: b.file + base_of[ri], ..b.clone() }),
+            _ => Err("a rank's piece is not one tensor of its file".into()),
+        }
+    };
+    let (shape, boxes) = match split {
+        Split::Whole => (local.clone(), vec![moved(t0, by_rank[0].1)?]),
+        Split::Dim(d) => {
+            let Some(&n) = local.get(d) else { return Err(format!("its piece has no dim {d} to split on")) };
+            let mut shape = local.clone();
+            shape[d] = n * tp;
+            let mut boxes = Vec::new();
+            for (r, ri, t) in &by_rank {
+                let mut b = moved(t, *ri)?;
+                b.region.offsets[d] = r * n;
+                boxes.push(b);
+            }
+            (shape, boxes)
+        }
+        Split::Gated => {
+            let Some(&n) = local.first() else { return Err("its piece is 0-d".into()) };
+            if n % 2 != 0 {
+                return Err(format!("a SwiGLU piece has {n} rows, not an even number"));
+            }
+            let half = n / 2;
+            let mut shape = local.clone();
+            shape[0] = n * tp;
+            let mut boxes = Vec::new();
+            for (r, ri, t) in &by_rank {
+                let b = moved(t, *ri)?;
+                for (part, at) in [(0, r * half), (1, tp * half + r * half)] {
+                    let mut offsets = b.region.offsets.clone();
+                    offsets[0] = at;
+                    let mut sizes = b.region.sizes.clone();
+                    sizes[0] = half;
+                    let offset = b.offset + part * half * b.strides[0];
+                    boxes.push(TensorBox { region: Region::new(offsets, sizes), offset, ..b.clone() });
+                }
+            }
+            (shape, boxes)
+        }
+    };
+    Ok(TensorInfo { name: name.to_string(), dtype: t0.dtype, shape, stored: t0.stored, data: TensorData::Boxes(boxes) })
+}
+
+/// Every rank's file, each read once, checked to form a whole grid of tensor × pipeline ranks.
+fn read_ranks(dir: &Path) -> Result<Vec<RankFile>> {
+    let allow = AllowGlobals::new(super::SAVE_GLOBALS.iter().copied())?;
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(|e| Error::Io { path: dir.to_path_buf(), source: e })? {
+        let entry = entry.map_err(|e| Error::Io { path: dir.to_path_buf(), source: e })?;
+        let Some((tp, pp, ep)) = entry.file_name().to_str().and_then(ranks_of) else { continue };
+        let path = entry.path().join(RANK_FILE);
+        if ep.is_some() {
+            return Err(Error::BadMegatron {
+                path,
+                key: None,
+                rank: Some(tp),
+                reason: "expert-parallel saves are not read yet".into(),
+            });
+        }
+        found.push((tp, pp, path));
+    }
+    found.sort();
+    let tp = found.iter().map(|f| f.0).max().map_or(0, |m| m + 1);
+    let pp = found.iter().map(|f| f.1.unwrap_or(0)).max().map_or(0, |m| m + 1);
+    let staged = found.iter().any(|f| f.1.is_some());
+    if staged && found.iter().any(|f| f.1.is_none()) {
+        return Err(Error::BadMegatron {
+            path: dir.to_path_buf(),
+            key: None,
+            rank: None,
+            reason: "some rank folders name a pipeline stage and others do not".into(),
+        });
+    }
+    let mut ranks = Vec::with_capacity(found.len());
+    for stage in 0..pp {
+        for t in 0..tp {
+            let name = if staged { format!("mp_rank_{t:02}_{stage:03}") } else { format!("mp_rank_{t:02}") };
+            let path = dir.join(&name).join(RANK_FILE);
+            if !path.is_file() {
+                return Err(Error::BadMegatron {
+                    path,
+                    key: None,
+                    rank: Some(t),
+                    reason: format!(
+                        "missing: the save has {tp} tensor-parallel × {pp} pipeline ranks, but this rank's file is not there"
+                    ),
+                });
+            }
+            let scan = torch::catalog(path, Format::Torch, &allow)?;
+            ranks.push(RankFile { tp: t, pp: stage, ck: scan.checkpoint });
+        }
+    }
+    if ranks.is_empty() {
+        return Err(Error::NotACheckpoint { path: dir.to_path_buf() });
+    }
+    Ok(ranks)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn megatrons_parallel_layers_decide_the_split() {
+        let cases = [
+            ("decoder.layers.0.self_attention.linear_qkv.weight", false, Split::Dim(0)),
+            ("decoder.layers.0.self_attention.linear_qkv.bias", false, Split::Dim(0)),
+            ("decoder.layers.0.self_attention.linear_proj.weight", false, Split::Dim(1)),
+            ("decoder.layers.0.self_attention.linear_proj.bias", false, Split::Whole),
+            ("decoder.layers.0.mlp.linear_fc1.weight", false, Split::Dim(0)),
+            ("decoder.layers.0.mlp.linear_fc1.weight", true, Split::Gated),
+            ("decoder.layers.0.mlp.linear_fc2.weight", true, Split::Dim(1)),
+            ("decoder.layers.0.input_layernorm.weight", true, Split::Whole),
+            ("embedding.word_embeddings.weight", false, Split::Dim(0)),
+            ("embedding.position_embeddings.weight", false, Split::Whole),
+            ("output_layer.weight", false, Split::Dim(0)),
+            ("decoder.final_layernorm.weight", false, Split::Whole),
+        ];
+        for (name, swiglu, split) in cases {
+            assert_eq!(split_of(name, swiglu), split, "{name}");
+        }
+    }
+
+    #[test]
+    fn rank_folders_name_their_ranks() {
+        assert_eq!(ranks_of("mp_rank_00"), Some((0, None, None)));
+        assert_eq!(ranks_of("mp_rank_01_002"), Some((1, Some(2), None)));
+        assert_eq!(ranks_of("mp_rank_01_002_003"), Some((1, Some(2), Some(3))));
+        assert_eq!(ranks_of("mp_rank_x"), None);
+        assert_eq!(ranks_of("mp_rank_"), None);
+        assert_eq!(ranks_of("mp_rank_1_2_3_4"), None);
+        assert_eq!(
+            local_layer("decoder.layers.3.mlp.linear_fc1.weight"),
+            Some(("decoder.layers.", 3, "mlp.linear_fc1.weight"))
+        );
+        assert_eq!(local_layer("decoder.final_layernorm.weight"), None);
+    }
+}

@@ -1,0 +1,195 @@
+//! Megatron-Core checkpoints, read without Megatron: `torch_dist` folders and legacy per-rank
+//! saves.
+//!
+//! # On disk
+//!
+//! A Megatron-LM run saves into `SAVE/iter_NNNNNNN/` (seven digits; `release/` for a released
+//! model) and then writes `SAVE/latest_checkpointed_iteration.txt`, the iteration as text (or
+//! `release`). The iteration folder holds one of two layouts:
+//!
+//! - **`torch_dist`** (`--ckpt-format torch_dist`, the default): a torch DCP folder
+//!   (`.metadata`, `__R_K.distcp`) plus `metadata.json`, `{"sharded_backend": "torch_dist", ...}`,
+//!   which megatron writes after everything else: without it the save did not finish. Tensors
+//!   are stored under megatron's checkpoint keys with their global shapes. Layers that are all
+//!   alike are one stacked tensor per key without the layer number
+//!   (`decoder.layers.self_attention.linear_qkv.weight`), its leading axis the global layer index
+//!   across pipeline stages; norms that TransformerEngine fuses into the next linear are stored
+//!   under TransformerEngine's names (`linear_qkv.layer_norm_weight` is the layer's
+//!   `input_layernorm.weight`), whatever spec the model was built with. Tensor parallel pieces
+//!   are DCP chunks of the global tensor; a SwiGLU `linear_fc1` rank writes its two halves as
+//!   two chunks, so the global tensor is `[W; V]` as on one rank. Everything that is not a
+//!   tensor (`args`, `iteration`, the optimizer's param groups, `_extra_state`) is a DCP bytes
+//!   item `KEY/shard_<offsets>_<shape>`, a `torch.save` of the value; `common_state/shard_0_1`
+//!   holds the rest of the saved dict. The `.metadata` pickle carries megatron's extra
+//!   attribute `all_local_plans` (every rank's save plan), read here as opaque records.
+//! - **legacy** (`--ckpt-format torch`): one `torch.save` per model-parallel rank,
+//!   `mp_rank_TT/model_optim_rng.pt` (`mp_rank_TT_PPP/` with pipeline parallelism), each holding
+//!   that rank's local pieces under module names with stage-local layer numbers.
+//!
+//! # Here
+//!
+//! [`detect`] accepts the run folder, an iteration folder, or the DCP folder itself. A
+//! `torch_dist` checkpoint is read by the DCP reader into its stored tensors; the catalog then
+//! shows the model as megatron holds it on one rank ([`names`]): layers unstacked by their
+//! global index, norms under their module names, `_extra_state` left out. With
+//! [`crate::OpenOptions::as_stored`] it shows the stored tensors under their stored keys, as
+//! torch's `dcp_to_torch_save` gives them.
+
+mod info;
+mod legacy;
+pub(crate) mod names;
+mod torch_dist;
+
+pub use info::MegatronInfo;
+
+use std::path::{Path, PathBuf};
+
+use crate::catalog::Scan;
+use crate::error::{Error, Result};
+
+/// The file a Megatron-LM run writes last, naming its newest complete iteration.
+pub(crate) const TRACKER_NAME: &str = "latest_checkpointed_iteration.txt";
+/// The file megatron writes last into a `dist_checkpointing` folder.
+pub(crate) const CONFIG_NAME: &str = "metadata.json";
+/// The longest tracker we read: an iteration number or `release`, and a newline.
+const MAX_TRACKER_LEN: u64 = 64;
+/// The longest `metadata.json` we read (megatron's is under 100 bytes).
+const MAX_CONFIG_LEN: u64 = 1 << 16;
+
+/// The globals a Megatron-LM save pickles besides torch's weights-only list: the saved
+/// `args` and the enums its fields hold, all read as inert records.
+pub(crate) const SAVE_GLOBALS: &[&str] = &[
+    "argparse.Namespace",
+    "megatron.core.enums.ModelType",
+    "megatron.core.transformer.enums.AttnBackend",
+    "megatron.core.transformer.enums.AttnMaskType",
+    "megatron.core.transformer.enums.CudaGraphScope",
+    "megatron.core.rerun_state_machine.RerunDiagnostic",
+    "megatron.core.rerun_state_machine.RerunMode",
+    "megatron.core.rerun_state_machine.RerunState",
+    "megatron.core.optimizer.optimizer_config.OptimizerConfig",
+    "numpy.dtype",
+    "numpy.core.multiarray._reconstruct",
+    "numpy.ndarray",
+    "numpy._core.multiarray._reconstruct",
+];
+
+/// Where a Megatron checkpoint is: the iteration folder, and the tracker that named it.
+#[derive(Clone, Debug)]
+pub(crate) struct Location {
+    /// The folder holding the checkpoint itself (`iter_NNNNNNN/`, or the DCP folder).
+    pub dir: PathBuf,
+    /// The run's tracker, when the path named the run folder.
+    pub tracker: Option<PathBuf>,
+    /// The iteration the tracker or the folder's name gives.
+    pub iteration: Option<u64>,
+}
+
+/// The Megatron `torch_dist` checkpoint `path` names: a run folder whose tracker names one, an
+/// iteration folder, or the DCP folder, each holding `metadata.json` with backend `torch_dist`.
+/// A tracker naming a folder that holds neither layout complete is refused here, by name.
+pub(crate) fn detect_torch_dist(path: &Path) -> Result<Option<PathBuf>> {
+    let Some(loc) = locate(path)? else { return Ok(None) };
+    if is_torch_dist(&loc.dir)? {
+        return Ok(Some(path.to_path_buf()));
+    }
+    if let (Some(tracker), false) = (&loc.tracker, legacy::is_legacy(&loc.dir)) {
+        let reason = if loc.dir.join(crate::formats::dcp::METADATA_NAME).is_file() {
+            format!("the tracker names `{}`, which has no `{CONFIG_NAME}`: its save did not finish", loc.dir.display())
+        } else {
+            format!(
+                "the tracker names `{}`, which holds neither a `torch_dist` nor a legacy checkpoint",
+                loc.dir.display()
+            )
+        };
+        return Err(Error::BadMegatron { path: tracker.clone(), key: None, rank: None, reason });
+    }
+    Ok(None)
+}
+
+/// The Megatron legacy save `path` names: a run folder whose tracker names one, or an
+/// iteration folder holding `mp_rank_*/model_optim_rng.pt`.
+pub(crate) fn detect_legacy(path: &Path) -> Result<Option<PathBuf>> {
+    let Some(loc) = locate(path)? else { return Ok(None) };
+    Ok(legacy::is_legacy(&loc.dir).then(|| path.to_path_buf()))
+}
+
+/// Resolves a run folder through its tracker; any other folder is the checkpoint folder.
+pub(crate) fn locate(path: &Path) -> Result<Option<Location>> {
+    if !path.is_dir() {
+        return Ok(None);
+    }
+    let tracker = path.join(TRACKER_NAME);
+    if !tracker.is_file() {
+        let iteration = path.file_name().and_then(|n| n.to_str()).and_then(iteration_of);
+        return Ok(Some(Location { dir: path.to_path_buf(), tracker: None, iteration }));
+    }
+    let text = crate::io::read_capped(&tracker, MAX_TRACKER_LEN)?;
+    let bad = |reason: String| Error::BadMegatron { path: tracker.clone(), key: None, rank: None, reason };
+    let text = std::str::from_utf8(&text).map_err(|_| bad("the tracker is not text".into()))?.trim();
+    let (folder, iteration) = match text {
+        "release" => ("release".to_string(), None),
+        n => match n.parse::<u64>() {
+            Ok(i) => (format!("iter_{i:07}"), Some(i)),
+            Err(_) => {
+                return Err(bad(format!(
+                    "the tracker holds `{}`, not an iteration number or `release`",
+                    n.escape_debug()
+                )))
+            }
+        },
+    };
+    let dir = path.join(&folder);
+    if !dir.is_dir() {
+        return Err(bad(format!("the tracker names iteration `{text}`, but `{folder}` is not there")));
+    }
+    Ok(Some(Location { dir, tracker: Some(tracker), iteration }))
+}
+
+/// The iteration of a folder named `iter_NNNNNNN`.
+fn iteration_of(name: &str) -> Option<u64> {
+    name.strip_prefix("iter_").filter(|d| !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit()))?.parse().ok()
+}
+
+/// True when `dir` holds megatron's `metadata.json` naming the `torch_dist` backend.
+fn is_torch_dist(dir: &Path) -> Result<bool> {
+    let config = dir.join(CONFIG_NAME);
+    if !config.is_file() {
+        return Ok(false);
+    }
+    let data = crate::io::read_capped(&config, MAX_CONFIG_LEN)?;
+    let bad = |reason: String| Error::BadMegatron { path: config.clone(), key: None, rank: None, reason };
+    let json: serde_json::Value = serde_json::from_slice(&data).map_err(|e| bad(format!("not JSON: {e}")))?;
+    match json.get("sharded_backend").and_then(|b| b.as_str()) {
+        Some("torch_dist") => Ok(true),
+        // A DCP folder with someone else's `metadata.json` is still a DCP folder.
+        None => Ok(false),
+        Some(other) => Err(bad(format!(
+            "the checkpoint's backend is `{}`; only `torch_dist` is read (zarr was retired by megatron)",
+            other.escape_debug()
+        ))),
+    }
+}
+
+/// The catalog view of the `torch_dist` checkpoint `root` names.
+pub(crate) fn catalog_torch_dist(root: PathBuf, as_stored: bool) -> Result<Scan> {
+    let Some(loc) = locate(&root)? else {
+        return Err(Error::NotACheckpoint { path: root });
+    };
+    torch_dist::catalog(root, loc, as_stored)
+}
+
+/// The catalog view of the legacy save `root` names.
+pub(crate) fn catalog_legacy(root: PathBuf) -> Result<Scan> {
+    let Some(loc) = locate(&root)? else {
+        return Err(Error::NotACheckpoint { path: root });
+    };
+    legacy::catalog(root, loc)
+}
+
+impl crate::Checkpoint {
+    /// What a Megatron-Core checkpoint says of its run and model, when this is one.
+    pub fn megatron(&self) -> Option<&MegatronInfo> {
+        self.detail::<info::Megatron>().map(|m| &m.meta)
+    }
+}

@@ -1,0 +1,96 @@
+//! Megatron's checkpoint keys and the names of the model megatron holds on one rank.
+//!
+//! A `torch_dist` checkpoint stores a block of alike layers as one tensor per key with the layer
+//! number taken out and a leading layer axis put in (`decoder.layers.mlp.linear_fc2.weight` of
+//! shape `[L, h, f]`); the model's `state_dict()` names each layer
+//! (`decoder.layers.3.mlp.linear_fc2.weight` of shape `[h, f]`). The layer specs map two norm
+//! names to TransformerEngine's, so that checkpoints of the local and the TransformerEngine
+//! spec are interchangeable (megatron's `sharded_state_dict_keys_map`): the checkpoint's
+//! `self_attention.linear_qkv.layer_norm_weight` is the local model's
+//! `input_layernorm.weight`, `mlp.linear_fc1.layer_norm_*` its `pre_mlp_layernorm.*`.
+
+/// TransformerEngine's prefixes of the norms fused into the next linear, and the module
+/// prefixes megatron's local spec gives them.
+const FUSED_NORMS: &[(&str, &str)] = &[
+    ("self_attention.linear_qkv.layer_norm_", "input_layernorm."),
+    ("mlp.linear_fc1.layer_norm_", "pre_mlp_layernorm."),
+];
+
+/// A checkpoint key split at its block of stacked layers: `decoder.layers.` and the rest of
+/// the key within a layer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Stacked<'a> {
+    /// The block's prefix, ending in `layers.`.
+    pub block: &'a str,
+    /// The key within one layer, as stored (TransformerEngine's norm names).
+    pub within: &'a str,
+}
+
+/// Where `key` is a stacked layer key: a `layers` segment followed by a name rather than a
+/// layer number. `decoder.layers.0.x` (a model of unlike layers numbers them) is not stacked.
+pub(crate) fn stacked(key: &str) -> Option<Stacked<'_>> {
+    let mut at = 0;
+    for seg in key.split('.') {
+        let end = at + seg.len();
+        if seg == "layers" {
+            let rest = key.get(end + 1..).filter(|r| !r.is_empty())?;
+            let next = rest.split('.').next().unwrap_or_default();
+            if next.bytes().all(|b| b.is_ascii_digit()) {
+                return None;
+            }
+            return Some(Stacked { block: &key[..end + 1], within: rest });
+        }
+        at = end + 1;
+    }
+    None
+}
+
+/// The name a key within a layer has in the local spec's module tree.
+pub(crate) fn module_name(within: &str) -> String {
+    for (te, local) in FUSED_NORMS {
+        if let Some(rest) = within.strip_prefix(te) {
+            return format!("{local}{rest}");
+        }
+    }
+    within.to_string()
+}
+
+/// The one-rank model's name of layer `layer` of the stacked key `s`.
+pub(crate) fn layer_name(s: Stacked<'_>, layer: u64) -> String {
+    format!("{}{layer}.{}", s.block, module_name(s.within))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_layers_segment_followed_by_a_name_is_a_stacked_key() {
+        let s = stacked("decoder.layers.self_attention.linear_qkv.weight");
+        assert_eq!(s, Some(Stacked { block: "decoder.layers.", within: "self_attention.linear_qkv.weight" }));
+        assert_eq!(stacked("decoder.layers.0.self_attention.linear_qkv.weight"), None);
+        assert_eq!(stacked("embedding.word_embeddings.weight"), None);
+        assert_eq!(stacked("decoder.final_layernorm.weight"), None);
+        assert_eq!(stacked("decoder.layers"), None);
+        assert_eq!(stacked("decoder.layers."), None);
+        let mtp = stacked("mtp.layers.0.x");
+        assert_eq!(mtp, None);
+    }
+
+    #[test]
+    fn fused_norms_take_their_module_names() {
+        let cases = [
+            ("self_attention.linear_qkv.layer_norm_weight", "input_layernorm.weight"),
+            ("self_attention.linear_qkv.layer_norm_bias", "input_layernorm.bias"),
+            ("mlp.linear_fc1.layer_norm_weight", "pre_mlp_layernorm.weight"),
+            ("mlp.linear_fc1.layer_norm_bias", "pre_mlp_layernorm.bias"),
+            ("mlp.linear_fc1.weight", "mlp.linear_fc1.weight"),
+            ("self_attention.linear_qkv.bias", "self_attention.linear_qkv.bias"),
+        ];
+        for (stored, module) in cases {
+            assert_eq!(module_name(stored), module);
+        }
+        let s = stacked("decoder.layers.mlp.linear_fc1.layer_norm_weight").unwrap();
+        assert_eq!(layer_name(s, 7), "decoder.layers.7.pre_mlp_layernorm.weight");
+    }
+}
