@@ -236,11 +236,12 @@ pub fn merge(ck: &Checkpoint, out: &Path, options: &MergeOptions, opts: &WriteOp
         return dcp::hf_storage::write_consolidated(ck, hf, out, opts);
     }
     let zero = ck.detail::<deepspeed::ZeroCheckpoint>();
-    if zero.is_none() && (options.optimizer || options.max_shard_size.is_some()) {
+    let megatron = ck.megatron().is_some();
+    if (zero.is_none() && !megatron && options.optimizer) || (zero.is_none() && options.max_shard_size.is_some()) {
         return Err(bad(
             out,
             format!(
-                "`optimizer` applies to DeepSpeed checkpoints and accelerate `save_state` folders, \
+                "`optimizer` applies to DeepSpeed and Megatron checkpoints and accelerate `save_state` folders, \
                  `max_shard_size` to DeepSpeed checkpoints only; {} is {} \
                  (hint: `ckpt split` shards a checkpoint)",
                 ck.root.display(),
@@ -248,6 +249,12 @@ pub fn merge(ck: &Checkpoint, out: &Path, options: &MergeOptions, opts: &WriteOp
             ),
         ));
     }
+    // The optimizer's state per parameter, written beside the weights.
+    let moments = match (options.optimizer, zero) {
+        (false, _) => None,
+        (true, Some(z)) => Some(deepspeed::moments(z)),
+        (true, None) => Some(formats::megatron::optimizer_state(ck)?),
+    };
     let outs = as_stored(ck);
     let meta = Meta::from_folded(ck.metadata()?);
     let dest = match options.max_shard_size {
@@ -260,7 +267,7 @@ pub fn merge(ck: &Checkpoint, out: &Path, options: &MergeOptions, opts: &WriteOp
     let mut files = placed.files;
     files.extend(placed.index);
     let mut outcome = Outcome { tensors: outs.len(), bytes: ck.total_bytes(), ..Outcome::default() };
-    if let (Some(z), true) = (zero, options.optimizer) {
+    if let Some(moments) = moments {
         let dir = match &dest {
             Dest::File(p) => p.parent().map(Path::to_path_buf).unwrap_or_default(),
             Dest::Shards { dir, .. } => dir.clone(),
@@ -269,7 +276,6 @@ pub fn merge(ck: &Checkpoint, out: &Path, options: &MergeOptions, opts: &WriteOp
         if files.contains(&path) {
             return Err(bad(&path, format!("the weights and the optimizer states would both be `{OPTIMIZER_NAME}`")));
         }
-        let moments = deepspeed::moments(z);
         let refs: Vec<&TensorInfo> = moments.iter().collect();
         let outs: Vec<Out> = refs
             .iter()

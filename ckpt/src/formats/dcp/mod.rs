@@ -59,7 +59,7 @@ use crate::outcome::Outcome;
 use crate::write::WriteOptions;
 use metadata::PathElem;
 use plan::{SrcBytes, SrcTensor};
-pub(crate) use read::{read_with as read_folder_with, Dcp as DcpSource};
+pub(crate) use read::{read_with as read_folder_with, Dcp as DcpSource, DcpTensor};
 
 /// The metadata file of a DCP folder.
 pub(crate) const METADATA_NAME: &str = ".metadata";

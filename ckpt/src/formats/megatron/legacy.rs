@@ -72,6 +72,10 @@ pub(crate) fn is_legacy(dir: &Path) -> bool {
     })
 }
 
+/// A rank's piece of a tensor: its tensor-parallel rank, its file's index among the ranks, and
+/// the tensor in that file.
+type Piece<'a> = (u64, usize, &'a TensorInfo);
+
 /// One rank's file, read.
 struct RankFile {
     tp: u64,
@@ -128,7 +132,7 @@ pub(super) fn catalog(root: PathBuf, loc: Location) -> Result<Scan> {
     }
 
     // Pieces by one-rank name: (tensor-parallel rank, piece), in stage order.
-    let mut pieces: BTreeMap<(u64, String), Vec<(u64, usize, &TensorInfo)>> = BTreeMap::new();
+    let mut pieces: BTreeMap<(u64, String), Vec<Piece<'_>>> = BTreeMap::new();
     let mut order: Vec<(u64, String)> = Vec::new();
     for (ri, r) in ranks.iter().enumerate() {
         for t in &r.ck.tensors {
@@ -226,10 +230,10 @@ fn stitch(
     name: &str,
     split: Split,
     tp: u64,
-    pieces: &[(u64, usize, &TensorInfo)],
+    pieces: &[Piece<'_>],
     base_of: &[usize],
 ) -> std::result::Result<TensorInfo, String> {
-    let mut by_rank: Vec<&(u64, usize, &TensorInfo)> = pieces.iter().collect();
+    let mut by_rank: Vec<&Piece<'_>> = pieces.iter().collect();
     by_rank.sort_by_key(|p| p.0);
     let t0 = by_rank[0].2;
     let local = t0.shape.clone();

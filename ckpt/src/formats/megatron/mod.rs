@@ -35,12 +35,15 @@
 //! [`crate::OpenOptions::as_stored`] it shows the stored tensors under their stored keys, as
 //! torch's `dcp_to_torch_save` gives them.
 
+mod buckets;
 mod info;
 mod legacy;
 pub(crate) mod names;
+mod optimizer;
 mod torch_dist;
 
 pub use info::MegatronInfo;
+pub(crate) use optimizer::optimizer_state;
 
 use std::path::{Path, PathBuf};
 

@@ -1,0 +1,135 @@
+//! The Megatron fixture table: every folder of `fixtures/megatron/` with a `case.json` was
+//! saved by real megatron-core 0.19.2 on gloo ranks (`fixtures/gen/megatron_fixtures.py`),
+//! beside what megatron and torch make of it: `expected_model.safetensors`, the `state_dict()`
+//! of the same model built by megatron at tensor and pipeline parallel 1 after megatron's own
+//! load, and `expected_stored.safetensors`, torch's `dcp_to_torch_save` of the folder. Each
+//! case merges the checkpoint both ways and compares tensor for tensor (dtype, shape, bytes),
+//! checks what `inspect` says against the case's settings, and converts the model to a DCP
+//! folder for other world sizes and to a torch file, which must merge back to the same bytes.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use ckpt::{Checkpoint, ConvertOptions, OpenOptions, TargetFormat, WriteOptions};
+use common::{load, reference};
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../fixtures/megatron")
+}
+
+/// Every case folder: those with a `case.json` and megatron's one-rank reference.
+fn cases() -> Vec<(PathBuf, serde_json::Value)> {
+    let mut out: Vec<(PathBuf, serde_json::Value)> = std::fs::read_dir(root())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.join("case.json").is_file() && p.join("expected_model.safetensors").is_file())
+        .map(|p| {
+            let case = serde_json::from_str(&std::fs::read_to_string(p.join("case.json")).unwrap()).unwrap();
+            (p, case)
+        })
+        .collect();
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    assert!(out.len() >= 4, "the fixture table lost its cases: {out:?}");
+    out
+}
+
+/// The checkpoint of a case: the folder `case.json` names, or the case folder (a run folder).
+fn source(dir: &Path, case: &serde_json::Value) -> PathBuf {
+    case["checkpoint_dir"].as_str().map_or_else(|| dir.to_path_buf(), |d| dir.join(d))
+}
+
+fn open(src: &Path, as_stored: bool) -> Checkpoint {
+    let options = OpenOptions { as_stored, ..OpenOptions::default() };
+    Checkpoint::open_with(src.to_str().unwrap(), &options).unwrap()
+}
+
+fn merged(ck: &Checkpoint, out: &Path) -> common::Tensors {
+    ckpt::merge(ck, out, &Default::default(), &WriteOptions::default()).unwrap();
+    load(out).0
+}
+
+#[test]
+fn merge_equals_megatrons_one_rank_state_dict() {
+    for (dir, case) in cases() {
+        let tmp = tempfile::tempdir().unwrap();
+        let ck = open(&source(&dir, &case), false);
+        let out = tmp.path().join("model.safetensors");
+        let got = merged(&ck, &out);
+        assert_eq!(got, reference(&dir.join("expected_model.safetensors"), ""), "{}", dir.display());
+        // What `safetensors.torch.save_file` writes, and nothing of the run's values.
+        let meta = load(&out).1;
+        assert_eq!(meta.into_iter().collect::<Vec<_>>(), vec![("format".to_string(), "pt".to_string())]);
+    }
+}
+
+#[test]
+fn merge_as_stored_equals_dcp_to_torch_save() {
+    for (dir, case) in cases() {
+        let want = dir.join("expected_stored.safetensors");
+        if !want.is_file() {
+            continue;
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        let ck = open(&source(&dir, &case), true);
+        let got = merged(&ck, &tmp.path().join("stored.safetensors"));
+        assert_eq!(got, reference(&want, ""), "{}", dir.display());
+    }
+}
+
+#[test]
+fn inspect_names_the_format_and_the_model() {
+    for (dir, case) in cases() {
+        let src = source(&dir, &case);
+        let ck = open(&src, false);
+        assert_eq!(ck.format().name(), "megatron-torch-dist", "{}", dir.display());
+        let m = ck.megatron().unwrap();
+        assert_eq!(m.layout, "torch_dist");
+        assert_eq!(m.num_layers, case["layers"].as_u64(), "{}", dir.display());
+        assert_eq!(m.hidden_size, case["hidden"].as_u64(), "{}", dir.display());
+        assert_eq!(m.tied_embeddings, case["tied"].as_bool(), "{}", dir.display());
+        assert_eq!(ck.world_size(), case["world_size"].as_u64(), "{}", dir.display());
+        let report = ckpt::verify(src.to_str().unwrap()).unwrap();
+        assert!(report.is_valid(), "{}: {:?}", dir.display(), report.problems);
+        let doc = serde_json::to_value(&ck).unwrap();
+        assert_eq!(doc["format"], "megatron-torch-dist");
+        assert_eq!(doc["megatron"]["num_layers"], case["layers"]);
+    }
+}
+
+#[test]
+fn the_model_converts_to_dcp_and_torch_and_merges_back_to_the_same_bytes() {
+    for (dir, case) in cases() {
+        let tmp = tempfile::tempdir().unwrap();
+        let ck = open(&source(&dir, &case), false);
+        let model = tmp.path().join("model.safetensors");
+        let want = merged(&ck, &model);
+        for world in [1u64, 3] {
+            let out = tmp.path().join(format!("dcp-{world}"));
+            let options = ConvertOptions { to: Some(TargetFormat::Dcp), world_size: Some(world), ..Default::default() };
+            ckpt::convert(&ck, &out, &options, &WriteOptions::default()).unwrap();
+            let again =
+                merged(&Checkpoint::open(out.to_str().unwrap()).unwrap(), &tmp.path().join("again.safetensors"));
+            assert_eq!(again, want, "{}: through DCP for {world} ranks", dir.display());
+        }
+        let torch = tmp.path().join("model.pt");
+        ckpt::convert(&ck, &torch, &ConvertOptions::default(), &WriteOptions::default()).unwrap();
+        let again = merged(&Checkpoint::open(torch.to_str().unwrap()).unwrap(), &tmp.path().join("t.safetensors"));
+        assert_eq!(again, want, "{}: through a torch file", dir.display());
+    }
+}
+
+#[test]
+fn as_stored_applies_to_torch_dist_checkpoints_only() {
+    let other = root().join("../safetensors");
+    let file = std::fs::read_dir(&other)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|e| e == "safetensors"))
+        .unwrap();
+    let options = OpenOptions { as_stored: true, ..OpenOptions::default() };
+    let err = Checkpoint::open_with(file.to_str().unwrap(), &options).unwrap_err();
+    assert_eq!(err.kind(), ckpt::ErrorKind::Usage);
+    assert!(err.to_string().contains("applies to Megatron `torch_dist` checkpoints only"), "{err}");
+}
