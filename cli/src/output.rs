@@ -249,7 +249,8 @@ fn megatron_text(out: &mut impl Write, m: &ckpt::MegatronInfo) -> anyhow::Result
     .into_iter()
     .flatten()
     .collect();
-    writeln!(out, "megatron: {} ({})", m.layout, run.join(", "))?;
+    let run = if run.is_empty() { String::new() } else { format!(" ({})", run.join(", ")) };
+    writeln!(out, "megatron: {}{run}", m.layout)?;
     writeln!(out, "model:   {}", model.join(", "))?;
     Ok(())
 }

@@ -88,32 +88,21 @@ pub(crate) struct Location {
     pub iteration: Option<u64>,
 }
 
-/// The Megatron `torch_dist` checkpoint `path` names: a run folder whose tracker names one, an
-/// iteration folder, or the DCP folder, each holding `metadata.json` with backend `torch_dist`.
-/// A tracker naming a folder that holds neither layout complete is refused here, by name.
+/// The Megatron `torch_dist` checkpoint `path` names: a run folder (with its tracker), an
+/// iteration folder, or the DCP folder, holding `metadata.json` with backend `torch_dist`. A run
+/// folder whose tracker leads nowhere complete is one too: reading it says what is wrong.
 pub(crate) fn detect_torch_dist(path: &Path) -> Result<Option<PathBuf>> {
-    let Some(loc) = locate(path)? else { return Ok(None) };
-    if is_torch_dist(&loc.dir)? {
-        return Ok(Some(path.to_path_buf()));
+    if path.is_dir() && path.join(TRACKER_NAME).is_file() {
+        let legacy = locate(path).ok().flatten().is_some_and(|loc| legacy::is_legacy(&loc.dir));
+        return Ok((!legacy).then(|| path.to_path_buf()));
     }
-    if let (Some(tracker), false) = (&loc.tracker, legacy::is_legacy(&loc.dir)) {
-        let reason = if loc.dir.join(crate::formats::dcp::METADATA_NAME).is_file() {
-            format!("the tracker names `{}`, which has no `{CONFIG_NAME}`: its save did not finish", loc.dir.display())
-        } else {
-            format!(
-                "the tracker names `{}`, which holds neither a `torch_dist` nor a legacy checkpoint",
-                loc.dir.display()
-            )
-        };
-        return Err(Error::BadMegatron { path: tracker.clone(), key: None, rank: None, reason });
-    }
-    Ok(None)
+    Ok(is_torch_dist(path)?.then(|| path.to_path_buf()))
 }
 
 /// The Megatron legacy save `path` names: a run folder whose tracker names one, or an
 /// iteration folder holding `mp_rank_*/model_optim_rng.pt`.
 pub(crate) fn detect_legacy(path: &Path) -> Result<Option<PathBuf>> {
-    let Some(loc) = locate(path)? else { return Ok(None) };
+    let Some(loc) = locate(path).ok().flatten() else { return Ok(None) };
     Ok(legacy::is_legacy(&loc.dir).then(|| path.to_path_buf()))
 }
 
@@ -179,6 +168,16 @@ pub(crate) fn catalog_torch_dist(root: PathBuf, as_stored: bool) -> Result<Scan>
     let Some(loc) = locate(&root)? else {
         return Err(Error::NotACheckpoint { path: root });
     };
+    if !is_torch_dist(&loc.dir)? {
+        let what = if loc.dir.join(crate::formats::dcp::METADATA_NAME).is_file() {
+            format!("has no `{CONFIG_NAME}`: its save did not finish")
+        } else {
+            "holds neither a `torch_dist` nor a legacy checkpoint".to_string()
+        };
+        let path = loc.tracker.clone().unwrap_or_else(|| loc.dir.clone());
+        let reason = format!("the tracker names `{}`, which {what}", loc.dir.display());
+        return Err(Error::BadMegatron { path, key: None, rank: None, reason });
+    }
     torch_dist::catalog(root, loc, as_stored)
 }
 

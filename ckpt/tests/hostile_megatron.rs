@@ -1,0 +1,106 @@
+//! Megatron checkpoints that do not hold together, one test per defect: each is refused with
+//! one line naming the file (and the key or rank where there is one), by the reader and by
+//! `verify`, which reports it as the checkpoint's problem. Each damages a copy of a real
+//! fixture (`fixtures/megatron/tp2`, saved by megatron-core 0.19.2 on 2 ranks) at test time.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use ckpt::Checkpoint;
+
+fn fixture() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../fixtures/megatron/tp2/ckpt")
+}
+
+/// A Megatron-LM run folder around a copy of the fixture: `SAVE/iter_0000003/` and the tracker.
+fn run_folder(tracker: &str) -> (tempfile::TempDir, PathBuf) {
+    let tmp = tempfile::tempdir().unwrap();
+    let save = tmp.path().join("save");
+    common::copy_tree(&fixture(), &save.join("iter_0000003"));
+    std::fs::write(save.join("latest_checkpointed_iteration.txt"), tracker).unwrap();
+    (tmp, save)
+}
+
+/// `src` is refused with exactly `expected` when opened, and `verify` reports that one problem.
+fn refused(src: &Path, expected: &str) {
+    let err = Checkpoint::open(src.to_str().unwrap()).unwrap_err();
+    assert_eq!(err.to_string(), expected);
+    assert!(err.is_invalid_data(), "{expected}");
+    let report = ckpt::verify(src.to_str().unwrap()).unwrap();
+    assert_eq!(report.format.map(|f| f.name()), Some("megatron-torch-dist"));
+    assert_eq!(report.problems.iter().map(ToString::to_string).collect::<Vec<_>>(), vec![expected.to_string()]);
+}
+
+#[test]
+fn a_run_folder_is_read_through_its_tracker() {
+    let (_tmp, save) = run_folder("3\n");
+    let ck = Checkpoint::open(save.to_str().unwrap()).unwrap();
+    assert_eq!(ck.format().name(), "megatron-torch-dist");
+    assert_eq!(ck.megatron().unwrap().iteration, Some(3));
+    let direct = Checkpoint::open(fixture().to_str().unwrap()).unwrap();
+    let names = |c: &Checkpoint| c.tensors().iter().map(|t| t.name.clone()).collect::<Vec<_>>();
+    assert_eq!(names(&ck), names(&direct));
+    // The tracker is the run's; no operation may write over it.
+    assert!(ck.members().iter().any(|m| m.ends_with("latest_checkpointed_iteration.txt")));
+}
+
+#[test]
+fn a_tracker_naming_a_missing_iteration() {
+    let (_tmp, save) = run_folder("7");
+    let tracker = save.join("latest_checkpointed_iteration.txt");
+    refused(&save, &format!("{}: the tracker names iteration `7`, but `iter_0000007` is not there", tracker.display()));
+}
+
+#[test]
+fn a_tracker_that_is_not_an_iteration() {
+    let (_tmp, save) = run_folder("latest\n");
+    let tracker = save.join("latest_checkpointed_iteration.txt");
+    refused(&save, &format!("{}: the tracker holds `latest`, not an iteration number or `release`", tracker.display()));
+}
+
+#[test]
+fn a_tracker_naming_a_save_that_did_not_finish() {
+    let (_tmp, save) = run_folder("3");
+    let dir = save.join("iter_0000003");
+    std::fs::remove_file(dir.join("metadata.json")).unwrap();
+    let tracker = save.join("latest_checkpointed_iteration.txt");
+    refused(
+        &save,
+        &format!(
+            "{}: the tracker names `{}`, which has no `metadata.json`: its save did not finish",
+            tracker.display(),
+            dir.display()
+        ),
+    );
+}
+
+#[test]
+fn a_rank_file_missing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("ckpt");
+    common::copy_tree(&fixture(), &dir);
+    std::fs::remove_file(dir.join("__1_0.distcp")).unwrap();
+    let err = Checkpoint::open(dir.to_str().unwrap()).unwrap_err().to_string();
+    assert!(err.starts_with(&format!("{}: tensor `", dir.join(".metadata").display())), "{err}");
+    assert!(err.ends_with("is mapped to `__1_0.distcp`, which does not exist"), "{err}");
+    let report = ckpt::verify(dir.to_str().unwrap()).unwrap();
+    assert_eq!(report.problems.len(), 1, "{:?}", report.problems);
+}
+
+#[test]
+fn another_backend_is_refused_by_name() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("ckpt");
+    common::copy_tree(&fixture(), &dir);
+    std::fs::write(dir.join("metadata.json"), r#"{"sharded_backend": "zarr", "sharded_backend_version": 1}"#).unwrap();
+    let err = Checkpoint::open(dir.to_str().unwrap()).unwrap_err().to_string();
+    assert_eq!(
+        err,
+        format!(
+            "{}: the checkpoint's backend is `zarr`; only `torch_dist` is read (zarr was retired by megatron)",
+            dir.join("metadata.json").display()
+        )
+    );
+}
