@@ -25,6 +25,8 @@ fn cases() -> Vec<(PathBuf, serde_json::Value)> {
         .unwrap()
         .map(|e| e.unwrap().path())
         .filter(|p| p.join("case.json").is_file() && p.join("expected_model.safetensors").is_file())
+        // A training save in two optimizer forms has a test of its own.
+        .filter(|p| !p.join("dp_reshardable").is_dir())
         .map(|p| {
             let case = serde_json::from_str(&std::fs::read_to_string(p.join("case.json")).unwrap()).unwrap();
             (p, case)
@@ -35,9 +37,13 @@ fn cases() -> Vec<(PathBuf, serde_json::Value)> {
     out
 }
 
-/// The checkpoint of a case: the folder `case.json` names, or the case folder (a run folder).
+/// The checkpoint of a case: a Megatron-LM run folder (read through its tracker), or the folder
+/// `case.json` names.
 fn source(dir: &Path, case: &serde_json::Value) -> PathBuf {
-    case["checkpoint_dir"].as_str().map_or_else(|| dir.to_path_buf(), |d| dir.join(d))
+    if dir.join("latest_checkpointed_iteration.txt").is_file() {
+        return dir.to_path_buf();
+    }
+    dir.join(case["checkpoint_dir"].as_str().unwrap())
 }
 
 fn open(src: &Path, as_stored: bool) -> Checkpoint {
@@ -132,4 +138,37 @@ fn as_stored_applies_to_torch_dist_checkpoints_only() {
     let err = Checkpoint::open_with(file.to_str().unwrap(), &options).unwrap_err();
     assert_eq!(err.kind(), ckpt::ErrorKind::Usage);
     assert!(err.to_string().contains("applies to Megatron `torch_dist` checkpoints only"), "{err}");
+}
+
+/// A Megatron-LM training save (2 data-parallel ranks, the distributed optimizer, 2 steps of
+/// Adam), saved twice from the same state: once `dp_reshardable` (flat buckets), once
+/// `fully_reshardable` (per parameter). `merge --optimizer` gives the same per-parameter state
+/// from both, equal to the `fully_reshardable` save's own tensors, with no option to say how.
+#[test]
+fn both_optimizer_forms_merge_to_the_same_per_parameter_state() {
+    let dir = root().join("train_dp2");
+    let case: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("case.json")).unwrap()).unwrap();
+    let want_model = reference(&dir.join("expected_model.safetensors"), "");
+    let want_optimizer = reference(&dir.join("expected_optimizer.safetensors"), "");
+    for (form, spec) in case["forms"].as_object().unwrap() {
+        let run = dir.join(spec["run_dir"].as_str().unwrap());
+        let tmp = tempfile::tempdir().unwrap();
+        let ck = open(&run, false);
+        let m = ck.megatron().unwrap();
+        assert_eq!(m.optimizer.as_deref(), Some(form.as_str()));
+        assert_eq!(m.iteration, case["iteration"].as_u64());
+        assert_eq!((m.tensor_parallel, m.pipeline_parallel), (case["tp"].as_u64(), case["pp"].as_u64()));
+        assert_eq!(m.num_attention_heads, case["heads"].as_u64());
+        assert_eq!(m.num_query_groups, case["query_groups"].as_u64());
+        assert_eq!(m.ffn_hidden_size, case["ffn"].as_u64());
+        assert_eq!(m.swiglu, case["swiglu"].as_bool());
+        let out = tmp.path().join("model.safetensors");
+        let options = ckpt::MergeOptions { optimizer: true, ..Default::default() };
+        ckpt::merge(&ck, &out, &options, &WriteOptions::default()).unwrap();
+        assert_eq!(load(&out).0, want_model, "{form}: the model");
+        assert_eq!(load(&tmp.path().join("optimizer.safetensors")).0, want_optimizer, "{form}: the optimizer");
+        let stored = merged(&open(&run, true), &tmp.path().join("stored.safetensors"));
+        assert_eq!(stored, reference(&dir.join(spec["expected_stored"].as_str().unwrap()), ""), "{form}: as stored");
+    }
 }

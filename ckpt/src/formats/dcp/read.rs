@@ -87,8 +87,12 @@ pub(crate) fn read_with(dir: &Path, classes: &'static [&'static str]) -> Result<
             }
             Kind::Bytes { storage } => {
                 let (fi, rank) = files.get(&item.key, &storage)?;
-                let f = &files.list[fi];
-                let value = read_bytes_item(&f.path, rank, &item.key, &storage, &values_budget, classes)?;
+                let path = files.list[fi].path.clone();
+                let (value, inner) = read_bytes_item(&path, fi, rank, &item.key, &storage, &values_budget, classes)?;
+                for (t, record) in inner {
+                    files.records[fi].push(record);
+                    tensors.push(t);
+                }
                 let chunk = Chunk { file: fi, offset: storage.offset, len: storage.length };
                 bytes.push(DcpBytes { key: item.key, path: item.path, chunk, value });
             }
@@ -264,21 +268,82 @@ fn strip_path(e: &Error, path: &Path) -> String {
     text.strip_prefix(&format!("{}: ", path.display())).map(str::to_string).unwrap_or(text)
 }
 
+/// A non-tensor item's value. A format that pickles its own classes there also keeps tensors
+/// in its values (Megatron's `rng_state`, a list of dicts of generator states): they are
+/// described in the value and read as tensors of their own, named `KEY.<path in the value>`, as
+/// torch's `dcp_to_torch_save` gives them. A plain DCP value holds none.
 fn read_bytes_item(
     path: &Path,
+    fi: usize,
     rank: Option<u64>,
     key: &str,
     storage: &StorageInfo,
     budget: &Rc<pickle::Budget>,
     classes: &'static [&'static str],
-) -> Result<Leaf> {
-    let (_, _, p) = open_item(path, rank, key, storage, Some(budget), classes)?;
-    flatten::leaf_of(&p).map_err(|reason| Error::BadDcpChunk {
+) -> Result<(Leaf, Vec<(DcpTensor, Record)>)> {
+    let bad = |reason: String| Error::BadDcpChunk {
         path: path.to_path_buf(),
         tensor: key.to_string(),
         rank,
         reason: format!("non-tensor item at byte {}: {reason}", storage.offset),
-    })
+    };
+    let (archive, prefix, p) = open_item(path, rank, key, storage, Some(budget), classes)?;
+    if classes.is_empty() {
+        return Ok((flatten::leaf_of(&p).map_err(bad)?, Vec::new()));
+    }
+    let value = flatten::leaf_of_describing_tensors(&p).map_err(bad)?;
+    let mut inner = Vec::new();
+    for (name, t) in flatten::flatten(&p).map_err(bad)?.tensors {
+        let name = if name.is_empty() { key.to_string() } else { format!("{key}.{name}") };
+        let (b, record) = stored_view(&archive, &prefix, &t, fi, storage.offset)
+            .map_err(|reason| bad(format!("tensor `{name}` in it: {reason}")))?;
+        let record = Record { tensor: name.clone(), ..record };
+        let tensor = DcpTensor {
+            key: name.clone(),
+            path: vec![PathElem::Key(name)],
+            dtype: t.dtype,
+            shape: t.shape,
+            boxes: vec![b],
+        };
+        inner.push((tensor, record));
+    }
+    Ok((value, inner))
+}
+
+/// The box of a tensor `t` pickled in the item at byte `at` of file `fi`: the whole tensor, a
+/// view on its storage record, which must be stored uncompressed and hold the elements the
+/// pickle declares.
+fn stored_view(
+    archive: &zip::Archive,
+    prefix: &str,
+    t: &pickle::TensorRef,
+    fi: usize,
+    at: u64,
+) -> std::result::Result<(TensorBox, Record), String> {
+    let rec = format!("{prefix}data/{}", t.storage.key);
+    let Some(e) = archive.find(&rec) else {
+        return Err(format!("the item at byte {at} has no storage record `{rec}`"));
+    };
+    if e.method != zip::Method::Stored {
+        return Err(format!("storage record `{rec}` of the item at byte {at} is compressed"));
+    }
+    if t.storage.numel.checked_mul(t.storage.kind.elem_bytes()) != Some(e.size) {
+        return Err(format!(
+            "storage `{rec}` of the item at byte {at} declares {} elements but holds {} bytes",
+            t.storage.numel, e.size
+        ));
+    }
+    // The catalog checks that the view stays inside the storage record.
+    let b = TensorBox {
+        region: Region::whole(&t.shape),
+        file: fi,
+        base: at + e.data_offset,
+        len: e.size,
+        offset: t.offset,
+        strides: t.strides.clone(),
+    };
+    let record = Record { offset: b.base, len: b.len, crc: e.crc, name: rec, item: Some(at), tensor: String::new() };
+    Ok((b, record))
 }
 
 /// Locates the payload of a tensor item: the chunk's box, viewed through the strides the item
@@ -307,29 +372,9 @@ fn tensor_item(
             t.shape, c.offsets, c.sizes
         )));
     }
-    let rec = format!("{prefix}data/{}", t.storage.key);
-    let Some(e) = archive.find(&rec) else {
-        return Err(bad(format!("the item at byte {at} has no storage record `{rec}`")));
-    };
-    if e.method != zip::Method::Stored {
-        return Err(bad(format!("storage record `{rec}` of the item at byte {at} is compressed")));
-    }
-    if t.storage.numel.checked_mul(t.storage.kind.elem_bytes()) != Some(e.size) {
-        return Err(bad(format!(
-            "storage `{rec}` of the item at byte {at} declares {} elements but holds {} bytes",
-            t.storage.numel, e.size
-        )));
-    }
-    // The catalog checks that the view stays inside the storage record.
-    let b = TensorBox {
-        region: Region::new(c.offsets.clone(), c.sizes.clone()),
-        file: fi,
-        base: at + e.data_offset,
-        len: e.size,
-        offset: t.offset,
-        strides: t.strides.clone(),
-    };
-    let record = Record { offset: b.base, len: b.len, crc: e.crc, name: rec, item: Some(at), tensor: key.to_string() };
+    let (mut b, record) = stored_view(&archive, &prefix, t, fi, at).map_err(bad)?;
+    b.region = Region::new(c.offsets.clone(), c.sizes.clone());
+    let record = Record { tensor: key.to_string(), ..record };
     Ok((b, record))
 }
 

@@ -165,7 +165,7 @@ pub(crate) fn per_parameter(ck: &Checkpoint, m: &Megatron, dcp: &DcpSource) -> R
         }
     }
     let mut out = Vec::with_capacity(ranges.len());
-    for t in dcp.tensors.iter().filter(|t| !super::torch_dist::is_optimizer_key(&t.key)) {
+    for t in dcp.tensors.iter().filter(|t| super::torch_dist::is_model_key(&t.key)) {
         for state in buckets.get(&0).map(|s| s.keys().copied().collect::<Vec<_>>()).unwrap_or_default() {
             let Some(mut parts) = ranges.remove(&(t.key.as_str(), state)) else { continue };
             parts.sort_by_key(|(layer, _)| *layer);
@@ -180,7 +180,7 @@ pub(crate) fn per_parameter(ck: &Checkpoint, m: &Megatron, dcp: &DcpSource) -> R
 /// Every model parameter of the checkpoint: a plain key is one, a stacked key one per layer.
 fn model_params(dcp: &DcpSource) -> std::result::Result<Vec<Param<'_>>, (String, String)> {
     let mut out = Vec::new();
-    for t in dcp.tensors.iter().filter(|t| !super::torch_dist::is_optimizer_key(&t.key)) {
+    for t in dcp.tensors.iter().filter(|t| super::torch_dist::is_model_key(&t.key)) {
         let unknown = || {
             (t.key.clone(), "its place in megatron's parameter registration order is not known; refusing to guess the bucket layout".to_string())
         };

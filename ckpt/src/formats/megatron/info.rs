@@ -3,7 +3,6 @@
 //! the optimizer's form.
 
 use super::{names, Location};
-use crate::error::Result;
 use crate::formats::dcp::DcpSource;
 use crate::value::Leaf;
 
@@ -82,39 +81,52 @@ fn common(values: &[(String, Leaf)]) -> Option<&Leaf> {
     }
 }
 
-/// The summary of a `torch_dist` checkpoint.
-pub(crate) fn describe(loc: &Location, dcp: &DcpSource, values: &[(String, Leaf)]) -> Result<MegatronInfo> {
+/// What Megatron-LM's saved `args` (an `argparse.Namespace` record) say of the run and model.
+pub(crate) fn from_args(layout: &'static str, args: Option<&Leaf>) -> MegatronInfo {
+    let arg = |name: &str| args.and_then(|a| lookup(a, &[name]));
+    MegatronInfo {
+        layout,
+        iteration: None,
+        tensor_parallel: uint(arg("tensor_model_parallel_size")),
+        pipeline_parallel: uint(arg("pipeline_model_parallel_size")),
+        num_layers: uint(arg("num_layers")),
+        hidden_size: uint(arg("hidden_size")),
+        ffn_hidden_size: uint(arg("ffn_hidden_size")),
+        num_attention_heads: uint(arg("num_attention_heads")),
+        // Megatron-LM keeps its default `num_query_groups` (1) unless grouped-query attention
+        // is on; without it every head is its own group.
+        num_query_groups: match flag(arg("group_query_attention")) {
+            Some(false) => uint(arg("num_attention_heads")),
+            _ => uint(arg("num_query_groups")).or(uint(arg("num_attention_heads"))),
+        },
+        swiglu: flag(arg("swiglu")),
+        tied_embeddings: flag(arg("untie_embeddings_and_output_weights")).map(|untied| !untied),
+        optimizer: None,
+    }
+}
+
+/// The summary of a `torch_dist` checkpoint: the saved `args` where Megatron-LM saved them,
+/// the rest from the tensors.
+pub(crate) fn describe(loc: &Location, dcp: &DcpSource, values: &[(String, Leaf)]) -> MegatronInfo {
     let common = common(values);
-    let arg = |name: &str| common.and_then(|c| lookup(c, &["args", name]));
     let key_shape = |key: &str| dcp.tensors.iter().find(|t| t.key == key).map(|t| t.shape.clone());
     let stacked_layers = dcp
         .tensors
         .iter()
         .find(|t| names::stacked(&t.key).is_some_and(|s| s.block == "decoder.layers."))
         .and_then(|t| t.shape.first().copied());
-    let iteration = uint(common.and_then(|c| lookup(c, &["iteration"]))).or(loc.iteration);
-    let tied = flag(arg("untie_embeddings_and_output_weights"))
-        .map(|untied| !untied)
-        .or_else(|| Some(key_shape("output_layer.weight").is_none()));
     let optimizer = common
         .and_then(|c| lookup(c, &["optimizer", "param_state_sharding_type"]))
         .and_then(|v| if let Leaf::Str(s) = v { Some(s.clone()) } else { None })
         .or_else(|| {
             dcp.tensors.iter().any(|t| t.key.starts_with("optimizer.state.")).then(|| "fully_reshardable".to_string())
         });
-    Ok(MegatronInfo {
-        layout: "torch_dist",
-        iteration,
-        tensor_parallel: uint(arg("tensor_model_parallel_size")),
-        pipeline_parallel: uint(arg("pipeline_model_parallel_size")),
-        num_layers: uint(arg("num_layers")).or(stacked_layers),
-        hidden_size: uint(arg("hidden_size"))
-            .or_else(|| key_shape("embedding.word_embeddings.weight").and_then(|s| s.get(1).copied())),
-        ffn_hidden_size: uint(arg("ffn_hidden_size")),
-        num_attention_heads: uint(arg("num_attention_heads")),
-        num_query_groups: uint(arg("num_query_groups")).or(uint(arg("num_attention_heads"))),
-        swiglu: flag(arg("swiglu")),
-        tied_embeddings: tied,
-        optimizer,
-    })
+    let mut m = from_args("torch_dist", common.and_then(|c| lookup(c, &["args"])));
+    m.iteration = uint(common.and_then(|c| lookup(c, &["iteration"]))).or(loc.iteration);
+    m.num_layers = m.num_layers.or(stacked_layers);
+    m.hidden_size =
+        m.hidden_size.or_else(|| key_shape("embedding.word_embeddings.weight").and_then(|s| s.get(1).copied()));
+    m.tied_embeddings = m.tied_embeddings.or_else(|| Some(key_shape("output_layer.weight").is_none()));
+    m.optimizer = optimizer;
+    m
 }

@@ -18,7 +18,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::info::{lookup, Megatron, MegatronInfo};
+use super::info::{self, lookup, Megatron};
 use super::Location;
 use crate::catalog::{Checkpoint, Format, Parts, Scan, SourceFile, TensorBox, TensorData, TensorInfo};
 use crate::error::{Error, Result};
@@ -177,20 +177,13 @@ pub(super) fn catalog(root: PathBuf, loc: Location) -> Result<Scan> {
                 .map_err(|reason| bad(rank_file(list[0].1), Some(name.clone()), reason))?,
         );
     }
-    let meta = MegatronInfo {
-        layout: "legacy",
-        iteration: args_u64(first, "iteration").or(loc.iteration),
-        tensor_parallel: Some(tp),
-        pipeline_parallel: Some(pp),
-        num_layers: Some(total_layers),
-        hidden_size: arg_u64(&args, "hidden_size"),
-        ffn_hidden_size: arg_u64(&args, "ffn_hidden_size"),
-        num_attention_heads: arg_u64(&args, "num_attention_heads"),
-        num_query_groups: arg_u64(&args, "num_query_groups").or(arg_u64(&args, "num_attention_heads")),
-        swiglu: Some(swiglu),
-        tied_embeddings: Some(tied),
-        optimizer: None,
-    };
+    let mut meta = info::from_args("legacy", first.ck.values.iter().find(|(k, _)| k == "args").map(|(_, v)| v));
+    meta.iteration = args_u64(first, "iteration").or(loc.iteration);
+    meta.tensor_parallel = Some(tp);
+    meta.pipeline_parallel = Some(pp);
+    meta.num_layers = Some(total_layers);
+    meta.swiglu = Some(swiglu);
+    meta.tied_embeddings = Some(tied);
     if let Some(f) = files.first_mut() {
         f.metadata = vec![("format".to_string(), "pt".to_string())];
     }
@@ -199,13 +192,6 @@ pub(super) fn catalog(root: PathBuf, loc: Location) -> Result<Scan> {
     parts.members.extend(loc.tracker.clone());
     parts.detail = Some(Arc::new(Megatron { meta, dcp: None }));
     Ok(Scan::clean(Checkpoint::new(parts)?))
-}
-
-fn arg_u64<'a>(args: &impl Fn(&str) -> Option<&'a Leaf>, name: &str) -> Option<u64> {
-    match args(name)? {
-        Leaf::Int(i) => u64::try_from(*i).ok(),
-        _ => None,
-    }
 }
 
 fn args_u64(r: &RankFile, key: &str) -> Option<u64> {

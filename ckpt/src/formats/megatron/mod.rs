@@ -62,18 +62,30 @@ const MAX_CONFIG_LEN: u64 = 1 << 16;
 /// The globals a Megatron-LM save pickles besides torch's weights-only list: the saved
 /// `args` and the enums its fields hold, all read as inert records.
 pub(crate) const SAVE_GLOBALS: &[&str] = &[
+    // `args`, and the enums Megatron-LM's arguments hold (`attention_backend`, `exit_signal`,
+    // `fp8_recipe`, the CUDA graph scopes, ...).
     "argparse.Namespace",
+    "signal.Signals",
     "megatron.core.enums.ModelType",
-    "megatron.core.transformer.enums.AttnBackend",
+    "megatron.core.enums.Fp8Recipe",
+    "megatron.core.enums.Fp4Recipe",
+    "megatron.core.transformer.enums.ModelType",
+    "megatron.core.transformer.enums.LayerType",
+    "megatron.core.transformer.enums.AttnType",
     "megatron.core.transformer.enums.AttnMaskType",
+    "megatron.core.transformer.enums.AttnBackend",
+    "megatron.core.transformer.enums.CudaGraphModule",
     "megatron.core.transformer.enums.CudaGraphScope",
+    "megatron.core.transformer.enums.InferenceCudaGraphScope",
+    // The rerun state machine's saved state.
     "megatron.core.rerun_state_machine.RerunDiagnostic",
     "megatron.core.rerun_state_machine.RerunMode",
     "megatron.core.rerun_state_machine.RerunState",
-    "megatron.core.optimizer.optimizer_config.OptimizerConfig",
+    "megatron.core.rerun_state_machine.RerunValidationStatus",
+    // `rng_state`'s numpy generator state.
     "numpy.dtype",
-    "numpy.core.multiarray._reconstruct",
     "numpy.ndarray",
+    "numpy.core.multiarray._reconstruct",
     "numpy._core.multiarray._reconstruct",
 ];
 

@@ -16,7 +16,7 @@ use crate::value::Leaf;
 pub(super) fn catalog(root: PathBuf, loc: Location, as_stored: bool) -> Result<Scan> {
     let dcp = dcp::read_folder_with(&loc.dir, super::SAVE_GLOBALS)?;
     let values: Vec<(String, Leaf)> = dcp.bytes.iter().map(|b| (b.key.clone(), b.value.clone())).collect();
-    let meta = info::describe(&loc, &dcp, &values)?;
+    let meta = info::describe(&loc, &dcp, &values);
     let tensors = if as_stored { stored(&dcp) } else { one_rank(&dcp, &loc)? };
     let mut files = dcp.files.clone();
     // What `safetensors.torch.save_file` writes.
@@ -51,9 +51,10 @@ fn stored(dcp: &DcpSource) -> Vec<TensorInfo> {
         .collect()
 }
 
-/// True for the keys of a save's optimizer state: the model is everything else.
-pub(super) fn is_optimizer_key(key: &str) -> bool {
-    key.starts_with("optimizer.")
+/// True for the keys of the model's tensors: not the optimizer's state, and not a tensor kept
+/// inside a non-tensor value (`rng_state/shard_…`; megatron's own keys have no `/`).
+pub(super) fn is_model_key(key: &str) -> bool {
+    !key.starts_with("optimizer.") && !key.contains('/')
 }
 
 /// The model as megatron holds it on one rank: every stacked key cut into its layers, named by
@@ -65,7 +66,7 @@ fn one_rank(dcp: &DcpSource, loc: &Location) -> Result<Vec<TensorInfo>> {
     // model's `state_dict()` orders them.
     let mut stacked = Vec::new();
     let mut layers_at = None;
-    for t in dcp.tensors.iter().filter(|t| !is_optimizer_key(&t.key)) {
+    for t in dcp.tensors.iter().filter(|t| is_model_key(&t.key)) {
         let bad = |reason: String| Error::BadMegatron {
             path: loc.dir.join(dcp::METADATA_NAME),
             key: Some(t.key.clone()),

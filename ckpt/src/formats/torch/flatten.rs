@@ -83,6 +83,15 @@ pub(crate) fn leaf_of(p: &Pickle) -> Result<Leaf, String> {
     w.leaf(p.root, 0)
 }
 
+/// [`leaf_of`] for values that may hold tensors (Megatron's `rng_state`, a list of dicts of
+/// generator states): each tensor becomes `{"__tensor__": {"dtype": …, "shape": […]}}`, a
+/// description without its data, so that the rest of the value can be read.
+pub(crate) fn leaf_of_describing_tensors(p: &Pickle) -> Result<Leaf, String> {
+    let mut w = Walk::new(p, false, Vec::new());
+    w.describe_tensors = true;
+    w.leaf(p.root, 0)
+}
+
 struct Walk<'a> {
     p: &'a Pickle,
     visits: u64,
@@ -90,6 +99,8 @@ struct Walk<'a> {
     out: Flat,
     /// Decode numpy arrays and scalars.
     numpy: bool,
+    /// A tensor met inside a value is described rather than refused.
+    describe_tensors: bool,
     /// Whether each arena object leads to a tensor.
     reach: Vec<bool>,
     /// The objects being walked, with the number of path segments leading to each.
@@ -213,6 +224,7 @@ impl<'a> Walk<'a> {
             names: HashSet::new(),
             out: Flat::default(),
             numpy,
+            describe_tensors: false,
             reach,
             chain: Vec::new(),
             segs: Vec::new(),
@@ -397,8 +409,30 @@ impl<'a> Walk<'a> {
                     self.p.charge(alloc_bytes(s.len()))?;
                     Ok(s.clone())
                 }
-                _ => Err("dict keys must be strings or ints".into()),
+                // A tuple key (megatron's `(param_dtype, grad_dtype)`): Python's repr of it.
+                Some(Obj::Tuple(items)) => {
+                    let parts = items.iter().map(|&i| self.key_part(i)).collect::<Result<Vec<_>, _>>()?;
+                    let text =
+                        if parts.len() == 1 { format!("({},)", parts[0]) } else { format!("({})", parts.join(", ")) };
+                    self.p.charge(alloc_bytes(text.len()))?;
+                    Ok(text)
+                }
+                _ => Err("dict keys must be strings, ints or tuples of them".into()),
             },
+        }
+    }
+
+    /// An element of a tuple key, as Python's repr writes it.
+    fn key_part(&self, v: V) -> Result<String, String> {
+        match (v, self.p.obj(v)) {
+            (V::Int(i), _) => Ok(i.to_string()),
+            (V::Bool(b), _) => Ok(if b { "True" } else { "False" }.to_string()),
+            (V::None, _) => Ok("None".to_string()),
+            (_, Some(Obj::Str(s))) => Ok(format!("'{s}'")),
+            (_, Some(Obj::Global(Global::Dtype(d)))) => {
+                Ok(format!("torch.{}", super::pickle::torch_dtype_name(*d).unwrap_or("unknown")))
+            }
+            _ => Err("dict keys must be strings, ints or tuples of them".into()),
         }
     }
 
@@ -482,6 +516,14 @@ impl<'a> Walk<'a> {
                     }
                     Ok(Leaf::Dict(fields))
                 })?,
+                Some(Obj::Tensor(t)) if self.describe_tensors => {
+                    p.charge(vec_bytes::<(String, Leaf)>(3) + vec_bytes::<Leaf>(t.shape.len()) + 3 * JSON_NODE)?;
+                    let dtype = super::pickle::torch_dtype_name(t.dtype).unwrap_or("unknown");
+                    let shape = t.shape.iter().map(|&d| Leaf::Int(i64::try_from(d).unwrap_or(i64::MAX))).collect();
+                    let about =
+                        vec![("dtype".to_string(), Leaf::Str(dtype.to_string())), ("shape".into(), Leaf::List(shape))];
+                    Leaf::Dict(vec![("__tensor__".to_string(), Leaf::Dict(about))])
+                }
                 Some(Obj::Tensor(_)) | None => return Err("unexpected tensor".into()),
             },
         })
