@@ -104,3 +104,50 @@ fn another_backend_is_refused_by_name() {
         )
     );
 }
+
+/// A copy of the legacy fixture (`fixtures/megatron/legacy_tp2pp2`: tensor parallel 2 ×
+/// pipeline parallel 2, written by Megatron-LM's own `save_checkpoint`).
+fn legacy_copy() -> (tempfile::TempDir, PathBuf) {
+    let tmp = tempfile::tempdir().unwrap();
+    let save = tmp.path().join("save");
+    common::copy_tree(&PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../fixtures/megatron/legacy_tp2pp2"), &save);
+    (tmp, save)
+}
+
+fn refused_legacy(src: &Path, expected: &str) {
+    let err = Checkpoint::open(src.to_str().unwrap()).unwrap_err();
+    assert_eq!(err.to_string(), expected);
+    assert!(err.is_invalid_data(), "{expected}");
+    let report = ckpt::verify(src.to_str().unwrap()).unwrap();
+    assert_eq!(report.format.map(|f| f.name()), Some("megatron-legacy"));
+    assert_eq!(report.problems.iter().map(ToString::to_string).collect::<Vec<_>>(), vec![expected.to_string()]);
+}
+
+#[test]
+fn a_legacy_rank_missing() {
+    let (_tmp, save) = legacy_copy();
+    let gone = save.join("iter_0000001/mp_rank_01_001");
+    std::fs::remove_dir_all(&gone).unwrap();
+    refused_legacy(
+        &save,
+        &format!(
+            "{} (rank 1): missing: the save has 2 tensor-parallel × 2 pipeline ranks, but this rank's file is not there",
+            gone.join("model_optim_rng.pt").display()
+        ),
+    );
+}
+
+#[test]
+fn a_legacy_stage_missing_disagrees_with_the_layer_count() {
+    let (_tmp, save) = legacy_copy();
+    for r in ["mp_rank_00_001", "mp_rank_01_001"] {
+        std::fs::remove_dir_all(save.join("iter_0000001").join(r)).unwrap();
+    }
+    refused_legacy(
+        &save,
+        &format!(
+            "{}: the stages hold 2 layers in all, but `args.num_layers` is 4",
+            save.join("iter_0000001").display()
+        ),
+    );
+}

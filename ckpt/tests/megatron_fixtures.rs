@@ -89,9 +89,12 @@ fn inspect_names_the_format_and_the_model() {
     for (dir, case) in cases() {
         let src = source(&dir, &case);
         let ck = open(&src, false);
-        assert_eq!(ck.format().name(), "megatron-torch-dist", "{}", dir.display());
+        let legacy = case["ckpt_format"] == "torch";
+        let (format, layout) =
+            if legacy { ("megatron-legacy", "legacy") } else { ("megatron-torch-dist", "torch_dist") };
+        assert_eq!(ck.format().name(), format, "{}", dir.display());
         let m = ck.megatron().unwrap();
-        assert_eq!(m.layout, "torch_dist");
+        assert_eq!(m.layout, layout);
         assert_eq!(m.num_layers, case["layers"].as_u64(), "{}", dir.display());
         assert_eq!(m.hidden_size, case["hidden"].as_u64(), "{}", dir.display());
         assert_eq!(m.tied_embeddings, case["tied"].as_bool(), "{}", dir.display());
@@ -99,7 +102,15 @@ fn inspect_names_the_format_and_the_model() {
         let report = ckpt::verify(src.to_str().unwrap()).unwrap();
         assert!(report.is_valid(), "{}: {:?}", dir.display(), report.problems);
         let doc = serde_json::to_value(&ck).unwrap();
-        assert_eq!(doc["format"], "megatron-torch-dist");
+        assert_eq!(doc["format"], format);
+        if legacy || dir.join("latest_checkpointed_iteration.txt").is_file() {
+            // Megatron-LM saved its `args`: the run's settings are all known.
+            assert_eq!((m.tensor_parallel, m.pipeline_parallel), (case["tp"].as_u64(), case["pp"].as_u64()));
+            assert_eq!(m.num_attention_heads, case["heads"].as_u64(), "{}", dir.display());
+            assert_eq!(m.num_query_groups, case["query_groups"].as_u64(), "{}", dir.display());
+            assert_eq!(m.swiglu, case["swiglu"].as_bool(), "{}", dir.display());
+            assert_eq!(m.iteration, case["iteration"].as_u64(), "{}", dir.display());
+        }
         assert_eq!(doc["megatron"]["num_layers"], case["layers"]);
     }
 }

@@ -121,42 +121,28 @@ pub(crate) fn per_parameter(ck: &Checkpoint, m: &Megatron, dcp: &DcpSource) -> R
     // The model's parameters in registration order, and where the grad buffer puts each.
     let mut params = model_params(dcp).map_err(|(key, reason)| refuse(Some(&key), reason))?;
     params.sort_by_key(|p| p.order);
-    let mut placed: Vec<(usize, u64, u64)> = Vec::with_capacity(params.len());
-    let (mut bucket, mut at) = (0usize, 0u64);
-    for (i, p) in params.iter().enumerate().rev() {
-        let Some(&size) = sizes.get(bucket) else {
-            return Err(refuse(
-                Some(p.key),
-                format!("the derived layout needs more than the checkpoint's {} buckets", sizes.len()),
-            ));
-        };
-        let start = at.div_ceil(PARAM_ALIGN) * PARAM_ALIGN;
-        at = start + p.numel;
-        if at > size {
-            return Err(refuse(
-                Some(p.key),
-                format!(
-                    "bucket {bucket} holds {size} elements, but the derived layout fills it past that \
-                     (to {at}) at this parameter: its layout is not megatron's default"
-                ),
-            ));
-        }
-        placed.push((i, bucket as u64, start));
-        if at == size {
-            bucket += 1;
-            at = 0;
-        }
-    }
-    if bucket != sizes.len() || at != 0 {
-        return Err(refuse(
+    let numels: Vec<u64> = params.iter().map(|p| p.numel).collect();
+    let placed = place(&numels, &sizes).map_err(|m| match m {
+        Misfit::Overfilled { param, bucket, size, end } => refuse(
+            Some(params[param].key),
+            format!(
+                "bucket {bucket} holds {size} elements, but the derived layout fills it past that \
+                 (to {end}) at this parameter: its layout is not megatron's default"
+            ),
+        ),
+        Misfit::TooFewBuckets { param } => refuse(
+            Some(params[param].key),
+            format!("the derived layout needs more than the checkpoint's {} buckets", sizes.len()),
+        ),
+        Misfit::Unfilled { filled } => refuse(
             None,
-            format!("the derived layout fills {bucket} of the checkpoint's {} buckets and stops short", sizes.len()),
-        ));
-    }
+            format!("the derived layout fills {filled} of the checkpoint's {} buckets and stops short", sizes.len()),
+        ),
+    })?;
 
     // Each stored key's state: its layers' ranges in layer order, the stacked tensor row-major.
     let mut ranges: BTreeMap<(&str, &str), Vec<LayerRanges>> = BTreeMap::new();
-    for (i, b, start) in placed {
+    for (i, (b, start)) in placed.into_iter().enumerate() {
         let p = &params[i];
         for (state, t) in &buckets[&b] {
             let chunks = flat_range(&t.boxes, start, start + p.numel, t.dtype.bits() / 8)
@@ -175,6 +161,43 @@ pub(crate) fn per_parameter(ck: &Checkpoint, m: &Megatron, dcp: &DcpSource) -> R
         }
     }
     Ok(out)
+}
+
+/// Why the parameters do not fit the checkpoint's buckets.
+#[derive(Debug, PartialEq, Eq)]
+enum Misfit {
+    /// Parameter `param` (registration index) ends at `end`, past its bucket's `size`.
+    Overfilled { param: usize, bucket: usize, size: u64, end: u64 },
+    /// Parameter `param` is left when every bucket is full.
+    TooFewBuckets { param: usize },
+    /// The parameters end after `filled` buckets, the last of them not full.
+    Unfilled { filled: usize },
+}
+
+/// Where megatron's grad buffer puts each parameter (`numels` in registration order): its
+/// bucket and its start in it, laid out in reverse, each start on a multiple of
+/// [`PARAM_ALIGN`], a bucket closing when it reaches its stored size (`sizes`, without the end
+/// padding).
+fn place(numels: &[u64], sizes: &[u64]) -> std::result::Result<Vec<(u64, u64)>, Misfit> {
+    let mut placed = vec![(0, 0); numels.len()];
+    let (mut bucket, mut at) = (0usize, 0u64);
+    for (param, &numel) in numels.iter().enumerate().rev() {
+        let Some(&size) = sizes.get(bucket) else { return Err(Misfit::TooFewBuckets { param }) };
+        let start = at.div_ceil(PARAM_ALIGN) * PARAM_ALIGN;
+        at = start + numel;
+        if at > size {
+            return Err(Misfit::Overfilled { param, bucket, size, end: at });
+        }
+        placed[param] = (bucket as u64, start);
+        if at == size {
+            bucket += 1;
+            at = 0;
+        }
+    }
+    if bucket != sizes.len() || at != 0 {
+        return Err(Misfit::Unfilled { filled: bucket });
+    }
+    Ok(placed)
 }
 
 /// Every model parameter of the checkpoint: a plain key is one, a stacked key one per layer.
@@ -232,4 +255,47 @@ fn flat_range(boxes: &[TensorBox], start: u64, end: u64, elem: u64) -> std::resu
         return Err(format!("elements {next}..{end} are in no saved range"));
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The training save of `fixtures/megatron/train_dp2` (2 layers, hidden 8, 2 data-parallel
+    /// ranks, bucket size 600): megatron's own layout, as its `param_index_map` reported it.
+    #[test]
+    fn the_layout_megatron_reported_for_a_real_save() {
+        // Registration order: embedding, per layer input norm, proj, qkv, mlp norm, fc1, fc2;
+        // final norm, output layer.
+        let layer = [8, 64, 128, 8, 128, 128];
+        let numels: Vec<u64> = std::iter::once(256).chain(layer).chain(layer).chain([8, 256]).collect();
+        let placed = place(&numels, &[768, 640, 320]);
+        let want = vec![
+            (2, 64), // embedding
+            (2, 0),  // layer 0
+            (1, 576),
+            (1, 448),
+            (1, 384),
+            (1, 256),
+            (1, 128),
+            (1, 64), // layer 1
+            (1, 0),
+            (0, 640),
+            (0, 576),
+            (0, 448),
+            (0, 320),
+            (0, 256), // final norm
+            (0, 0),   // output layer
+        ];
+        assert_eq!(placed, Ok(want));
+    }
+
+    #[test]
+    fn a_layout_that_does_not_fit_is_refused_not_guessed() {
+        // A parameter megatron would not close the bucket on: it runs past the stored size.
+        assert_eq!(place(&[64, 100], &[120]), Err(Misfit::Overfilled { param: 0, bucket: 0, size: 120, end: 192 }));
+        assert_eq!(place(&[64, 64], &[64]), Err(Misfit::TooFewBuckets { param: 0 }));
+        assert_eq!(place(&[64], &[64, 64]), Err(Misfit::Unfilled { filled: 1 }));
+        assert_eq!(place(&[10, 20], &[74]), Ok(vec![(0, 64), (0, 0)]));
+    }
 }
