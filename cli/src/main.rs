@@ -106,7 +106,7 @@ pub enum Command {
         #[command(flatten)]
         open: OpenArgs,
     },
-    /// Merge any checkpoint (shards, DCP, DeepSpeed ZeRO, accelerate, Trainer) into one file, bit-exact.
+    /// Merge any checkpoint (shards, DCP, DeepSpeed ZeRO, Megatron, accelerate, Trainer) into one file, bit-exact.
     ///
     /// Sharded safetensors and torch files, DCP folders (FSDP2, tensor parallel, DTensors on any
     /// dims, DCP's HF storage), accelerate `save_state` and `Trainer` folders (their model, and
@@ -115,6 +115,11 @@ pub enum Command {
     /// A DeepSpeed checkpoint folder (with `latest`, or a tag folder) is merged the way
     /// `zero_to_fp32.py --safe_serialization` merges it: fp32 master weights, buffers, frozen
     /// and tied parameters (a tied alias is written as its own copy).
+    ///
+    /// A Megatron-Core checkpoint (a run folder with `latest_checkpointed_iteration.txt`, an
+    /// `iter_N` folder, a `torch_dist` folder, or a legacy save's `mp_rank_*` files) is merged
+    /// into the model megatron holds on one rank (tensor and pipeline parallel 1), or with
+    /// `--as-stored` into its stored tensors.
     Merge {
         /// A sharded folder, its index file, a DCP folder (holding `.metadata`), a DeepSpeed
         /// checkpoint folder, an accelerate `save_state` folder, or an `hf://` address.
@@ -131,8 +136,9 @@ pub enum Command {
         /// DeepSpeed: the tag folder to merge (default: the one named in `latest`).
         #[arg(long)]
         tag: Option<String>,
-        /// DeepSpeed, or an accelerate `save_state` folder: also write the merged optimizer
-        /// state (Adam moments) to `optimizer.safetensors` beside OUT.
+        /// DeepSpeed, Megatron, or an accelerate `save_state` folder: also write the merged
+        /// optimizer state (Adam moments; Megatron: fp32 main params too) to
+        /// `optimizer.safetensors` beside OUT.
         #[arg(long)]
         optimizer: bool,
         /// DeepSpeed: shard into OUT (a folder) like huggingface_hub, files of at most this size.
