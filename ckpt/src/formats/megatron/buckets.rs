@@ -29,6 +29,7 @@ use super::optimizer::STATE_PREFIX;
 use crate::catalog::{Checkpoint, Chunk, TensorBox, TensorInfo};
 use crate::error::{Error, Result};
 use crate::formats::dcp::DcpSource;
+use crate::value::Leaf;
 
 /// The prefix of the bucket tensors of the one layout read here.
 const BUCKET_PREFIX: &str = "optimizer.distributed.dp_group_idx_0.gbuf_idx_0.";
@@ -118,6 +119,15 @@ pub(crate) fn per_parameter(ck: &Checkpoint, m: &Megatron, dcp: &DcpSource) -> R
         }
     }
 
+    if let Some((key, recorded)) = recorded_sizes(dcp) {
+        if recorded != sizes {
+            return Err(refuse(
+                Some(&key),
+                format!("records bucket sizes {recorded:?}, but the bucket tensors hold {sizes:?} elements"),
+            ));
+        }
+    }
+
     // The model's parameters in registration order, and where the grad buffer puts each.
     let mut params = model_params(dcp).map_err(|(key, reason)| refuse(Some(&key), reason))?;
     params.sort_by_key(|p| p.order);
@@ -161,6 +171,25 @@ pub(crate) fn per_parameter(ck: &Checkpoint, m: &Megatron, dcp: &DcpSource) -> R
         }
     }
     Ok(out)
+}
+
+/// The bucket sizes megatron recorded beside the buckets (`per_bucket_numel_unpadded`: per
+/// grad buffer, a dict from its dtype pair to one size per bucket), for grad buffer 0, with the
+/// key they were read from.
+fn recorded_sizes(dcp: &DcpSource) -> Option<(String, Vec<u64>)> {
+    let item = dcp.bytes.iter().find(|b| {
+        b.key.split('/').next() == Some("optimizer.distributed.dp_group_idx_0.per_bucket_numel_unpadded")
+    })?;
+    // A one-item list (the sharded object) around the list of grad buffers.
+    let mut v = &item.value;
+    while let Leaf::List(items) = v {
+        v = items.first()?;
+    }
+    let Leaf::Dict(by_dtype) = v else { return None };
+    let (_, Leaf::List(sizes)) = by_dtype.first()? else { return None };
+    let sizes: Option<Vec<u64>> =
+        sizes.iter().map(|s| if let Leaf::Int(i) = s { u64::try_from(*i).ok() } else { None }).collect();
+    Some((item.key.clone(), sizes?))
 }
 
 /// Why the parameters do not fit the checkpoint's buckets.
