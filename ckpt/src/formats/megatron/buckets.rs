@@ -16,23 +16,29 @@
 //!   to the end of its last parameter), and the next bucket starts its own count at 0 (bucket
 //!   starts are padded to a multiple of `lcm(dp, 128)`, itself a multiple of 64).
 //!
+//! Under tensor parallelism each model-parallel rank `G` has buckets of its own over its pieces
+//! of the parameters, laid out by the same rules; a parameter's state is its ranks' pieces put
+//! back as megatron's parallel layers cut them ([`names::split_of`]): concatenated on dim 0, row
+//! by row on dim 1, SwiGLU's two halves each concatenated, a replicated tensor taken from rank 0.
+//!
 //! The registration order is that of megatron's GPT model with the local layer spec
 //! ([`REGISTRATION`]); a parameter whose place in it is not known, a bucket the derived layout
-//! overfills or leaves unfilled, or a layout over several buffers or model-parallel domains is
-//! refused by name rather than guessed.
+//! overfills or leaves unfilled, bucket sizes that disagree with the recorded
+//! `per_bucket_numel_unpadded`, several grad buffers (a model of several dtypes) or pipeline
+//! parallelism are refused by name rather than guessed.
 
 use std::collections::BTreeMap;
 
 use super::info::Megatron;
-use super::names;
+use super::names::{self, Split};
 use super::optimizer::STATE_PREFIX;
 use crate::catalog::{Checkpoint, Chunk, TensorBox, TensorInfo};
 use crate::error::{Error, Result};
-use crate::formats::dcp::DcpSource;
+use crate::formats::dcp::{DcpSource, DcpTensor};
 use crate::value::Leaf;
 
-/// The prefix of the bucket tensors of the one layout read here.
-const BUCKET_PREFIX: &str = "optimizer.distributed.dp_group_idx_0.gbuf_idx_0.";
+/// The prefix of the bucket tensors (`dp_group_idx_G`, G the model-parallel rank).
+const BUCKET_PREFIX: &str = "optimizer.distributed.dp_group_idx_";
 /// Each parameter's start in its bucket is a multiple of this many elements.
 const PARAM_ALIGN: u64 = 64;
 
@@ -64,15 +70,22 @@ const AFTER_LAYERS: &[&str] =
 /// A layer's byte ranges of one state of one stored key.
 type LayerRanges = (u64, Vec<Chunk>);
 
-/// One model parameter: its stored key, its layer within a stacked key, its element count.
+/// One model parameter: its stored key, its layer within a stacked key, its global shape, and
+/// how tensor parallelism splits it.
 #[derive(Debug)]
 struct Param<'a> {
     key: &'a str,
     layer: Option<u64>,
-    numel: u64,
+    shape: Vec<u64>,
+    /// Its element count on one tensor-parallel rank.
+    local: u64,
+    split: Split,
     /// Where it registers: before the layers, in layer `n`, after them; then its index.
     order: (u8, u64, usize),
 }
+
+/// One model-parallel rank's buckets (`dp_group_idx_G`): by bucket index, by state.
+type Domain<'a> = BTreeMap<u64, BTreeMap<&'a str, &'a DcpTensor>>;
 
 /// The optimizer state of every parameter, named as the `fully_reshardable` form names it.
 pub(crate) fn per_parameter(ck: &Checkpoint, m: &Megatron, dcp: &DcpSource) -> Result<Vec<TensorInfo>> {
@@ -82,90 +95,74 @@ pub(crate) fn per_parameter(ck: &Checkpoint, m: &Megatron, dcp: &DcpSource) -> R
         rank: None,
         reason,
     };
-    if m.meta.tensor_parallel.is_some_and(|t| t > 1) || m.meta.pipeline_parallel.is_some_and(|p| p > 1) {
+    if m.meta.pipeline_parallel.is_some_and(|p| p > 1) {
+        return Err(refuse(None, "a `dp_reshardable` optimizer under pipeline parallelism is not derived yet".into()));
+    }
+    let domains = domains(dcp).map_err(|(key, reason)| refuse(Some(&key), reason))?;
+    let tp = domains.len() as u64;
+    if m.meta.tensor_parallel.is_some_and(|t| t != tp) {
         return Err(refuse(
             None,
-            "a `dp_reshardable` optimizer under tensor or pipeline parallelism is not derived yet".into(),
+            format!(
+                "the optimizer has {tp} model-parallel bucket sets for tensor parallel {:?}",
+                m.meta.tensor_parallel
+            ),
         ));
     }
-    // The bucket tensors, by bucket index and state.
-    let mut buckets: BTreeMap<u64, BTreeMap<&str, &crate::formats::dcp::DcpTensor>> = BTreeMap::new();
-    for t in dcp.tensors.iter().filter(|t| t.key.starts_with("optimizer.distributed.")) {
-        let Some(rest) = t.key.strip_prefix(BUCKET_PREFIX) else {
+    let swiglu = match (tp, m.meta.swiglu) {
+        (1, s) => s.unwrap_or(false),
+        (_, Some(s)) => s,
+        (_, None) => {
             return Err(refuse(
-                Some(&t.key),
-                "only one grad buffer of one data-parallel domain is derived yet (`dp_group_idx_0.gbuf_idx_0`)".into(),
-            ));
-        };
-        let parsed = rest.split_once(".bucket_idx_").and_then(|(_, b)| b.split_once('.'));
-        let Some((b, state)) = parsed.and_then(|(b, s)| Some((b.parse::<u64>().ok()?, s))) else {
-            return Err(refuse(Some(&t.key), "not a bucket tensor (`...bucket_idx_K.STATE`)".into()));
-        };
-        if t.shape.len() != 1 {
-            return Err(refuse(Some(&t.key), format!("a bucket tensor of shape {:?}, not 1-D", t.shape)));
+                None,
+                "under tensor parallelism the layout needs the saved `args` (`swiglu`), which are not there".into(),
+            ))
         }
-        buckets.entry(b).or_default().insert(state, t);
-    }
-    let sizes: Vec<u64> = buckets.values().map(|states| states.values().next().map_or(0, |t| t.shape[0])).collect();
-    if buckets.keys().copied().ne(0..buckets.len() as u64) {
-        return Err(refuse(None, "the bucket indices are not 0, 1, 2, ...".into()));
-    }
-    for states in buckets.values() {
-        if let Some((key, t)) = states.iter().find(|(_, t)| t.shape != states.values().next().unwrap_or(t).shape) {
-            return Err(refuse(
-                Some(&t.key),
-                format!("state `{key}` disagrees with the bucket's other states on its size"),
-            ));
-        }
-    }
+    };
 
-    if let Some((key, recorded)) = recorded_sizes(dcp) {
-        if recorded != sizes {
-            return Err(refuse(
-                Some(&key),
-                format!("records bucket sizes {recorded:?}, but the bucket tensors hold {sizes:?} elements"),
-            ));
-        }
-    }
-
-    // The model's parameters in registration order, and where the grad buffer puts each.
-    let mut params = model_params(dcp).map_err(|(key, reason)| refuse(Some(&key), reason))?;
+    // The model's parameters in registration order, as each tensor-parallel rank holds them.
+    let mut params = model_params(dcp, swiglu, tp).map_err(|(key, reason)| refuse(Some(&key), reason))?;
     params.sort_by_key(|p| p.order);
-    let numels: Vec<u64> = params.iter().map(|p| p.numel).collect();
-    let placed = place(&numels, &sizes).map_err(|m| match m {
-        Misfit::Overfilled { param, bucket, size, end } => refuse(
-            Some(params[param].key),
-            format!(
-                "bucket {bucket} holds {size} elements, but the derived layout fills it past that \
-                 (to {end}) at this parameter: its layout is not megatron's default"
-            ),
-        ),
-        Misfit::TooFewBuckets { param } => refuse(
-            Some(params[param].key),
-            format!("the derived layout needs more than the checkpoint's {} buckets", sizes.len()),
-        ),
-        Misfit::Unfilled { filled } => refuse(
-            None,
-            format!("the derived layout fills {filled} of the checkpoint's {} buckets and stops short", sizes.len()),
-        ),
-    })?;
+    let numels: Vec<u64> = params.iter().map(|p| p.local).collect();
+    // Where each rank's grad buffer puts each parameter's piece.
+    let mut placed = Vec::with_capacity(domains.len());
+    for (g, domain) in domains.iter().enumerate() {
+        let sizes: Vec<u64> = domain.values().map(|states| states.values().next().map_or(0, |t| t.shape[0])).collect();
+        if let Some((key, recorded)) = recorded_sizes(dcp, g) {
+            if recorded != sizes {
+                return Err(refuse(
+                    Some(&key),
+                    format!("records bucket sizes {recorded:?}, but the bucket tensors hold {sizes:?} elements"),
+                ));
+            }
+        }
+        placed.push(place(&numels, &sizes).map_err(|m| misfit(&refuse, &params, &sizes, g, m))?);
+    }
 
-    // Each stored key's state: its layers' ranges in layer order, the stacked tensor row-major.
+    // Each stored key's state: its layers' pieces, the ranks' pieces of each put in row-major
+    // order of the global tensor.
+    let states: Vec<&str> = domains[0].get(&0).map(|s| s.keys().copied().collect()).unwrap_or_default();
     let mut ranges: BTreeMap<(&str, &str), Vec<LayerRanges>> = BTreeMap::new();
-    for (i, (b, start)) in placed.into_iter().enumerate() {
-        let p = &params[i];
-        for (state, t) in &buckets[&b] {
-            let chunks = flat_range(&t.boxes, start, start + p.numel, t.dtype.bits() / 8)
-                .map_err(|r| refuse(Some(&t.key), r))?;
+    for (i, p) in params.iter().enumerate() {
+        for &state in &states {
+            let mut pieces = Vec::with_capacity(tp as usize);
+            for (g, domain) in domains.iter().enumerate() {
+                let (b, start) = placed[g][i];
+                let t = domain.get(&b).and_then(|s| s.get(state)).ok_or_else(|| {
+                    refuse(None, format!("bucket {b} of model-parallel rank {g} has no `{state}` tensor"))
+                })?;
+                pieces.push((*t, start));
+            }
+            let chunks = assemble(p, &pieces, tp).map_err(|(key, r)| refuse(Some(&key), r))?;
             ranges.entry((p.key, state)).or_default().push((p.layer.unwrap_or(0), chunks));
         }
     }
     let mut out = Vec::with_capacity(ranges.len());
     for t in dcp.tensors.iter().filter(|t| super::torch_dist::is_model_key(&t.key)) {
-        for state in buckets.get(&0).map(|s| s.keys().copied().collect::<Vec<_>>()).unwrap_or_default() {
+        for &state in &states {
             let Some(mut parts) = ranges.remove(&(t.key.as_str(), state)) else { continue };
             parts.sort_by_key(|(layer, _)| *layer);
-            let dtype = buckets[&0][state].dtype;
+            let dtype = domains[0][&0][state].dtype;
             let chunks = parts.into_iter().flat_map(|(_, c)| c).collect();
             out.push(TensorInfo::ranges(format!("{STATE_PREFIX}{state}.{}", t.key), dtype, t.shape.clone(), chunks));
         }
@@ -173,13 +170,125 @@ pub(crate) fn per_parameter(ck: &Checkpoint, m: &Megatron, dcp: &DcpSource) -> R
     Ok(out)
 }
 
+/// The bucket tensors of each model-parallel rank, in rank order.
+fn domains(dcp: &DcpSource) -> std::result::Result<Vec<Domain<'_>>, (String, String)> {
+    let mut by_group: BTreeMap<u64, Domain<'_>> = BTreeMap::new();
+    for t in dcp.tensors.iter().filter(|t| t.key.starts_with(BUCKET_PREFIX)) {
+        let bad = |reason: &str| (t.key.clone(), reason.to_string());
+        let rest = &t.key[BUCKET_PREFIX.len()..];
+        let (group, rest) =
+            rest.split_once(".gbuf_idx_").ok_or_else(|| bad("not a bucket tensor (`...gbuf_idx_I...`)"))?;
+        let group: u64 = group.parse().map_err(|_| bad("its `dp_group_idx` is not a number"))?;
+        if !rest.starts_with("0.") {
+            return Err(bad("only one grad buffer per rank is derived yet (`gbuf_idx_0`): a model of several dtypes"));
+        }
+        let parsed = rest.split_once(".bucket_idx_").and_then(|(_, b)| b.split_once('.'));
+        let Some((b, state)) = parsed.and_then(|(b, s)| Some((b.parse::<u64>().ok()?, s))) else {
+            return Err(bad("not a bucket tensor (`...bucket_idx_K.STATE`)"));
+        };
+        if t.shape.len() != 1 {
+            return Err(bad("a bucket tensor that is not 1-D"));
+        }
+        by_group.entry(group).or_default().entry(b).or_default().insert(state, t);
+    }
+    if by_group.keys().copied().ne(0..by_group.len() as u64) || by_group.is_empty() {
+        return Err(("optimizer.distributed".into(), "the `dp_group_idx` values are not 0, 1, 2, ...".into()));
+    }
+    for domain in by_group.values() {
+        if domain.keys().copied().ne(0..domain.len() as u64) {
+            return Err(("optimizer.distributed".into(), "the bucket indices are not 0, 1, 2, ...".into()));
+        }
+        for states in domain.values() {
+            let first = states.values().next().map(|t| &t.shape);
+            if let Some((_, t)) = states.iter().find(|(_, t)| Some(&t.shape) != first) {
+                return Err((t.key.clone(), "disagrees with the bucket's other states on its size".into()));
+            }
+        }
+    }
+    Ok(by_group.into_values().collect())
+}
+
+/// The error for a layout that does not fit the buckets of model-parallel rank `g`.
+fn misfit(
+    refuse: &impl Fn(Option<&str>, String) -> Error,
+    params: &[Param<'_>],
+    sizes: &[u64],
+    g: usize,
+    m: Misfit,
+) -> Error {
+    match m {
+        Misfit::Overfilled { param, bucket, size, end } => refuse(
+            Some(params[param].key),
+            format!(
+                "bucket {bucket} of model-parallel rank {g} holds {size} elements, but the derived layout fills \
+                 it past that (to {end}) at this parameter: its layout is not megatron's default"
+            ),
+        ),
+        Misfit::TooFewBuckets { param } => refuse(
+            Some(params[param].key),
+            format!("the derived layout needs more than the {} buckets of model-parallel rank {g}", sizes.len()),
+        ),
+        Misfit::Unfilled { filled } => refuse(
+            None,
+            format!(
+                "the derived layout fills {filled} of the {} buckets of model-parallel rank {g} and stops short",
+                sizes.len()
+            ),
+        ),
+    }
+}
+
+/// The byte ranges of one layer's state of `p`, row-major in the global tensor, from the
+/// tensor-parallel ranks' pieces (each a bucket tensor and the piece's start in it).
+fn assemble(p: &Param<'_>, pieces: &[(&DcpTensor, u64)], tp: u64) -> std::result::Result<Vec<Chunk>, (String, String)> {
+    let local = p.local;
+    let mut out: Vec<Chunk> = Vec::new();
+    let mut take = |(t, start): (&DcpTensor, u64), from: u64, to: u64| -> std::result::Result<(), (String, String)> {
+        let elem = t.dtype.bits() / 8;
+        for c in flat_range(&t.boxes, start + from, start + to, elem).map_err(|r| (t.key.clone(), r))? {
+            match out.last_mut() {
+                Some(last) if last.file == c.file && last.offset + last.len == c.offset => last.len += c.len,
+                _ => out.push(c),
+            }
+        }
+        Ok(())
+    };
+    match p.split {
+        _ if tp == 1 => take(pieces[0], 0, local)?,
+        Split::Whole => take(pieces[0], 0, local)?,
+        Split::Dim(0) => {
+            for &piece in pieces {
+                take(piece, 0, local)?;
+            }
+        }
+        Split::Dim(1) => {
+            let rows = p.shape.first().copied().filter(|_| p.shape.len() == 2).unwrap_or(0);
+            let cols = local.checked_div(rows).unwrap_or(0);
+            for row in 0..rows {
+                for &piece in pieces {
+                    take(piece, row * cols, (row + 1) * cols)?;
+                }
+            }
+        }
+        Split::Gated => {
+            let half = local / 2;
+            for part in 0..2 {
+                for &piece in pieces {
+                    take(piece, part * half, (part + 1) * half)?;
+                }
+            }
+        }
+        Split::Dim(d) => return Err((p.key.to_string(), format!("a tensor-parallel split on dim {d} is not derived"))),
+    }
+    Ok(out)
+}
+
 /// The bucket sizes megatron recorded beside the buckets (`per_bucket_numel_unpadded`: per
-/// grad buffer, a dict from its dtype pair to one size per bucket), for grad buffer 0, with the
-/// key they were read from.
-fn recorded_sizes(dcp: &DcpSource) -> Option<(String, Vec<u64>)> {
-    let item = dcp.bytes.iter().find(|b| {
-        b.key.split('/').next() == Some("optimizer.distributed.dp_group_idx_0.per_bucket_numel_unpadded")
-    })?;
+/// grad buffer, a dict from its dtype pair to one size per bucket), for grad buffer 0 of
+/// model-parallel rank `group`, with the key they were read from.
+fn recorded_sizes(dcp: &DcpSource, group: usize) -> Option<(String, Vec<u64>)> {
+    let key = format!("optimizer.distributed.dp_group_idx_{group}.per_bucket_numel_unpadded");
+    let item = dcp.bytes.iter().find(|b| b.key.split('/').next() == Some(key.as_str()))?;
     // A one-item list (the sharded object) around the list of grad buffers.
     let mut v = &item.value;
     while let Leaf::List(items) = v {
@@ -229,22 +338,21 @@ fn place(numels: &[u64], sizes: &[u64]) -> std::result::Result<Vec<(u64, u64)>, 
     Ok(placed)
 }
 
-/// Every model parameter of the checkpoint: a plain key is one, a stacked key one per layer.
-fn model_params(dcp: &DcpSource) -> std::result::Result<Vec<Param<'_>>, (String, String)> {
+/// Every model parameter of the checkpoint, a plain key as one, a stacked key as one per layer;
+/// each split as megatron's parallel layers split it over `tp` ranks.
+fn model_params(dcp: &DcpSource, swiglu: bool, tp: u64) -> std::result::Result<Vec<Param<'_>>, (String, String)> {
     let mut out = Vec::new();
     for t in dcp.tensors.iter().filter(|t| super::torch_dist::is_model_key(&t.key)) {
+        let bad = |reason: &str| (t.key.clone(), reason.to_string());
         let unknown = || {
-            (t.key.clone(), "its place in megatron's parameter registration order is not known; refusing to guess the bucket layout".to_string())
+            bad("its place in megatron's parameter registration order is not known; refusing to guess the bucket layout")
         };
-        match names::stacked(&t.key) {
+        let (name, layers, order, shape) = match names::stacked(&t.key) {
             Some(s) if s.block == "decoder.layers." => {
                 let within = names::module_name(s.within);
                 let index = LAYER_REGISTRATION.iter().position(|n| *n == within).ok_or_else(unknown)?;
                 let (&layers, shape) = t.shape.split_first().ok_or_else(unknown)?;
-                let numel = shape.iter().product();
-                for layer in 0..layers {
-                    out.push(Param { key: &t.key, layer: Some(layer), numel, order: (1, layer, index) });
-                }
+                (within, Some(layers), (1, index), shape)
             }
             Some(_) => return Err(unknown()),
             None => {
@@ -252,8 +360,31 @@ fn model_params(dcp: &DcpSource) -> std::result::Result<Vec<Param<'_>>, (String,
                     Some(i) => (0, i),
                     None => (2, AFTER_LAYERS.iter().position(|n| *n == t.key).ok_or_else(unknown)?),
                 };
-                out.push(Param { key: &t.key, layer: None, numel: t.shape.iter().product(), order: (group, 0, index) });
+                (t.key.clone(), None, (group, index), &t.shape[..])
             }
+        };
+        let split = names::split_of(&name, swiglu);
+        let numel: u64 = shape.iter().product();
+        let cut = match split {
+            Split::Whole => None,
+            Split::Dim(d) => Some(shape.get(d).copied().unwrap_or(0)),
+            Split::Gated => Some(shape.first().copied().unwrap_or(0) / 2),
+        };
+        if cut.is_some_and(|c| c == 0 || c % tp != 0) {
+            return Err(bad(&format!("its {split:?} split does not divide over {tp} tensor-parallel ranks")));
+        }
+        let local = if cut.is_some() { numel / tp } else { numel };
+        let param = |layer: Option<u64>| Param {
+            key: &t.key,
+            layer,
+            shape: shape.to_vec(),
+            local,
+            split,
+            order: (order.0, layer.unwrap_or(0), order.1),
+        };
+        match layers {
+            Some(n) => out.extend((0..n).map(|l| param(Some(l)))),
+            None => out.push(param(None)),
         }
     }
     Ok(out)

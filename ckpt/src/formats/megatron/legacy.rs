@@ -19,6 +19,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::info::{self, lookup, Megatron};
+use super::names::{split_of, Split};
 use super::Location;
 use crate::catalog::{Checkpoint, Format, Parts, Scan, SourceFile, TensorBox, TensorData, TensorInfo};
 use crate::error::{Error, Result};
@@ -29,29 +30,6 @@ use fsdp_state::Region;
 
 /// The file of each model-parallel rank.
 pub(crate) const RANK_FILE: &str = "model_optim_rng.pt";
-
-/// How a rank's piece of a parameter sits in the one-rank tensor.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Split {
-    /// The same on every rank.
-    Whole,
-    /// Concatenated on this dim.
-    Dim(usize),
-    /// SwiGLU's `[W_r; V_r]`: each half concatenated with the other ranks' on dim 0.
-    Gated,
-}
-
-/// How megatron's parallel layers split the tensor at `name` (a module name).
-fn split_of(name: &str, swiglu: bool) -> Split {
-    let (module, param) = name.rsplit_once('.').unwrap_or(("", name));
-    let leaf = module.rsplit('.').next().unwrap_or(module);
-    match (leaf, param) {
-        ("linear_fc1", "weight" | "bias") if swiglu => Split::Gated,
-        ("linear_qkv" | "linear_fc1" | "word_embeddings" | "output_layer", "weight" | "bias") => Split::Dim(0),
-        ("linear_proj" | "linear_fc2", "weight") => Split::Dim(1),
-        _ => Split::Whole,
-    }
-}
 
 /// A rank folder's name: `mp_rank_TT`, `mp_rank_TT_PPP`, or with an expert rank `_EEE`.
 fn ranks_of(name: &str) -> Option<(u64, Option<u64>, Option<u64>)> {
@@ -335,27 +313,6 @@ fn read_ranks(dir: &Path) -> Result<Vec<RankFile>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn megatrons_parallel_layers_decide_the_split() {
-        let cases = [
-            ("decoder.layers.0.self_attention.linear_qkv.weight", false, Split::Dim(0)),
-            ("decoder.layers.0.self_attention.linear_qkv.bias", false, Split::Dim(0)),
-            ("decoder.layers.0.self_attention.linear_proj.weight", false, Split::Dim(1)),
-            ("decoder.layers.0.self_attention.linear_proj.bias", false, Split::Whole),
-            ("decoder.layers.0.mlp.linear_fc1.weight", false, Split::Dim(0)),
-            ("decoder.layers.0.mlp.linear_fc1.weight", true, Split::Gated),
-            ("decoder.layers.0.mlp.linear_fc2.weight", true, Split::Dim(1)),
-            ("decoder.layers.0.input_layernorm.weight", true, Split::Whole),
-            ("embedding.word_embeddings.weight", false, Split::Dim(0)),
-            ("embedding.position_embeddings.weight", false, Split::Whole),
-            ("output_layer.weight", false, Split::Dim(0)),
-            ("decoder.final_layernorm.weight", false, Split::Whole),
-        ];
-        for (name, swiglu, split) in cases {
-            assert_eq!(split_of(name, swiglu), split, "{name}");
-        }
-    }
 
     #[test]
     fn rank_folders_name_their_ranks() {

@@ -60,9 +60,53 @@ pub(crate) fn layer_name(s: Stacked<'_>, layer: u64) -> String {
     format!("{}{layer}.{}", s.block, module_name(s.within))
 }
 
+/// How a rank's piece of a parameter sits in the one-rank tensor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Split {
+    /// The same on every rank.
+    Whole,
+    /// Concatenated on this dim.
+    Dim(usize),
+    /// SwiGLU's `[W_r; V_r]`: each half concatenated with the other ranks' on dim 0.
+    Gated,
+}
+
+/// How megatron's parallel layers split the tensor at `name` (a module name).
+pub(crate) fn split_of(name: &str, swiglu: bool) -> Split {
+    let (module, param) = name.rsplit_once('.').unwrap_or(("", name));
+    let leaf = module.rsplit('.').next().unwrap_or(module);
+    match (leaf, param) {
+        ("linear_fc1", "weight" | "bias") if swiglu => Split::Gated,
+        ("linear_qkv" | "linear_fc1" | "word_embeddings" | "output_layer", "weight" | "bias") => Split::Dim(0),
+        ("linear_proj" | "linear_fc2", "weight") => Split::Dim(1),
+        _ => Split::Whole,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn megatrons_parallel_layers_decide_the_split() {
+        let cases = [
+            ("decoder.layers.0.self_attention.linear_qkv.weight", false, Split::Dim(0)),
+            ("decoder.layers.0.self_attention.linear_qkv.bias", false, Split::Dim(0)),
+            ("decoder.layers.0.self_attention.linear_proj.weight", false, Split::Dim(1)),
+            ("decoder.layers.0.self_attention.linear_proj.bias", false, Split::Whole),
+            ("decoder.layers.0.mlp.linear_fc1.weight", false, Split::Dim(0)),
+            ("decoder.layers.0.mlp.linear_fc1.weight", true, Split::Gated),
+            ("decoder.layers.0.mlp.linear_fc2.weight", true, Split::Dim(1)),
+            ("decoder.layers.0.input_layernorm.weight", true, Split::Whole),
+            ("embedding.word_embeddings.weight", false, Split::Dim(0)),
+            ("embedding.position_embeddings.weight", false, Split::Whole),
+            ("output_layer.weight", false, Split::Dim(0)),
+            ("decoder.final_layernorm.weight", false, Split::Whole),
+        ];
+        for (name, swiglu, split) in cases {
+            assert_eq!(split_of(name, swiglu), split, "{name}");
+        }
+    }
 
     #[test]
     fn a_layers_segment_followed_by_a_name_is_a_stacked_key() {
