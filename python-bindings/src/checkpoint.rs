@@ -18,24 +18,38 @@ pub(crate) struct PyCheckpoint {
     inner: Checkpoint,
 }
 
-/// How every function here opens its source: a DeepSpeed `tag`, and `allow_globals`, the
-/// globals a torch file may name beyond torch's weights-only list, read as inert data.
-fn options(tag: Option<String>, allow_globals: Option<Vec<String>>) -> PyResult<OpenOptions> {
+/// How every function here opens its source: a DeepSpeed `tag`; `allow_globals`, the globals a
+/// torch file may name beyond torch's weights-only list, read as inert data; and `as_stored`,
+/// a Megatron `torch_dist` checkpoint's tensors under their stored keys instead of the model
+/// megatron holds on one rank (refused, `BadOption`, for any other format).
+fn options(tag: Option<String>, allow_globals: Option<Vec<String>>, as_stored: bool) -> PyResult<OpenOptions> {
     let allow_globals = ckpt::AllowGlobals::new(allow_globals.unwrap_or_default()).map_err(errors::ckpt)?;
-    Ok(OpenOptions { tag, allow_globals })
+    Ok(OpenOptions { tag, allow_globals, as_stored })
 }
 
-fn open(py: Python<'_>, src: &str, tag: Option<String>, allow_globals: Option<Vec<String>>) -> PyResult<Checkpoint> {
-    let opts = options(tag, allow_globals)?;
+fn open(
+    py: Python<'_>,
+    src: &str,
+    tag: Option<String>,
+    allow_globals: Option<Vec<String>>,
+    as_stored: bool,
+) -> PyResult<Checkpoint> {
+    let opts = options(tag, allow_globals, as_stored)?;
     errors::unpanicked(&format!("`{src}`"), || py.detach(|| Checkpoint::open_with(src, &opts)).map_err(errors::ckpt))
 }
 
 #[pymethods]
 impl PyCheckpoint {
     #[new]
-    #[pyo3(signature = (src, tag=None, allow_globals=None))]
-    fn new(py: Python<'_>, src: &str, tag: Option<String>, allow_globals: Option<Vec<String>>) -> PyResult<Self> {
-        Ok(Self { inner: open(py, src, tag, allow_globals)? })
+    #[pyo3(signature = (src, tag=None, allow_globals=None, as_stored=false))]
+    fn new(
+        py: Python<'_>,
+        src: &str,
+        tag: Option<String>,
+        allow_globals: Option<Vec<String>>,
+        as_stored: bool,
+    ) -> PyResult<Self> {
+        Ok(Self { inner: open(py, src, tag, allow_globals, as_stored)? })
     }
 
     /// The catalog as `ckpt inspect --json` prints it (`statekit.inspect/2`).
@@ -101,16 +115,21 @@ fn write_options(checksums: bool, allow_expanded: bool) -> WriteOptions<'static>
 
 /// `ckpt verify`: the report as `ckpt verify --json` prints it (`statekit.verify/1`).
 #[pyfunction]
-#[pyo3(signature = (src, *, allow_globals=None))]
-pub(crate) fn verify(py: Python<'_>, src: &str, allow_globals: Option<Vec<String>>) -> PyResult<String> {
-    let opts = options(None, allow_globals)?;
+#[pyo3(signature = (src, *, allow_globals=None, as_stored=false))]
+pub(crate) fn verify(
+    py: Python<'_>,
+    src: &str,
+    allow_globals: Option<Vec<String>>,
+    as_stored: bool,
+) -> PyResult<String> {
+    let opts = options(None, allow_globals, as_stored)?;
     let report = py.detach(|| ckpt::verify_with(src, &opts)).map_err(errors::ckpt)?;
     serde_json::to_string(&report).map_err(|e| errors::usage(e.to_string()))
 }
 
 /// `ckpt split`.
 #[pyfunction]
-#[pyo3(signature = (src, out, max_shard_size, *, tag=None, checksums=false, allow_expanded=false, allow_globals=None))]
+#[pyo3(signature = (src, out, max_shard_size, *, tag=None, checksums=false, allow_expanded=false, allow_globals=None, as_stored=false))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn split(
     py: Python<'_>,
@@ -121,9 +140,10 @@ pub(crate) fn split(
     checksums: bool,
     allow_expanded: bool,
     allow_globals: Option<Vec<String>>,
+    as_stored: bool,
 ) -> PyResult<String> {
     let max_shard_size = args::uint(max_shard_size, "max_shard_size", 0, u64::MAX)?;
-    let ck = open(py, src, tag, allow_globals)?;
+    let ck = open(py, src, tag, allow_globals, as_stored)?;
     let opts = write_options(checksums, allow_expanded);
     let o = py.detach(|| ckpt::split(&ck, &out, max_shard_size, &opts)).map_err(errors::ckpt)?;
     outcome_json(&o)
@@ -131,7 +151,7 @@ pub(crate) fn split(
 
 /// `ckpt merge`.
 #[pyfunction]
-#[pyo3(signature = (src, out, *, tag=None, max_shard_size=None, optimizer=false, checksums=false, allow_expanded=false, model=None, allow_globals=None))]
+#[pyo3(signature = (src, out, *, tag=None, max_shard_size=None, optimizer=false, checksums=false, allow_expanded=false, model=None, allow_globals=None, as_stored=false))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn merge(
     py: Python<'_>,
@@ -144,10 +164,11 @@ pub(crate) fn merge(
     allow_expanded: bool,
     model: Option<&Bound<'_, PyAny>>,
     allow_globals: Option<Vec<String>>,
+    as_stored: bool,
 ) -> PyResult<String> {
     let max_shard_size = args::opt_uint(max_shard_size, "max_shard_size", 0, u64::MAX)?;
     let model = args::opt_uint(model, "model", 0, usize::MAX as u64)?.map(|m| m as usize);
-    let ck = open(py, src, tag, allow_globals)?;
+    let ck = open(py, src, tag, allow_globals, as_stored)?;
     let opts = write_options(checksums, allow_expanded);
     let options = MergeOptions { max_shard_size, optimizer, model };
     let o = py.detach(|| ckpt::merge(&ck, &out, &options, &opts)).map_err(errors::ckpt)?;
@@ -156,7 +177,7 @@ pub(crate) fn merge(
 
 /// `ckpt convert`.
 #[pyfunction]
-#[pyo3(signature = (src, out, *, to=None, dtype=None, max_shard_size=None, dedupe=false, world_size=None, tag=None, checksums=false, allow_expanded=false, allow_globals=None))]
+#[pyo3(signature = (src, out, *, to=None, dtype=None, max_shard_size=None, dedupe=false, world_size=None, tag=None, checksums=false, allow_expanded=false, allow_globals=None, as_stored=false))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn convert(
     py: Python<'_>,
@@ -171,6 +192,7 @@ pub(crate) fn convert(
     checksums: bool,
     allow_expanded: bool,
     allow_globals: Option<Vec<String>>,
+    as_stored: bool,
 ) -> PyResult<String> {
     let max_shard_size = args::opt_uint(max_shard_size, "max_shard_size", 0, u64::MAX)?;
     let world_size = args::opt_uint(world_size, "world_size", 0, u64::MAX)?;
@@ -179,7 +201,7 @@ pub(crate) fn convert(
     let options = ConvertOptions { to, dtype, max_shard_size, dedupe, world_size, blocks: None };
     // The library's check of the options, before anything is read.
     options.check(&out).map_err(errors::ckpt)?;
-    let ck = open(py, src, tag, allow_globals)?;
+    let ck = open(py, src, tag, allow_globals, as_stored)?;
     let opts = write_options(checksums, allow_expanded);
     let o = py.detach(|| ckpt::convert(&ck, &out, &options, &opts)).map_err(errors::ckpt)?;
     outcome_json(&o)
@@ -187,7 +209,7 @@ pub(crate) fn convert(
 
 /// `ckpt reshard`.
 #[pyfunction]
-#[pyo3(signature = (src, out, world_size, *, tag=None, checksums=false, allow_expanded=false, allow_globals=None))]
+#[pyo3(signature = (src, out, world_size, *, tag=None, checksums=false, allow_expanded=false, allow_globals=None, as_stored=false))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn reshard(
     py: Python<'_>,
@@ -198,9 +220,10 @@ pub(crate) fn reshard(
     checksums: bool,
     allow_expanded: bool,
     allow_globals: Option<Vec<String>>,
+    as_stored: bool,
 ) -> PyResult<String> {
     let world_size = args::uint(world_size, "world_size", 0, u64::MAX)?;
-    let ck = open(py, src, tag, allow_globals)?;
+    let ck = open(py, src, tag, allow_globals, as_stored)?;
     let opts = write_options(checksums, allow_expanded);
     let o = py.detach(|| ckpt::reshard(&ck, &out, world_size, &opts)).map_err(errors::ckpt)?;
     outcome_json(&o)

@@ -21,6 +21,7 @@ TORCH_VIEWS = FIXTURES / "torch" / "views.pt"
 DCP = FIXTURES / "dcp" / "fsdp2_w2_f32" / "checkpoint"
 DEEPSPEED = FIXTURES / "deepspeed" / "z2_bf16_ws3"
 ACCELERATE = FIXTURES / "accelerate" / "fsdp2_w2"
+MEGATRON = FIXTURES / "megatron" / "tp2" / "ckpt"
 BROKEN = FIXTURES / "hostile" / "safetensors" / "missing_shard"
 
 # (source, the CLI's arguments after `ckpt OP SRC OUT`, the Python call with the same options)
@@ -38,6 +39,8 @@ OPERATIONS = {
     "reshard-deepspeed": ("reshard", DEEPSPEED, "w2", ["--world-size", "2"], {"world_size": 2}),
     "merge-accelerate": ("merge", ACCELERATE, "merged.safetensors", [], {}),
     "reshard-accelerate": ("reshard", ACCELERATE, "w3", ["--world-size", "3"], {"world_size": 3}),
+    "merge-megatron": ("merge", MEGATRON, "merged.safetensors", [], {}),
+    "merge-megatron-as-stored": ("merge", MEGATRON, "stored.safetensors", ["--as-stored"], {"as_stored": True}),
 }
 
 
@@ -50,7 +53,7 @@ def cli_document(*args, cwd, check=True):
         os.chdir(here)
 
 
-@pytest.mark.parametrize("src", [SAFETENSORS, SHARDED, TORCH_TIED, TORCH_VIEWS, DCP, DEEPSPEED, ACCELERATE])
+@pytest.mark.parametrize("src", [SAFETENSORS, SHARDED, TORCH_TIED, TORCH_VIEWS, DCP, DEEPSPEED, ACCELERATE, MEGATRON])
 def test_inspect_is_one_document(src, tmp_path):
     doc = cli_document("inspect", src, cwd=tmp_path)
     info = ckpt.inspect(src)
@@ -63,9 +66,11 @@ def test_inspect_is_one_document(src, tmp_path):
     ]
     assert (info.world_size, info.zero_stage, info.metadata) == (doc["world_size"], doc["zero_stage"], doc["metadata"])
     assert info.components == doc.get("components")
+    assert info.megatron == doc.get("megatron")
+    assert (info.megatron is not None) == (src == MEGATRON)
 
 
-@pytest.mark.parametrize("src", [SAFETENSORS, SHARDED, TORCH_TIED, DCP, DEEPSPEED, ACCELERATE, BROKEN])
+@pytest.mark.parametrize("src", [SAFETENSORS, SHARDED, TORCH_TIED, DCP, DEEPSPEED, ACCELERATE, MEGATRON, BROKEN])
 def test_verify_is_one_document(src, tmp_path):
     doc = cli_document("verify", src, cwd=tmp_path, check=False)
     report = ckpt.verify(src)

@@ -55,13 +55,13 @@ def stream_plan(
 def dispatch_slice(rows: int, padding: int, world_size: int, rank: int, last: bool, drop_last: bool) -> Tuple[bool, int, int]: ...
 
 class Checkpoint:
-    def __init__(self, src: str, tag: Optional[str] = None, allow_globals: Optional[Sequence[str]] = None) -> None: ...
+    def __init__(self, src: str, tag: Optional[str] = None, allow_globals: Optional[Sequence[str]] = None, as_stored: bool = False) -> None: ...
     def info_json(self) -> str: ...
     def refuse_expanded(self) -> None: ...
     def read_into(self, index: int, out: Buffer) -> None: ...
     def read_many_into(self, jobs: Sequence[Tuple[int, Buffer]]) -> None: ...
 
-def verify(src: str, *, allow_globals: Optional[Sequence[str]] = None) -> str: ...
+def verify(src: str, *, allow_globals: Optional[Sequence[str]] = None, as_stored: bool = False) -> str: ...
 def split(
     src: str,
     out: str,
@@ -71,6 +71,7 @@ def split(
     checksums: bool = False,
     allow_expanded: bool = False,
     allow_globals: Optional[Sequence[str]] = None,
+    as_stored: bool = False,
 ) -> str: ...
 def merge(
     src: str,
@@ -83,6 +84,7 @@ def merge(
     allow_expanded: bool = False,
     model: Optional[int] = None,
     allow_globals: Optional[Sequence[str]] = None,
+    as_stored: bool = False,
 ) -> str: ...
 def convert(
     src: str,
@@ -97,6 +99,7 @@ def convert(
     checksums: bool = False,
     allow_expanded: bool = False,
     allow_globals: Optional[Sequence[str]] = None,
+    as_stored: bool = False,
 ) -> str: ...
 def reshard(
     src: str,
@@ -107,6 +110,7 @@ def reshard(
     checksums: bool = False,
     allow_expanded: bool = False,
     allow_globals: Optional[Sequence[str]] = None,
+    as_stored: bool = False,
 ) -> str: ...
 def parse_size(text: str) -> int: ...
 def save_safetensors(

@@ -107,6 +107,12 @@ class CheckpointInfo:
     components: Optional[Dict[str, Any]] = None
     #: For each torch file (by path), the globals its pickle names, as written, allowed or not.
     globals: Dict[str, List[str]] = dataclasses.field(default_factory=dict)
+    #: A Megatron-Core checkpoint's run and model, as ``ckpt inspect --json`` gives them
+    #: (``layout``, ``iteration``, ``tensor_parallel``, ``pipeline_parallel``, ``num_layers``,
+    #: ``hidden_size``, ``ffn_hidden_size``, ``num_attention_heads``, ``num_query_groups``,
+    #: ``swiglu``, ``tied_embeddings``, ``optimizer``; ``None`` where the checkpoint does not
+    #: tell); ``None`` for any other format.
+    megatron: Optional[Dict[str, Any]] = None
     #: The ``statekit.inspect/2`` document, as ``ckpt inspect --json`` prints it.
     document: Optional[Dict[str, Any]] = dataclasses.field(default=None, compare=False, repr=False)
 
@@ -184,11 +190,12 @@ def _allow(allow_globals: Optional[Sequence[str]]) -> Optional[List[str]]:
     return [str(p) for p in allow_globals]
 
 
-def inspect(path: PathLike, *, tag: Optional[str] = None, allow_globals: Optional[Sequence[str]] = None) -> CheckpointInfo:
-    """What ``ckpt inspect`` shows: format, files, tensors, metadata, values, and for torch
-    files the globals each one's pickle names (``globals``, by file). ``allow_globals`` as in
+def inspect(path: PathLike, *, tag: Optional[str] = None, allow_globals: Optional[Sequence[str]] = None, as_stored: bool = False) -> CheckpointInfo:
+    """What ``ckpt inspect`` shows: format, files, tensors, metadata, values, for torch files
+    the globals each one's pickle names (``globals``, by file), and for a Megatron-Core
+    checkpoint its run and model (``megatron``). ``allow_globals`` and ``as_stored`` as in
     :func:`load`."""
-    d = _info(_native.Checkpoint(os.fspath(path), tag, _allow(allow_globals)))
+    d = _info(_native.Checkpoint(os.fspath(path), tag, _allow(allow_globals), as_stored=as_stored))
     return CheckpointInfo(
         format=d["format"],
         root=d["path"],
@@ -201,13 +208,15 @@ def inspect(path: PathLike, *, tag: Optional[str] = None, allow_globals: Optiona
         total_bytes=d["totals"]["bytes"],
         components=d.get("components"),
         globals={f["path"]: f["globals"] for f in d["files"] if f.get("globals")},
+        megatron=d.get("megatron"),
         document=d,
     )
 
 
-def verify(path: PathLike, *, allow_globals: Optional[Sequence[str]] = None) -> VerifyReport:
-    """``ckpt verify``: every defect a reader would trip on (``report.problems``)."""
-    d = json.loads(_native.verify(os.fspath(path), allow_globals=_allow(allow_globals)))
+def verify(path: PathLike, *, allow_globals: Optional[Sequence[str]] = None, as_stored: bool = False) -> VerifyReport:
+    """``ckpt verify``: every defect a reader would trip on (``report.problems``).
+    ``allow_globals`` and ``as_stored`` as in :func:`load`."""
+    d = json.loads(_native.verify(os.fspath(path), allow_globals=_allow(allow_globals), as_stored=as_stored))
     fields = ("path", "format", "files", "tensors", "problems", "warnings", "checksums_ok", "valid")
     return VerifyReport(**{k: d[k] for k in fields}, document=d)
 
@@ -221,13 +230,21 @@ def split(
     checksums: bool = False,
     allow_expanded: bool = False,
     allow_globals: Optional[Sequence[str]] = None,
+    as_stored: bool = False,
 ) -> Outcome:
     """``ckpt split``: huggingface_hub's sharded safetensors layout in ``out_dir``."""
     size = _size(max_shard_size)
     assert size is not None
     return _outcome(
         _native.split(
-            os.fspath(src), os.fspath(out_dir), size, tag=tag, checksums=checksums, allow_expanded=allow_expanded, allow_globals=_allow(allow_globals)
+            os.fspath(src),
+            os.fspath(out_dir),
+            size,
+            tag=tag,
+            checksums=checksums,
+            allow_expanded=allow_expanded,
+            allow_globals=_allow(allow_globals),
+            as_stored=as_stored,
         )
     )
 
@@ -243,9 +260,12 @@ def merge(
     allow_expanded: bool = False,
     model: Optional[int] = None,
     allow_globals: Optional[Sequence[str]] = None,
+    as_stored: bool = False,
 ) -> Outcome:
-    """``ckpt merge``: one safetensors state dict from any layout (DCP, ZeRO, shards); for an
-    accelerate ``save_state`` folder, its model ``model`` (default 0)."""
+    """``ckpt merge``: one safetensors state dict from any layout (DCP, ZeRO, Megatron, shards);
+    for an accelerate ``save_state`` folder, its model ``model`` (default 0). A Megatron-Core
+    checkpoint merges to the model megatron holds on one rank, or with ``as_stored=True`` to
+    its tensors under their stored keys (as :func:`load`)."""
     return _outcome(
         _native.merge(
             os.fspath(src),
@@ -257,6 +277,7 @@ def merge(
             allow_expanded=allow_expanded,
             model=model,
             allow_globals=_allow(allow_globals),
+            as_stored=as_stored,
         )
     )
 
@@ -274,8 +295,10 @@ def convert(
     checksums: bool = False,
     allow_expanded: bool = False,
     allow_globals: Optional[Sequence[str]] = None,
+    as_stored: bool = False,
 ) -> Outcome:
-    """``ckpt convert``: to safetensors, torch (``.bin``/``.pt``) or DCP (``to="dcp"``)."""
+    """``ckpt convert``: to safetensors, torch (``.bin``/``.pt``) or DCP (``to="dcp"``).
+    ``allow_globals`` and ``as_stored`` as in :func:`load`."""
     return _outcome(
         _native.convert(
             os.fspath(src),
@@ -289,13 +312,28 @@ def convert(
             checksums=checksums,
             allow_expanded=allow_expanded,
             allow_globals=_allow(allow_globals),
+            as_stored=as_stored,
         )
     )
 
 
-def reshard(src: PathLike, out: PathLike, world_size: int, *, tag: Optional[str] = None, checksums: bool = False, allow_expanded: bool = False) -> Outcome:
-    """``ckpt reshard``: a DCP or ZeRO checkpoint laid out for another world size."""
-    return _outcome(_native.reshard(os.fspath(src), os.fspath(out), int(world_size), tag=tag, checksums=checksums, allow_expanded=allow_expanded))
+def reshard(
+    src: PathLike,
+    out: PathLike,
+    world_size: int,
+    *,
+    tag: Optional[str] = None,
+    checksums: bool = False,
+    allow_expanded: bool = False,
+    as_stored: bool = False,
+) -> Outcome:
+    """``ckpt reshard``: a DCP or ZeRO checkpoint laid out for another world size.
+    ``as_stored`` as in :func:`load`."""
+    return _outcome(
+        _native.reshard(
+            os.fspath(src), os.fspath(out), int(world_size), tag=tag, checksums=checksums, allow_expanded=allow_expanded, as_stored=as_stored
+        )
+    )
 
 
 def load(
@@ -306,9 +344,11 @@ def load(
     tag: Optional[str] = None,
     allow_globals: Optional[Sequence[str]] = None,
     allow_expanded: bool = False,
+    as_stored: bool = False,
 ) -> LoadedStateDict:
     """Every tensor of the checkpoint at ``path`` (safetensors file or sharded folder, torch
-    ``.bin``/``.pt``, DCP folder, DeepSpeed ZeRO folder, ``hf://``), whole.
+    ``.bin``/``.pt``, DCP folder, DeepSpeed ZeRO folder, Megatron-Core checkpoint, ``hf://``),
+    whole.
 
     ``allow_globals`` (torch files) names globals beyond torch's weights-only list to read as
     inert data: each a dotted name (``"omegaconf.dictconfig.DictConfig"``), a prefix ending in
@@ -317,6 +357,14 @@ def load(
     path (``state_dict.layer.weight``, ``obj.state.attr``), numpy arrays as tensors. A file
     naming a global that is not allowed raises :class:`~statekit.errors.UnsafePickle`, whose
     ``globals`` lists what is missing.
+
+    A Megatron-Core checkpoint (a ``torch_dist`` folder, or its run or iteration folder; a
+    legacy per-rank save) is read as the model megatron holds on one rank (tensor and
+    pipeline parallel pieces joined, layers under their global numbers, ``_extra_state`` left
+    out). ``as_stored=True`` (``torch_dist`` only) gives instead every stored tensor under its
+    stored key and global shape (stacked layers, TransformerEngine's norm names, the
+    optimizer's tensors), as torch's ``dcp_to_torch_save`` gives them; for any other format it
+    is refused (:class:`~statekit.errors.BadOption`).
 
     Tensors whose bytes lie contiguous in one file (safetensors, torch's zip records) view a
     private (copy-on-write) memory map of it: nothing is copied, and writing to the array never
@@ -341,7 +389,7 @@ def load(
     torch = None
     if use_torch:
         import torch
-    ck = _native.Checkpoint(os.fspath(path), tag, _allow(allow_globals))
+    ck = _native.Checkpoint(os.fspath(path), tag, _allow(allow_globals), as_stored=as_stored)
     if not allow_expanded:
         ck.refuse_expanded()
     info = _info(ck)
