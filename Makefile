@@ -12,7 +12,7 @@ export PYO3_PYTHON := $(PY)
 TORCH_ENV := LIBTORCH_USE_PYTORCH=1 PATH=$(VENV)/bin:$$PATH \
 	LD_LIBRARY_PATH=$(VENV)/lib/python3.11/site-packages/torch/lib$${LD_LIBRARY_PATH:+:$$LD_LIBRARY_PATH}
 
-.PHONY: setup build demo test test-rust test-train test-python fuzz bench fixtures
+.PHONY: setup build demo test test-rust test-train test-python fuzz bench fixtures mcore
 
 setup:
 	@bash .ci/setup
@@ -59,13 +59,20 @@ demo: setup
 	$(TORCH_ENV) $(CARGO) build --release --locked -p statekit-cli -p train
 	@$(TORCH_ENV) bash demo/train.sh target/release/ckpt target/release/statekit-train
 
-bench: setup
+bench: setup mcore
 	$(TORCH_ENV) $(CARGO) build --release --locked -p statekit-cli -p train
 	@$(TORCH_ENV) bash bench/all.sh
 
+# megatron-core 0.19.2 (for the Megatron fixtures and benchmark only): its wheels declare Python
+# >= 3.12, and its pure-Python code runs on the venv's 3.11; unpacked beside the venv, not into it.
+MCORE ?= /opt/mcore
+mcore: setup
+	@test -d $(MCORE)/megatron || $(VENV)/bin/pip install -q --python-version 3.12 --ignore-requires-python \
+		--no-deps --only-binary :all: --target $(MCORE) megatron-core==0.19.2
+
 # Regenerates every fixture with the real tools (several minutes: DCP and DeepSpeed cases run
 # multi-rank jobs under torchrun).
-fixtures: setup
+fixtures: setup mcore
 	$(PY) fixtures/gen/safetensors_fixtures.py
 	python3 fixtures/gen/hostile_safetensors.py
 	$(PY) fixtures/gen/torch_fixtures.py
@@ -95,3 +102,6 @@ fixtures: setup
 	python3 fixtures/gen/hostile_pickle_budget.py
 	python3 fixtures/gen/hostile_round2.py
 	python3 fixtures/gen/hostile_package.py
+	PATH=$(VENV)/bin:$$PATH PYTHONPATH=$(MCORE) $(PY) fixtures/gen/megatron_fixtures.py
+	PATH=$(VENV)/bin:$$PATH PYTHONPATH=$(MCORE) $(PY) fixtures/gen/megatron_train_fixtures.py train_dp2 train_tp2dp2
+	PATH=$(VENV)/bin:$$PATH PYTHONPATH=$(MCORE) $(PY) fixtures/gen/megatron_legacy_fixtures.py
