@@ -23,14 +23,19 @@ fn run_folder(tracker: &str) -> (tempfile::TempDir, PathBuf) {
     (tmp, save)
 }
 
-/// `src` is refused with exactly `expected` when opened, and `verify` reports that one problem.
-fn refused(src: &Path, expected: &str) {
+/// `src` is refused with exactly `expected` when opened, and `verify` reports that one problem
+/// of a checkpoint of `format`.
+fn refused_as(src: &Path, format: &str, expected: &str) {
     let err = Checkpoint::open(src.to_str().unwrap()).unwrap_err();
     assert_eq!(err.to_string(), expected);
     assert!(err.is_invalid_data(), "{expected}");
     let report = ckpt::verify(src.to_str().unwrap()).unwrap();
-    assert_eq!(report.format.map(|f| f.name()), Some("megatron-torch-dist"));
+    assert_eq!(report.format.map(|f| f.name()), Some(format));
     assert_eq!(report.problems.iter().map(ToString::to_string).collect::<Vec<_>>(), vec![expected.to_string()]);
+}
+
+fn refused(src: &Path, expected: &str) {
+    refused_as(src, "megatron-torch-dist", expected);
 }
 
 #[test]
@@ -115,12 +120,7 @@ fn legacy_copy() -> (tempfile::TempDir, PathBuf) {
 }
 
 fn refused_legacy(src: &Path, expected: &str) {
-    let err = Checkpoint::open(src.to_str().unwrap()).unwrap_err();
-    assert_eq!(err.to_string(), expected);
-    assert!(err.is_invalid_data(), "{expected}");
-    let report = ckpt::verify(src.to_str().unwrap()).unwrap();
-    assert_eq!(report.format.map(|f| f.name()), Some("megatron-legacy"));
-    assert_eq!(report.problems.iter().map(ToString::to_string).collect::<Vec<_>>(), vec![expected.to_string()]);
+    refused_as(src, "megatron-legacy", expected);
 }
 
 #[test]

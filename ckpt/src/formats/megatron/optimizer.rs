@@ -6,7 +6,7 @@
 //! ([`buckets`]); each parameter is a range of it, at the place megatron's grad buffer gave it.
 
 use super::info::Megatron;
-use crate::catalog::{Checkpoint, TensorData, TensorInfo};
+use crate::catalog::{Checkpoint, TensorInfo};
 use crate::error::{Error, Result};
 
 /// The prefix of the per-parameter optimizer keys.
@@ -27,13 +27,7 @@ pub(crate) fn optimizer_state(ck: &Checkpoint) -> Result<Vec<TensorInfo>> {
             .tensors
             .iter()
             .filter(|t| t.key.starts_with(STATE_PREFIX))
-            .map(|t| TensorInfo {
-                name: t.key.clone(),
-                dtype: t.dtype,
-                shape: t.shape.clone(),
-                stored: t.dtype,
-                data: TensorData::Boxes(t.boxes.clone()),
-            })
+            .map(super::torch_dist::as_stored)
             .collect()),
         Some("dp_reshardable") => super::buckets::per_parameter(ck, m, dcp),
         Some(other) => Err(refuse(format!("the optimizer's form `{other}` is not read yet"))),

@@ -9,7 +9,7 @@ use super::names;
 use super::Location;
 use crate::catalog::{Checkpoint, Format, Parts, Scan, SourceFile, TensorBox, TensorData, TensorInfo};
 use crate::error::{Error, Result};
-use crate::formats::dcp::{self, DcpSource};
+use crate::formats::dcp::{self, DcpSource, DcpTensor};
 use crate::value::Leaf;
 
 /// The catalog of the `torch_dist` checkpoint at `loc`, named by `root`.
@@ -39,16 +39,12 @@ pub(super) fn catalog(root: PathBuf, loc: Location, as_stored: bool) -> Result<S
 
 /// Every tensor under its stored key and global shape, as `dcp_to_torch_save` gives them.
 fn stored(dcp: &DcpSource) -> Vec<TensorInfo> {
-    dcp.tensors
-        .iter()
-        .map(|t| TensorInfo {
-            name: t.key.clone(),
-            dtype: t.dtype,
-            shape: t.shape.clone(),
-            stored: t.dtype,
-            data: TensorData::Boxes(t.boxes.clone()),
-        })
-        .collect()
+    dcp.tensors.iter().map(as_stored).collect()
+}
+
+/// A stored tensor under its stored key and global shape.
+pub(super) fn as_stored(t: &DcpTensor) -> TensorInfo {
+    TensorInfo { name: t.key.clone(), dtype: t.dtype, shape: t.shape.clone(), stored: t.dtype, data: data(&t.boxes) }
 }
 
 /// True for the keys of the model's tensors: not the optimizer's state, and not a tensor kept
