@@ -18,7 +18,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::info::{self, lookup, Megatron};
+use super::info::{self, Megatron};
 use super::names::{split_of, Split};
 use super::Location;
 use crate::catalog::{Checkpoint, Format, Parts, Scan, SourceFile, TensorBox, TensorData, TensorInfo};
@@ -54,6 +54,9 @@ pub(crate) fn is_legacy(dir: &Path) -> bool {
 /// the tensor in that file.
 type Piece<'a> = (u64, usize, &'a TensorInfo);
 
+/// A one-rank tensor name, with the pipeline stage that holds it.
+type StageName = (u64, String);
+
 /// One rank's file, read.
 struct RankFile {
     tp: u64,
@@ -65,15 +68,9 @@ struct RankFile {
 pub(super) fn catalog(root: PathBuf, loc: Location) -> Result<Scan> {
     let ranks = read_ranks(&loc.dir)?;
     let first = &ranks[0];
-    let bad = |rank: &RankFile, key: Option<String>, reason: String| Error::BadMegatron {
-        path: rank.ck.root.clone(),
-        key,
-        rank: Some(rank.tp),
-        reason,
-    };
-    let args = |name: &str| first.ck.values.iter().find(|(k, _)| k == "args").and_then(|(_, v)| lookup(v, &[name]));
-    let swiglu = matches!(args("swiglu"), Some(Leaf::Bool(true)));
-    let tied = !matches!(args("untie_embeddings_and_output_weights"), Some(Leaf::Bool(true)));
+    let mut meta = info::from_args("legacy", first.ck.values.iter().find(|(k, _)| k == "args").map(|(_, v)| v));
+    let swiglu = meta.swiglu.unwrap_or(false);
+    let tied = meta.tied_embeddings.unwrap_or(true);
     let tp = ranks.iter().map(|r| r.tp).max().unwrap_or(0) + 1;
     let pp = ranks.iter().map(|r| r.pp).max().unwrap_or(0) + 1;
 
@@ -84,34 +81,85 @@ pub(super) fn catalog(root: PathBuf, loc: Location) -> Result<Scan> {
         base_of.push(files.len());
         files.extend(r.ck.files.iter().cloned());
     }
+    let (layer_offset, total_layers) = stage_offsets(&ranks, pp)?;
+    if let Some(n) = meta.num_layers.filter(|&n| n != total_layers) {
+        return Err(Error::BadMegatron {
+            path: loc.dir.clone(),
+            key: None,
+            rank: None,
+            reason: format!("the stages hold {total_layers} layers in all, but `args.num_layers` is {n}"),
+        });
+    }
+    let (order, pieces) = pieces_by_name(&ranks, &layer_offset, tied);
+    let mut tensors = Vec::with_capacity(order.len());
+    let mut seen = BTreeSet::new();
+    for key in &order {
+        let (stage, name) = key;
+        let list = &pieces[key];
+        let r = &ranks[list[0].1];
+        let bad = |reason: String| Error::BadMegatron {
+            path: r.ck.root.clone(),
+            key: Some(name.clone()),
+            rank: Some(r.tp),
+            reason,
+        };
+        if !seen.insert(name.clone()) {
+            // The stages share nothing but a tied output's copy, dropped above.
+            return Err(bad(format!("pipeline stage {stage} holds it, and so does an earlier one")));
+        }
+        if list.len() as u64 != tp {
+            return Err(bad(format!("{} of the stage's {tp} tensor-parallel ranks hold it", list.len())));
+        }
+        tensors.push(stitch(name, split_of(name, swiglu), tp, list, &base_of).map_err(bad)?);
+    }
+    meta.iteration = args_u64(first, "iteration").or(loc.iteration);
+    meta.tensor_parallel = Some(tp);
+    meta.pipeline_parallel = Some(pp);
+    meta.num_layers = Some(total_layers);
+    meta.swiglu = Some(swiglu);
+    meta.tied_embeddings = Some(tied);
+    if let Some(f) = files.first_mut() {
+        f.metadata = vec![("format".to_string(), "pt".to_string())];
+    }
+    let mut parts = Parts::new(Format::MegatronLegacy, root, files, tensors);
+    parts.world_size = Some(tp * pp);
+    parts.members.extend(loc.tracker.clone());
+    parts.detail = Some(Arc::new(Megatron { meta, dcp: None }));
+    Ok(Scan::clean(Checkpoint::new(parts)?))
+}
 
-    // Layers per stage, from the stage's tensor-parallel rank 0.
-    let mut layer_offset = Vec::with_capacity(pp as usize);
-    let mut total_layers = 0u64;
+/// The global index of each stage's first layer (layers counted on its tensor-parallel rank 0,
+/// each stage's numbered from 0), and the layers in all.
+fn stage_offsets(ranks: &[RankFile], pp: u64) -> Result<(Vec<u64>, u64)> {
+    let mut offsets = Vec::with_capacity(pp as usize);
+    let mut total = 0u64;
     for stage in 0..pp {
-        layer_offset.push(total_layers);
-        let r = ranks.iter().find(|r| r.pp == stage && r.tp == 0).unwrap_or(first);
+        offsets.push(total);
+        let Some(r) = ranks.iter().find(|r| r.pp == stage && r.tp == 0) else { continue };
         let layers: BTreeSet<u64> =
             r.ck.tensors.iter().filter_map(|t| local_layer(&t.name).map(|(_, l, _)| l)).collect();
         if let Some((i, l)) = layers.iter().enumerate().find(|(i, l)| *i as u64 != **l) {
-            return Err(bad(r, None, format!("its layers are not numbered from 0 (layer {l} is its {i}th)")));
-        }
-        total_layers += layers.len() as u64;
-    }
-    if let Some(n) = args("num_layers").and_then(|v| if let Leaf::Int(i) = v { Some(*i) } else { None }) {
-        if n as u64 != total_layers {
             return Err(Error::BadMegatron {
-                path: loc.dir.clone(),
+                path: r.ck.root.clone(),
                 key: None,
-                rank: None,
-                reason: format!("the stages hold {total_layers} layers in all, but `args.num_layers` is {n}"),
+                rank: Some(r.tp),
+                reason: format!("its layers are not numbered from 0 (layer {l} is its {i}th)"),
             });
         }
+        total += layers.len() as u64;
     }
+    Ok((offsets, total))
+}
 
-    // Pieces by one-rank name: (tensor-parallel rank, piece), in stage order.
-    let mut pieces: BTreeMap<(u64, String), Vec<Piece<'_>>> = BTreeMap::new();
-    let mut order: Vec<(u64, String)> = Vec::new();
+/// The ranks' model tensors by (stage, one-rank name), in the order first met, each with its
+/// tensor-parallel pieces; `_extra_state` and a tied model's copy of the embeddings left out.
+fn pieces_by_name<'a>(
+    ranks: &'a [RankFile],
+    layer_offset: &[u64],
+    tied: bool,
+) -> (Vec<StageName>, BTreeMap<StageName, Vec<Piece<'a>>>) {
+    let mut pieces: BTreeMap<StageName, Vec<Piece<'_>>> = BTreeMap::new();
+    let mut order = Vec::new();
     for (ri, r) in ranks.iter().enumerate() {
         for t in &r.ck.tensors {
             let Some(local) = t.name.strip_prefix("model.") else { continue };
@@ -129,47 +177,7 @@ pub(super) fn catalog(root: PathBuf, loc: Location) -> Result<Scan> {
             pieces.entry(key).or_default().push((r.tp, ri, t));
         }
     }
-
-    let mut tensors = Vec::with_capacity(order.len());
-    let mut seen = BTreeSet::new();
-    for key in &order {
-        let (stage, name) = key;
-        if !seen.insert(name.clone()) {
-            // The stages share nothing but a tied output's copy, dropped above.
-            let r = ranks.iter().find(|r| r.pp == *stage).unwrap_or(first);
-            return Err(bad(r, Some(name.clone()), "two pipeline stages both hold it".into()));
-        }
-        let list = &pieces[key];
-        let split = split_of(name, swiglu);
-        let rank_file = |ri: usize| &ranks[ri];
-        if list.len() as u64 != tp {
-            let r = rank_file(list[0].1);
-            return Err(bad(
-                r,
-                Some(name.clone()),
-                format!("{} of the stage's {tp} tensor-parallel ranks hold it", list.len()),
-            ));
-        }
-        tensors.push(
-            stitch(name, split, tp, list, &base_of)
-                .map_err(|reason| bad(rank_file(list[0].1), Some(name.clone()), reason))?,
-        );
-    }
-    let mut meta = info::from_args("legacy", first.ck.values.iter().find(|(k, _)| k == "args").map(|(_, v)| v));
-    meta.iteration = args_u64(first, "iteration").or(loc.iteration);
-    meta.tensor_parallel = Some(tp);
-    meta.pipeline_parallel = Some(pp);
-    meta.num_layers = Some(total_layers);
-    meta.swiglu = Some(swiglu);
-    meta.tied_embeddings = Some(tied);
-    if let Some(f) = files.first_mut() {
-        f.metadata = vec![("format".to_string(), "pt".to_string())];
-    }
-    let mut parts = Parts::new(Format::MegatronLegacy, root, files, tensors);
-    parts.world_size = Some(tp * pp);
-    parts.members.extend(loc.tracker.clone());
-    parts.detail = Some(Arc::new(Megatron { meta, dcp: None }));
-    Ok(Scan::clean(Checkpoint::new(parts)?))
+    (order, pieces)
 }
 
 fn args_u64(r: &RankFile, key: &str) -> Option<u64> {
