@@ -1,16 +1,19 @@
 """Each copy-shaped ckpt operation against a durable `cp` of the same bytes, paired and alternated.
 
     /opt/statekit-venv/bin/python bench/vs_cp.py [--pairs 7] [--warmup 1] [--trace 3]
-        [--ops split,merge,convert,dcp,zero,dcp_tp] [--ckpt target/release/ckpt] [--no-write]
+        [--ops split,merge,convert,dcp,zero,dcp_tp,megatron] [--ckpt target/release/ckpt]
+        [--no-write]
 
 The redesign's target is that split, merge, convert and the DCP and ZeRO merges each take at most
 1.1x the time of copying the same bytes with `cp` and fsyncing the copies, at under 64 MiB peak
 RSS; the merge of a DCP checkpoint sharded on two dims (FSDP2 + tensor parallel, `dcp_tp`), whose
-row-wise shards are gathered row by row, at most 1.2x. Timings on a shared 2-core machine drift by
-more than that margin over a minute, so the two sides are never measured in separate batches:
-every operation runs as pairs, A (the ckpt command) then B (the baseline), A, B, ... and the table
-reports the medians of each side and the median of the per-pair ratios (a drift that hits one pair
-hits both of its halves).
+row-wise shards are gathered row by row, at most 1.2x; the merge of a Megatron-Core `torch_dist`
+checkpoint (`megatron`: tensor parallel 2, whose row-parallel weights, split on their input dim,
+are gathered row by row too, into the model megatron holds on one rank, layers unstacked) has the
+same 1.2x target. Timings on a shared 2-core machine drift by more than that margin over a minute,
+so the two sides are never measured in separate batches: every operation runs as pairs, A (the
+ckpt command) then B (the baseline), A, B, ... and the table reports the medians of each side and
+the median of the per-pair ratios (a drift that hits one pair hits both of its halves).
 
 Every run gets a fresh, empty output folder, then `sync` (so the previous run's write-back and
 deletion are not billed to this one), then a read of the sources (so both sides start with them in
@@ -21,8 +24,8 @@ into the medians) split the time into phases: planning, copies, fsyncs.
 The baselines, B, copy the bytes the operation moves:
 - split: the output shards of the same split (`shards/`, which is also the merge input), copied as
   separate files by one `cp`, then each fsynced (`sync FILE...` calls fsync per file).
-- merge, convert, DCP merges: the input data files (`*.safetensors`, the `.bin`, the `*.distcp`),
-  copied into the output folder by one `cp`, then each fsynced.
+- merge, convert, DCP and Megatron merges: the input data files (`*.safetensors`, the `.bin`,
+  the `*.distcp`), copied into the output folder by one `cp`, then each fsynced.
 - ZeRO merge: the merge reads only the fp32 master partitions from `*_optim_states.pt`, a third of
   those files (the rest is Adam's two moments), so copying the input files would triple the bytes.
   The baseline copies, per rank, a file holding exactly that partition's bytes (cut once from the
@@ -31,7 +34,10 @@ The baselines, B, copy the bytes the operation moves:
 Inputs are generated once under bench/work/vs-cp/ (git-ignored) with the real tools: safetensors
 `save_file`, `torch.save`, torch DCP from FSDP2 on 2 gloo ranks (bench/py/make_dcp_checkpoint.py),
 torch DCP from FSDP2 + TP on a (dp=2, tp=2) mesh of 4 gloo ranks (bench/py/make_tp_checkpoint.py),
-DeepSpeed ZeRO-3 on 2 CPU ranks (bench/ds_bench.py's worker). Results: bench/RESULTS-vs-cp.md.
+DeepSpeed ZeRO-3 on 2 CPU ranks (bench/ds_bench.py's worker), megatron-core 0.19.2's
+`dist_checkpointing.save` of a GPTModel at tensor parallel 2 on 2 gloo ranks
+(bench/py/make_megatron_checkpoint.py; needs megatron-core unpacked at /opt/mcore, see that file,
+and the op is skipped without it). Results: bench/RESULTS-vs-cp.md.
 """
 
 import argparse
@@ -53,8 +59,9 @@ SHARD = "200MB"
 DCP_LAYERS = 8  # 196 MiB embedding + 8 blocks of 96 MiB: 1.01 GB of bf16
 ZERO_GIB = 2.8  # ds_bench's size knob counts the optimizer files: 15 layers, 1.0 GB of fp32 params
 TP_LAYERS = 3  # blocks of 320 MiB (dim 4096, FFN 8192): 1.007 GB of bf16, on a (dp=2, tp=2) mesh
+MEGATRON_LAYERS = 7  # layers of 100.7 MB (hidden 2048, FFN 8192) + 2 x 131 MB vocab: 0.967 GB of bf16
 # A/B targets; an op not named here has 1.1.
-TARGET = {"dcp_tp": 1.2}
+TARGET = {"dcp_tp": 1.2, "megatron": 1.2}
 TIME_FILE = os.path.join(WORK, "time.txt")
 
 
@@ -144,14 +151,16 @@ def inputs(ckpt, ops):
     env = env_for_tools()
     p = {}
     p["st"] = os.path.join(WORK, "model-1GiB.safetensors")
-    if not os.path.exists(p["st"]):
-        log(f"writing {p['st']} ...")
-        run([PY, os.path.join(ROOT, "bench", "py", "make_checkpoint.py"), p["st"] + ".part", "1.0"])
-        os.replace(p["st"] + ".part", p["st"])
     p["shards"] = os.path.join(WORK, "shards")
-    if not os.path.exists(os.path.join(p["shards"], "model.safetensors.index.json")):
-        log(f"writing {p['shards']} with ckpt split ...")
-        run([ckpt, "--quiet", "split", p["st"], p["shards"], "--max-shard-size", SHARD], stdout=subprocess.DEVNULL)
+    if {"split", "merge"} & set(ops):
+        if not os.path.exists(p["st"]):
+            log(f"writing {p['st']} ...")
+            run([PY, os.path.join(ROOT, "bench", "py", "make_checkpoint.py"), p["st"] + ".part", "1.0"])
+            os.replace(p["st"] + ".part", p["st"])
+        if not os.path.exists(os.path.join(p["shards"], "model.safetensors.index.json")):
+            log(f"writing {p['shards']} with ckpt split ...")
+            run([ckpt, "--quiet", "split", p["st"], p["shards"], "--max-shard-size", SHARD],
+                stdout=subprocess.DEVNULL)
     if "convert" in ops:
         p["bin"] = os.path.join(WORK, "pytorch_model-1GiB.bin")
         if not os.path.exists(p["bin"]):
@@ -170,6 +179,16 @@ def inputs(ckpt, ops):
         import make_tp_checkpoint
 
         p["dcp_tp"] = make_tp_checkpoint.ensure(os.path.join(WORK, f"dcp-tp-L{TP_LAYERS}"), TP_LAYERS, env=env)
+    if "megatron" in ops:
+        sys.path.insert(0, os.path.join(ROOT, "bench", "py"))
+        import make_megatron_checkpoint
+
+        if make_megatron_checkpoint.available():
+            p["megatron"] = make_megatron_checkpoint.ensure(os.path.join(WORK, f"megatron-L{MEGATRON_LAYERS}"),
+                                                            MEGATRON_LAYERS, env=env)
+        else:
+            log(f"skipping megatron: megatron-core is not unpacked at {make_megatron_checkpoint.MCORE} "
+                "(see the docstring of bench/py/make_megatron_checkpoint.py for the pip command)")
     if "zero" in ops:
         p["zero"] = os.path.join(WORK, f"zero3-{ZERO_GIB}GiB")
         if not os.path.exists(os.path.join(p["zero"], "latest")):
@@ -204,7 +223,7 @@ def durable_cp(files, out):
 def operations(ckpt, p, ops):
     """name -> (description, A command template, B files, files A reads). `{out}` is the run's
     output folder."""
-    st_shards = files_in(p["shards"], "*.safetensors")
+    st_shards = files_in(p["shards"], "*.safetensors") if {"split", "merge"} & set(ops) else []
     table = {}
     if "split" in ops:
         table["split"] = ("`ckpt split` 1 GiB safetensors into 200 MB shards",
@@ -235,6 +254,12 @@ def operations(ckpt, p, ops):
         table["dcp_tp"] = (f"`ckpt merge` of a DCP folder (FSDP2 + TP, dp=2 x tp=2 ranks, {TP_LAYERS} blocks, bf16)",
                            [ckpt, "--quiet", "merge", p["dcp_tp"], "{out}/model.safetensors"],
                            distcp, distcp + [os.path.join(p["dcp_tp"], ".metadata")])
+    if "megatron" in p:
+        distcp = files_in(p["megatron"], "*.distcp")
+        table["megatron"] = (f"`ckpt merge` of a Megatron-Core torch_dist checkpoint (GPTModel, TP 2 ranks, "
+                             f"{MEGATRON_LAYERS} layers, bf16) into the one-rank model",
+                             [ckpt, "--quiet", "merge", p["megatron"], "{out}/model.safetensors"],
+                             distcp, distcp + [os.path.join(p["megatron"], n) for n in (".metadata", "metadata.json")])
     return table
 
 
@@ -434,7 +459,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pairs", type=int, default=7, help="timed A,B pairs per operation (default 7)")
     ap.add_argument("--warmup", type=int, default=1, help="untimed pairs first (default 1)")
-    ap.add_argument("--ops", default="split,merge,convert,dcp,zero,dcp_tp")
+    ap.add_argument("--ops", default="split,merge,convert,dcp,zero,dcp_tp,megatron")
     ap.add_argument("--trace", type=int, default=3,
                     help="extra runs of each side under strace for the phase table (default 3; 0 skips it)")
     ap.add_argument("--ckpt", default=os.path.join(ROOT, "target", "release", "ckpt"))
@@ -447,6 +472,9 @@ def main():
     ckpt = os.path.abspath(args.ckpt)
     p = inputs(ckpt, ops)
     table = operations(ckpt, p, ops)
+    ops = [name for name in ops if name in table]  # an op whose input could not be made is skipped
+    if not ops:
+        raise SystemExit("nothing to measure")
     results = {}
     t0 = time.time()
     for name in ops:
