@@ -247,56 +247,15 @@ pub(crate) fn execute_from(
         }
         temps.create(&path)?;
     }
-    // Every CRC-covered record the plan reads is checked first, in parallel pieces: a damaged
-    // source is refused before anything is written.
+    // Every CRC-covered record the plan reads is checked while the bytes are copied, in parallel
+    // pieces beside the copies: a damaged source is refused before anything is committed (the
+    // temporaries are removed), and the hashing is not a phase of its own before the copies.
     let copies = plan.targets.iter().flat_map(|t| t.copies.iter().map(|c| (c.src, c.src_off, c.len)));
     let gathered = plan.targets.iter().flat_map(|t| t.gathers.iter().flat_map(|g| g.tensor.extents()));
-    srcs.check_extents(copies.chain(gathered))?;
-
-    // Size each target and write its header, then fill the data in parallel pieces.
-    for (t, (tmp, f)) in plan.targets.iter().zip(&temps.files) {
-        f.set_len(t.len).at(tmp)?;
-        f.write_all_at(&t.head, 0).at(tmp)?;
-    }
-    let mut pieces = Vec::new();
-    for (ti, t) in plan.targets.iter().enumerate() {
-        for c in &t.copies {
-            let mut done = 0;
-            while done < c.len {
-                let len = (c.len - done).min(PIECE);
-                pieces.push((ti, RangeCopy { src: c.src, src_off: c.src_off + done, dst_off: c.dst_off + done, len }));
-                done += len;
-            }
-        }
-    }
-    let kernel_ok = AtomicBool::new(opts.copy == CopyMethod::Auto);
-    pieces.par_iter().try_for_each(|(ti, c)| {
-        let (dst_path, dst) = &temps.files[*ti];
-        // Bytes held in memory (a torch file's numpy arrays, the caller's buffers) are not in a
-        // file: written from where they are.
-        let copied = if kernel_ok.load(Ordering::Relaxed) && !srcs.in_memory(c.src, c.src_off) {
-            let (src, src_path) = srcs.file(c.src)?;
-            kernel_copy(src, src_path, dst, dst_path, c, &kernel_ok)?
-        } else {
-            0
-        };
-        if let (Some(p), true) = (opts.progress, copied > 0) {
-            p(copied);
-        }
-        if copied < c.len {
-            let rest =
-                RangeCopy { src: c.src, src_off: c.src_off + copied, dst_off: c.dst_off + copied, len: c.len - copied };
-            mapped_copy(srcs, dst, dst_path, &rest, opts.progress)?;
-        }
-        sys::start_writeback(dst, c.dst_off, c.len);
-        Ok::<(), Error>(())
-    })?;
-    let gathers: Vec<(usize, &Gather)> =
-        plan.targets.iter().enumerate().flat_map(|(ti, t)| t.gathers.iter().map(move |g| (ti, g))).collect();
-    gathers.par_iter().try_for_each(|(ti, g)| {
-        let (p, f) = &temps.files[*ti];
-        gather(srcs, g, f, p, opts.progress)
-    })?;
+    let extents: Vec<(usize, u64, u64)> = copies.chain(gathered).collect();
+    let (checked, copied) = rayon::join(|| srcs.check_extents(extents), || copy_and_gather(plan, srcs, &temps, opts));
+    checked?;
+    copied?;
     plan.targets.par_iter().zip(&temps.files).try_for_each(|(t, (p, f))| match &t.seal {
         Some(s) => s.seal(f, p),
         None => Ok(()),
@@ -574,6 +533,56 @@ fn gather(
     if !inbuf.is_empty() || !touched.is_empty() {
         flush(&mut inbuf, &mut at, &mut touched)?;
     }
+    Ok(())
+}
+
+/// Sizes each target, writes its header, and fills its data: the range copies, then the
+/// gathers, each in parallel pieces.
+fn copy_and_gather(plan: &Plan, srcs: &Sources<'_>, temps: &TempSet, opts: &WriteOptions<'_>) -> Result<()> {
+    // Size each target and write its header, then fill the data in parallel pieces.
+    for (t, (tmp, f)) in plan.targets.iter().zip(&temps.files) {
+        f.set_len(t.len).at(tmp)?;
+        f.write_all_at(&t.head, 0).at(tmp)?;
+    }
+    let mut pieces = Vec::new();
+    for (ti, t) in plan.targets.iter().enumerate() {
+        for c in &t.copies {
+            let mut done = 0;
+            while done < c.len {
+                let len = (c.len - done).min(PIECE);
+                pieces.push((ti, RangeCopy { src: c.src, src_off: c.src_off + done, dst_off: c.dst_off + done, len }));
+                done += len;
+            }
+        }
+    }
+    let kernel_ok = AtomicBool::new(opts.copy == CopyMethod::Auto);
+    pieces.par_iter().try_for_each(|(ti, c)| {
+        let (dst_path, dst) = &temps.files[*ti];
+        // Bytes held in memory (a torch file's numpy arrays, the caller's buffers) are not in a
+        // file: written from where they are.
+        let copied = if kernel_ok.load(Ordering::Relaxed) && !srcs.in_memory(c.src, c.src_off) {
+            let (src, src_path) = srcs.file(c.src)?;
+            kernel_copy(src, src_path, dst, dst_path, c, &kernel_ok)?
+        } else {
+            0
+        };
+        if let (Some(p), true) = (opts.progress, copied > 0) {
+            p(copied);
+        }
+        if copied < c.len {
+            let rest =
+                RangeCopy { src: c.src, src_off: c.src_off + copied, dst_off: c.dst_off + copied, len: c.len - copied };
+            mapped_copy(srcs, dst, dst_path, &rest, opts.progress)?;
+        }
+        sys::start_writeback(dst, c.dst_off, c.len);
+        Ok::<(), Error>(())
+    })?;
+    let gathers: Vec<(usize, &Gather)> =
+        plan.targets.iter().enumerate().flat_map(|(ti, t)| t.gathers.iter().map(move |g| (ti, g))).collect();
+    gathers.par_iter().try_for_each(|(ti, g)| {
+        let (p, f) = &temps.files[*ti];
+        gather(srcs, g, f, p, opts.progress)
+    })?;
     Ok(())
 }
 
