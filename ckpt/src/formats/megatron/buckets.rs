@@ -16,20 +16,23 @@
 //!   to the end of its last parameter), and the next bucket starts its own count at 0 (bucket
 //!   starts are padded to a multiple of `lcm(dp, 128)`, itself a multiple of 64).
 //!
-//! Under tensor parallelism each model-parallel rank `G` has buckets of its own over its pieces
-//! of the parameters, laid out by the same rules; a parameter's state is its ranks' pieces put
+//! Under tensor and pipeline parallelism each model-parallel rank `G` (tensor rank + tensor size
+//! × pipeline stage: the rank in megatron's model-parallel group) has buckets of its own over its
+//! stage's parameters (the layers split evenly over the stages, the embeddings on the first, the
+//! final norm and output layer on the last) and its pieces of them, laid out by the same rules; a parameter's state is its ranks' pieces put
 //! back as megatron's parallel layers cut them ([`names::split_of`]): concatenated on dim 0, row
 //! by row on dim 1, SwiGLU's two halves each concatenated, a replicated tensor taken from rank 0.
 //!
 //! The registration order is that of megatron's GPT model with the local layer spec
 //! ([`REGISTRATION`]); a parameter whose place in it is not known, a bucket the derived layout
 //! overfills or leaves unfilled, bucket sizes that disagree with the recorded
-//! `per_bucket_numel_unpadded`, several grad buffers (a model of several dtypes) or pipeline
-//! parallelism are refused by name rather than guessed.
+//! `per_bucket_numel_unpadded`, several grad buffers (a model of several dtypes), uneven or
+//! virtual pipeline stages, or tied embeddings under pipeline parallelism are refused by name
+//! rather than guessed.
 
 use std::collections::BTreeMap;
 
-use super::info::Megatron;
+use super::info::{self, Megatron};
 use super::names::{self, Split};
 use super::optimizer::STATE_PREFIX;
 use crate::catalog::{Checkpoint, Chunk, TensorBox, TensorInfo};
@@ -95,16 +98,15 @@ pub(crate) fn per_parameter(ck: &Checkpoint, m: &Megatron, dcp: &DcpSource) -> R
         rank: None,
         reason,
     };
-    if m.meta.pipeline_parallel.is_some_and(|p| p > 1) {
-        return Err(refuse(None, "a `dp_reshardable` optimizer under pipeline parallelism is not derived yet".into()));
-    }
     let domains = domains(dcp).map_err(|(key, reason)| refuse(Some(&key), reason))?;
-    let tp = domains.len() as u64;
-    if m.meta.tensor_parallel.is_some_and(|t| t != tp) {
+    let pp = m.meta.pipeline_parallel.unwrap_or(1).max(1);
+    let tp = domains.len() as u64 / pp;
+    if tp * pp != domains.len() as u64 || m.meta.tensor_parallel.is_some_and(|t| t != tp) {
         return Err(refuse(
             None,
             format!(
-                "the optimizer has {tp} model-parallel bucket sets for tensor parallel {:?}",
+                "the optimizer has {} model-parallel bucket sets for tensor parallel {:?} and pipeline parallel {pp}",
+                domains.len(),
                 m.meta.tensor_parallel
             ),
         ));
@@ -119,14 +121,18 @@ pub(crate) fn per_parameter(ck: &Checkpoint, m: &Megatron, dcp: &DcpSource) -> R
             ))
         }
     };
+    let stages = Stages::new(m, dcp, pp).map_err(|r| refuse(None, r))?;
 
     // The model's parameters in registration order, as each tensor-parallel rank holds them.
     let mut params = model_params(dcp, swiglu, tp).map_err(|(key, reason)| refuse(Some(&key), reason))?;
     params.sort_by_key(|p| p.order);
-    let numels: Vec<u64> = params.iter().map(|p| p.local).collect();
-    // Where each rank's grad buffer puts each parameter's piece.
-    let mut placed = Vec::with_capacity(domains.len());
+    // Where each model-parallel rank's grad buffer puts the pieces of its stage's parameters;
+    // rank `G` is tensor-parallel rank `G % tp` of stage `G / tp`.
+    let mut placed: Vec<Vec<(u64, u64)>> = vec![vec![(0, 0); params.len()]; domains.len()];
     for (g, domain) in domains.iter().enumerate() {
+        let stage = g as u64 / tp;
+        let members: Vec<usize> = (0..params.len()).filter(|&i| stages.holding(&params[i]) == stage).collect();
+        let numels: Vec<u64> = members.iter().map(|&i| params[i].local).collect();
         let sizes: Vec<u64> = domain.values().map(|states| states.values().next().map_or(0, |t| t.shape[0])).collect();
         if let Some((key, recorded)) = recorded_sizes(dcp, g) {
             if recorded != sizes {
@@ -136,7 +142,13 @@ pub(crate) fn per_parameter(ck: &Checkpoint, m: &Megatron, dcp: &DcpSource) -> R
                 ));
             }
         }
-        placed.push(place(&numels, &sizes).map_err(|m| misfit(&refuse, &params, &sizes, g, m))?);
+        let at = place(&numels, &sizes).map_err(|m| {
+            let members: Vec<&Param<'_>> = members.iter().map(|&i| &params[i]).collect();
+            misfit(&refuse, &members, &sizes, g, m)
+        })?;
+        for (&i, a) in members.iter().zip(at) {
+            placed[g][i] = a;
+        }
     }
 
     // Each stored key's state: its layers' pieces, the ranks' pieces of each put in row-major
@@ -146,7 +158,8 @@ pub(crate) fn per_parameter(ck: &Checkpoint, m: &Megatron, dcp: &DcpSource) -> R
     for (i, p) in params.iter().enumerate() {
         for &state in &states {
             let mut pieces = Vec::with_capacity(tp as usize);
-            for (g, domain) in domains.iter().enumerate() {
+            let first = (stages.holding(p) * tp) as usize;
+            for (g, domain) in domains.iter().enumerate().skip(first).take(tp as usize) {
                 let (b, start) = placed[g][i];
                 let t = domain.get(&b).and_then(|s| s.get(state)).ok_or_else(|| {
                     refuse(None, format!("bucket {b} of model-parallel rank {g} has no `{state}` tensor"))
@@ -208,10 +221,56 @@ fn domains(dcp: &DcpSource) -> std::result::Result<Vec<Domain<'_>>, (String, Str
     Ok(by_group.into_values().collect())
 }
 
+/// Which pipeline stage holds each parameter: the embeddings the first, the final norm and the
+/// output layer the last, the layers split evenly (megatron's default; the settings that split
+/// them otherwise are refused, as is a tied output layer's copy on the last stage).
+struct Stages {
+    count: u64,
+    layers_per_stage: u64,
+}
+
+impl Stages {
+    fn new(m: &Megatron, dcp: &DcpSource, pp: u64) -> std::result::Result<Stages, String> {
+        let layers = m.meta.num_layers.unwrap_or(0);
+        if pp == 1 {
+            return Ok(Stages { count: 1, layers_per_stage: layers.max(1) });
+        }
+        for uneven in [
+            "decoder_first_pipeline_num_layers",
+            "decoder_last_pipeline_num_layers",
+            "pipeline_model_parallel_layout",
+            "num_layers_per_virtual_pipeline_stage",
+            "num_virtual_stages_per_pipeline_rank",
+        ] {
+            if info::arg(dcp, uneven).is_some_and(|v| *v != Leaf::None) {
+                return Err(format!(
+                    "`args.{uneven}` is set: layouts over uneven or virtual pipeline stages are not derived yet"
+                ));
+            }
+        }
+        if m.meta.tied_embeddings != Some(false) {
+            return Err("tied embeddings under pipeline parallelism (a copy in its own bucket on the last stage) are not derived yet".into());
+        }
+        if layers == 0 || !layers.is_multiple_of(pp) {
+            return Err(format!("{layers} layers do not split evenly over {pp} pipeline stages"));
+        }
+        Ok(Stages { count: pp, layers_per_stage: layers / pp })
+    }
+
+    /// The stage holding `p`.
+    fn holding(&self, p: &Param<'_>) -> u64 {
+        match p.order.0 {
+            0 => 0,
+            1 => p.layer.unwrap_or(0) / self.layers_per_stage,
+            _ => self.count - 1,
+        }
+    }
+}
+
 /// The error for a layout that does not fit the buckets of model-parallel rank `g`.
 fn misfit(
     refuse: &impl Fn(Option<&str>, String) -> Error,
-    params: &[Param<'_>],
+    params: &[&Param<'_>],
     sizes: &[u64],
     g: usize,
     m: Misfit,

@@ -73,8 +73,8 @@ fn flag(leaf: Option<&Leaf>) -> Option<bool> {
 
 /// The saved dict megatron puts in `common_state` (a one-item list around it in some
 /// versions).
-fn common(values: &[(String, Leaf)]) -> Option<&Leaf> {
-    let (_, v) = values.iter().find(|(k, _)| k.split('/').next() == Some("common_state"))?;
+fn common(dcp: &DcpSource) -> Option<&Leaf> {
+    let v = &dcp.bytes.iter().find(|b| b.key.split('/').next() == Some("common_state"))?.value;
     match v {
         Leaf::List(items) if items.len() == 1 => items.first(),
         other => Some(other),
@@ -105,10 +105,15 @@ pub(crate) fn from_args(layout: &'static str, args: Option<&Leaf>) -> MegatronIn
     }
 }
 
+/// The saved `args.NAME` of a `torch_dist` checkpoint, where Megatron-LM saved them.
+pub(crate) fn arg<'a>(dcp: &'a DcpSource, name: &str) -> Option<&'a Leaf> {
+    lookup(common(dcp)?, &["args", name])
+}
+
 /// The summary of a `torch_dist` checkpoint: the saved `args` where Megatron-LM saved them,
 /// the rest from the tensors.
-pub(crate) fn describe(loc: &Location, dcp: &DcpSource, values: &[(String, Leaf)]) -> MegatronInfo {
-    let common = common(values);
+pub(crate) fn describe(loc: &Location, dcp: &DcpSource) -> MegatronInfo {
+    let common = common(dcp);
     let key_shape = |key: &str| dcp.tensors.iter().find(|t| t.key == key).map(|t| t.shape.clone());
     let stacked_layers = dcp
         .tensors

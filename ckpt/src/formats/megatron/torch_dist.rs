@@ -16,7 +16,7 @@ use crate::value::Leaf;
 pub(super) fn catalog(root: PathBuf, loc: Location, as_stored: bool) -> Result<Scan> {
     let dcp = dcp::read_folder_with(&loc.dir, super::SAVE_GLOBALS)?;
     let values: Vec<(String, Leaf)> = dcp.bytes.iter().map(|b| (b.key.clone(), b.value.clone())).collect();
-    let meta = info::describe(&loc, &dcp, &values);
+    let meta = info::describe(&loc, &dcp);
     let tensors = if as_stored { stored(&dcp) } else { one_rank(&dcp, &loc)? };
     let mut files = dcp.files.clone();
     // What `safetensors.torch.save_file` writes.
