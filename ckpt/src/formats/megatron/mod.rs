@@ -84,9 +84,19 @@ pub(crate) const SAVE_GLOBALS: &[&str] = &[
     "megatron.core.rerun_state_machine.RerunValidationStatus",
     // `rng_state`'s numpy generator state.
     "numpy.dtype",
+    "numpy.dtypes.UInt32DType",
     "numpy.ndarray",
     "numpy.core.multiarray._reconstruct",
     "numpy._core.multiarray._reconstruct",
+    // The rest of what megatron itself admits when it loads its own saves
+    // (`megatron/core/safe_globals.py`): configs, paths, TransformerEngine's extra state as
+    // bytes, generators.
+    "types.SimpleNamespace",
+    "pathlib.PosixPath",
+    "megatron.core.optimizer.optimizer_config.OptimizerConfig",
+    "_io.BytesIO",
+    "io.BytesIO",
+    "torch._C.Generator",
 ];
 
 /// Where a Megatron checkpoint is: the iteration folder, and the tracker that named it.
