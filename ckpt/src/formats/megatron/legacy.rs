@@ -122,7 +122,14 @@ pub(super) fn catalog(root: PathBuf, loc: Location) -> Result<Scan> {
         f.metadata = vec![("format".to_string(), "pt".to_string())];
     }
     let mut parts = Parts::new(Format::MegatronLegacy, root, files, tensors);
-    parts.world_size = Some(tp * pp);
+    // The run's ranks (data-parallel ones too), as the saved `args` give them; the files alone
+    // tell only the model-parallel ranks.
+    let args = first.ck.values.iter().find(|(k, _)| k == "args").map(|(_, v)| v);
+    let world = match args.and_then(|a| info::lookup(a, &["world_size"])) {
+        Some(Leaf::Int(w)) => u64::try_from(*w).ok(),
+        _ => None,
+    };
+    parts.world_size = Some(world.unwrap_or(tp * pp));
     parts.members.extend(loc.tracker.clone());
     parts.detail = Some(Arc::new(Megatron { meta, dcp: None }));
     Ok(Scan::clean(Checkpoint::new(parts)?))
