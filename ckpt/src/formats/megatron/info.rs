@@ -12,6 +12,8 @@ pub(crate) struct Megatron {
     pub meta: MegatronInfo,
     /// The DCP folder of a `torch_dist` checkpoint.
     pub dcp: Option<DcpSource>,
+    /// The rank files of a legacy save.
+    pub legacy: Option<super::legacy::Ranks>,
 }
 
 /// A Megatron-Core checkpoint's run and model, as far as the checkpoint tells them.

@@ -19,7 +19,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::info::{self, Megatron};
-use super::names::{split_of, Split};
+use super::names::{self, split_of, Split};
+use super::optimizer::STATE_PREFIX;
 use super::Location;
 use crate::catalog::{Checkpoint, Format, Parts, Scan, SourceFile, TensorBox, TensorData, TensorInfo};
 use crate::error::{Error, Result};
@@ -57,7 +58,21 @@ type Piece<'a> = (u64, usize, &'a TensorInfo);
 /// A one-rank tensor name, with the pipeline stage that holds it.
 type StageName = (u64, String);
 
+/// A legacy save's rank files as read, with what stitching their pieces needs.
+#[derive(Debug)]
+pub(crate) struct Ranks {
+    ranks: Vec<RankFile>,
+    /// The index of each rank's first file in the catalog's files.
+    base_of: Vec<usize>,
+    /// The global index of each stage's first layer.
+    layer_offset: Vec<u64>,
+    tp: u64,
+    swiglu: bool,
+    tied: bool,
+}
+
 /// One rank's file, read.
+#[derive(Debug)]
 struct RankFile {
     tp: u64,
     pp: u64,
@@ -67,8 +82,15 @@ struct RankFile {
 /// The catalog of the legacy save at `loc`, named by `root`.
 pub(super) fn catalog(root: PathBuf, loc: Location) -> Result<Scan> {
     let ranks = read_ranks(&loc.dir)?;
-    let first = &ranks[0];
-    let mut meta = info::from_args("legacy", first.ck.values.iter().find(|(k, _)| k == "args").map(|(_, v)| v));
+    let args = ranks[0].ck.values.iter().find(|(k, _)| k == "args").map(|(_, v)| v);
+    let mut meta = info::from_args("legacy", args);
+    // The run's ranks (data-parallel ones too), as the saved `args` give them; the files alone
+    // tell only the model-parallel ranks.
+    let world = match args.and_then(|a| info::lookup(a, &["world_size"])) {
+        Some(Leaf::Int(w)) => u64::try_from(*w).ok(),
+        _ => None,
+    };
+    let iteration = args_u64(&ranks[0], "iteration").or(loc.iteration);
     let swiglu = meta.swiglu.unwrap_or(false);
     let tied = meta.tied_embeddings.unwrap_or(true);
     let tp = ranks.iter().map(|r| r.tp).max().unwrap_or(0) + 1;
@@ -90,13 +112,14 @@ pub(super) fn catalog(root: PathBuf, loc: Location) -> Result<Scan> {
             reason: format!("the stages hold {total_layers} layers in all, but `args.num_layers` is {n}"),
         });
     }
-    let (order, pieces) = pieces_by_name(&ranks, &layer_offset, tied);
+    let legacy = Ranks { ranks, base_of, layer_offset, tp, swiglu, tied };
+    let (order, pieces) = legacy.pieces_by_name();
     let mut tensors = Vec::with_capacity(order.len());
     let mut seen = BTreeSet::new();
     for key in &order {
         let (stage, name) = key;
         let list = &pieces[key];
-        let r = &ranks[list[0].1];
+        let r = &legacy.ranks[list[0].1];
         let bad = |reason: String| Error::BadMegatron {
             path: r.ck.root.clone(),
             key: Some(name.clone()),
@@ -110,9 +133,9 @@ pub(super) fn catalog(root: PathBuf, loc: Location) -> Result<Scan> {
         if list.len() as u64 != tp {
             return Err(bad(format!("{} of the stage's {tp} tensor-parallel ranks hold it", list.len())));
         }
-        tensors.push(stitch(name, split_of(name, swiglu), tp, list, &base_of).map_err(bad)?);
+        tensors.push(stitch(name, split_of(name, swiglu), tp, list, &legacy.base_of).map_err(bad)?);
     }
-    meta.iteration = args_u64(first, "iteration").or(loc.iteration);
+    meta.iteration = iteration;
     meta.tensor_parallel = Some(tp);
     meta.pipeline_parallel = Some(pp);
     meta.num_layers = Some(total_layers);
@@ -122,16 +145,9 @@ pub(super) fn catalog(root: PathBuf, loc: Location) -> Result<Scan> {
         f.metadata = vec![("format".to_string(), "pt".to_string())];
     }
     let mut parts = Parts::new(Format::MegatronLegacy, root, files, tensors);
-    // The run's ranks (data-parallel ones too), as the saved `args` give them; the files alone
-    // tell only the model-parallel ranks.
-    let args = first.ck.values.iter().find(|(k, _)| k == "args").map(|(_, v)| v);
-    let world = match args.and_then(|a| info::lookup(a, &["world_size"])) {
-        Some(Leaf::Int(w)) => u64::try_from(*w).ok(),
-        _ => None,
-    };
     parts.world_size = Some(world.unwrap_or(tp * pp));
     parts.members.extend(loc.tracker.clone());
-    parts.detail = Some(Arc::new(Megatron { meta, dcp: None }));
+    parts.detail = Some(Arc::new(Megatron { meta, dcp: None, legacy: Some(legacy) }));
     Ok(Scan::clean(Checkpoint::new(parts)?))
 }
 
@@ -156,35 +172,6 @@ fn stage_offsets(ranks: &[RankFile], pp: u64) -> Result<(Vec<u64>, u64)> {
         total += layers.len() as u64;
     }
     Ok((offsets, total))
-}
-
-/// The ranks' model tensors by (stage, one-rank name), in the order first met, each with its
-/// tensor-parallel pieces; `_extra_state` and a tied model's copy of the embeddings left out.
-fn pieces_by_name<'a>(
-    ranks: &'a [RankFile],
-    layer_offset: &[u64],
-    tied: bool,
-) -> (Vec<StageName>, BTreeMap<StageName, Vec<Piece<'a>>>) {
-    let mut pieces: BTreeMap<StageName, Vec<Piece<'_>>> = BTreeMap::new();
-    let mut order = Vec::new();
-    for (ri, r) in ranks.iter().enumerate() {
-        for t in &r.ck.tensors {
-            let Some(local) = t.name.strip_prefix("model.") else { continue };
-            if local.ends_with("_extra_state") || (tied && local == "output_layer.weight") {
-                continue;
-            }
-            let name = match local_layer(local) {
-                Some((block, l, rest)) => format!("{block}{}.{rest}", layer_offset[r.pp as usize] + l),
-                None => local.to_string(),
-            };
-            let key = (r.pp, name);
-            if !pieces.contains_key(&key) {
-                order.push(key.clone());
-            }
-            pieces.entry(key).or_default().push((r.tp, ri, t));
-        }
-    }
-    (order, pieces)
 }
 
 fn args_u64(r: &RankFile, key: &str) -> Option<u64> {
@@ -323,6 +310,172 @@ fn read_ranks(dir: &Path) -> Result<Vec<RankFile>> {
         return Err(Error::NotACheckpoint { path: dir.to_path_buf() });
     }
     Ok(ranks)
+}
+
+impl Ranks {
+    /// The ranks' model tensors by (stage, one-rank name), in the order first met, each with
+    /// its tensor-parallel pieces.
+    fn pieces_by_name(&self) -> (Vec<StageName>, BTreeMap<StageName, Vec<Piece<'_>>>) {
+        let mut pieces: BTreeMap<StageName, Vec<Piece<'_>>> = BTreeMap::new();
+        let mut order = Vec::new();
+        for (ri, r) in self.ranks.iter().enumerate() {
+            for t in &r.ck.tensors {
+                let Some(name) = self.one_rank_name(r, &t.name) else { continue };
+                let key = (r.pp, name);
+                if !pieces.contains_key(&key) {
+                    order.push(key.clone());
+                }
+                pieces.entry(key).or_default().push((r.tp, ri, t));
+            }
+        }
+        (order, pieces)
+    }
+
+    /// True when the save's optimizer is the distributed one, in `distrib_optim.pt` beside
+    /// each rank's file.
+    pub(crate) fn has_distributed_optimizer(&self) -> bool {
+        self.ranks.iter().any(|r| r.ck.root.with_file_name("distrib_optim.pt").is_file())
+    }
+
+    /// The one-rank name of a rank's model tensor (`model.` taken off, layers numbered
+    /// globally), or `None` for what the one-rank model does not hold.
+    fn one_rank_name(&self, r: &RankFile, name: &str) -> Option<String> {
+        let local = name.strip_prefix("model.")?;
+        if local.ends_with("_extra_state") || (self.tied && local == "output_layer.weight") {
+            return None;
+        }
+        Some(match local_layer(local) {
+            Some((block, l, rest)) => format!("{block}{}.{rest}", self.layer_offset[r.pp as usize] + l),
+            None => local.to_string(),
+        })
+    }
+
+    /// The optimizer state per parameter of a save without the distributed optimizer, named as
+    /// the distributed optimizer's `fully_reshardable` form names it
+    /// (`optimizer.state.{param,exp_avg,exp_avg_sq}.<stored key>`, layers stacked).
+    ///
+    /// Each rank's `optimizer` holds torch's optimizer state keyed by index and megatron's fp32
+    /// master copies (`fp32_from_fp16_params`, per param group). Megatron puts the model's
+    /// parameters into two groups, in their order: weight decay (the rest), then none (biases
+    /// and 1-D parameters); torch numbers them across the groups in order.
+    pub(crate) fn optimizer_state(&self) -> Result<Vec<TensorInfo>> {
+        const STATES: [&str; 3] = ["param", "exp_avg", "exp_avg_sq"];
+        let mut pieces: BTreeMap<(String, &str), Vec<Piece<'_>>> = BTreeMap::new();
+        for (ri, r) in self.ranks.iter().enumerate() {
+            let bad = |reason: String| Error::BadMegatron {
+                path: r.ck.root.clone(),
+                key: Some("optimizer".into()),
+                rank: Some(r.tp),
+                reason,
+            };
+            let by_name: BTreeMap<&str, &TensorInfo> = r.ck.tensors.iter().map(|t| (t.name.as_str(), t)).collect();
+            let params: Vec<&TensorInfo> =
+                r.ck.tensors
+                    .iter()
+                    .filter(|t| t.name.starts_with("model.") && !t.name.ends_with("_extra_state"))
+                    .collect();
+            let no_decay = |t: &TensorInfo| t.shape.len() <= 1 || t.name.ends_with(".bias");
+            let groups: [Vec<&TensorInfo>; 2] = [
+                params.iter().copied().filter(|t| !no_decay(t)).collect(),
+                params.iter().copied().filter(|t| no_decay(t)).collect(),
+            ];
+            let recorded = group_sizes(&r.ck);
+            let derived = vec![groups[0].len() as u64, groups[1].len() as u64];
+            if recorded.as_ref() != Some(&derived) {
+                return Err(bad(format!(
+                    "its param groups hold {recorded:?} parameters, where megatron's grouping of the model gives {derived:?}; \
+                     refusing to guess which state is whose"
+                )));
+            }
+            for (g, group) in groups.iter().enumerate() {
+                for (j, t) in group.iter().enumerate() {
+                    let i = if g == 0 { j } else { groups[0].len() + j };
+                    let Some(name) = self.one_rank_name(r, &t.name) else { continue };
+                    for state in STATES {
+                        let key = match state {
+                            "param" => format!("optimizer.fp32_from_fp16_params.{g}.{j}"),
+                            s => format!("optimizer.optimizer.state.{i}.{s}"),
+                        };
+                        let Some(&found) = by_name.get(key.as_str()) else {
+                            return Err(bad(format!("`{key}` (the `{state}` of `{}`) is not there", t.name)));
+                        };
+                        if found.shape != t.shape {
+                            return Err(bad(format!(
+                                "`{key}` has shape {:?}, but `{}` is {:?}",
+                                found.shape, t.name, t.shape
+                            )));
+                        }
+                        pieces.entry((name.clone(), state)).or_default().push((r.tp, ri, found));
+                    }
+                }
+            }
+        }
+        // Each one-rank tensor stitched from its ranks' pieces, then the layers of a stored key
+        // stacked on a leading axis.
+        let mut plain = Vec::new();
+        let mut layers: BTreeMap<(String, &str), Vec<(u64, TensorInfo)>> = BTreeMap::new();
+        for ((name, state), list) in &pieces {
+            let split = split_of(name, self.swiglu);
+            let r = &self.ranks[list[0].1];
+            let t = stitch(name, split, self.tp, list, &self.base_of).map_err(|reason| Error::BadMegatron {
+                path: r.ck.root.clone(),
+                key: Some(name.clone()),
+                rank: Some(r.tp),
+                reason: format!("its optimizer `{state}`: {reason}"),
+            })?;
+            match local_layer(name) {
+                Some((block, l, rest)) => {
+                    let stored = format!("{block}{}", names::stored_within(rest));
+                    layers.entry((stored, state)).or_default().push((l, t));
+                }
+                None => plain.push(TensorInfo { name: format!("{STATE_PREFIX}{state}.{name}"), ..t }),
+            }
+        }
+        for ((stored, state), mut per_layer) in layers {
+            per_layer.sort_by_key(|(l, _)| *l);
+            plain.push(stack(
+                format!("{STATE_PREFIX}{state}.{stored}"),
+                per_layer.into_iter().map(|(_, t)| t).collect(),
+            ));
+        }
+        Ok(plain)
+    }
+}
+
+/// How many parameters each param group of a rank's optimizer holds (`param_groups[g].params`).
+fn group_sizes(ck: &Checkpoint) -> Option<Vec<u64>> {
+    let (_, groups) = ck.values.iter().find(|(k, _)| k == "optimizer.optimizer.param_groups")?;
+    let Leaf::List(groups) = groups else { return None };
+    groups
+        .iter()
+        .map(|g| match info::lookup(g, &["params"]) {
+            Some(Leaf::List(p)) => Some(p.len() as u64),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The tensors of `layers` (one per layer, in order, alike in shape) as one tensor with a
+/// leading layer axis: each box takes its layer's place on it.
+fn stack(name: String, layers: Vec<TensorInfo>) -> TensorInfo {
+    let first = &layers[0];
+    let (dtype, stored) = (first.dtype, first.stored);
+    let mut shape = vec![layers.len() as u64];
+    shape.extend(&first.shape);
+    let mut boxes = Vec::new();
+    for (l, t) in layers.iter().enumerate() {
+        for b in t.boxes() {
+            let mut offsets = vec![l as u64];
+            offsets.extend(&b.region.offsets);
+            let mut sizes = vec![1];
+            sizes.extend(&b.region.sizes);
+            // A stride for the one-long layer axis is never stepped.
+            let mut strides = vec![0];
+            strides.extend(&b.strides);
+            boxes.push(TensorBox { region: Region::new(offsets, sizes), strides, ..b.clone() });
+        }
+    }
+    TensorInfo { name, dtype, shape, stored, data: TensorData::Boxes(boxes) }
 }
 
 #[cfg(test)]

@@ -16,6 +16,17 @@ const FUSED_NORMS: &[(&str, &str)] = &[
     ("mlp.linear_fc1.layer_norm_", "pre_mlp_layernorm."),
 ];
 
+/// The stored key within a layer of a local spec's module name (the inverse of [`module_name`]):
+/// what a legacy save's module names are called in a `torch_dist` save.
+pub(crate) fn stored_within(module: &str) -> String {
+    for (te, local) in FUSED_NORMS {
+        if let Some(rest) = module.strip_prefix(local) {
+            return format!("{te}{rest}");
+        }
+    }
+    module.to_string()
+}
+
 /// A checkpoint key split at its block of stacked layers: `decoder.layers.` and the rest of
 /// the key within a layer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -133,6 +144,7 @@ mod tests {
         ];
         for (stored, module) in cases {
             assert_eq!(module_name(stored), module);
+            assert_eq!(stored_within(module), stored);
         }
         let s = stacked("decoder.layers.mlp.linear_fc1.layer_norm_weight").map(|s| layer_name(s, 7));
         assert_eq!(s.as_deref(), Some("decoder.layers.7.pre_mlp_layernorm.weight"));

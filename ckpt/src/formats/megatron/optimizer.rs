@@ -19,8 +19,16 @@ pub(crate) fn optimizer_state(ck: &Checkpoint) -> Result<Vec<TensorInfo>> {
     let Some(m) = ck.detail::<Megatron>() else {
         return Err(refuse("not a Megatron checkpoint".into()));
     };
+    if let Some(legacy) = &m.legacy {
+        if legacy.has_distributed_optimizer() {
+            return Err(refuse(
+                "the distributed optimizer of a legacy save (`distrib_optim.pt`) is not read yet".into(),
+            ));
+        }
+        return legacy.optimizer_state();
+    }
     let Some(dcp) = &m.dcp else {
-        return Err(refuse("the optimizer of a legacy save (`distrib_optim.pt`) is not read yet".into()));
+        return Err(refuse("the checkpoint holds no optimizer state".into()));
     };
     match m.meta.optimizer.as_deref() {
         Some("fully_reshardable") => Ok(dcp

@@ -33,7 +33,7 @@ pub(super) fn catalog(root: PathBuf, loc: Location, as_stored: bool) -> Result<S
     parts.world_size = Some(dcp.files.len() as u64);
     parts.members = crate::io::regular_files(&loc.dir)?;
     parts.members.extend(loc.tracker.clone());
-    parts.detail = Some(Arc::new(Megatron { meta, dcp: Some(dcp) }));
+    parts.detail = Some(Arc::new(Megatron { meta, dcp: Some(dcp), legacy: None }));
     Ok(Scan::clean(Checkpoint::new(parts)?))
 }
 
