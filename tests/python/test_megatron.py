@@ -220,14 +220,16 @@ def test_merge_optimizer_gives_the_per_parameter_state(name, tmp_path):
     assert o.tensors == len(expected_model(name)) + len(want)
 
 
-def test_merge_optimizer_of_a_legacy_save(tmp_path):
-    """A legacy save without the distributed optimizer: each rank's state by index and its fp32
-    master copies, per parameter, named as the `fully_reshardable` form names them."""
-    case_dir = FX / "legacy_tp2pp2"
+@pytest.mark.parametrize("case", ["legacy_tp2pp2", "legacy_dp2_distopt"])
+def test_merge_optimizer_of_a_legacy_save(case, tmp_path):
+    """Legacy saves, without the distributed optimizer (each rank's state by index and its fp32
+    master copies) and with it (`distrib_optim.pt`): per parameter, named as the
+    `fully_reshardable` form names them."""
+    case_dir = FX / case
     ckpt.merge(case_dir, tmp_path / "model.safetensors", optimizer=True)
     got = safetensors.torch.load_file(tmp_path / "optimizer.safetensors")
     want = safetensors.torch.load_file(case_dir / "expected_optimizer.safetensors")
-    assert_same_tensors(got, want, "legacy_tp2pp2: merge optimizer")
+    assert_same_tensors(got, want, f"{case}: merge optimizer")
 
 
 # -- as_stored elsewhere ---------------------------------------------------------------------

@@ -397,6 +397,31 @@ fn place(numels: &[u64], sizes: &[u64]) -> std::result::Result<Vec<(u64, u64)>, 
     Ok(placed)
 }
 
+/// Where megatron's grad buffer puts each parameter (`numels` in registration order) when the
+/// bucket size is what decides (a legacy save records no bucket sizes): laid out in reverse,
+/// each start on a multiple of [`PARAM_ALIGN`], a bucket closing after the parameter that brings
+/// it to `bucket_size` or more (`None`: one bucket). Gives each parameter's bucket and start in
+/// it, and each bucket's size without its end padding.
+pub(super) fn place_by_size(numels: &[u64], bucket_size: Option<u64>) -> (Vec<(u64, u64)>, Vec<u64>) {
+    let mut placed = vec![(0, 0); numels.len()];
+    let mut sizes = Vec::new();
+    let (mut at, mut open) = (0u64, false);
+    for (param, &numel) in numels.iter().enumerate().rev() {
+        let start = at.div_ceil(PARAM_ALIGN) * PARAM_ALIGN;
+        placed[param] = (sizes.len() as u64, start);
+        at = start + numel;
+        open = true;
+        if bucket_size.is_some_and(|b| at >= b) {
+            sizes.push(at);
+            (at, open) = (0, false);
+        }
+    }
+    if open {
+        sizes.push(at);
+    }
+    (placed, sizes)
+}
+
 /// Every model parameter of the checkpoint, a plain key as one, a stacked key as one per layer;
 /// each split as megatron's parallel layers split it over `tp` ranks.
 fn model_params(dcp: &DcpSource, swiglu: bool, tp: u64) -> std::result::Result<Vec<Param<'_>>, (String, String)> {
@@ -507,6 +532,19 @@ mod tests {
             (0, 0),   // output layer
         ];
         assert_eq!(placed, Ok(want));
+    }
+
+    /// The same layout from the bucket size (600) megatron was given, as a legacy save must
+    /// derive it.
+    #[test]
+    fn the_bucket_size_closes_the_same_buckets() {
+        let layer = [8, 64, 128, 8, 128, 128];
+        let numels: Vec<u64> = std::iter::once(256).chain(layer).chain(layer).chain([8, 256]).collect();
+        let (placed, sizes) = place_by_size(&numels, Some(600));
+        assert_eq!(sizes, vec![768, 640, 320]);
+        assert_eq!(Ok(placed), place(&numels, &sizes));
+        let (one, sizes) = place_by_size(&[10, 20], None);
+        assert_eq!((one, sizes), (vec![(0, 64), (0, 0)], vec![74]));
     }
 
     #[test]

@@ -31,6 +31,8 @@ use fsdp_state::Region;
 
 /// The file of each model-parallel rank.
 pub(crate) const RANK_FILE: &str = "model_optim_rng.pt";
+/// The distributed optimizer's file beside it.
+const DISTRIB_FILE: &str = "distrib_optim.pt";
 
 /// A rank folder's name: `mp_rank_TT`, `mp_rank_TT_PPP`, or with an expert rank `_EEE`.
 fn ranks_of(name: &str) -> Option<(u64, Option<u64>, Option<u64>)> {
@@ -64,6 +66,10 @@ pub(crate) struct Ranks {
     ranks: Vec<RankFile>,
     /// The index of each rank's first file in the catalog's files.
     base_of: Vec<usize>,
+    /// The index of each rank's `distrib_optim.pt` in the catalog's files.
+    distrib_base: Vec<usize>,
+    /// The grad buffers' bucket size on the first pipeline stage, as the saved `args` give it.
+    bucket_size: std::result::Result<Option<u64>, String>,
     /// The global index of each stage's first layer.
     layer_offset: Vec<u64>,
     tp: u64,
@@ -77,6 +83,8 @@ struct RankFile {
     tp: u64,
     pp: u64,
     ck: Checkpoint,
+    /// The distributed optimizer's `distrib_optim.pt` beside it, read.
+    distrib: Option<Checkpoint>,
 }
 
 /// The catalog of the legacy save at `loc`, named by `root`.
@@ -98,11 +106,14 @@ pub(super) fn catalog(root: PathBuf, loc: Location) -> Result<Scan> {
 
     // Every file's tensors become boxes of the one catalog: their file indices shift.
     let mut files: Vec<SourceFile> = Vec::new();
-    let mut base_of = Vec::with_capacity(ranks.len());
+    let (mut base_of, mut distrib_base) = (Vec::with_capacity(ranks.len()), Vec::with_capacity(ranks.len()));
     for r in &ranks {
         base_of.push(files.len());
         files.extend(r.ck.files.iter().cloned());
+        distrib_base.push(files.len());
+        files.extend(r.distrib.iter().flat_map(|d| d.files.iter().cloned()));
     }
+    let bucket_size = bucket_size(args);
     let (layer_offset, total_layers) = stage_offsets(&ranks, pp)?;
     if let Some(n) = meta.num_layers.filter(|&n| n != total_layers) {
         return Err(Error::BadMegatron {
@@ -112,7 +123,7 @@ pub(super) fn catalog(root: PathBuf, loc: Location) -> Result<Scan> {
             reason: format!("the stages hold {total_layers} layers in all, but `args.num_layers` is {n}"),
         });
     }
-    let legacy = Ranks { ranks, base_of, layer_offset, tp, swiglu, tied };
+    let legacy = Ranks { ranks, base_of, distrib_base, layer_offset, tp, swiglu, tied, bucket_size };
     let (order, pieces) = legacy.pieces_by_name();
     let mut tensors = Vec::with_capacity(order.len());
     let mut seen = BTreeSet::new();
@@ -302,8 +313,14 @@ fn read_ranks(dir: &Path) -> Result<Vec<RankFile>> {
                     ),
                 });
             }
+            let distrib_path = path.with_file_name(DISTRIB_FILE);
             let scan = torch::catalog(path, Format::Torch, &allow)?;
-            ranks.push(RankFile { tp: t, pp: stage, ck: scan.checkpoint });
+            let distrib = if distrib_path.is_file() {
+                Some(torch::catalog(distrib_path, Format::Torch, &allow)?.checkpoint)
+            } else {
+                None
+            };
+            ranks.push(RankFile { tp: t, pp: stage, ck: scan.checkpoint, distrib });
         }
     }
     if ranks.is_empty() {
@@ -334,7 +351,7 @@ impl Ranks {
     /// True when the save's optimizer is the distributed one, in `distrib_optim.pt` beside
     /// each rank's file.
     pub(crate) fn has_distributed_optimizer(&self) -> bool {
-        self.ranks.iter().any(|r| r.ck.root.with_file_name("distrib_optim.pt").is_file())
+        self.ranks.iter().any(|r| r.distrib.is_some())
     }
 
     /// The one-rank name of a rank's model tensor (`model.` taken off, layers numbered
@@ -359,6 +376,9 @@ impl Ranks {
     /// parameters into two groups, in their order: weight decay (the rest), then none (biases
     /// and 1-D parameters); torch numbers them across the groups in order.
     pub(crate) fn optimizer_state(&self) -> Result<Vec<TensorInfo>> {
+        if self.has_distributed_optimizer() {
+            return self.distributed_state();
+        }
         const STATES: [&str; 3] = ["param", "exp_avg", "exp_avg_sq"];
         let mut pieces: BTreeMap<(String, &str), Vec<Piece<'_>>> = BTreeMap::new();
         for (ri, r) in self.ranks.iter().enumerate() {
@@ -410,14 +430,23 @@ impl Ranks {
                 }
             }
         }
-        // Each one-rank tensor stitched from its ranks' pieces, then the layers of a stored key
-        // stacked on a leading axis.
+        self.per_parameter(&pieces, &self.base_of)
+    }
+
+    /// Each one-rank tensor's state stitched from its ranks' pieces (`base_of`: where each
+    /// rank's files start among the catalog's), then the layers of a stored key stacked on a
+    /// leading axis.
+    fn per_parameter(
+        &self,
+        pieces: &BTreeMap<(String, &str), Vec<Piece<'_>>>,
+        base_of: &[usize],
+    ) -> Result<Vec<TensorInfo>> {
         let mut plain = Vec::new();
         let mut layers: BTreeMap<(String, &str), Vec<(u64, TensorInfo)>> = BTreeMap::new();
-        for ((name, state), list) in &pieces {
+        for ((name, state), list) in pieces {
             let split = split_of(name, self.swiglu);
             let r = &self.ranks[list[0].1];
-            let t = stitch(name, split, self.tp, list, &self.base_of).map_err(|reason| Error::BadMegatron {
+            let t = stitch(name, split, self.tp, list, base_of).map_err(|reason| Error::BadMegatron {
                 path: r.ck.root.clone(),
                 key: Some(name.clone()),
                 rank: Some(r.tp),
@@ -426,7 +455,7 @@ impl Ranks {
             match local_layer(name) {
                 Some((block, l, rest)) => {
                     let stored = format!("{block}{}", names::stored_within(rest));
-                    layers.entry((stored, state)).or_default().push((l, t));
+                    layers.entry((stored, *state)).or_default().push((l, t));
                 }
                 None => plain.push(TensorInfo { name: format!("{STATE_PREFIX}{state}.{name}"), ..t }),
             }
@@ -440,6 +469,108 @@ impl Ranks {
         }
         Ok(plain)
     }
+
+    /// The distributed optimizer's state per parameter, from each rank's `distrib_optim.pt`:
+    /// per state one flat fp32 tensor of the rank's grad buffer, its buckets back to back
+    /// without their end padding (`get_parameter_state_dp_zero`). The file records only the
+    /// total, so the layout is megatron's, derived from the rank's parameters and the bucket
+    /// size (`--ddp-bucket-size` with `--overlap-grad-reduce`, on the first stage only), and
+    /// must come to that total.
+    fn distributed_state(&self) -> Result<Vec<TensorInfo>> {
+        const STATES: [&str; 3] = ["param", "exp_avg", "exp_avg_sq"];
+        let mut owned: Vec<(String, &str, u64, usize, TensorInfo)> = Vec::new();
+        for (ri, r) in self.ranks.iter().enumerate() {
+            let bad = |reason: String| Error::BadMegatron {
+                path: r.ck.root.with_file_name(DISTRIB_FILE),
+                key: None,
+                rank: Some(r.tp),
+                reason,
+            };
+            let Some(d) = &r.distrib else {
+                return Err(bad("missing, where the other ranks have theirs".into()));
+            };
+            let params: Vec<&TensorInfo> =
+                r.ck.tensors
+                    .iter()
+                    .filter(|t| t.name.starts_with("model.") && !t.name.ends_with("_extra_state"))
+                    .collect();
+            if params.windows(2).any(|w| w[0].dtype != w[1].dtype) {
+                return Err(bad(
+                    "the model's parameters are of several dtypes (several grad buffers): not derived yet".into(),
+                ));
+            }
+            let bucket_size = if r.pp == 0 { self.bucket_size.clone().map_err(&bad)? } else { None };
+            let numels: Vec<u64> = params.iter().map(|t| t.numel()).collect();
+            let (placed, sizes) = super::buckets::place_by_size(&numels, bucket_size);
+            let total: u64 = sizes.iter().sum();
+            for state in STATES {
+                let suffix = format!(".{state}");
+                let found: Vec<&TensorInfo> = d.tensors.iter().filter(|t| t.name.ends_with(&suffix)).collect();
+                let [flat] = found.as_slice() else {
+                    return Err(bad(format!("holds {} `{state}` buffers; one grad buffer is derived", found.len())));
+                };
+                if flat.shape != [total] {
+                    return Err(bad(format!(
+                        "`{}` holds {:?} elements, but megatron's layout of this rank's parameters gives {total} \
+                         (buckets {sizes:?}): refusing to guess",
+                        flat.name, flat.shape
+                    )));
+                }
+                let [b] = flat.boxes() else { return Err(bad(format!("`{}` is not one stored tensor", flat.name))) };
+                for (t, &(bucket, start)) in params.iter().zip(&placed) {
+                    let Some(name) = self.one_rank_name(r, &t.name) else { continue };
+                    let at: u64 = sizes[..bucket as usize].iter().sum::<u64>() + start;
+                    let Some(strides) = crate::shape::contiguous_strides(&t.shape) else {
+                        return Err(bad(format!("`{}` has a shape too large to address", t.name)));
+                    };
+                    let step = b.strides.first().copied().unwrap_or(1);
+                    let view = TensorBox {
+                        region: Region::whole(&t.shape),
+                        offset: b.offset + at * step,
+                        strides,
+                        ..b.clone()
+                    };
+                    let info = TensorInfo {
+                        name: name.clone(),
+                        dtype: flat.dtype,
+                        shape: t.shape.clone(),
+                        stored: flat.stored,
+                        data: TensorData::Boxes(vec![view]),
+                    };
+                    owned.push((name, state, r.tp, ri, info));
+                }
+            }
+        }
+        let mut pieces: BTreeMap<(String, &str), Vec<Piece<'_>>> = BTreeMap::new();
+        for (name, state, tp, ri, info) in &owned {
+            pieces.entry((name.clone(), *state)).or_default().push((*tp, *ri, info));
+        }
+        self.per_parameter(&pieces, &self.distrib_base)
+    }
+}
+
+/// The bucket size of a first stage's grad buffers, as Megatron-LM resolves it from its
+/// arguments (`resolve_ddp_bucket_size`): none without `overlap_grad_reduce`, else
+/// `ddp_bucket_size`, by default the larger of 40M and 1M × the data-and-context-parallel size.
+fn bucket_size(args: Option<&Leaf>) -> std::result::Result<Option<u64>, String> {
+    let arg = |name: &str| args.and_then(|a| info::lookup(a, &[name]));
+    let int = |name: &str| match arg(name) {
+        Some(Leaf::Int(i)) => u64::try_from(*i).ok(),
+        _ => None,
+    };
+    if args.is_none() {
+        return Err("the save has no `args` to take its bucket size from".into());
+    }
+    if !matches!(arg("ddp_num_buckets"), None | Some(Leaf::None)) {
+        return Err("`args.ddp_num_buckets` is set: that bucket size is not derived yet".into());
+    }
+    if !matches!(arg("overlap_grad_reduce"), Some(Leaf::Bool(true))) {
+        return Ok(None);
+    }
+    Ok(Some(int("ddp_bucket_size").unwrap_or_else(|| {
+        let dp_cp = int("data_parallel_size").unwrap_or(1) * int("context_parallel_size").unwrap_or(1);
+        (1_000_000 * dp_cp).max(40_000_000)
+    })))
 }
 
 /// How many parameters each param group of a rank's optimizer holds (`param_groups[g].params`).

@@ -20,11 +20,6 @@ pub(crate) fn optimizer_state(ck: &Checkpoint) -> Result<Vec<TensorInfo>> {
         return Err(refuse("not a Megatron checkpoint".into()));
     };
     if let Some(legacy) = &m.legacy {
-        if legacy.has_distributed_optimizer() {
-            return Err(refuse(
-                "the distributed optimizer of a legacy save (`distrib_optim.pt`) is not read yet".into(),
-            ));
-        }
         return legacy.optimizer_state();
     }
     let Some(dcp) = &m.dcp else {
