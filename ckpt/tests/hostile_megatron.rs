@@ -104,7 +104,7 @@ fn another_backend_is_refused_by_name() {
     assert_eq!(
         err,
         format!(
-            "{}: the checkpoint's backend is `zarr`; only `torch_dist` is read (zarr was retired by megatron)",
+            "{}: the checkpoint's backend is `zarr`; only `torch_dist` is read",
             dir.join("metadata.json").display()
         )
     );

@@ -178,10 +178,9 @@ fn is_torch_dist(dir: &Path) -> Result<bool> {
         Some("torch_dist") => Ok(true),
         // A DCP folder with someone else's `metadata.json` is still a DCP folder.
         None => Ok(false),
-        Some(other) => Err(bad(format!(
-            "the checkpoint's backend is `{}`; only `torch_dist` is read (zarr was retired by megatron)",
-            other.escape_debug()
-        ))),
+        Some(other) => {
+            Err(bad(format!("the checkpoint's backend is `{}`; only `torch_dist` is read", other.escape_debug())))
+        }
     }
 }
 
