@@ -34,7 +34,9 @@ pub struct MergeOptions {
     pub max_shard_size: Option<u64>,
     /// Also write the merged Adam moments (`<param>.exp_avg`, `<param>.exp_avg_sq`) to
     /// `optimizer.safetensors` beside the weights (DeepSpeed checkpoints; for an accelerate
-    /// `save_state` folder, the optimizer of the merged model, whatever its format).
+    /// `save_state` folder, the optimizer of the merged model, whatever its format; for a
+    /// Megatron checkpoint, `optimizer.state.{param,exp_avg,exp_avg_sq}.<stored key>`, whatever
+    /// form its optimizer was saved in).
     pub optimizer: bool,
     /// Which model of an accelerate `save_state` folder to merge (default 0).
     pub model: Option<usize>,
@@ -237,7 +239,7 @@ pub fn merge(ck: &Checkpoint, out: &Path, options: &MergeOptions, opts: &WriteOp
     }
     let zero = ck.detail::<deepspeed::ZeroCheckpoint>();
     let megatron = ck.megatron().is_some();
-    if (zero.is_none() && !megatron && options.optimizer) || (zero.is_none() && options.max_shard_size.is_some()) {
+    if zero.is_none() && ((options.optimizer && !megatron) || options.max_shard_size.is_some()) {
         return Err(bad(
             out,
             format!(

@@ -58,7 +58,8 @@ pub(crate) fn lookup<'a>(leaf: &'a Leaf, path: &[&str]) -> Option<&'a Leaf> {
     }
 }
 
-fn uint(leaf: Option<&Leaf>) -> Option<u64> {
+/// A whole, non-negative number of the saved state (megatron saves some as floats).
+pub(crate) fn uint(leaf: Option<&Leaf>) -> Option<u64> {
     match leaf? {
         Leaf::Int(i) => u64::try_from(*i).ok(),
         Leaf::Float(f) if f.fract() == 0.0 && *f >= 0.0 => Some(*f as u64),

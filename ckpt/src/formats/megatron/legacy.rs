@@ -94,11 +94,9 @@ pub(super) fn catalog(root: PathBuf, loc: Location) -> Result<Scan> {
     let mut meta = info::from_args("legacy", args);
     // The run's ranks (data-parallel ones too), as the saved `args` give them; the files alone
     // tell only the model-parallel ranks.
-    let world = match args.and_then(|a| info::lookup(a, &["world_size"])) {
-        Some(Leaf::Int(w)) => u64::try_from(*w).ok(),
-        _ => None,
-    };
-    let iteration = args_u64(&ranks[0], "iteration").or(loc.iteration);
+    let world = info::uint(args.and_then(|a| info::lookup(a, &["world_size"])));
+    let iteration = info::uint(ranks[0].ck.values.iter().find(|(k, _)| k == "iteration").map(|(_, v)| v));
+    let iteration = iteration.or(loc.iteration);
     let swiglu = meta.swiglu.unwrap_or(false);
     let tied = meta.tied_embeddings.unwrap_or(true);
     let tp = ranks.iter().map(|r| r.tp).max().unwrap_or(0) + 1;
@@ -183,13 +181,6 @@ fn stage_offsets(ranks: &[RankFile], pp: u64) -> Result<(Vec<u64>, u64)> {
         total += layers.len() as u64;
     }
     Ok((offsets, total))
-}
-
-fn args_u64(r: &RankFile, key: &str) -> Option<u64> {
-    match r.ck.values.iter().find(|(k, _)| k == key).map(|(_, v)| v)? {
-        Leaf::Int(i) => u64::try_from(*i).ok(),
-        _ => None,
-    }
 }
 
 /// `decoder.layers.3.mlp.linear_fc1.weight` → (`decoder.layers.`, 3, `mlp.linear_fc1.weight`).
@@ -559,10 +550,7 @@ impl Ranks {
 /// `ddp_bucket_size`, by default the larger of 40M and 1M × the data-and-context-parallel size.
 fn bucket_size(args: Option<&Leaf>) -> std::result::Result<Option<u64>, String> {
     let arg = |name: &str| args.and_then(|a| info::lookup(a, &[name]));
-    let int = |name: &str| match arg(name) {
-        Some(Leaf::Int(i)) => u64::try_from(*i).ok(),
-        _ => None,
-    };
+    let int = |name: &str| info::uint(arg(name));
     if args.is_none() {
         return Err("the save has no `args` to take its bucket size from".into());
     }
