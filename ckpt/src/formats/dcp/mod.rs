@@ -96,19 +96,26 @@ pub(crate) fn catalog(dir: PathBuf) -> Result<Scan> {
         })
         .collect();
     let values = dcp.bytes.iter().map(|b| (name(&b.path), b.value.clone())).collect();
-    let mut files = dcp.files.clone();
-    // What `safetensors.torch.save_file` writes (and so `accelerate merge-weights`).
-    let meta = vec![("format".to_string(), "pt".to_string())];
-    match files.first_mut() {
-        Some(f) => f.metadata = meta,
-        None => files.push(SourceFile { metadata: meta, ..SourceFile::new(dir.join(METADATA_NAME), 0) }),
-    }
+    let files = save_file_sources(&dcp, &dir);
     let mut parts = Parts::new(Format::Dcp, dir, files, tensors);
     parts.values = values;
     parts.world_size = Some(dcp.files.len() as u64);
     parts.members = crate::io::regular_files(&parts.root)?;
     parts.detail = Some(Arc::new(dcp));
     Ok(Scan::clean(Checkpoint::new(parts)?))
+}
+
+/// The folder's data files, the first carrying the `__metadata__` that
+/// `safetensors.torch.save_file` writes (and so `accelerate merge-weights`); the `.metadata`
+/// file carries it when there is no data file.
+pub(crate) fn save_file_sources(dcp: &DcpSource, dir: &Path) -> Vec<SourceFile> {
+    let mut files = dcp.files.clone();
+    let meta = vec![("format".to_string(), "pt".to_string())];
+    match files.first_mut() {
+        Some(f) => f.metadata = meta,
+        None => files.push(SourceFile { metadata: meta, ..SourceFile::new(dir.join(METADATA_NAME), 0) }),
+    }
+    files
 }
 
 /// True when every key sits under one and the same top-level key of a dict (accelerate's

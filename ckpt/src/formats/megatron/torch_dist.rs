@@ -7,28 +7,20 @@ use std::sync::Arc;
 use super::info::{self, Megatron};
 use super::names;
 use super::Location;
-use crate::catalog::{Checkpoint, Format, Parts, Scan, SourceFile, TensorBox, TensorData, TensorInfo};
+use crate::catalog::{Checkpoint, Format, Parts, Scan, TensorBox, TensorData, TensorInfo};
 use crate::error::{Error, Result};
 use crate::formats::dcp::{self, DcpSource, DcpTensor};
-use crate::value::Leaf;
 
 /// The catalog of the `torch_dist` checkpoint at `loc`, named by `root`.
 pub(super) fn catalog(root: PathBuf, loc: Location, as_stored: bool) -> Result<Scan> {
     let dcp = dcp::read_folder_with(&loc.dir, super::SAVE_GLOBALS)?;
-    let values: Vec<(String, Leaf)> = dcp.bytes.iter().map(|b| (b.key.clone(), b.value.clone())).collect();
     let meta = info::describe(&loc, &dcp);
     let tensors = if as_stored { stored(&dcp) } else { one_rank(&dcp, &loc)? };
-    let mut files = dcp.files.clone();
-    // What `safetensors.torch.save_file` writes.
-    let format_pt = vec![("format".to_string(), "pt".to_string())];
-    match files.first_mut() {
-        Some(f) => f.metadata = format_pt,
-        None => files.push(SourceFile { metadata: format_pt, ..SourceFile::new(loc.dir.join(dcp::METADATA_NAME), 0) }),
-    }
+    let files = dcp::save_file_sources(&dcp, &loc.dir);
     let mut parts = Parts::new(Format::MegatronTorchDist, root, files, tensors);
     // The stored view carries every non-tensor value as DCP's own view does; the model has none.
     if as_stored {
-        parts.values = values;
+        parts.values = dcp.bytes.iter().map(|b| (b.key.clone(), b.value.clone())).collect();
     }
     parts.world_size = Some(dcp.files.len() as u64);
     parts.members = crate::io::regular_files(&loc.dir)?;
@@ -70,14 +62,7 @@ fn one_rank(dcp: &DcpSource, loc: &Location) -> Result<Vec<TensorInfo>> {
             reason,
         };
         let Some(s) = names::stacked(&t.key) else {
-            let name = t.key.clone();
-            out.push(TensorInfo {
-                name,
-                dtype: t.dtype,
-                shape: t.shape.clone(),
-                stored: t.dtype,
-                data: data(&t.boxes),
-            });
+            out.push(as_stored(t));
             continue;
         };
         if s.within.contains("experts.") {
