@@ -60,6 +60,9 @@ type Piece<'a> = (u64, usize, &'a TensorInfo);
 /// A one-rank tensor name, with the pipeline stage that holds it.
 type StageName = (u64, String);
 
+/// The optimizer states written per parameter: the fp32 main parameter and Adam's moments.
+const STATES: [&str; 3] = ["param", "exp_avg", "exp_avg_sq"];
+
 /// A legacy save's rank files as read, with what stitching their pieces needs.
 #[derive(Debug)]
 pub(crate) struct Ranks {
@@ -85,6 +88,13 @@ struct RankFile {
     ck: Checkpoint,
     /// The distributed optimizer's `distrib_optim.pt` beside it, read.
     distrib: Option<Checkpoint>,
+}
+
+impl RankFile {
+    /// The rank's model parameters, in the order its module registers them.
+    fn parameters(&self) -> Vec<&TensorInfo> {
+        self.ck.tensors.iter().filter(|t| t.name.starts_with("model.") && !t.name.ends_with("_extra_state")).collect()
+    }
 }
 
 /// The catalog of the legacy save at `loc`, named by `root`.
@@ -370,7 +380,6 @@ impl Ranks {
         if self.has_distributed_optimizer() {
             return self.distributed_state();
         }
-        const STATES: [&str; 3] = ["param", "exp_avg", "exp_avg_sq"];
         let mut pieces: BTreeMap<(String, &str), Vec<Piece<'_>>> = BTreeMap::new();
         for (ri, r) in self.ranks.iter().enumerate() {
             let bad = |reason: String| Error::BadMegatron {
@@ -380,11 +389,7 @@ impl Ranks {
                 reason,
             };
             let by_name: BTreeMap<&str, &TensorInfo> = r.ck.tensors.iter().map(|t| (t.name.as_str(), t)).collect();
-            let params: Vec<&TensorInfo> =
-                r.ck.tensors
-                    .iter()
-                    .filter(|t| t.name.starts_with("model.") && !t.name.ends_with("_extra_state"))
-                    .collect();
+            let params = r.parameters();
             let no_decay = |t: &TensorInfo| t.shape.len() <= 1 || t.name.ends_with(".bias");
             let groups: [Vec<&TensorInfo>; 2] = [
                 params.iter().copied().filter(|t| !no_decay(t)).collect(),
@@ -468,7 +473,6 @@ impl Ranks {
     /// size (`--ddp-bucket-size` with `--overlap-grad-reduce`, on the first stage only), and
     /// must come to that total.
     fn distributed_state(&self) -> Result<Vec<TensorInfo>> {
-        const STATES: [&str; 3] = ["param", "exp_avg", "exp_avg_sq"];
         let mut owned: Vec<(String, &str, u64, usize, TensorInfo)> = Vec::new();
         let stages = self.layer_offset.len();
         for (ri, r) in self.ranks.iter().enumerate() {
@@ -481,11 +485,7 @@ impl Ranks {
             let Some(d) = &r.distrib else {
                 return Err(bad("missing, where the other ranks have theirs".into()));
             };
-            let params: Vec<&TensorInfo> =
-                r.ck.tensors
-                    .iter()
-                    .filter(|t| t.name.starts_with("model.") && !t.name.ends_with("_extra_state"))
-                    .collect();
+            let params = r.parameters();
             if params.windows(2).any(|w| w[0].dtype != w[1].dtype) {
                 return Err(bad(
                     "the model's parameters are of several dtypes (several grad buffers): not derived yet".into(),
