@@ -24,7 +24,7 @@ build: setup
 # integration, CLI, kill; Python interop), then a bounded fuzzing run of every parser target.
 test: setup
 	$(CARGO) fmt --all -- --check
-	$(CARGO) clippy --workspace --exclude train --all-targets --locked -- -D warnings
+	$(CARGO) clippy --workspace --exclude train --all-targets --features statekit-cli/mpi --locked -- -D warnings
 	$(TORCH_ENV) $(CARGO) clippy -p train --all-targets --locked -- -D warnings
 	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --workspace --exclude train --exclude statekit-python --no-deps --lib --locked
 	$(MAKE) --no-print-directory test-rust test-train test-python fuzz
@@ -33,7 +33,7 @@ test: setup
 # feature (no Arrow, Parquet or zstd).
 # python-bindings is a cdylib that only links inside Python: pytest tests it, installed.
 test-rust:
-	$(CARGO) test --workspace --exclude train --exclude statekit-python --locked
+	$(CARGO) test --workspace --exclude train --exclude statekit-python --features statekit-cli/mpi --locked
 	$(CARGO) test -p dataload --no-default-features --locked
 
 # The training core: built once, then its unit tests and the multi-rank kill/resume tests
@@ -42,7 +42,7 @@ test-train:
 	$(TORCH_ENV) $(CARGO) test -p train --locked -- --test-threads=1
 
 test-python:
-	$(CARGO) build --locked -p statekit-cli
+	$(CARGO) build --locked -p statekit-cli --features mpi
 	$(TORCH_ENV) $(CARGO) build --locked -p train
 	CKPT_BIN=$(CURDIR)/target/debug/ckpt TRAIN_BIN=$(CURDIR)/target/debug/statekit-train \
 		$(PY) -m pytest -q -p no:cacheprovider tests/python
@@ -56,11 +56,11 @@ fuzz:
 # The training run: 2 ranks, interrupted by a SIGTERM, resumed, merged, verified, reported.
 # (`demo/run.sh` is the CLI tour on a bundled checkpoint.)
 demo: setup
-	$(TORCH_ENV) $(CARGO) build --release --locked -p statekit-cli -p train
+	$(TORCH_ENV) $(CARGO) build --release --locked -p statekit-cli -p train --features statekit-cli/mpi
 	@$(TORCH_ENV) bash demo/train.sh target/release/ckpt target/release/statekit-train
 
 bench: setup mcore
-	$(TORCH_ENV) $(CARGO) build --release --locked -p statekit-cli -p train
+	$(TORCH_ENV) $(CARGO) build --release --locked -p statekit-cli -p train --features statekit-cli/mpi
 	@$(TORCH_ENV) bash bench/all.sh
 
 # megatron-core 0.19.2 (for the Megatron fixtures and benchmark only): its wheels declare Python

@@ -173,12 +173,19 @@ pub enum Error {
     /// out of bounds, overlapping another, or leaving part of the tensor uncovered.
     #[error("{path}{}: tensor `{tensor}`: {reason}", rank_note(.rank))]
     BadBox { path: PathBuf, tensor: String, rank: Option<u64>, reason: String },
-    #[error("{dir}: sharded save: {source}")]
+    #[error("{dir}: {source}")]
     Collective {
         dir: PathBuf,
         #[source]
         source: collective::CollectiveError,
     },
+    /// Another rank of a job failed a step of an operation and reported its error; nothing was
+    /// committed.
+    #[error("rank {rank} failed (it reports why); nothing was committed")]
+    OtherRank { rank: u64 },
+    /// This rank planned another output than rank 0 (their sources or options differ).
+    #[error("{path}: rank {rank} planned a different output than rank 0 (were all ranks given the same source and options, on one shared filesystem?)")]
+    PlanMismatch { path: PathBuf, rank: u64 },
     #[error("{dir}: sharded save failed on rank {rank}: {reason}")]
     ShardedSave { dir: PathBuf, rank: u64, reason: String },
     #[error("{path}{}: {reason}", rank_colon(.rank))]
@@ -268,7 +275,10 @@ impl Error {
             | Error::NotReshardable { .. }
             | Error::BadSaveTensor { .. } => ErrorKind::Usage,
             Error::Io { .. } => ErrorKind::Io,
-            Error::Collective { .. } | Error::ShardedSave { .. } => ErrorKind::Collective,
+            Error::Collective { .. }
+            | Error::ShardedSave { .. }
+            | Error::OtherRank { .. }
+            | Error::PlanMismatch { .. } => ErrorKind::Collective,
         }
     }
 }

@@ -24,7 +24,7 @@ use crate::formats::{self, dcp, deepspeed};
 use crate::misuse::{Misuse, Opt};
 pub use crate::outcome::Outcome;
 use crate::plan::{self, Dest, IndexStyle, Meta, Out};
-use crate::write::{self, Plan, WriteOptions};
+use crate::write::{Plan, WriteOptions};
 
 /// Options for [`merge`].
 #[derive(Clone, Debug, Default)]
@@ -195,12 +195,26 @@ fn as_stored(ck: &Checkpoint) -> Vec<Out<'_>> {
         .collect()
 }
 
+/// What an operation returns, with every rank's share when it ran as a [`crate::Job`].
+fn with_ranks(done: Result<Outcome>, opts: &WriteOptions<'_>) -> Result<Outcome> {
+    let mut done = done?;
+    if let Some(job) = opts.job {
+        done.ranks = job.shares();
+        done.dry_run = job.is_dry_run();
+    }
+    Ok(done)
+}
+
 /// Splits `ck` into huggingface_hub-style shards of at most `max_shard_size` bytes in `out_dir`.
 ///
 /// The shards, their names, the `weight_map` and `total_size` are what
 /// `huggingface_hub.save_torch_state_dict(load_file(src), out_dir, max_shard_size=…)` writes,
 /// and so is every shard's content.
 pub fn split(ck: &Checkpoint, out_dir: &Path, max_shard_size: u64, opts: &WriteOptions<'_>) -> Result<Outcome> {
+    with_ranks(split_here(ck, out_dir, max_shard_size, opts), opts)
+}
+
+fn split_here(ck: &Checkpoint, out_dir: &Path, max_shard_size: u64, opts: &WriteOptions<'_>) -> Result<Outcome> {
     let outs = as_stored(ck);
     let mut meta = Meta::from_folded(ck.metadata()?);
     meta.format.get_or_insert_with(|| "pt".into());
@@ -216,6 +230,10 @@ pub fn split(ck: &Checkpoint, out_dir: &Path, max_shard_size: u64, opts: &WriteO
 /// `safetensors.torch.save_file` writes for its tensors, `__metadata__` kept and index metadata
 /// folded into it.
 pub fn merge(ck: &Checkpoint, out: &Path, options: &MergeOptions, opts: &WriteOptions<'_>) -> Result<Outcome> {
+    with_ranks(merge_here(ck, out, options, opts), opts)
+}
+
+fn merge_here(ck: &Checkpoint, out: &Path, options: &MergeOptions, opts: &WriteOptions<'_>) -> Result<Outcome> {
     if let Some(state) = ck.save_state() {
         return merge_save_state(state, out, options, opts);
     }
@@ -295,7 +313,7 @@ pub fn merge(ck: &Checkpoint, out: &Path, options: &MergeOptions, opts: &WriteOp
     if let Dest::File(p) = &dest {
         plan.named.push(p.clone());
     }
-    write::execute(&plan, ck, opts)?;
+    crate::execute::execute(&plan, ck, opts)?;
     outcome.files = files;
     Ok(outcome)
 }
@@ -318,7 +336,7 @@ fn write_state_dict(
     if let Dest::File(p) = dest {
         plan.named.push(p.clone());
     }
-    write::execute(&plan, ck, opts)?;
+    crate::execute::execute(&plan, ck, opts)?;
     let mut files = placed.files;
     files.extend(placed.index);
     Ok(Outcome { files, tensors: outs.len(), bytes: placed.bytes, ..Outcome::default() })
@@ -335,6 +353,10 @@ fn write_state_dict(
 /// Non-tensor values go into safetensors metadata as JSON text (into the index metadata, as
 /// JSON values, when sharded), and into the pickle of a torch target (of its first shard).
 pub fn convert(ck: &Checkpoint, dst: &Path, options: &ConvertOptions, opts: &WriteOptions<'_>) -> Result<Outcome> {
+    with_ranks(convert_here(ck, dst, options, opts), opts)
+}
+
+fn convert_here(ck: &Checkpoint, dst: &Path, options: &ConvertOptions, opts: &WriteOptions<'_>) -> Result<Outcome> {
     let format = options.check(dst)?;
     let single = file_format(dst).is_some();
     if format == TargetFormat::Dcp {
@@ -491,6 +513,10 @@ fn block_plan(ck: &Checkpoint, scaling: BlockScaling, dst: &Path) -> Result<Bloc
 /// shards come out as such a folder too), or a ZeRO checkpoint as DeepSpeed's
 /// universal checkpoint, which DeepSpeed loads with `load_universal` on any world size.
 pub fn reshard(ck: &Checkpoint, out: &Path, world_size: u64, opts: &WriteOptions<'_>) -> Result<Outcome> {
+    with_ranks(reshard_here(ck, out, world_size, opts), opts)
+}
+
+fn reshard_here(ck: &Checkpoint, out: &Path, world_size: u64, opts: &WriteOptions<'_>) -> Result<Outcome> {
     check_world(world_size, out)?;
     if let Some(state) = ck.save_state() {
         return reshard_save_state(state, out, world_size, opts);
@@ -566,9 +592,14 @@ fn reshard_save_state(state: &SaveState, out: &Path, world: u64, opts: &WriteOpt
     if let Some(e) = state.unreadable_positions(None).into_iter().next() {
         return Err(e);
     }
-    // A new folder only: `Stage::folder` refuses an existing path (or link) before writing.
-    let stage = crate::write::Stage::folder(out)?;
-    let tmp = stage.path().to_path_buf();
+    // A new folder only: `Stage::folder` refuses an existing path (or link) before writing. Over
+    // the ranks of a job, every plan is written by all of them and the file work between plans
+    // (renames, small files, the commit) by rank 0; a dry run only plans.
+    let job = opts.job;
+    let dry = job.is_some_and(crate::Job::is_dry_run);
+    let stage = if dry { None } else { Some(crate::execute::stage_folder(job, out)?) };
+    let tmp = stage.as_ref().map_or_else(|| out.to_path_buf(), |s| s.path().to_path_buf());
+    let files = |f: &dyn Fn() -> Result<()>| if dry { Ok(()) } else { crate::execute::on_root(job, out, f) };
     let mut outcome = Outcome { world_size: Some(world), ..Outcome::default() };
     let add = |o: Outcome, outcome: &mut Outcome| {
         outcome.tensors += o.tensors;
@@ -586,16 +617,21 @@ fn reshard_save_state(state: &SaveState, out: &Path, world: u64, opts: &WriteOpt
             if state.trainer.is_some() {
                 // The `Trainer` resumes from any `global_step*` folder, and DeepSpeed with
                 // `load_universal` follows `latest_universal`: DeepSpeed's own names stay.
-                std::fs::rename(scratch.join(&universal), tmp.join(&universal)).at(tmp.join(&universal))?;
-                let latest = scratch.join("latest_universal");
-                std::fs::rename(&latest, tmp.join("latest_universal")).at(tmp.join("latest_universal"))?;
+                files(&|| {
+                    std::fs::rename(scratch.join(&universal), tmp.join(&universal)).at(tmp.join(&universal))?;
+                    let latest = scratch.join("latest_universal");
+                    std::fs::rename(&latest, tmp.join("latest_universal")).at(tmp.join("latest_universal"))?;
+                    std::fs::remove_dir_all(&scratch).at(&scratch)
+                })?;
             } else {
                 // accelerate's `load_state` loads the tag it saved, by name.
                 let tag = name.to_string_lossy().into_owned();
-                std::fs::rename(scratch.join(&universal), tmp.join(&tag)).at(tmp.join(&tag))?;
+                files(&|| {
+                    std::fs::rename(scratch.join(&universal), tmp.join(&tag)).at(tmp.join(&tag))?;
+                    std::fs::remove_dir_all(&scratch).at(&scratch)
+                })?;
                 last_tag = Some(tag);
             }
-            std::fs::remove_dir_all(&scratch).at(&scratch)?;
             resharded_zero = true;
             add(o, &mut outcome);
         } else if m.checkpoint.detail::<dcp::DcpSource>().is_some() {
@@ -614,44 +650,54 @@ fn reshard_save_state(state: &SaveState, out: &Path, world: u64, opts: &WriteOpt
             }
         }
     }
-    // Rank r of the new world continues rank r mod N's generators.
-    let n = state.rng.len() as u64;
-    for r in (0..world).filter(|_| n > 0) {
-        let src = &state.rng[(r % n) as usize].path;
-        crate::write::copy_durable(src, &tmp.join(state.rng_name(r, world)))?;
-    }
     done_paths.extend(state.rng.iter().map(|r| r.path.as_path()));
-    for (c, pos) in &state.data {
-        if pos.as_ref().is_some_and(|p| p.kind == "dl_state_dict") {
-            let name = c.path.file_name().map(PathBuf::from).unwrap_or_default();
-            formats::accelerate::write_loader_state(&c.path, &tmp.join(name), state.world_size, world)?;
-            done_paths.push(&c.path);
-        }
-    }
+    done_paths.extend(
+        state
+            .data
+            .iter()
+            .filter(|(_, pos)| pos.as_ref().is_some_and(|p| p.kind == "dl_state_dict"))
+            .map(|(c, _)| c.path.as_path()),
+    );
     let deepspeed_root: Vec<PathBuf> = match resharded_zero {
         true => ["latest", "latest_universal", "zero_to_fp32.py"].iter().map(|f| state.root.join(f)).collect(),
         false => Vec::new(),
     };
-    // Everything else at the top of the folder is independent of the world size.
-    for entry in std::fs::read_dir(&state.root).at(&state.root)? {
-        let path = entry.at(&state.root)?.path();
-        if done_paths.contains(&path.as_path()) || deepspeed_root.contains(&path) {
-            continue;
+    files(&|| {
+        // Rank r of the new world continues rank r mod N's generators.
+        let n = state.rng.len() as u64;
+        for r in (0..world).filter(|_| n > 0) {
+            let src = &state.rng[(r % n) as usize].path;
+            crate::write::copy_durable(src, &tmp.join(state.rng_name(r, world)))?;
         }
-        if path.is_dir() {
-            return Err(Error::BadSaveState {
-                path,
-                rank: None,
-                reason: "a folder this reshard does not know how to lay out for another world size".into(),
-            });
+        for (c, pos) in &state.data {
+            if pos.as_ref().is_some_and(|p| p.kind == "dl_state_dict") {
+                let name = c.path.file_name().map(PathBuf::from).unwrap_or_default();
+                formats::accelerate::write_loader_state(&c.path, &tmp.join(name), state.world_size, world)?;
+            }
         }
-        let name = path.file_name().map(PathBuf::from).unwrap_or_default();
-        crate::write::copy_durable(&path, &tmp.join(name))?;
-    }
-    if let Some(tag) = &last_tag {
-        crate::write::write_small(&tmp.join("latest"), tag.as_bytes())?;
-    }
-    stage.commit()?;
+        // Everything else at the top of the folder is independent of the world size.
+        for entry in std::fs::read_dir(&state.root).at(&state.root)? {
+            let path = entry.at(&state.root)?.path();
+            if done_paths.contains(&path.as_path()) || deepspeed_root.contains(&path) {
+                continue;
+            }
+            if path.is_dir() {
+                return Err(Error::BadSaveState {
+                    path,
+                    rank: None,
+                    reason: "a folder this reshard does not know how to lay out for another world size".into(),
+                });
+            }
+            let name = path.file_name().map(PathBuf::from).unwrap_or_default();
+            crate::write::copy_durable(&path, &tmp.join(name))?;
+        }
+        if let Some(tag) = &last_tag {
+            crate::write::write_small(&tmp.join("latest"), tag.as_bytes())?;
+        }
+        Ok(())
+    })?;
+    let Some(stage) = stage else { return Ok(outcome) };
+    files(&|| stage.commit_ref())?;
     outcome.files = crate::io::files_under(out)?;
     Ok(outcome)
 }

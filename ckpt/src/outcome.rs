@@ -19,4 +19,8 @@ pub struct Outcome {
     pub aliases: Vec<(String, String)>,
     /// For sharded outputs (DCP, universal): the world size they were laid out for.
     pub world_size: Option<u64>,
+    /// What each rank of the [`crate::Job`] did, by rank (empty without one).
+    pub ranks: Vec<crate::RankShare>,
+    /// Whether nothing was written: a [`crate::Job::dry_run`] that only planned.
+    pub dry_run: bool,
 }

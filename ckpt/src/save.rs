@@ -18,7 +18,7 @@ use crate::io::Sources;
 use crate::outcome::Outcome;
 use crate::plan::{self, Dest, IndexStyle, Meta, Out};
 use crate::shape::numel;
-use crate::write::{self, Plan, WriteOptions};
+use crate::write::{Plan, WriteOptions};
 
 /// A tensor held in memory: its name, dtype, shape and row-major little-endian bytes.
 #[derive(Clone, Copy, Debug)]
@@ -106,7 +106,7 @@ pub fn save_safetensors(
     }
     let srcs =
         Sources::memory(tensors.iter().map(|t| (PathBuf::from(format!("<tensor `{}` in memory>", t.name)), t.bytes)));
-    write::execute_from(&plan, &srcs, &[], opts)?;
+    crate::execute::execute_from(&plan, &srcs, &[], opts)?;
     let mut files = placed.files;
     files.extend(placed.index);
     Ok(Outcome { files, tensors: tensors.len(), bytes: placed.bytes, ..Outcome::default() })

@@ -8,7 +8,7 @@
 //! - `statekit.inspect/2` for a [`Checkpoint`]. Its tensors are written as they are serialized,
 //!   one entry at a time, so the catalog of a million tensors never stands as one JSON tree;
 //! - `statekit.verify/1` for a [`Report`];
-//! - `statekit.outcome/1` for an [`Outcome`], what split, merge, convert and reshard wrote;
+//! - `statekit.outcome/2` for an [`Outcome`], what split, merge, convert and reshard wrote;
 //! - the `components` of an accelerate `save_state` or `Trainer` folder ([`SaveState`]),
 //!   inside the inspect document.
 //!
@@ -32,7 +32,7 @@ pub const INSPECT_SCHEMA: &str = "statekit.inspect/2";
 /// The schema of [`Report`]'s document (`ckpt verify --json`).
 pub const VERIFY_SCHEMA: &str = "statekit.verify/1";
 /// The schema of [`Outcome`]'s document (`ckpt split|merge|convert|reshard --json`).
-pub const OUTCOME_SCHEMA: &str = "statekit.outcome/1";
+pub const OUTCOME_SCHEMA: &str = "statekit.outcome/2";
 
 /// `statekit.inspect/2`: the catalog, its files, its non-tensor values and totals, and for a
 /// `save_state` folder its `components`.
@@ -157,8 +157,9 @@ impl Serialize for Report {
     }
 }
 
-/// `statekit.outcome/1`: the files written (the commit marker last), tensors and bytes, the
-/// values carried over, the `[alias, kept]` pairs and the world size of a sharded output.
+/// `statekit.outcome/2`: the files written (the commit marker last), tensors and bytes, the
+/// values carried over, the `[alias, kept]` pairs, the world size of a sharded output, and each
+/// rank's share (`ranks`: rank, files, bytes read and written) with whether it was a dry run.
 impl Serialize for Outcome {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         json!({
@@ -169,6 +170,8 @@ impl Serialize for Outcome {
             "values": self.values,
             "aliases": self.aliases,
             "world_size": self.world_size,
+            "ranks": self.ranks,
+            "dry_run": self.dry_run,
         })
         .serialize(s)
     }

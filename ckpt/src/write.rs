@@ -20,10 +20,8 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use rayon::prelude::*;
-
 use crate::cast::cast_into;
-use crate::catalog::{Checkpoint, TensorData, TensorInfo};
+use crate::catalog::{TensorData, TensorInfo};
 use crate::dtype::Dtype;
 use crate::error::{Error, IoContext, Result};
 use crate::io::Sources;
@@ -179,6 +177,9 @@ pub enum CopyMethod {
 /// Options for writing.
 #[derive(Default)]
 pub struct WriteOptions<'a> {
+    /// The ranks this operation runs over, each writing its share (see [`crate::Job`]); one
+    /// process when `None`.
+    pub job: Option<&'a crate::Job<'a>>,
     /// How tensor bytes are moved.
     pub copy: CopyMethod,
     /// Write a `SHA256SUMS` manifest of the produced files.
@@ -196,13 +197,14 @@ impl std::fmt::Debug for WriteOptions<'_> {
             .field("copy", &self.copy)
             .field("checksums", &self.checksums)
             .field("allow_expanded", &self.allow_expanded)
+            .field("job", &self.job)
             .finish()
     }
 }
 
 /// Copies are cut into pieces of at most this size so that one large tensor still spreads over
 /// every thread and progress moves smoothly.
-const PIECE: u64 = 64 << 20;
+pub(crate) const PIECE: u64 = 64 << 20;
 /// The user-space copy window: what one thread holds resident at most.
 const WINDOW: u64 = 8 << 20;
 /// What all gathering threads hold together at most: with many threads each window shrinks,
@@ -213,117 +215,31 @@ const MIN_WINDOW: u64 = 1 << 20;
 /// drop); shorter ones, a strided view's elements, come from the map.
 const PREAD_MIN: u64 = 1 << 10;
 
-/// Runs `plan`, reading from the files of `source`. On error, no target or temporary is left
-/// behind and nothing that existed before is touched.
-pub(crate) fn execute(plan: &Plan, source: &Checkpoint, opts: &WriteOptions<'_>) -> Result<()> {
-    execute_from(plan, &Sources::of(source.files())?, source.members(), opts)
+/// The temporary a target at `path` is written as: `.<name>.<token>.tmp` beside it. The token
+/// is 64 random bits from rank 0, so every rank names it alike and nobody can predict it.
+pub(crate) fn temp_name(path: &Path, token: &str) -> PathBuf {
+    path.with_file_name(format!(".{}.{token}.tmp", file_name(path)))
 }
 
-/// Runs `plan`, reading from `srcs` (open files, or the caller's memory: [`Sources::memory`]),
-/// refusing to write, replace or delete any of `members` (the files the sources are part of)
-/// or of the plan's protected files. As [`execute`] on error.
-pub(crate) fn execute_from(
-    plan: &Plan,
-    srcs: &Sources<'_>,
-    members: &[PathBuf],
-    opts: &WriteOptions<'_>,
-) -> Result<()> {
-    refuse_overwriting_sources(plan, members)?;
-    // Checked before anything is written (and again at each rename, for links planted while
-    // the plan runs), so a refusal leaves nothing behind.
-    let manifest = plan.targets.first().and_then(|t| t.path.parent()).map(|d| d.join(crate::manifest::MANIFEST_NAME));
-    let manifest = manifest.filter(|_| opts.checksums);
-    for out in plan.targets.iter().map(|t| &t.path).chain(plan.trailers.iter().map(|(p, _)| p)).chain(&manifest) {
-        refuse_planted_link(out, plan)?;
-    }
-    // A folder the plan creates is built under a temporary name and renamed into place once
-    // everything in it is complete, so a failure or a kill never leaves half of one behind.
-    let stage = Stage::new(plan)?;
-    let mut temps = TempSet::default();
-    for t in &plan.targets {
-        let path = stage.place(&t.path);
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir).at(dir)?;
-        }
-        temps.create(&path)?;
-    }
-    // Every CRC-covered record the plan reads is checked while the bytes are copied, in parallel
-    // pieces beside the copies: a damaged source is refused before anything is committed (the
-    // temporaries are removed), and the hashing is not a phase of its own before the copies.
-    let copies = plan.targets.iter().flat_map(|t| t.copies.iter().map(|c| (c.src, c.src_off, c.len)));
-    let gathered = plan.targets.iter().flat_map(|t| t.gathers.iter().flat_map(|g| g.tensor.extents()));
-    let extents: Vec<(usize, u64, u64)> = copies.chain(gathered).collect();
-    let (checked, copied) = rayon::join(|| srcs.check_extents(extents), || copy_and_gather(plan, srcs, &temps, opts));
-    checked?;
-    copied?;
-    plan.targets.par_iter().zip(&temps.files).try_for_each(|(t, (p, f))| match &t.seal {
-        Some(s) => s.seal(f, p),
-        None => Ok(()),
-    })?;
-    temps.files.par_iter().try_for_each(|(p, f)| f.sync_all().at(p))?;
-    let mut trailers = plan.trailers.clone();
-    if opts.checksums {
-        let sums: Vec<(String, String)> = plan
-            .targets
-            .par_iter()
-            .zip(&temps.files)
-            .map(|(t, (p, _))| Ok((file_name(&t.path), crate::manifest::sha256_file(p)?)))
-            .collect::<Result<_>>()?;
-        let path = manifest.clone().unwrap_or_else(|| PathBuf::from(crate::manifest::MANIFEST_NAME));
-        // The manifest goes before the index: the index stays the last thing written.
-        trailers.insert(0, (path, crate::manifest::render(&sums).into_bytes()));
-    }
-
-    // A previous checkpoint in the output folder stays whole until the new index replaces its
-    // index in one rename, and its files that nothing replaced go last. Its index goes first
-    // only where it could otherwise describe a mixed set: when a new file takes the name of one
-    // of its files, or when no new index replaces it (a sharded set becoming one file). A kill
-    // then leaves no index rather than a wrong one.
-    let placed: std::collections::HashSet<PathBuf> = plan.targets.iter().map(|t| stage.place(&t.path)).collect();
-    let replaced: std::collections::HashSet<&PathBuf> = trailers.iter().map(|(p, _)| p).collect();
-    let collides = plan.stale.files.iter().any(|f| placed.contains(f));
-    for m in plan.stale.markers.iter().filter(|m| collides || !replaced.contains(m)) {
-        remove_if_there(m)?;
-    }
-    for (t, (tmp, _)) in plan.targets.iter().zip(&temps.files) {
-        let path = stage.place(&t.path);
-        refuse_planted_link(&path, plan)?;
-        std::fs::rename(tmp, &path).at(&path)?;
-    }
-    temps.files.clear();
-    // Trailers inside a staged folder are part of it; the ones outside (a `latest` pointer)
-    // follow once it is in place, the commit marker last.
-    let (inside, outside): (Vec<_>, Vec<_>) = trailers.iter().partition(|(p, _)| stage.contains(p));
-    for (path, bytes) in inside {
-        write_atomic(&stage.place(path), bytes, plan)?;
-    }
-    let mut dirs: Vec<PathBuf> =
-        plan.targets.iter().filter_map(|t| stage.place(&t.path).parent().map(Path::to_path_buf)).collect();
-    dirs.sort();
-    dirs.dedup();
-    for d in &dirs {
-        sync_dir(d)?;
-    }
-    stage.commit()?;
-    for (path, bytes) in outside {
-        write_atomic(path, bytes, plan)?;
-    }
-    for f in plan.stale.files.iter().filter(|f| !placed.contains(*f)) {
-        remove_if_there(f)?;
-    }
-    Ok(())
-}
-
-/// A folder that does not exist yet, built as `.<name>.<random>.tmp` beside it.
+/// A folder that does not exist yet, built as `.<name>.<token>.tmp` beside it, and the token
+/// the plan's temporaries are named by.
 #[derive(Debug, Default)]
 pub(crate) struct Stage {
     /// `(final, temporary)`; `None` when every output folder already exists.
-    dirs: Option<(PathBuf, PathBuf)>,
+    pub(crate) dirs: Option<(PathBuf, PathBuf)>,
+    /// 64 random bits as hex: the temporaries' names.
+    pub(crate) token: String,
+    /// Whether this process made the folder (and removes it unless committed): rank 0.
+    owned: bool,
+    committed: std::cell::Cell<bool>,
 }
 
 impl Stage {
-    /// The one topmost missing folder that holds every output, if there is one.
-    fn new(plan: &Plan) -> Result<Stage> {
+    /// The one topmost missing folder that holds every output, if there is one, made under a
+    /// temporary name.
+    pub(crate) fn new(plan: &Plan) -> Result<Stage> {
+        let token = random_hex();
+        let none = Stage { dirs: None, token: token.clone(), owned: true, committed: Default::default() };
         let outputs =
             plan.targets.iter().map(|t| t.path.as_path()).chain(plan.trailers.iter().map(|(p, _)| p.as_path()));
         let mut missing: Option<PathBuf> = None;
@@ -342,18 +258,22 @@ impl Stage {
                 (None, Some(t)) => missing = Some(t),
                 (Some(m), Some(t)) if *m == t => {}
                 // Outputs spread over several new folders: created in place (not staged).
-                (Some(_), Some(_)) => return Ok(Stage::default()),
+                (Some(_), Some(_)) => return Ok(none),
             }
         }
         // Only worth staging when every target is inside it (trailers outside may follow).
         let Some(dir) = missing.filter(|m| plan.targets.iter().all(|t| t.path.starts_with(m))) else {
-            return Ok(Stage::default());
+            return Ok(none);
         };
+        Stage::make(&dir, token)
+    }
+
+    fn make(dir: &Path, token: String) -> Result<Stage> {
         let parent = dir.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
         std::fs::create_dir_all(parent).at(parent)?;
-        let tmp = parent.join(format!(".{}.{}.tmp", file_name(&dir), random_hex()));
+        let tmp = parent.join(format!(".{}.{token}.tmp", file_name(dir)));
         std::fs::create_dir(&tmp).at(&tmp)?;
-        Ok(Stage { dirs: Some((dir, tmp)) })
+        Ok(Stage { dirs: Some((dir.to_path_buf(), tmp)), token, owned: true, committed: Default::default() })
     }
 
     /// Stages the new folder `dir` itself, for an operation that fills it piece by piece (a
@@ -365,11 +285,34 @@ impl Stage {
                 source: std::io::Error::new(std::io::ErrorKind::AlreadyExists, "already exists"),
             });
         }
-        let parent = dir.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-        std::fs::create_dir_all(parent).at(parent)?;
-        let tmp = parent.join(format!(".{}.{}.tmp", file_name(dir), random_hex()));
-        std::fs::create_dir(&tmp).at(&tmp)?;
-        Ok(Stage { dirs: Some((dir.to_path_buf(), tmp)) })
+        Stage::make(dir, random_hex())
+    }
+
+    /// What the other ranks need to know of this stage: the token, and the folders.
+    pub(crate) fn said(&self) -> Vec<u8> {
+        use std::os::unix::ffi::OsStrExt;
+        let mut b = self.token.clone().into_bytes();
+        if let Some((dir, tmp)) = &self.dirs {
+            for p in [dir, tmp] {
+                b.push(0);
+                b.extend_from_slice(p.as_os_str().as_bytes());
+            }
+        }
+        b
+    }
+
+    /// The stage rank 0 [`said`](Stage::said), on another rank (which neither removes nor
+    /// commits it).
+    pub(crate) fn heard(said: &[u8]) -> Stage {
+        use std::os::unix::ffi::OsStrExt;
+        let mut parts = said.split(|&b| b == 0);
+        let token = String::from_utf8_lossy(parts.next().unwrap_or_default()).into_owned();
+        let path = |b: &[u8]| PathBuf::from(std::ffi::OsStr::from_bytes(b));
+        let dirs = match (parts.next(), parts.next()) {
+            (Some(d), Some(t)) => Some((path(d), path(t))),
+            _ => None,
+        };
+        Stage { dirs, token, owned: false, committed: Default::default() }
     }
 
     /// The temporary folder, for a stage made by [`Stage::folder`].
@@ -377,12 +320,12 @@ impl Stage {
         self.dirs.as_ref().map_or(Path::new("."), |(_, tmp)| tmp.as_path())
     }
 
-    fn contains(&self, path: &Path) -> bool {
+    pub(crate) fn contains(&self, path: &Path) -> bool {
         self.dirs.as_ref().is_some_and(|(dir, _)| path.starts_with(dir))
     }
 
     /// Where `path` is written while the plan runs.
-    fn place(&self, path: &Path) -> PathBuf {
+    pub(crate) fn place(&self, path: &Path) -> PathBuf {
         match &self.dirs {
             Some((dir, tmp)) => path.strip_prefix(dir).map_or_else(|_| path.to_path_buf(), |rest| tmp.join(rest)),
             None => path.to_path_buf(),
@@ -390,24 +333,24 @@ impl Stage {
     }
 
     /// Renames the finished folder into place (refusing if something appeared there meanwhile).
-    pub(crate) fn commit(mut self) -> Result<()> {
-        let Some((dir, tmp)) = self.dirs.take() else { return Ok(()) };
-        sync_dir(&tmp)?;
-        if std::fs::symlink_metadata(&dir).is_ok() {
-            let _ = std::fs::remove_dir_all(&tmp);
+    pub(crate) fn commit_ref(&self) -> Result<()> {
+        let Some((dir, tmp)) = &self.dirs else { return Ok(()) };
+        sync_dir(tmp)?;
+        if std::fs::symlink_metadata(dir).is_ok() {
             return Err(Error::Io {
-                path: dir,
+                path: dir.clone(),
                 source: std::io::Error::new(std::io::ErrorKind::AlreadyExists, "appeared while the output was written"),
             });
         }
-        std::fs::rename(&tmp, &dir).at(&dir)?;
+        std::fs::rename(tmp, dir).at(dir)?;
+        self.committed.set(true);
         sync_dir(dir.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new(".")))
     }
 }
 
 impl Drop for Stage {
     fn drop(&mut self) {
-        if let Some((_, tmp)) = self.dirs.take() {
+        if let (Some((_, tmp)), true, false) = (self.dirs.take(), self.owned, self.committed.get()) {
             let _ = std::fs::remove_dir_all(tmp);
         }
     }
@@ -415,7 +358,7 @@ impl Drop for Stage {
 
 /// Refuses to rename over a symlink the user did not name as the output: someone who can write
 /// to the output folder could plant one there to make us replace a file elsewhere's name.
-fn refuse_planted_link(path: &Path, plan: &Plan) -> Result<()> {
+pub(crate) fn refuse_planted_link(path: &Path, plan: &Plan) -> Result<()> {
     let is_link = std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink());
     if is_link && !plan.named.iter().any(|n| n == path) {
         return Err(Error::PlantedLink { path: path.to_path_buf() });
@@ -439,7 +382,7 @@ pub(crate) fn random_hex() -> String {
 
 /// Reads a gathered tensor run by run into a bounded window, casts each full window and writes
 /// it out; the source pages it touched are dropped as it goes.
-fn gather(
+pub(crate) fn gather(
     srcs: &Sources,
     g: &Gather,
     dst: &File,
@@ -536,57 +479,7 @@ fn gather(
     Ok(())
 }
 
-/// Sizes each target, writes its header, and fills its data: the range copies, then the
-/// gathers, each in parallel pieces.
-fn copy_and_gather(plan: &Plan, srcs: &Sources<'_>, temps: &TempSet, opts: &WriteOptions<'_>) -> Result<()> {
-    // Size each target and write its header, then fill the data in parallel pieces.
-    for (t, (tmp, f)) in plan.targets.iter().zip(&temps.files) {
-        f.set_len(t.len).at(tmp)?;
-        f.write_all_at(&t.head, 0).at(tmp)?;
-    }
-    let mut pieces = Vec::new();
-    for (ti, t) in plan.targets.iter().enumerate() {
-        for c in &t.copies {
-            let mut done = 0;
-            while done < c.len {
-                let len = (c.len - done).min(PIECE);
-                pieces.push((ti, RangeCopy { src: c.src, src_off: c.src_off + done, dst_off: c.dst_off + done, len }));
-                done += len;
-            }
-        }
-    }
-    let kernel_ok = AtomicBool::new(opts.copy == CopyMethod::Auto);
-    pieces.par_iter().try_for_each(|(ti, c)| {
-        let (dst_path, dst) = &temps.files[*ti];
-        // Bytes held in memory (a torch file's numpy arrays, the caller's buffers) are not in a
-        // file: written from where they are.
-        let copied = if kernel_ok.load(Ordering::Relaxed) && !srcs.in_memory(c.src, c.src_off) {
-            let (src, src_path) = srcs.file(c.src)?;
-            kernel_copy(src, src_path, dst, dst_path, c, &kernel_ok)?
-        } else {
-            0
-        };
-        if let (Some(p), true) = (opts.progress, copied > 0) {
-            p(copied);
-        }
-        if copied < c.len {
-            let rest =
-                RangeCopy { src: c.src, src_off: c.src_off + copied, dst_off: c.dst_off + copied, len: c.len - copied };
-            mapped_copy(srcs, dst, dst_path, &rest, opts.progress)?;
-        }
-        sys::start_writeback(dst, c.dst_off, c.len);
-        Ok::<(), Error>(())
-    })?;
-    let gathers: Vec<(usize, &Gather)> =
-        plan.targets.iter().enumerate().flat_map(|(ti, t)| t.gathers.iter().map(move |g| (ti, g))).collect();
-    gathers.par_iter().try_for_each(|(ti, g)| {
-        let (p, f) = &temps.files[*ti];
-        gather(srcs, g, f, p, opts.progress)
-    })?;
-    Ok(())
-}
-
-fn kernel_copy(
+pub(crate) fn kernel_copy(
     src: &File,
     src_path: &Path,
     dst: &File,
@@ -610,7 +503,7 @@ fn kernel_copy(
     Ok(done)
 }
 
-fn mapped_copy(
+pub(crate) fn mapped_copy(
     srcs: &Sources,
     dst: &File,
     dst_path: &Path,
@@ -634,7 +527,7 @@ fn mapped_copy(
 /// Refuses a plan that would write, replace or delete any file of its source: writing a
 /// checkpoint over its own files would destroy them mid-read. Paths are compared after
 /// resolving links.
-fn refuse_overwriting_sources(plan: &Plan, members: &[PathBuf]) -> Result<()> {
+pub(crate) fn refuse_overwriting_sources(plan: &Plan, members: &[PathBuf]) -> Result<()> {
     let canon = |p: &Path| std::fs::canonicalize(p).ok();
     let read: std::collections::HashSet<PathBuf> =
         members.iter().chain(&plan.protected).filter_map(|p| canon(p)).collect();
@@ -676,7 +569,7 @@ pub(crate) fn stale_files(dir: &Path, managed: impl Fn(&str) -> bool, marker: im
     Ok(stale)
 }
 
-fn remove_if_there(path: &Path) -> Result<()> {
+pub(crate) fn remove_if_there(path: &Path) -> Result<()> {
     match std::fs::remove_file(path) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
@@ -685,16 +578,16 @@ fn remove_if_there(path: &Path) -> Result<()> {
 }
 
 /// Writes `bytes` to `path` atomically: temp beside it, fsync, rename, fsync the folder.
-fn write_atomic(path: &Path, bytes: &[u8], plan: &Plan) -> Result<()> {
+pub(crate) fn write_atomic(path: &Path, bytes: &[u8], plan: &Plan) -> Result<()> {
     let mut temps = TempSet::default();
     temps.create(path)?;
-    let (tmp, f) = &mut temps.files[0];
+    let (tmp, f, _) = &mut temps.files[0];
     let tmp = tmp.clone();
     f.write_all(bytes).at(&tmp)?;
     f.sync_all().at(&tmp)?;
     refuse_planted_link(path, plan)?;
     std::fs::rename(&tmp, path).at(path)?;
-    temps.files.clear();
+    temps.forget();
     if let Some(dir) = path.parent() {
         sync_dir(dir)?;
     }
@@ -706,14 +599,15 @@ pub(crate) fn sync_dir(dir: &Path) -> Result<()> {
     File::open(dir).and_then(|d| d.sync_all()).at(dir)
 }
 
-fn file_name(p: &Path) -> String {
+pub(crate) fn file_name(p: &Path) -> String {
     p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
 }
 
-/// Temporary files that are removed unless renamed into place.
+/// Temporary files that are removed unless renamed into place, each with the index of the
+/// target it becomes.
 #[derive(Default)]
-struct TempSet {
-    files: Vec<(PathBuf, File)>,
+pub(crate) struct TempSet {
+    pub(crate) files: Vec<(PathBuf, File, usize)>,
 }
 
 impl TempSet {
@@ -721,35 +615,44 @@ impl TempSet {
     /// link: a name nobody can predict, and nothing planted there is ever written through. The
     /// leading dot and the `.tmp` suffix keep it from ever matching a checkpoint file name.
     fn create(&mut self, target: &Path) -> Result<()> {
-        let name = file_name(target);
         let mut last = None;
         for _ in 0..8 {
-            let tmp = target.with_file_name(format!(".{name}.{}.tmp", random_hex()));
-            // Readable too: finishing a target may read back what was copied (torch CRCs).
-            let opened = OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create_new(true)
-                .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-                .mode(0o644)
-                .open(&tmp);
-            match opened {
-                Ok(f) => {
-                    self.files.push((tmp, f));
-                    return Ok(());
+            match self.create_at(temp_name(target, &random_hex()), 0) {
+                Ok(_) => return Ok(()),
+                Err(Error::Io { path, source }) if source.kind() == std::io::ErrorKind::AlreadyExists => {
+                    last = Some((path, source))
                 }
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => last = Some((tmp, e)),
-                Err(e) => return Err(Error::Io { path: tmp, source: e }),
+                Err(e) => return Err(e),
             }
         }
         let (path, source) = last.unwrap_or_else(|| (target.to_path_buf(), std::io::ErrorKind::AlreadyExists.into()));
         Err(Error::Io { path, source })
     }
+
+    /// Creates the temporary `path` for target `target`, as [`TempSet::create`] does.
+    pub(crate) fn create_at(&mut self, path: PathBuf, target: usize) -> Result<&File> {
+        // Readable too: finishing a target may read back what was copied (torch CRCs).
+        let f = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .mode(0o644)
+            .open(&path)
+            .at(&path)?;
+        self.files.push((path, f, target));
+        Ok(&self.files[self.files.len() - 1].1)
+    }
+
+    /// Keeps the files: they were renamed into place.
+    pub(crate) fn forget(&mut self) {
+        self.files.clear();
+    }
 }
 
 impl Drop for TempSet {
     fn drop(&mut self) {
-        for (p, _) in self.files.drain(..) {
+        for (p, ..) in self.files.drain(..) {
             let _ = std::fs::remove_file(p);
         }
     }
@@ -780,44 +683,6 @@ pub(crate) fn write_small(path: &Path, bytes: &[u8]) -> Result<()> {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-
-    /// A one-tensor checkpoint to read from, written by the `safetensors` crate.
-    fn source(dir: &Path) -> Checkpoint {
-        let data = vec![7u8; 64];
-        let view = safetensors::tensor::TensorView::new(safetensors::Dtype::U8, vec![64], &data).unwrap();
-        let path = dir.join("src.safetensors");
-        safetensors::serialize_to_file([("t", view)], None, &path).unwrap();
-        Checkpoint::open(path.to_str().unwrap()).unwrap()
-    }
-
-    #[test]
-    fn a_new_folder_appears_complete_or_not_at_all() {
-        let tmp = tempfile::tempdir().unwrap();
-        let ck = source(tmp.path());
-        let out = tmp.path().join("new/deeper");
-        let mut plan = Plan::default();
-        let mut good = TargetFile::new(out.join("a.bin"), b"head".to_vec(), 68);
-        let (_, at) = ck.tensors()[0].location().unwrap();
-        good.copies.push(RangeCopy { src: 0, src_off: at, dst_off: 4, len: 64 });
-        // The second file reads past the end of its source: the copy fails midway.
-        let mut bad = TargetFile::new(out.join("b.bin"), Vec::new(), 64);
-        bad.copies.push(RangeCopy { src: 0, src_off: 1 << 20, dst_off: 0, len: 64 });
-        plan.targets = vec![good, bad];
-        plan.trailers.push((out.join("index.json"), b"{}".to_vec()));
-        let err = execute(&plan, &ck, &WriteOptions::default()).unwrap_err();
-        assert!(err.to_string().contains("while copying"), "{err}");
-        let left: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
-        assert_eq!(left, vec![std::ffi::OsString::from("src.safetensors")], "no folder, no temporary left");
-
-        // The same plan without the bad file: the folder appears whole.
-        plan.targets.pop();
-        execute(&plan, &ck, &WriteOptions::default()).unwrap();
-        assert_eq!(std::fs::read(out.join("a.bin")).unwrap(), [b"head".as_slice(), &[7u8; 64]].concat());
-        assert_eq!(std::fs::read(out.join("index.json")).unwrap(), b"{}");
-        let mut names: Vec<_> = std::fs::read_dir(&out).unwrap().map(|e| e.unwrap().file_name()).collect();
-        names.sort();
-        assert_eq!(names, ["a.bin", "index.json"].map(std::ffi::OsString::from));
-    }
 
     #[test]
     fn temporaries_are_unpredictable_and_never_follow_a_link() {

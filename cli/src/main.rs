@@ -100,9 +100,13 @@ pub enum Command {
         /// than the storage they read (a tiny file must not start a write of gigabytes).
         #[arg(long)]
         allow_expanded: bool,
-        /// Print what was written as JSON (schema `statekit.outcome/1` in the README), not its paths.
+        /// Print what was written as JSON (schema `statekit.outcome/2` in the README), not its paths.
         #[arg(long)]
         json: bool,
+        /// Plan the write and print each rank's share (files, bytes read and written); write
+        /// nothing.
+        #[arg(long)]
+        dry_run: bool,
         #[command(flatten)]
         open: OpenArgs,
     },
@@ -148,9 +152,13 @@ pub enum Command {
         /// than the storage they read (a tiny file must not start a write of gigabytes).
         #[arg(long)]
         allow_expanded: bool,
-        /// Print what was written as JSON (schema `statekit.outcome/1` in the README), not its paths.
+        /// Print what was written as JSON (schema `statekit.outcome/2` in the README), not its paths.
         #[arg(long)]
         json: bool,
+        /// Plan the write and print each rank's share (files, bytes read and written); write
+        /// nothing.
+        #[arg(long)]
+        dry_run: bool,
         #[command(flatten)]
         open: OpenArgs,
     },
@@ -200,9 +208,13 @@ pub enum Command {
         /// than the storage they read (a tiny file must not start a write of gigabytes).
         #[arg(long)]
         allow_expanded: bool,
-        /// Print what was written as JSON (schema `statekit.outcome/1` in the README), not its paths.
+        /// Print what was written as JSON (schema `statekit.outcome/2` in the README), not its paths.
         #[arg(long)]
         json: bool,
+        /// Plan the write and print each rank's share (files, bytes read and written); write
+        /// nothing.
+        #[arg(long)]
+        dry_run: bool,
         #[command(flatten)]
         open: OpenArgs,
     },
@@ -226,9 +238,13 @@ pub enum Command {
         /// The number of ranks to lay the checkpoint out for.
         #[arg(long, value_parser = world_size())]
         world_size: u64,
-        /// Print what was written as JSON (schema `statekit.outcome/1` in the README), not its paths.
+        /// Print what was written as JSON (schema `statekit.outcome/2` in the README), not its paths.
         #[arg(long)]
         json: bool,
+        /// Plan the write and print each rank's share (files, bytes read and written); write
+        /// nothing.
+        #[arg(long)]
+        dry_run: bool,
     },
     /// Check headers, offsets, indexes, CRC32s and checksums. Exit 0 valid, 1 problems, 2 error.
     Verify {
@@ -252,6 +268,17 @@ impl Command {
             | Command::Convert { json, .. }
             | Command::Reshard { json, .. } => *json,
             Command::Data { .. } => false,
+        }
+    }
+
+    /// `--dry-run`: the command plans its write and performs none.
+    fn dry_run(&self) -> bool {
+        match self {
+            Command::Split { dry_run, .. }
+            | Command::Merge { dry_run, .. }
+            | Command::Convert { dry_run, .. }
+            | Command::Reshard { dry_run, .. } => *dry_run,
+            Command::Data { .. } | Command::Inspect { .. } | Command::Verify { .. } => false,
         }
     }
 }
@@ -285,11 +312,32 @@ pub enum ToArg {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    run(&cli).unwrap_or_else(|err| report_error(&err))
+    // Under an MPI launcher (with the `mpi` feature) this process is one rank of a job; every
+    // rank runs the same command, each writes its share, and rank 0 prints.
+    #[cfg(feature = "mpi")]
+    let mpi = collective::mpi::launched().then(collective::mpi::Mpi::init).flatten();
+    #[cfg(feature = "mpi")]
+    let comm: &dyn collective::Collective = match &mpi {
+        Some((_, world)) => world,
+        None => &collective::Solo,
+    };
+    #[cfg(not(feature = "mpi"))]
+    let comm: &dyn collective::Collective = &collective::Solo;
+    let job = ckpt::Job::new(comm).dry_run(cli.command.dry_run());
+    run(&cli, &job).unwrap_or_else(|err| report_error(&err, &job))
 }
 
-/// Prints `err` on stderr, each cause once, with the `hint:` a flag can act on; exit 2.
-fn report_error(err: &anyhow::Error) -> ExitCode {
+/// Prints `err` on stderr, each cause once, with the `hint:` a flag can act on; exit 2. In a
+/// job of several ranks the message names this rank, and a rank whose step failed only because
+/// another's did prints nothing (that rank reports it).
+fn report_error(err: &anyhow::Error, job: &ckpt::Job<'_>) -> ExitCode {
+    if is_other_rank(err) {
+        return ExitCode::from(2);
+    }
+    let rank = match job.world_size() {
+        1 => String::new(),
+        _ => format!("rank {}: ", job.rank()),
+    };
     // A closed pipe (`ckpt inspect x | head`) is not an error worth a message.
     if err
         .chain()
@@ -301,7 +349,7 @@ fn report_error(err: &anyhow::Error) -> ExitCode {
     let mut stderr = std::io::stderr().lock();
     // Options that do not go together are a usage error worded with the flags alone.
     if let Some(ckpt::Error::Misuse { misuse, .. }) = lib {
-        let _ = writeln!(stderr, "error: {}", ckpt::escape_controls(&misuse.describe(&flag)));
+        let _ = writeln!(stderr, "{rank}error: {}", ckpt::escape_controls(&misuse.describe(&flag)));
         return ExitCode::from(2);
     }
     // Our library errors already include their cause; print each cause only once. A library
@@ -324,11 +372,16 @@ fn report_error(err: &anyhow::Error) -> ExitCode {
     if let Some(ckpt::Error::ExpandedView { .. }) = lib {
         msg.push_str("; hint: `--allow-expanded` writes it anyway");
     }
-    let _ = writeln!(stderr, "error: {msg}");
+    let _ = writeln!(stderr, "{rank}error: {msg}");
     if let Some(hint) = lib.and_then(hint) {
         let _ = writeln!(stderr, "{}", ckpt::escape_controls(&hint));
     }
     ExitCode::from(2)
+}
+
+/// Whether `err` is only that another rank of the job failed.
+fn is_other_rank(err: &anyhow::Error) -> bool {
+    err.chain().any(|c| matches!(c.downcast_ref::<ckpt::Error>(), Some(ckpt::Error::OtherRank { .. })))
 }
 
 /// An option of the library as this command line spells it, with the value a message is about.
@@ -349,7 +402,7 @@ fn flag(option: ckpt::Opt, value: Option<&str>) -> String {
     }
 }
 
-fn run(cli: &Cli) -> anyhow::Result<ExitCode> {
+fn run(cli: &Cli, job: &ckpt::Job<'_>) -> anyhow::Result<ExitCode> {
     let mut out = std::io::stdout().lock();
     match &cli.command {
         Command::Data { cmd } => return data::run(cmd.clone()),
@@ -375,8 +428,10 @@ fn run(cli: &Cli) -> anyhow::Result<ExitCode> {
             return Ok(if report.is_valid() { ExitCode::SUCCESS } else { ExitCode::from(1) });
         }
         op => {
-            // With `--json` stdout is the document, and stderr carries errors only.
-            let quiet = cli.quiet || op.json();
+            // With `--json` stdout is the document, and stderr carries errors only. Rank 0 of
+            // a job speaks for it: its bar shows every rank's bytes.
+            let root = job.rank() == 0;
+            let quiet = cli.quiet || op.json() || !root;
             // One progress bar and one set of write options for whichever operation runs.
             let bar = progress::Bar::new(0, !quiet);
             let report = |n: u64| bar.inc(n);
@@ -385,15 +440,21 @@ fn run(cli: &Cli) -> anyhow::Result<ExitCode> {
                 CopyArg::Mmap => ckpt::CopyMethod::Mapped,
             };
             let write = |checksums: bool, allow_expanded: bool| ckpt::WriteOptions {
+                job: Some(job),
                 copy,
                 checksums,
                 progress: Some(&report),
                 allow_expanded,
             };
-            let (ck, done, verb) = operate(op, &bar, &write, quiet)?;
+            let (ck, done, verb) = operate(op, &bar, &write, quiet, job)?;
             bar.finish();
+            if !root {
+                return Ok(ExitCode::SUCCESS);
+            }
             if op.json() {
                 output::json(&mut out, &done)?;
+            } else if done.dry_run {
+                output::shares_text(&mut out, &done)?;
             } else {
                 for path in &done.files {
                     writeln!(out, "{}", path.display())?;
@@ -414,19 +475,23 @@ fn operate<'a>(
     bar: &progress::Bar,
     write: &dyn Fn(bool, bool) -> ckpt::WriteOptions<'a>,
     quiet: bool,
+    job: &ckpt::Job<'_>,
 ) -> anyhow::Result<(ckpt::Checkpoint, ckpt::Outcome, &'static str)> {
+    // Every rank opens the source (its catalog: headers and indexes, not the tensors); the
+    // ranks agree that all of them could before any goes on, so one that could not reports
+    // it alone and none waits for it in the operation.
     let open = |src: &str, open: &OpenArgs, tag: Option<String>, verb: &str| {
-        let ck = ckpt::Checkpoint::open_with(src, &open.options(tag)?).or_else(|e| named(e, verb, src))?;
-        bar.set_total(ck.total_bytes());
-        anyhow::Ok(ck)
+        let ck = open.options(tag).and_then(|o| ckpt::Checkpoint::open_with(src, &o).or_else(|e| named(e, verb, src)));
+        settle(job, src, ck.inspect(|ck| bar.set_total(ck.total_bytes())))
     };
     let size = |s: &Option<String>| s.as_deref().map(ckpt::parse_size).transpose();
     Ok(match command {
         Command::Split { src, out_dir, max_shard_size, checksums, allow_expanded, open: o, .. } => {
-            let max = ckpt::parse_size(max_shard_size)?;
+            let max = settle(job, src, ckpt::parse_size(max_shard_size).map_err(Into::into))?;
             let ck = open(src, o, None, "splitting")?;
             let done = ckpt::split(&ck, out_dir, max, &write(*checksums, *allow_expanded))
-                .or_else(|e| named(e, "splitting", src))?;
+                .or_else(|e| named(e, "splitting", src));
+            let done = settle(job, src, done)?;
             (ck, done, "split")
         }
         Command::Merge {
@@ -441,11 +506,12 @@ fn operate<'a>(
             open: o,
             ..
         } => {
-            let options =
-                ckpt::MergeOptions { max_shard_size: size(max_shard_size)?, optimizer: *optimizer, model: *model };
+            let max_shard_size = settle(job, src, size(max_shard_size).map_err(Into::into))?;
+            let options = ckpt::MergeOptions { max_shard_size, optimizer: *optimizer, model: *model };
             let ck = open(src, o, tag.clone(), "merging")?;
             let done = ckpt::merge(&ck, dst, &options, &write(*checksums, *allow_expanded))
-                .or_else(|e| named(e, "merging", src))?;
+                .or_else(|e| named(e, "merging", src));
+            let done = settle(job, src, done)?;
             (ck, done, "merged")
         }
         Command::Convert {
@@ -464,6 +530,7 @@ fn operate<'a>(
             open: o,
             ..
         } => {
+            let max_shard_size = settle(job, src, size(max_shard_size).map_err(Into::into))?;
             let options = ckpt::ConvertOptions {
                 to: to.map(|t| match t {
                     ToArg::Safetensors => ckpt::TargetFormat::Safetensors,
@@ -478,15 +545,16 @@ fn operate<'a>(
                     }
                     (None, None) => None,
                 },
-                max_shard_size: size(max_shard_size)?,
+                max_shard_size,
                 dedupe: *dedupe,
                 world_size: *world_size,
             };
             // The library's check of the options, before anything is read.
-            let format = options.check(dst)?;
+            let format = settle(job, src, options.check(dst).map_err(Into::into))?;
             let ck = open(src, o, None, "converting")?;
             let done = ckpt::convert(&ck, dst, &options, &write(false, *allow_expanded))
-                .or_else(|e| named(e, "converting", src))?;
+                .or_else(|e| named(e, "converting", src));
+            let done = settle(job, src, done)?;
             if !quiet {
                 notes(&done, format);
             }
@@ -495,13 +563,29 @@ fn operate<'a>(
         Command::Reshard { src, out: dst, world_size, .. } => {
             let ck = open(src, &OpenArgs::default(), None, "resharding")?;
             let done =
-                ckpt::reshard(&ck, dst, *world_size, &write(false, false)).or_else(|e| named(e, "resharding", src))?;
+                ckpt::reshard(&ck, dst, *world_size, &write(false, false)).or_else(|e| named(e, "resharding", src));
+            let done = settle(job, src, done)?;
             (ck, done, "resharded")
         }
         Command::Data { .. } | Command::Inspect { .. } | Command::Verify { .. } => {
             unreachable!("`run` handles the commands that write nothing")
         }
     })
+}
+
+/// `mine` on every rank of `job` once all have settled it: an error on the lowest rank that
+/// failed, [`ckpt::Error::OtherRank`] on the others (which print nothing).
+///
+/// Every rank must reach it: a step that fails the same way on every rank (a bad option, a
+/// refused tensor) is then printed once, by rank 0; one that failed in a library operation
+/// already agreed which rank reports it, and the others' [`ckpt::Error::OtherRank`] is not a
+/// failure of their own here.
+fn settle<T>(job: &ckpt::Job<'_>, at: &str, mine: anyhow::Result<T>) -> anyhow::Result<T> {
+    let own = mine.as_ref().is_err_and(|e| !is_other_rank(e));
+    match job.first_failure(std::path::Path::new(at), own)? {
+        Some(rank) if rank != job.rank() => Err(ckpt::Error::OtherRank { rank }.into()),
+        _ => mine,
+    }
 }
 
 /// What a conversion did that the output alone does not show: aliases dropped or tied, and the

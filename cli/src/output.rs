@@ -6,7 +6,7 @@
 use std::io::Write;
 
 /// A document of `ckpt`'s JSON views (`statekit.inspect/2`, `statekit.verify/1`,
-/// `statekit.outcome/1`), pretty-printed, then a newline.
+/// `statekit.outcome/2`), pretty-printed, then a newline.
 pub fn json(out: &mut impl Write, doc: &impl serde::Serialize) -> anyhow::Result<()> {
     // As an `io::Error` when writing failed, so a closed pipe (`| head`) is seen as one.
     serde_json::to_writer_pretty(&mut *out, doc).map_err(std::io::Error::from)?;
@@ -292,4 +292,17 @@ fn human(bytes: u64) -> String {
     } else {
         format!("{v:.1} {}", UNITS[u])
     }
+}
+
+/// A dry run's plan as text: one line per rank (its files, and bytes read and written).
+pub fn shares_text(out: &mut impl Write, done: &ckpt::Outcome) -> anyhow::Result<()> {
+    writeln!(out, "dry run: {} file(s), {} tensor bytes; nothing written", done.files.len(), done.bytes)?;
+    for r in &done.ranks {
+        writeln!(
+            out,
+            "rank {}: {} file(s), {} bytes read, {} bytes written",
+            r.rank, r.files, r.bytes_read, r.bytes_written
+        )?;
+    }
+    Ok(())
 }

@@ -11,7 +11,8 @@
 //!   [`Collective::barrier`], then one rank writes the metadata that commits the checkpoint.
 //!
 //! Payloads are bytes, so an implementation carries them without knowing what they mean. The
-//! trait is small on purpose: MPI (in `train`), torch.distributed (through the Python
+//! trait is small on purpose: MPI (the `mpi` module, behind the feature of that name; the
+//! training core and the `ckpt` binary share it), torch.distributed (through the Python
 //! bindings) and the in-process [`InProcessGroup`] of this crate (threads as ranks, for
 //! tests) all implement it. Tensor collectives (all-reduce, reduce-scatter of gradients) are
 //! not here: they belong to the training core.
@@ -20,6 +21,8 @@
 
 mod error;
 mod in_process;
+#[cfg(feature = "mpi")]
+pub mod mpi;
 
 pub use error::{CollectiveError, Result};
 pub use in_process::{InProcessCollective, InProcessGroup};
@@ -81,5 +84,31 @@ impl<C: Collective + ?Sized> Collective for Box<C> {
     }
     fn barrier(&self) -> Result<()> {
         (**self).barrier()
+    }
+}
+
+/// A world of one: every operation returns at once with this rank's own data. What a tool runs
+/// on when it was not started as one rank of many.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Solo;
+
+impl Collective for Solo {
+    fn rank(&self) -> u64 {
+        0
+    }
+    fn world_size(&self) -> u64 {
+        1
+    }
+    fn broadcast(&self, root: u64, data: Option<Vec<u8>>) -> Result<Vec<u8>> {
+        if root != 0 {
+            return Err(CollectiveError::NoSuchRoot { op: "broadcast", rank: 0, root, world_size: 1 });
+        }
+        Ok(data.unwrap_or_default())
+    }
+    fn all_gather(&self, data: Vec<u8>) -> Result<Vec<Vec<u8>>> {
+        Ok(vec![data])
+    }
+    fn barrier(&self) -> Result<()> {
+        Ok(())
     }
 }

@@ -104,7 +104,7 @@ fn byte_len(t: &ckpt::TensorInfo) -> PyResult<usize> {
     usize::try_from(t.byte_len()).map_err(|_| errors::usage(format!("tensor `{}` is too large to read", t.name)))
 }
 
-/// What an operation wrote, as `ckpt OP --json` prints it (`statekit.outcome/1`).
+/// What an operation wrote, as `ckpt OP --json` prints it (`statekit.outcome/2`).
 fn outcome_json(o: &Outcome) -> PyResult<String> {
     serde_json::to_string(o).map_err(|e| errors::usage(e.to_string()))
 }

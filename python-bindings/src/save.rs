@@ -132,6 +132,6 @@ pub(crate) fn save_sharded(
             ckpt::save_sharded(&dir, &ts, &vals, &comm, &ckpt::WriteOptions::default())
         })
         .map_err(|e| comm.take_error().unwrap_or_else(|| errors::ckpt(e)))?;
-    // The document every operation returns (`statekit.outcome/1`).
+    // The document every operation returns (`statekit.outcome/2`).
     serde_json::to_string(&outcome).map_err(|e| errors::usage(e.to_string()))
 }

@@ -89,7 +89,7 @@ def test_each_operation_is_one_document(case, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path / "py")
     got = getattr(ckpt, op)(src, out, **kwargs)
     assert got.document == doc
-    assert doc["schema"] == "statekit.outcome/1" and doc["files"]
+    assert doc["schema"] == "statekit.outcome/2" and doc["files"]
     assert (got.files, got.tensors, got.bytes, got.world_size) == (doc["files"], doc["tensors"], doc["bytes"], doc["world_size"])
     assert got.aliases == [tuple(a) for a in doc["aliases"]] and got.values == doc["values"]
     # Both wrote the same files.

@@ -33,7 +33,7 @@ impl std::error::Error for Refused {}
 
 /// Runs the training job of this process.
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let (mpi, comm) = Mpi::init()?;
+    let (mpi, comm) = Mpi::init().ok_or_else(|| anyhow::anyhow!("MPI was initialised already"))?;
     let result = train(&args, &mpi, &comm);
     if let Err(e) = &result {
         if comm.size() > 1 && !e.is::<Refused>() {
@@ -88,7 +88,7 @@ fn train(args: &Args, mpi: &Mpi, comm: &Comm) -> anyhow::Result<()> {
         run.state.load_model(&run.gpt, comm);
     }
     if args.ckpt_dir.is_some() && args.async_save {
-        if !mpi.threads && run.world > 1 {
+        if !mpi.threads() && run.world > 1 {
             bail!("`--async-save` needs an MPI library with `MPI_THREAD_MULTIPLE`");
         }
         run.state.attach_saver(Saver::start());

@@ -4,7 +4,7 @@ without executing a pickle; write safetensors and per-rank DCP folders.
 Every function releases the GIL while it reads, writes or copies. Results are small objects
 (the paths written, tensor counts, bytes), never printed output; each one's ``document`` is the
 JSON document ``ckpt ... --json`` prints for the same call (``statekit.inspect/2``,
-``statekit.verify/1``, ``statekit.outcome/1``), which the results are read from.
+``statekit.verify/1``, ``statekit.outcome/2``), which the results are read from.
 """
 
 from __future__ import annotations
@@ -127,7 +127,7 @@ class Outcome:
     values: List[str] = dataclasses.field(default_factory=list)
     aliases: List[Tuple[str, str]] = dataclasses.field(default_factory=list)
     world_size: Optional[int] = None
-    #: The ``statekit.outcome/1`` document, as ``ckpt OP --json`` prints it (``None`` for
+    #: The ``statekit.outcome/2`` document, as ``ckpt OP --json`` prints it (``None`` for
     #: :func:`save`, which the CLI has no command for).
     document: Optional[Dict[str, Any]] = dataclasses.field(default=None, compare=False, repr=False)
 

@@ -329,7 +329,7 @@ pub(crate) fn write_consolidated(
     plan.trailers.push((index.clone(), hf_index::render(&metadata, &weight_map)));
     plan.stale =
         write::stale_files(out, |n| hf_index::is_managed_name(n, "model", ".safetensors"), |n| n == INDEX_NAME)?;
-    write::execute(&plan, ck, opts)?;
+    crate::execute::execute(&plan, ck, opts)?;
     files.push(index);
     Ok(Outcome { files, tensors: ck.tensors.len(), bytes: total, ..Outcome::default() })
 }

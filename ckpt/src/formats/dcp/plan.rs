@@ -201,7 +201,7 @@ pub(crate) fn write_dcp(
     )?;
     plan.trailers.push((meta_path.clone(), encode::encode(&items, &abs, &encode::uuid4())));
 
-    write::execute(&plan, ck, opts)?;
+    crate::execute::execute(&plan, ck, opts)?;
     let mut written = plan.outputs();
     written.retain(|p| p != &meta_path);
     written.push(meta_path);

@@ -39,7 +39,7 @@ use crate::formats::torch::writer::{self, TorchLayout, TorchSeal, WNode, WStorag
 use crate::formats::torch::{self, TorchFile};
 use crate::outcome::Outcome;
 use crate::shape::numel;
-use crate::write::{self, Plan, RangeCopy, TargetFile, WriteOptions};
+use crate::write::{Plan, RangeCopy, TargetFile, WriteOptions};
 
 /// The file naming the universal tag, beside it.
 pub(super) const LATEST_UNIVERSAL: &str = "latest_universal";
@@ -260,7 +260,7 @@ pub(crate) fn reshard_zero(
     TorchTarget { path, layout, sources }.push(&mut plan);
 
     plan.trailers.push((latest.clone(), tag.into_bytes()));
-    write::execute(&plan, source, opts)?;
+    crate::execute::execute(&plan, source, opts)?;
     let mut files: Vec<PathBuf> = plan.targets.iter().map(|t| t.path.clone()).collect();
     files.push(latest);
     Ok(Outcome { files, tensors: ck.params.len(), bytes, world_size: Some(world), ..Outcome::default() })
