@@ -5,6 +5,9 @@
 use std::path::PathBuf;
 
 use ckpt::{Checkpoint, ConvertOptions, MergeOptions, OpenOptions, Outcome, TargetFormat, WriteOptions};
+use collective::Collective;
+
+use crate::comm::PyCollective;
 use pyo3::prelude::*;
 
 use crate::args;
@@ -109,8 +112,46 @@ fn outcome_json(o: &Outcome) -> PyResult<String> {
     serde_json::to_string(o).map_err(|e| errors::usage(e.to_string()))
 }
 
-fn write_options(checksums: bool, allow_expanded: bool) -> WriteOptions<'static> {
-    WriteOptions { checksums, allow_expanded, ..WriteOptions::default() }
+/// Runs a write operation on the open `ck`: in this process alone, or with `comm` (a
+/// torch.distributed group, from `statekit._dist`) as one rank of the job, which writes its
+/// share while rank 0 commits. The ranks first agree that each could open the source, and
+/// afterwards on how the operation went, so an error is raised with its message on the rank
+/// that saw it (rank 0 when all did) and as `OtherRank` on the others; none waits forever for
+/// one that left.
+fn operate(
+    py: Python<'_>,
+    ck: PyResult<Checkpoint>,
+    comm: Option<&Bound<'_, PyAny>>,
+    (checksums, allow_expanded): (bool, bool),
+    op: impl Fn(&Checkpoint, &WriteOptions<'_>) -> ckpt::Result<Outcome> + Send + Sync,
+) -> PyResult<String> {
+    let Some(comm) = comm else {
+        let ck = ck?;
+        let done = py.detach(|| {
+            let job = ckpt::Job::solo();
+            op(&ck, &WriteOptions { job: Some(&job), checksums, allow_expanded, ..WriteOptions::default() })
+        });
+        return outcome_json(&done.map_err(errors::ckpt)?);
+    };
+    let comm = PyCollective::new(comm)?;
+    let at = std::path::Path::new("");
+    let failed = |e: ckpt::Error| comm.take_error().unwrap_or_else(|| errors::ckpt(e));
+    let opened = ckpt::Job::new(&comm).first_failure(at, ck.is_err()).map_err(failed)?;
+    let ck = match opened {
+        Some(rank) if rank != comm.rank() => return Err(errors::ckpt(ckpt::Error::OtherRank { rank })),
+        _ => ck?,
+    };
+    let done = py.detach(|| {
+        let job = ckpt::Job::new(&comm);
+        let opts = WriteOptions { job: Some(&job), checksums, allow_expanded, ..WriteOptions::default() };
+        let done = op(&ck, &opts);
+        let own = matches!(&done, Err(e) if !matches!(e, ckpt::Error::OtherRank { .. }));
+        match job.first_failure(at, own)? {
+            Some(rank) if rank != comm.rank() => Err(ckpt::Error::OtherRank { rank }),
+            _ => done,
+        }
+    });
+    outcome_json(&done.map_err(failed)?)
 }
 
 /// `ckpt verify`: the report as `ckpt verify --json` prints it (`statekit.verify/1`).
@@ -129,7 +170,7 @@ pub(crate) fn verify(
 
 /// `ckpt split`.
 #[pyfunction]
-#[pyo3(signature = (src, out, max_shard_size, *, tag=None, checksums=false, allow_expanded=false, allow_globals=None, as_stored=false))]
+#[pyo3(signature = (src, out, max_shard_size, *, tag=None, checksums=false, allow_expanded=false, allow_globals=None, as_stored=false, comm=None))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn split(
     py: Python<'_>,
@@ -141,17 +182,16 @@ pub(crate) fn split(
     allow_expanded: bool,
     allow_globals: Option<Vec<String>>,
     as_stored: bool,
+    comm: Option<Bound<'_, PyAny>>,
 ) -> PyResult<String> {
     let max_shard_size = args::uint(max_shard_size, "max_shard_size", 0, u64::MAX)?;
-    let ck = open(py, src, tag, allow_globals, as_stored)?;
-    let opts = write_options(checksums, allow_expanded);
-    let o = py.detach(|| ckpt::split(&ck, &out, max_shard_size, &opts)).map_err(errors::ckpt)?;
-    outcome_json(&o)
+    let ck = open(py, src, tag, allow_globals, as_stored);
+    operate(py, ck, comm.as_ref(), (checksums, allow_expanded), |ck, opts| ckpt::split(ck, &out, max_shard_size, opts))
 }
 
 /// `ckpt merge`.
 #[pyfunction]
-#[pyo3(signature = (src, out, *, tag=None, max_shard_size=None, optimizer=false, checksums=false, allow_expanded=false, model=None, allow_globals=None, as_stored=false))]
+#[pyo3(signature = (src, out, *, tag=None, max_shard_size=None, optimizer=false, checksums=false, allow_expanded=false, model=None, allow_globals=None, as_stored=false, comm=None))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn merge(
     py: Python<'_>,
@@ -165,19 +205,18 @@ pub(crate) fn merge(
     model: Option<&Bound<'_, PyAny>>,
     allow_globals: Option<Vec<String>>,
     as_stored: bool,
+    comm: Option<Bound<'_, PyAny>>,
 ) -> PyResult<String> {
     let max_shard_size = args::opt_uint(max_shard_size, "max_shard_size", 0, u64::MAX)?;
     let model = args::opt_uint(model, "model", 0, usize::MAX as u64)?.map(|m| m as usize);
-    let ck = open(py, src, tag, allow_globals, as_stored)?;
-    let opts = write_options(checksums, allow_expanded);
+    let ck = open(py, src, tag, allow_globals, as_stored);
     let options = MergeOptions { max_shard_size, optimizer, model };
-    let o = py.detach(|| ckpt::merge(&ck, &out, &options, &opts)).map_err(errors::ckpt)?;
-    outcome_json(&o)
+    operate(py, ck, comm.as_ref(), (checksums, allow_expanded), |ck, opts| ckpt::merge(ck, &out, &options, opts))
 }
 
 /// `ckpt convert`.
 #[pyfunction]
-#[pyo3(signature = (src, out, *, to=None, dtype=None, max_shard_size=None, dedupe=false, world_size=None, tag=None, checksums=false, allow_expanded=false, allow_globals=None, as_stored=false))]
+#[pyo3(signature = (src, out, *, to=None, dtype=None, max_shard_size=None, dedupe=false, world_size=None, tag=None, checksums=false, allow_expanded=false, allow_globals=None, as_stored=false, comm=None))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn convert(
     py: Python<'_>,
@@ -193,6 +232,7 @@ pub(crate) fn convert(
     allow_expanded: bool,
     allow_globals: Option<Vec<String>>,
     as_stored: bool,
+    comm: Option<Bound<'_, PyAny>>,
 ) -> PyResult<String> {
     let max_shard_size = args::opt_uint(max_shard_size, "max_shard_size", 0, u64::MAX)?;
     let world_size = args::opt_uint(world_size, "world_size", 0, u64::MAX)?;
@@ -201,15 +241,13 @@ pub(crate) fn convert(
     let options = ConvertOptions { to, dtype, max_shard_size, dedupe, world_size, blocks: None };
     // The library's check of the options, before anything is read.
     options.check(&out).map_err(errors::ckpt)?;
-    let ck = open(py, src, tag, allow_globals, as_stored)?;
-    let opts = write_options(checksums, allow_expanded);
-    let o = py.detach(|| ckpt::convert(&ck, &out, &options, &opts)).map_err(errors::ckpt)?;
-    outcome_json(&o)
+    let ck = open(py, src, tag, allow_globals, as_stored);
+    operate(py, ck, comm.as_ref(), (checksums, allow_expanded), |ck, opts| ckpt::convert(ck, &out, &options, opts))
 }
 
 /// `ckpt reshard`.
 #[pyfunction]
-#[pyo3(signature = (src, out, world_size, *, tag=None, checksums=false, allow_expanded=false, allow_globals=None, as_stored=false))]
+#[pyo3(signature = (src, out, world_size, *, tag=None, checksums=false, allow_expanded=false, allow_globals=None, as_stored=false, comm=None))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn reshard(
     py: Python<'_>,
@@ -221,12 +259,11 @@ pub(crate) fn reshard(
     allow_expanded: bool,
     allow_globals: Option<Vec<String>>,
     as_stored: bool,
+    comm: Option<Bound<'_, PyAny>>,
 ) -> PyResult<String> {
     let world_size = args::uint(world_size, "world_size", 0, u64::MAX)?;
-    let ck = open(py, src, tag, allow_globals, as_stored)?;
-    let opts = write_options(checksums, allow_expanded);
-    let o = py.detach(|| ckpt::reshard(&ck, &out, world_size, &opts)).map_err(errors::ckpt)?;
-    outcome_json(&o)
+    let ck = open(py, src, tag, allow_globals, as_stored);
+    operate(py, ck, comm.as_ref(), (checksums, allow_expanded), |ck, opts| ckpt::reshard(ck, &out, world_size, opts))
 }
 
 /// `ckpt::parse_size` (`5GB`, `500MiB`, a number of bytes).

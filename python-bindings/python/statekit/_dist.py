@@ -1,9 +1,10 @@
-"""``Collective`` over torch.distributed, for ``ckpt.save_sharded`` (the native writer calls
-these methods with ``bytes``)."""
+"""``Collective`` over torch.distributed, for ``ckpt.save_sharded`` and the operations run over
+a job's ranks (the native writer calls these methods with ``bytes``)."""
 
 from __future__ import annotations
 
-from typing import List, Optional
+import sys
+from typing import Any, List, Optional
 
 
 class TorchCollective:
@@ -16,7 +17,9 @@ class TorchCollective:
         import torch.distributed as dist
 
         box = [data if self.rank == root else None]
-        dist.broadcast_object_list(box, src=root, group=self.group)
+        # torch names the source by its global rank, also within a group.
+        src = root if self.group is None else dist.get_global_rank(self.group, root)
+        dist.broadcast_object_list(box, src=src, group=self.group)
         return bytes(box[0])  # type: ignore[arg-type]
 
     def all_gather(self, data: bytes) -> List[bytes]:
@@ -46,3 +49,23 @@ class LocalCollective:
 
     def barrier(self) -> None:
         pass
+
+
+def job_collective(group: Any) -> Optional[TorchCollective]:
+    """The ranks an operation runs over: ``group`` (a torch.distributed process group), or the
+    default group when torch.distributed is initialized; ``None`` (this process alone) when
+    there is none, or the group has one rank. torch is not imported for this: a job that
+    initialized a process group has imported torch.distributed already."""
+    dist = sys.modules.get("torch.distributed")
+    initialized = dist is not None and dist.is_available() and dist.is_initialized()
+    if not initialized:
+        if group is not None:
+            from .errors import UsageError
+
+            raise UsageError("`group` needs an initialized torch.distributed process group")
+        return None
+    assert dist is not None
+    world_size = dist.get_world_size(group)
+    if world_size == 1:
+        return None
+    return TorchCollective(dist.get_rank(group), world_size, group)

@@ -72,6 +72,7 @@ def split(
     allow_expanded: bool = False,
     allow_globals: Optional[Sequence[str]] = None,
     as_stored: bool = False,
+    comm: Any = None,
 ) -> str: ...
 def merge(
     src: str,
@@ -85,6 +86,7 @@ def merge(
     model: Optional[int] = None,
     allow_globals: Optional[Sequence[str]] = None,
     as_stored: bool = False,
+    comm: Any = None,
 ) -> str: ...
 def convert(
     src: str,
@@ -100,6 +102,7 @@ def convert(
     allow_expanded: bool = False,
     allow_globals: Optional[Sequence[str]] = None,
     as_stored: bool = False,
+    comm: Any = None,
 ) -> str: ...
 def reshard(
     src: str,
@@ -111,6 +114,7 @@ def reshard(
     allow_expanded: bool = False,
     allow_globals: Optional[Sequence[str]] = None,
     as_stored: bool = False,
+    comm: Any = None,
 ) -> str: ...
 def parse_size(text: str) -> int: ...
 def save_safetensors(

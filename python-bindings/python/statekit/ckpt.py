@@ -18,7 +18,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from . import _native
-from ._dist import LocalCollective, TorchCollective
+from ._dist import LocalCollective, TorchCollective, job_collective
 from .errors import UsageError
 
 __all__ = [
@@ -231,8 +231,16 @@ def split(
     allow_expanded: bool = False,
     allow_globals: Optional[Sequence[str]] = None,
     as_stored: bool = False,
+    group: Any = None,
 ) -> Outcome:
-    """``ckpt split``: huggingface_hub's sharded safetensors layout in ``out_dir``."""
+    """``ckpt split``: huggingface_hub's sharded safetensors layout in ``out_dir``.
+
+    Called from every rank of a torch.distributed job (the default process group when one is
+    initialized, or ``group``), it is one operation over all of them: each rank writes its
+    share of the output (whole files, or byte ranges of one file) and rank 0 commits once all
+    are durable; the bytes are those one process writes. Every rank must call it with the same
+    arguments. ``Outcome.document["ranks"]`` lists each rank's share.
+    """
     size = _size(max_shard_size)
     assert size is not None
     return _outcome(
@@ -245,6 +253,7 @@ def split(
             allow_expanded=allow_expanded,
             allow_globals=_allow(allow_globals),
             as_stored=as_stored,
+            comm=job_collective(group),
         )
     )
 
@@ -261,11 +270,19 @@ def merge(
     model: Optional[int] = None,
     allow_globals: Optional[Sequence[str]] = None,
     as_stored: bool = False,
+    group: Any = None,
 ) -> Outcome:
     """``ckpt merge``: one safetensors state dict from any layout (DCP, ZeRO, Megatron, shards);
     for an accelerate ``save_state`` folder, its model ``model`` (default 0). A Megatron-Core
     checkpoint merges to the model megatron holds on one rank, or with ``as_stored=True`` to
-    its tensors under their stored keys (as :func:`load`)."""
+    its tensors under their stored keys (as :func:`load`).
+
+    Called from every rank of a torch.distributed job (the default process group when one is
+    initialized, or ``group``), it is one operation over all of them: each rank writes its
+    share of the output (whole files, or byte ranges of one file) and rank 0 commits once all
+    are durable; the bytes are those one process writes. Every rank must call it with the same
+    arguments. ``Outcome.document["ranks"]`` lists each rank's share.
+    """
     return _outcome(
         _native.merge(
             os.fspath(src),
@@ -278,6 +295,7 @@ def merge(
             model=model,
             allow_globals=_allow(allow_globals),
             as_stored=as_stored,
+            comm=job_collective(group),
         )
     )
 
@@ -296,9 +314,17 @@ def convert(
     allow_expanded: bool = False,
     allow_globals: Optional[Sequence[str]] = None,
     as_stored: bool = False,
+    group: Any = None,
 ) -> Outcome:
     """``ckpt convert``: to safetensors, torch (``.bin``/``.pt``) or DCP (``to="dcp"``).
-    ``allow_globals`` and ``as_stored`` as in :func:`load`."""
+    ``allow_globals`` and ``as_stored`` as in :func:`load`.
+
+    Called from every rank of a torch.distributed job (the default process group when one is
+    initialized, or ``group``), it is one operation over all of them: each rank writes its
+    share of the output (whole files, or byte ranges of one file) and rank 0 commits once all
+    are durable; the bytes are those one process writes. Every rank must call it with the same
+    arguments. ``Outcome.document["ranks"]`` lists each rank's share.
+    """
     return _outcome(
         _native.convert(
             os.fspath(src),
@@ -313,6 +339,7 @@ def convert(
             allow_expanded=allow_expanded,
             allow_globals=_allow(allow_globals),
             as_stored=as_stored,
+            comm=job_collective(group),
         )
     )
 
@@ -326,12 +353,27 @@ def reshard(
     checksums: bool = False,
     allow_expanded: bool = False,
     as_stored: bool = False,
+    group: Any = None,
 ) -> Outcome:
     """``ckpt reshard``: a DCP or ZeRO checkpoint laid out for another world size.
-    ``as_stored`` as in :func:`load`."""
+    ``as_stored`` as in :func:`load`.
+
+    Called from every rank of a torch.distributed job (the default process group when one is
+    initialized, or ``group``), it is one operation over all of them: each rank writes its
+    share of the output (whole files, or byte ranges of one file) and rank 0 commits once all
+    are durable; the bytes are those one process writes. Every rank must call it with the same
+    arguments. ``Outcome.document["ranks"]`` lists each rank's share.
+    """
     return _outcome(
         _native.reshard(
-            os.fspath(src), os.fspath(out), int(world_size), tag=tag, checksums=checksums, allow_expanded=allow_expanded, as_stored=as_stored
+            os.fspath(src),
+            os.fspath(out),
+            int(world_size),
+            tag=tag,
+            checksums=checksums,
+            allow_expanded=allow_expanded,
+            as_stored=as_stored,
+            comm=job_collective(group),
         )
     )
 
