@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # `make demo`: the training run. Two MPI ranks train the small transformer on the synthetic
 # corpus (sharded mode), a SIGTERM part-way makes them save and stop, a second run resumes from
-# the checkpoint and finishes, `ckpt merge` turns the final checkpoint into one safetensors
-# file, `ckpt verify` checks both, and a short report says what happened.
+# the checkpoint and finishes, `ckpt merge` on the same two ranks turns the final checkpoint
+# into one safetensors file (each rank writing its share of it, the bytes one process writes),
+# `ckpt verify` checks both, and a short report says what happened.
 #
 #   demo/train.sh CKPT_BINARY TRAIN_BINARY      (DEMO_DIR to keep the run, DEMO_STEPS to size it)
 set -euo pipefail
@@ -12,7 +13,7 @@ STEPS=${DEMO_STEPS:-400}
 WORK=${DEMO_DIR:-$(mktemp -d)}
 mkdir -p "$WORK"
 cd "$WORK"
-rm -rf ckpt run1.jsonl run2.jsonl run1.err run2.err model.safetensors optimizer.safetensors
+rm -rf ckpt run1.jsonl run2.jsonl run1.err run2.err model.safetensors optimizer.safetensors one merge.json
 
 MPI=(mpirun --oversubscribe -np 2)
 [ "$(id -u)" = 0 ] && MPI+=(--allow-run-as-root)
@@ -40,8 +41,12 @@ say "2. resuming from $(readlink ckpt/latest) on 2 ranks"
 "${MPI[@]}" "$TRAIN" "${ARGS[@]}" --resume > run2.jsonl 2> run2.err
 grep -E "resumed from|saved in|timing" run2.err >&2 || true
 
-say "3. ckpt merge ckpt/latest model.safetensors --optimizer"
-"$CKPT" merge ckpt/latest model.safetensors --optimizer >&2
+say "3. mpirun -np 2 ckpt merge ckpt/latest model.safetensors --optimizer (each rank writes its share)"
+"${MPI[@]}" "$CKPT" merge ckpt/latest model.safetensors --optimizer --json > merge.json
+mkdir -p one && "$CKPT" merge ckpt/latest one/model.safetensors --optimizer -q > /dev/null
+cmp model.safetensors one/model.safetensors && cmp optimizer.safetensors one/optimizer.safetensors
+echo "  the same bytes as one process writes" >&2
+shares=$(python3 -c 'import json; print(", ".join("rank %d wrote %d B" % (r["rank"], r["bytes_written"]) for r in json.load(open("merge.json"))["ranks"]))')
 say "4. ckpt verify"
 "$CKPT" verify ckpt/latest >&2
 "$CKPT" verify model.safetensors >&2
@@ -57,3 +62,4 @@ printf '  checkpoint size:           %s (%s: model and optimizer, FSDP2 DCP, 2 r
 printf '  slowest save:              %ss\n' "$save_s"
 printf '  resume (load + reshard):   %ss\n' "$resume_s"
 printf '  merged model:              %s/model.safetensors (%s)\n' "$WORK" "$(du -h model.safetensors | cut -f1)"
+printf '  merge on 2 ranks:          %s; byte-identical to one process\n' "$shares"
