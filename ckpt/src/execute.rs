@@ -124,37 +124,39 @@ pub(crate) fn execute_from(
     // 3. Every rank fills its parts, checking each CRC-covered record it reads in parallel
     // pieces beside the copies (a damaged source is refused before anything is committed), and
     // makes them durable.
-    let filled = (|| {
-        let mut files: Vec<Option<(PathBuf, File)>> = (0..plan.targets.len()).map(|_| None).collect();
-        for (path, f, ti) in &owned.files {
-            files[*ti] = Some((path.clone(), f.try_clone().at(path)?));
-        }
-        for p in &mine.parts {
-            if files[p.target].is_some() {
-                continue;
+    // One rank shows the whole job's progress, from the blocks the temporaries hold, until
+    // every rank is done.
+    let watched: Vec<PathBuf> = plan.targets.iter().map(&temp).collect();
+    watch_progress(n > 1 && rank == 0, opts.progress, &watched, plan, || {
+        let filled = (|| {
+            let mut files: Vec<Option<(PathBuf, File)>> = (0..plan.targets.len()).map(|_| None).collect();
+            for (path, f, ti) in &owned.files {
+                files[*ti] = Some((path.clone(), f.try_clone().at(path)?));
             }
-            let path = temp(&plan.targets[p.target]);
-            let f = OpenOptions::new()
-                .write(true)
-                .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-                .open(&path)
-                .at(&path)?;
-            files[p.target] = Some((path, f));
-        }
-        let copies = mine.parts.iter().flat_map(|p| p.copies.iter().map(|c| (c.src, c.src_off, c.len)));
-        let gathered = mine.parts.iter().flat_map(|p| p.gathers.iter().flat_map(|g| g.tensor.extents()));
-        let extents: Vec<(usize, u64, u64)> = copies.chain(gathered).collect();
-        // One rank shows the whole job's progress: from the blocks the temporaries hold.
-        let (copy, progress) = (opts.copy, if n == 1 { opts.progress } else { None });
-        let watched: Vec<PathBuf> = plan.targets.iter().map(&temp).collect();
-        let (checked, copied) = watch_progress(n > 1 && rank == 0, opts.progress, &watched, plan, || {
-            rayon::join(|| srcs.check_extents(extents), || fill(&mine.parts, srcs, &files, copy, progress))
-        });
-        checked?;
-        copied?;
-        files.par_iter().flatten().try_for_each(|(p, f)| f.sync_all().at(p))
-    })();
-    agree(comm, &at, filled)?;
+            for p in &mine.parts {
+                if files[p.target].is_some() {
+                    continue;
+                }
+                let path = temp(&plan.targets[p.target]);
+                let f = OpenOptions::new()
+                    .write(true)
+                    .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+                    .open(&path)
+                    .at(&path)?;
+                files[p.target] = Some((path, f));
+            }
+            let copies = mine.parts.iter().flat_map(|p| p.copies.iter().map(|c| (c.src, c.src_off, c.len)));
+            let gathered = mine.parts.iter().flat_map(|p| p.gathers.iter().flat_map(|g| g.tensor.extents()));
+            let extents: Vec<(usize, u64, u64)> = copies.chain(gathered).collect();
+            let (copy, progress) = (opts.copy, if n == 1 { opts.progress } else { None });
+            let (checked, copied) =
+                rayon::join(|| srcs.check_extents(extents), || fill(&mine.parts, srcs, &files, copy, progress));
+            checked?;
+            copied?;
+            files.par_iter().flatten().try_for_each(|(p, f)| f.sync_all().at(p))
+        })();
+        agree(comm, &at, filled)
+    })?;
 
     // 4. Owners seal, make durable and hash their targets.
     let sealed = (|| {
@@ -342,7 +344,8 @@ fn sweep_leftovers(plan: &Plan, stage: &Stage) {
 }
 
 /// Runs `work`; meanwhile, when `on`, calls `progress` with the bytes the temporaries at
-/// `paths` have gained (their allocated blocks: the whole job's, whichever rank wrote them).
+/// `paths` have gained (their allocated blocks: the whole job's, whichever rank wrote them, the
+/// owners' headers included: other ranks may be writing before this one looks first).
 fn watch_progress<T>(
     on: bool,
     progress: Option<&(dyn Fn(u64) + Sync)>,
@@ -355,23 +358,29 @@ fn watch_progress<T>(
     let total: u64 = plan.targets.iter().map(|t| t.len).sum();
     let held = || paths.iter().filter_map(|p| std::fs::metadata(p).ok()).map(|m| m.blocks() * 512).sum::<u64>();
     let done = AtomicBool::new(false);
-    let base = held();
-    std::thread::scope(|s| {
+    let shown = std::sync::atomic::AtomicU64::new(0);
+    let out = std::thread::scope(|s| {
         s.spawn(|| {
-            let mut shown = 0u64;
             while !done.load(Ordering::Relaxed) {
                 std::thread::sleep(std::time::Duration::from_millis(200));
-                let now = held().saturating_sub(base).min(total);
-                if now > shown {
-                    progress(now - shown);
-                    shown = now;
+                let now = held().min(total);
+                let before = shown.fetch_max(now, Ordering::Relaxed);
+                if now > before {
+                    progress(now - before);
                 }
             }
         });
         let out = work();
         done.store(true, Ordering::Relaxed);
         out
-    })
+    });
+    // What the last poll did not see (a short job ends before the first).
+    let now = held().min(total);
+    let shown = shown.load(Ordering::Relaxed);
+    if now > shown {
+        progress(now - shown);
+    }
+    out
 }
 
 /// A fingerprint of what a plan's ranks write: the same on every rank that planned the same
