@@ -249,6 +249,26 @@ fn a_dry_run_prints_the_shares_and_writes_nothing() {
     let text = stdout(&o);
     assert_eq!(text.lines().filter(|l| l.starts_with("rank ")).count(), 4, "{text}");
     assert!(!out.exists(), "a dry run writes nothing");
+    let dcp = tmp.path().join("dcp");
+    let o = mpirun(
+        2,
+        &[
+            "convert",
+            src.to_str().unwrap(),
+            dcp.to_str().unwrap(),
+            "--to",
+            "dcp",
+            "--world-size",
+            "4",
+            "--dry-run",
+            "--json",
+        ],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let doc: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(doc["dry_run"], true);
+    assert_eq!(doc["ranks"].as_array().unwrap().len(), 2);
+    assert!(!dcp.exists(), "not even the folder");
     let names: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
     assert_eq!(names.len(), 1, "no temporaries either: {names:?}");
 }

@@ -189,8 +189,14 @@ pub(crate) fn write_dcp(
         items.push(OutItem { key: v.key.clone(), path: v.path.clone(), kind: OutKind::Bytes { file, offset, length } });
     }
 
-    std::fs::create_dir_all(out).at(out)?;
-    let abs = std::fs::canonicalize(out).at(out)?;
+    // `.metadata` records the folder's absolute path; a dry run plans without creating it.
+    let abs = match opts.job.is_some_and(crate::Job::is_dry_run) {
+        true => std::path::absolute(out).at(out)?,
+        false => {
+            std::fs::create_dir_all(out).at(out)?;
+            std::fs::canonicalize(out).at(out)?
+        }
+    };
     let meta_path = out.join(super::METADATA_NAME);
     // A previous DCP checkpoint in `out`: `.metadata` first. Writing over the source folder is
     // refused by the executor.
