@@ -274,6 +274,14 @@ pub enum DataloadError {
         /// What the parser said.
         reason: String,
     },
+    /// A mixture definition that does not hold together.
+    #[error("invalid mixture `{field}`: {reason}")]
+    BadMixture {
+        /// The field of the definition.
+        field: &'static str,
+        /// Why it is refused.
+        reason: String,
+    },
     /// A sample index past the end of the dataset.
     #[error("sample {index} is out of range for a dataset of {len} samples")]
     IndexOutOfRange {
@@ -342,7 +350,8 @@ impl DataloadError {
             | Self::MissingSeed
             | Self::SeedOutOfRange { .. }
             | Self::SeedOverflow { .. }
-            | Self::TooLarge { .. } => ErrorKind::Configuration,
+            | Self::TooLarge { .. }
+            | Self::BadMixture { .. } => ErrorKind::Configuration,
             Self::MalformedState { .. } | Self::UnsupportedVersion { .. } | Self::InconsistentState { .. } => {
                 ErrorKind::State
             }

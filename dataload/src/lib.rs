@@ -100,6 +100,7 @@ mod jsonl;
 #[cfg(feature = "sources")]
 mod line_index;
 mod loader;
+mod mixture;
 #[cfg(feature = "sources")]
 mod mmap;
 #[cfg(feature = "sources")]
@@ -139,6 +140,7 @@ pub use iterable_shard::{IterableDatasetShard, StreamPlan, TailItem};
 #[cfg(feature = "sources")]
 pub use jsonl::{IndexPlacement, JsonlDataset, TextBatch, DEFAULT_FRAME_CACHE};
 pub use loader::{ShardedSampler, ShardedSamplerBuilder};
+pub use mixture::{Mixture, MixtureSpec, WeightChange};
 #[cfg(feature = "sources")]
 pub use parquet_rows::{ParquetDataset, DEFAULT_ROW_GROUP_CACHE};
 pub use plan::{BatchGeometry, EpochPlan};
