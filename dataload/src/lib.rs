@@ -102,6 +102,8 @@ mod line_index;
 mod loader;
 mod mixture;
 #[cfg(feature = "sources")]
+mod mixture_source;
+#[cfg(feature = "sources")]
 mod mmap;
 #[cfg(feature = "sources")]
 mod npy;
@@ -141,6 +143,8 @@ pub use iterable_shard::{IterableDatasetShard, StreamPlan, TailItem};
 pub use jsonl::{IndexPlacement, JsonlDataset, TextBatch, DEFAULT_FRAME_CACHE};
 pub use loader::{ShardedSampler, ShardedSamplerBuilder};
 pub use mixture::{Mixture, MixtureSpec, WeightChange};
+#[cfg(feature = "sources")]
+pub use mixture_source::{MixtureBatch, MixturePart, MixtureSource, MixtureSourceBuilder};
 #[cfg(feature = "sources")]
 pub use parquet_rows::{ParquetDataset, DEFAULT_ROW_GROUP_CACHE};
 pub use plan::{BatchGeometry, EpochPlan};

@@ -24,6 +24,7 @@ pub struct ShardedSamplerBuilder {
     fingerprint: Option<String>,
     torch: TorchVersion,
     generator: Option<TorchGenerator>,
+    mixture: Option<crate::MixtureSpec>,
 }
 
 impl ShardedSamplerBuilder {
@@ -105,11 +106,27 @@ impl ShardedSamplerBuilder {
         self
     }
 
+    /// The dataset is this mixture (its length is the dataset's): the state records its
+    /// definition, and a state of another mixture is refused by field.
+    pub fn mixture(mut self, spec: crate::MixtureSpec) -> Self {
+        self.mixture = Some(spec);
+        self
+    }
+
     /// Validates everything and builds the loader, at epoch 0, position 0.
     pub fn build(self) -> Result<ShardedSampler> {
         let dataset_len = self.dataset_len.ok_or(DataloadError::Missing { field: "dataset_len" })?;
         let batch_size = self.batch_size.ok_or(DataloadError::Missing { field: "batch_size" })?;
         let world_size = self.world_size.ok_or(DataloadError::Missing { field: "world_size" })?;
+        if let Some(spec) = &self.mixture {
+            let len = crate::Mixture::new(spec.clone())?.len();
+            if len != dataset_len {
+                return Err(DataloadError::BadMixture {
+                    field: "length",
+                    reason: format!("the mixture has {len} samples, the loader's dataset {dataset_len}"),
+                });
+            }
+        }
         if batch_size == 0 {
             return Err(DataloadError::InvalidValue {
                 field: "batch_size",
@@ -187,6 +204,7 @@ impl ShardedSamplerBuilder {
             },
             rank: self.rank,
             fingerprint: self.fingerprint,
+            mixture: self.mixture,
             epoch: 0,
             start: 0,
             pad_origin: 0,
@@ -211,6 +229,7 @@ pub struct ShardedSampler {
     geometry: BatchGeometry,
     rank: u64,
     fingerprint: Option<String>,
+    mixture: Option<crate::MixtureSpec>,
     epoch: u64,
     /// Cursor where the current epoch's plan starts (0 unless resumed or skipped).
     start: u64,
@@ -249,6 +268,9 @@ impl ShardedSampler {
             .torch_version(state.torch);
         if let Some(f) = &state.fingerprint {
             b = b.fingerprint(f.clone());
+        }
+        if let Some(m) = &state.mixture {
+            b = b.mixture(m.clone());
         }
         if let SamplerSpec::SeedableRandom { seed } = state.sampler {
             b = b.shuffle(true).torch_initial_seed(seed);
@@ -546,6 +568,7 @@ impl ShardedSampler {
             world_size: self.geometry.world_size,
             mode: self.geometry.mode,
             config: self.config,
+            mixture: self.mixture.clone(),
         }
     }
 
@@ -576,6 +599,10 @@ impl ShardedSampler {
         differ("drop_last", &state.drop_last, &self.geometry.drop_last)?;
         differ("mode", &state.mode, &self.geometry.mode)?;
         differ("config", &state.config, &self.config)?;
+        match (&state.mixture, &self.mixture) {
+            (Some(saved), Some(now)) => now.check_resumes(saved, state.cursor)?,
+            (saved, now) => differ("mixture", saved, now)?,
+        }
         self.epoch = state.epoch;
         self.start = state.cursor;
         self.pad_origin = state.padding_origin;

@@ -63,6 +63,37 @@ pub struct MixtureSpec {
     pub changes: Vec<WeightChange>,
 }
 
+// Weights are finite by validation (and JSON has no NaN), so equality is an equivalence.
+impl Eq for MixtureSpec {}
+impl Eq for WeightChange {}
+
+impl MixtureSpec {
+    /// Refuses to continue at `cursor` of `saved`'s order with this definition: every field
+    /// must be the same, by name, except that weight changes may be added from the cursor on
+    /// (a curriculum decided mid-run), which leaves every position before it as it was.
+    pub fn check_resumes(&self, saved: &MixtureSpec, cursor: u64) -> Result<()> {
+        fn differ<T: PartialEq + Serialize>(field: &'static str, saved: &T, current: &T) -> Result<()> {
+            if saved == current {
+                return Ok(());
+            }
+            let shown = |v: &T| serde_json::to_string(v).unwrap_or_else(|e| format!("<{e}>"));
+            Err(DataloadError::StateMismatch { field, saved: shown(saved), current: shown(current) })
+        }
+        differ("mixture.sizes", &saved.sizes, &self.sizes)?;
+        differ("mixture.weights", &saved.weights, &self.weights)?;
+        differ("mixture.seed", &saved.seed, &self.seed)?;
+        differ("mixture.once", &saved.once, &self.once)?;
+        differ("mixture.length", &saved.length, &self.length)?;
+        let kept = self.changes.len() >= saved.changes.len()
+            && self.changes[..saved.changes.len()] == saved.changes[..]
+            && self.changes[saved.changes.len()..].iter().all(|c| c.at >= cursor);
+        if !kept {
+            differ("mixture.changes", &saved.changes, &self.changes)?;
+        }
+        Ok(())
+    }
+}
+
 /// New weights from a position of the global order on.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -212,7 +243,10 @@ impl Mixture {
         let all_once = once.iter().all(|o| *o);
         let len = match (spec.length, all_once) {
             (Some(l), true) if l > once_total => {
-                return Err(bad("length", format!("{l} is more than the {once_total} samples of the sources read once")))
+                return Err(bad(
+                    "length",
+                    format!("{l} is more than the {once_total} samples of the sources read once"),
+                ))
             }
             (Some(l), _) => l,
             (None, true) => once_total,
@@ -487,10 +521,8 @@ mod tests {
         assert_eq!(m.len(), 35);
         let mut all = m.locate_many(&(0..35).collect::<Vec<_>>()).unwrap();
         all.sort_unstable();
-        let want: Vec<(usize, u64)> = [(0usize, 10u64), (1, 20), (2, 5)]
-            .iter()
-            .flat_map(|&(s, n)| (0..n).map(move |j| (s, j)))
-            .collect();
+        let want: Vec<(usize, u64)> =
+            [(0usize, 10u64), (1, 20), (2, 5)].iter().flat_map(|&(s, n)| (0..n).map(move |j| (s, j))).collect();
         assert_eq!(all, want);
         assert!(m.locate(35).is_err());
     }

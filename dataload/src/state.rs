@@ -104,6 +104,10 @@ pub struct LoaderState {
     pub mode: ShardMode,
     /// accelerate's configuration.
     pub config: DataLoaderConfiguration,
+    /// The mixture the dataset's order is, when it is one: its definition, which a resume
+    /// against another mixture is refused on, field by field.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mixture: Option<crate::MixtureSpec>,
 }
 
 /// The generator an epoch of a [`SamplerSpec::Random`] sampler is drawn from.
