@@ -6,10 +6,11 @@
 //! `ckpt data state --from-accelerate DIR --len N --batch-size B --json` prints the
 //! `LoaderState` itself (see `dataload::LoaderState`).
 //!
-//! JSON output of `ckpt data state FILE --json`:
+//! JSON output of `ckpt data state FILE --json` (and of `--mixture MIX.json --cursor K`):
 //! `{"epoch", "cursor", "dataset_len", "world_size", "global_batch_size", "steps_done",
 //!   "steps_left", "mode", "sampler", "ranks": [{"rank", "next_batch": [...] | null,
-//!   "batches_left"}]}`.
+//!   "batches_left", "next_samples": [[source, index], ...] (mixtures only)}],
+//!   "mixture": {"sources", "block", "positions": [...]} (mixtures only)}`.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -62,6 +63,10 @@ pub struct LoaderArgs {
 
 impl LoaderArgs {
     fn loader(&self, world_size: u64, rank: u64) -> anyhow::Result<ShardedSampler> {
+        Ok(self.builder(world_size, rank)?.build()?)
+    }
+
+    fn builder(&self, world_size: u64, rank: u64) -> anyhow::Result<dataload::ShardedSamplerBuilder> {
         let (Some(len), Some(batch_size)) = (self.len, self.batch_size) else {
             anyhow::bail!("the loader needs `--len N` and `--batch-size B`");
         };
@@ -83,8 +88,7 @@ impl LoaderArgs {
             .rank(rank)
             .drop_last(self.drop_last)
             .shuffle(self.shuffle)
-            .config(config)
-            .build()?)
+            .config(config))
     }
 }
 
@@ -114,8 +118,18 @@ pub struct PlanArgs {
 #[derive(Args, Debug, Clone, PartialEq, Eq)]
 pub struct StateArgs {
     /// A loader state written by `ShardedSampler::state_dict` (JSON).
-    #[arg(required_unless_present_any = ["from_accelerate", "from_trainer"], conflicts_with_all = ["from_accelerate", "from_trainer"])]
+    #[arg(required_unless_present_any = ["from_accelerate", "from_trainer", "mixture"], conflicts_with_all = ["from_accelerate", "from_trainer", "mixture"])]
     pub file: Option<PathBuf>,
+    /// Instead, a mixture's definition (JSON: `sizes`, `weights`, `seed`, `once`, `length`,
+    /// `changes`), read in order by the loader of the flags below, at `--cursor`.
+    #[arg(long, value_name = "MIX.json", conflicts_with_all = ["from_accelerate", "from_trainer"])]
+    pub mixture: Option<PathBuf>,
+    /// With `--mixture`: the position in the mixture's order (samples all ranks have read).
+    #[arg(long, value_name = "K", default_value_t = 0, requires = "mixture")]
+    pub cursor: u64,
+    /// With `--mixture`: the number of ranks reading it.
+    #[arg(long, value_name = "W", default_value_t = 1, requires = "mixture", value_parser = clap::value_parser!(u64).range(1..=dataload::MAX_WORLD_SIZE))]
+    pub world_size: u64,
     /// Instead, the position an accelerate `save_state` folder saved (`dl_state_dict.bin`,
     /// `sampler.bin`), as our loader state for the loader described by the flags below; with
     /// `--json` the `LoaderState` itself, which `ShardedSampler::load_state_dict` continues from
@@ -218,6 +232,19 @@ struct RankNext {
     rank: u64,
     next_batch: Option<Vec<u64>>,
     batches_left: u64,
+    /// A mixture's `(source, index)` of each sample of `next_batch`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    next_samples: Option<Vec<(usize, u64)>>,
+}
+
+/// Where a mixture's sources are at the cursor.
+#[derive(Serialize, Debug)]
+struct MixtureOut {
+    sources: usize,
+    /// The block size in force at the cursor: proportions hold to within one block.
+    block: u64,
+    /// Samples each source has given before the cursor.
+    positions: Vec<u64>,
 }
 
 #[derive(Serialize, Debug)]
@@ -232,6 +259,8 @@ struct StateOut {
     mode: dataload::ShardMode,
     sampler: String,
     ranks: Vec<RankNext>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    mixture: Option<MixtureOut>,
 }
 
 fn state(args: &StateArgs) -> anyhow::Result<String> {
@@ -252,6 +281,7 @@ fn state(args: &StateArgs) -> anyhow::Result<String> {
             }
             st
         }
+        (None, None, loader) if args.mixture.is_some() => at_mixture(args.mixture.as_deref(), loader, args)?,
         (None, None, loader) if args.from_trainer.is_some() => {
             let st = from_trainer(args.from_trainer.as_deref().unwrap_or(std::path::Path::new(".")), loader, args)?;
             if args.json {
@@ -263,6 +293,7 @@ fn state(args: &StateArgs) -> anyhow::Result<String> {
             "give a state FILE, `--from-accelerate DIR` or `--from-trainer DIR`, with `--len N --batch-size B`"
         ),
     };
+    let mixture = st.mixture.clone().map(dataload::Mixture::new).transpose()?;
     let mut ranks = Vec::new();
     let mut geometry = None;
     let mut steps_left = 0;
@@ -272,8 +303,18 @@ fn state(args: &StateArgs) -> anyhow::Result<String> {
         steps_left = l.current_plan()?.num_steps();
         let batches_left = l.remaining()?;
         let next_batch = l.clone().next_batch()?;
-        ranks.push(RankNext { rank, next_batch, batches_left });
+        let next_samples = match (&mixture, &next_batch) {
+            (Some(m), Some(b)) => Some(m.locate_many(b)?),
+            _ => None,
+        };
+        ranks.push(RankNext { rank, next_batch, batches_left, next_samples });
     }
+    let mixture = match mixture {
+        Some(m) => {
+            Some(MixtureOut { sources: m.sources(), block: m.block_at(st.cursor), positions: m.positions(st.cursor)? })
+        }
+        None => None,
+    };
     let g = geometry.map(|g| g.global_batch()).unwrap_or(0);
     let out = StateOut {
         epoch: st.epoch,
@@ -286,6 +327,7 @@ fn state(args: &StateArgs) -> anyhow::Result<String> {
         mode: st.mode,
         sampler: st.sampler.to_string(),
         ranks,
+        mixture,
     };
     if args.json {
         return Ok(serde_json::to_string_pretty(&out)? + "\n");
@@ -295,13 +337,42 @@ fn state(args: &StateArgs) -> anyhow::Result<String> {
         out.epoch, out.cursor, out.dataset_len, out.sampler, out.world_size, g
     );
     s += &format!("{} global steps left in this epoch\n", out.steps_left);
+    if let Some(m) = &out.mixture {
+        let given: Vec<String> = m.positions.iter().enumerate().map(|(i, p)| format!("source {i}: {p}")).collect();
+        s += &format!("mixture of {} sources, samples given before the cursor: {}\n", m.sources, given.join(", "));
+    }
     for r in &out.ranks {
-        match &r.next_batch {
-            Some(b) => s += &format!("rank {}: next {} ({} batches left)\n", r.rank, list(b), r.batches_left),
-            None => s += &format!("rank {}: epoch done, next batch starts epoch {}\n", r.rank, out.epoch + 1),
+        match (&r.next_batch, &r.next_samples) {
+            (Some(_), Some(samples)) => {
+                let shown: Vec<String> = samples.iter().map(|(src, j)| format!("{src}:{j}")).collect();
+                s += &format!("rank {}: next [{}] ({} batches left)\n", r.rank, shown.join(", "), r.batches_left)
+            }
+            (Some(b), None) => s += &format!("rank {}: next {} ({} batches left)\n", r.rank, list(b), r.batches_left),
+            (None, _) => s += &format!("rank {}: epoch done, next batch starts epoch {}\n", r.rank, out.epoch + 1),
         }
     }
     Ok(s)
+}
+
+/// The state of the loader of `loader` reading the mixture of `file` in order on
+/// `--world-size` ranks, at `--cursor`.
+fn at_mixture(file: Option<&std::path::Path>, loader: &LoaderArgs, args: &StateArgs) -> anyhow::Result<LoaderState> {
+    let file = file.unwrap_or(std::path::Path::new("."));
+    let text = std::fs::read_to_string(file).with_context(|| format!("cannot read `{}`", file.display()))?;
+    let spec: dataload::MixtureSpec =
+        serde_json::from_str(&text).with_context(|| format!("`{}` is not a mixture definition", file.display()))?;
+    let len = dataload::Mixture::new(spec.clone())?.len();
+    if loader.shuffle {
+        anyhow::bail!("a mixture is read in its own order: `--shuffle` does not apply");
+    }
+    if args.cursor > len {
+        anyhow::bail!("`--cursor {}` is past the end of the mixture ({len} samples)", args.cursor);
+    }
+    let loader = LoaderArgs { len: Some(loader.len.unwrap_or(len)), ..loader.clone() };
+    let sampler = loader.builder(args.world_size, 0)?.mixture(spec).build()?;
+    let mut st = sampler.state_dict();
+    st.cursor = args.cursor;
+    Ok(st)
 }
 
 /// Our loader state at the position an accelerate `save_state` folder recorded: `k` batches

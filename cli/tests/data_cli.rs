@@ -159,3 +159,35 @@ fn state_explains_position_and_next_batches() {
     assert_eq!(code, 2);
     assert!(err.contains("unsupported loader state version 9 (this build reads version 1)"), "{err}");
 }
+
+#[test]
+fn state_explains_a_mixture_at_a_cursor() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mix = tmp.path().join("mix.json");
+    let spec = r#"{"sizes": [1000, 200, 5000], "weights": [0.6, 0.3, 0.1], "seed": 3, "once": [1], "length": 4000}"#;
+    std::fs::write(&mix, spec).unwrap();
+    let m = dataload::Mixture::new(serde_json::from_str(spec).unwrap()).unwrap();
+    let args = ["data", "state", "--mixture", mix.to_str().unwrap(), "--cursor", "1234", "--batch-size", "4"];
+    let (code, out, err) = ckpt(&[&args[..], &["--world-size", "3", "--json"]].concat());
+    assert_eq!(code, 0, "{err}");
+    let doc: Value = serde_json::from_str(&out).unwrap();
+    let positions: Vec<u64> =
+        doc["mixture"]["positions"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
+    assert_eq!(positions, m.positions(1234).unwrap());
+    assert_eq!(positions[1], 200, "the source read once is used up by then");
+    for (r, rank) in doc["ranks"].as_array().unwrap().iter().enumerate() {
+        let next: Vec<u64> = rank["next_batch"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
+        assert_eq!(next, (1234 + 4 * r as u64..1238 + 4 * r as u64).collect::<Vec<_>>());
+        let samples: Vec<(usize, u64)> = serde_json::from_value(rank["next_samples"].clone()).unwrap();
+        assert_eq!(samples, m.locate_many(&next).unwrap(), "rank {r}");
+    }
+    // The text form says the same, source by source.
+    let (_, text, _) = ckpt(&[&args[..], &["--world-size", "2"]].concat());
+    assert!(text.contains(&format!("source 0: {}, source 1: 200", positions[0])), "{text}");
+    assert!(text.lines().any(|l| l.starts_with("rank 1: next [")), "{text}");
+    // Past the end: refused by name.
+    let (code, _, err) =
+        ckpt(&["data", "state", "--mixture", mix.to_str().unwrap(), "--cursor", "4001", "--batch-size", "4"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("`--cursor 4001` is past the end"), "{err}");
+}

@@ -95,8 +95,11 @@ impl MixtureSourceBuilder {
                 });
             }
         }
-        // The mixture's identity: its definition, and every source's files under `s{i}/`.
-        let options = serde_json::to_string(self.mixture.spec()).unwrap_or_default();
+        // The mixture's identity: its definition (but its weight changes, which a resume may
+        // add to: the loader checks those against the state), and every source's files under
+        // `s{i}/`.
+        let spec = crate::MixtureSpec { changes: Vec::new(), ..self.mixture.spec().clone() };
+        let options = serde_json::to_string(&spec).unwrap_or_default();
         let options = self.sources.iter().fold(options, |acc, s| {
             let f = s.fingerprint();
             format!("{acc};{}({})", f.format, f.options)
@@ -139,6 +142,10 @@ impl Source for MixtureSource {
 
     fn fingerprint(&self) -> &Fingerprint {
         &self.fingerprint
+    }
+
+    fn mixture(&self) -> Option<&crate::MixtureSpec> {
+        Some(self.mixture.spec())
     }
 
     fn read_batch(&self, indices: &[u64]) -> Result<MixtureBatch> {

@@ -64,13 +64,39 @@ impl<S: Source> DataLoaderBuilder<S> {
     pub fn build(self) -> Result<DataLoader<S>> {
         let current = self.source.fingerprint().id();
         let sampler = match self.start {
-            Start::Fresh(b) => b.dataset_len(self.source.len()).fingerprint(current).build()?,
+            Start::Fresh(b) => {
+                let b = b.dataset_len(self.source.len()).fingerprint(current);
+                match self.source.mixture() {
+                    Some(spec) => b.mixture(spec.clone()).build()?,
+                    None => b.build()?,
+                }
+            }
             Start::Resume { state, world_size, rank } => {
                 if state.fingerprint.as_deref() != Some(current.as_str()) {
                     return Err(DataloadError::DataChanged {
                         saved: state.fingerprint.clone().unwrap_or_else(|| "none".into()),
                         current,
                     });
+                }
+                // A mixture may have gained weight changes since (a curriculum decided
+                // mid-run): checked field by field, then continued with the source's.
+                let mut state = state;
+                match (self.source.mixture(), &state.mixture) {
+                    (Some(now), Some(saved)) => {
+                        now.check_resumes(saved, state.cursor)?;
+                        state.mixture = Some(now.clone());
+                    }
+                    (None, None) => {}
+                    (now, saved) => {
+                        let shown = |m: Option<&crate::MixtureSpec>| {
+                            m.map_or("null".into(), |m| serde_json::to_string(m).unwrap_or_default())
+                        };
+                        return Err(DataloadError::StateMismatch {
+                            field: "mixture",
+                            saved: shown(saved.as_ref()),
+                            current: shown(now),
+                        });
+                    }
                 }
                 ShardedSampler::from_state(&state, world_size, rank)?
             }
@@ -195,8 +221,8 @@ impl<S: Source> std::fmt::Debug for DataLoader<S> {
 }
 
 impl<S: Source> DataLoader<S> {
-    /// A loader over `source` with the sampler settings of `sampler` (its dataset length and
-    /// fingerprint are taken from the source).
+    /// A loader over `source` with the sampler settings of `sampler` (its dataset length,
+    /// fingerprint and mixture are taken from the source).
     pub fn builder(source: Arc<S>, sampler: ShardedSamplerBuilder) -> DataLoaderBuilder<S> {
         DataLoaderBuilder { source, start: Start::Fresh(sampler), workers: 0, prefetch: None }
     }

@@ -54,6 +54,12 @@ pub trait Source: Send + Sync + fmt::Debug + 'static {
 
     /// Reads and collates the samples at `indices`, in that order.
     fn read_batch(&self, indices: &[u64]) -> Result<Self::Batch>;
+
+    /// The mixture this source reads in order, when it is one: a loader over it records the
+    /// definition in its state ([`crate::MixtureSource`]).
+    fn mixture(&self) -> Option<&crate::MixtureSpec> {
+        None
+    }
 }
 
 /// One file of a dataset, as its fingerprint records it.
