@@ -65,6 +65,16 @@
 //!
 //! `split_batches` needs the batch size to divide by `M`, as it does in accelerate.
 //!
+//! # Mixtures
+//!
+//! A [`Mixture`] is many sources read as one dataset whose order is a pure function of its
+//! [`MixtureSpec`] (sizes, weights, seed, `once` sources, length, weight changes) and the
+//! position: exact proportions per block of positions, each source in its own keyed permutation,
+//! `once` sources leaving when used up. It is read by the same sequential loader as any dataset,
+//! so everything above (sharding, dispatching, O(1) and elastic resume) applies; the
+//! [`LoaderState`] records the definition and refuses another. [`MixtureSource`] puts sources of
+//! any kinds behind one [`Source`].
+//!
 //! # Reading the samples
 //!
 //! This part is the `sources` cargo feature, on by default. Without it the crate is the index
