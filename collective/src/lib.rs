@@ -19,6 +19,8 @@
 //!
 //! Ranks and world sizes are `u64`, as they are in every on-disk state of statekit.
 
+#![warn(missing_docs, unreachable_pub)]
+
 mod error;
 mod in_process;
 #[cfg(feature = "mpi")]

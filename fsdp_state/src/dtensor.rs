@@ -55,13 +55,21 @@ use crate::region::Region;
 /// The reduction a `Partial` placement is pending (torch's `Partial(reduce_op)` strings).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ReduceOp {
+    /// Elementwise sum over the mesh dim (`"sum"`, torch's default).
     Sum,
+    /// Elementwise mean over the mesh dim (`"avg"`).
     Avg,
+    /// Elementwise minimum over the mesh dim (`"min"`).
     Min,
+    /// Elementwise maximum over the mesh dim (`"max"`).
     Max,
+    /// Elementwise product over the mesh dim (`"product"`).
     Product,
+    /// Bitwise AND over the mesh dim (`"band"`).
     Band,
+    /// Bitwise OR over the mesh dim (`"bor"`).
     Bor,
+    /// Bitwise XOR over the mesh dim (`"bxor"`).
     Bxor,
 }
 
@@ -91,6 +99,8 @@ impl ReduceOp {
         }
     }
 
+    /// The op torch calls `name` (the inverse of [`ReduceOp::name`]); `None` for any other
+    /// string.
     pub fn from_name(name: &str) -> Option<ReduceOp> {
         ReduceOp::ALL.into_iter().find(|op| op.name() == name)
     }
@@ -108,7 +118,13 @@ pub enum Placement {
     Shard(usize),
     /// torch's `_StridedShard`: tensor dim `dim` cut into `split_factor` chunks, each chunked
     /// over the mesh dim, a rank keeping its piece of every one (see the module docs).
-    StridedShard { dim: usize, split_factor: u64 },
+    StridedShard {
+        /// The tensor dim it shards.
+        dim: usize,
+        /// How many `torch.chunk` pieces the dim is cut into before each is chunked over the
+        /// mesh dim; FSDP2 + TP sets it to the number of shards the later mesh dims make.
+        split_factor: u64,
+    },
 }
 
 impl Placement {
@@ -198,7 +214,9 @@ impl FromStr for Placement {
 /// tensor (the sizes are the same in both).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Block {
+    /// Where the box lies in the global tensor.
     pub global: Region,
+    /// The box's offsets in the rank's local tensor, one per dim.
     pub local: Vec<u64>,
 }
 
@@ -279,6 +297,7 @@ impl DTensorLayout {
         &self.mesh
     }
 
+    /// The placement on each mesh dim, in mesh-dim order.
     pub fn placements(&self) -> &[Placement] {
         &self.placements
     }

@@ -55,6 +55,8 @@ pub struct Fsdp2 {
 }
 
 impl Fsdp2 {
+    /// FSDP2 `Shard(0)` sharding of `tensors` over `world` ranks. Refuses 0 ranks, 0-d tensors
+    /// (no dim 0 to shard) and tensors too large to count.
     pub fn new(tensors: Vec<TensorSpec>, world: u64) -> Result<Fsdp2, LayoutError> {
         if world == 0 {
             return Err(LayoutError::EmptyWorld);
@@ -117,10 +119,13 @@ impl Layout for Fsdp2 {
 /// to the original parameters).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FlatParamInfo {
+    /// The original parameter's name.
     pub name: String,
+    /// The original parameter's shape, which its flat range is viewed back as.
     pub shape: Vec<u64>,
     /// Element offset in the unsharded flat parameter, the alignment padding before it included.
     pub offset: u64,
+    /// Number of elements it occupies in the flat parameter (no padding).
     pub numel: u64,
 }
 
@@ -129,20 +134,30 @@ pub struct FlatParamInfo {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FlatEntry {
     /// Parameter `tensor` (an index into the layout's tensors), `numel` elements.
-    Param { tensor: usize, numel: u64 },
+    Param {
+        /// Index of the parameter in the layout's tensors.
+        tensor: usize,
+        /// Its element count.
+        numel: u64,
+    },
     /// `numel` elements of padding that torch inserted as a tensor of its own (filled with
     /// `_FLAT_PARAM_PADDING_VALUE`): alignment before a parameter, or the padding up to a
     /// multiple of the world size at the end.
-    Padding { numel: u64 },
+    Padding {
+        /// Number of padding elements.
+        numel: u64,
+    },
 }
 
 impl FlatEntry {
+    /// Elements the entry occupies in the flat parameter.
     pub fn numel(&self) -> u64 {
         match *self {
             FlatEntry::Param { numel, .. } | FlatEntry::Padding { numel } => numel,
         }
     }
 
+    /// True for padding, false for a parameter (torch's `_is_padding_mask` entry).
     pub fn is_padding(&self) -> bool {
         matches!(self, FlatEntry::Padding { .. })
     }
@@ -230,6 +245,7 @@ impl Fsdp1Flat {
         self.aligned_numel
     }
 
+    /// Where each parameter sits in the flat parameter, in layout (registration) order.
     pub fn params(&self) -> &[FlatParamInfo] {
         &self.params
     }

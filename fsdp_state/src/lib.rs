@@ -28,6 +28,8 @@
 //! Two layouts over the same tensors give a resharding plan ([`reshard`]): the range copies that
 //! turn buffers of one layout into buffers of the other, N ranks to M.
 
+#![warn(missing_docs, unreachable_pub)]
+
 mod dtensor;
 mod fsdp;
 mod layout;

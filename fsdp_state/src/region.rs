@@ -16,11 +16,14 @@
 /// A box of a tensor: elements `offsets[d] .. offsets[d] + sizes[d]` on every dimension `d`.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Region {
+    /// The box's first index on each dimension of the tensor.
     pub offsets: Vec<u64>,
+    /// The box's extent on each dimension; a 0 anywhere makes it empty.
     pub sizes: Vec<u64>,
 }
 
 impl Region {
+    /// The box starting at `offsets` with extents `sizes` (one entry per tensor dimension).
     pub fn new(offsets: impl Into<Vec<u64>>, sizes: impl Into<Vec<u64>>) -> Region {
         Region { offsets: offsets.into(), sizes: sizes.into() }
     }
@@ -63,25 +66,73 @@ impl Region {
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum TilingError {
+    /// A box has a different number of dimensions than the tensor.
     #[error("box at offsets {offsets:?} with sizes {sizes:?} has {found} dims, the tensor {shape:?} has {expected}")]
-    Rank { index: usize, offsets: Vec<u64>, sizes: Vec<u64>, shape: Vec<u64>, expected: usize, found: usize },
+    Rank {
+        /// Position of the box in the list.
+        index: usize,
+        /// The box's offsets.
+        offsets: Vec<u64>,
+        /// The box's sizes.
+        sizes: Vec<u64>,
+        /// The tensor's shape.
+        shape: Vec<u64>,
+        /// The tensor's number of dimensions.
+        expected: usize,
+        /// The box's number of dimensions (the longer of its offsets and sizes).
+        found: usize,
+    },
+    /// A box reaches past the tensor's end on some dimension.
     #[error("box at offsets {offsets:?} with sizes {sizes:?} lies outside size {shape:?}")]
-    OutOfBounds { index: usize, offsets: Vec<u64>, sizes: Vec<u64>, shape: Vec<u64> },
+    OutOfBounds {
+        /// Position of the box in the list.
+        index: usize,
+        /// The box's offsets.
+        offsets: Vec<u64>,
+        /// The box's sizes.
+        sizes: Vec<u64>,
+        /// The tensor's shape.
+        shape: Vec<u64>,
+    },
+    /// Two non-empty boxes share an element.
     #[error("box at offsets {offsets:?} with sizes {sizes:?} overlaps the box at offsets {other_offsets:?} with sizes {other_sizes:?}")]
     Overlap {
+        /// Position in the list of the box found overlapping.
         index: usize,
+        /// That box's offsets.
         offsets: Vec<u64>,
+        /// That box's sizes.
         sizes: Vec<u64>,
+        /// Position in the list of the box it overlaps.
         other: usize,
+        /// The other box's offsets.
         other_offsets: Vec<u64>,
+        /// The other box's sizes.
         other_sizes: Vec<u64>,
     },
+    /// Some element of the tensor lies in no box.
     #[error("the boxes leave elements of size {shape:?} uncovered, from offsets {at:?}")]
-    Gap { shape: Vec<u64>, at: Vec<u64> },
+    Gap {
+        /// The tensor's shape.
+        shape: Vec<u64>,
+        /// Index of an uncovered element, to locate the hole (best effort for irregular boxes).
+        at: Vec<u64>,
+    },
+    /// The tensor's element count does not fit in a `u64`.
     #[error("size {shape:?} has more elements than fit in 64 bits")]
-    Overflow { shape: Vec<u64> },
+    Overflow {
+        /// The tensor's shape.
+        shape: Vec<u64>,
+    },
+    /// The boxes are so irregular that checking them would exceed the work bound; they are
+    /// rejected rather than checked.
     #[error("{boxes} boxes of size {shape:?} are too irregular to check that they tile it")]
-    TooIrregular { boxes: usize, shape: Vec<u64> },
+    TooIrregular {
+        /// Number of non-empty boxes.
+        boxes: usize,
+        /// The tensor's shape.
+        shape: Vec<u64>,
+    },
 }
 
 impl TilingError {

@@ -6,13 +6,21 @@ use crate::layout::{Layout, LayoutError, Piece};
 /// (`dst_rank`, `dst_slot`, `dst_local`) of the target layout.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RangeCopy {
+    /// Index of the tensor the elements belong to (the same in both layouts).
     pub tensor: usize,
+    /// Rank of the source layout that holds the elements.
     pub src_rank: u64,
+    /// Local buffer of that rank to read from.
     pub src_slot: usize,
+    /// Element offset in that buffer where the run starts.
     pub src_local: u64,
+    /// Rank of the target layout that receives the elements.
     pub dst_rank: u64,
+    /// Local buffer of that rank to write to.
     pub dst_slot: usize,
+    /// Element offset in that buffer where the run goes.
     pub dst_local: u64,
+    /// Number of contiguous elements to copy.
     pub len: u64,
 }
 

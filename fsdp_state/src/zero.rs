@@ -126,6 +126,8 @@ pub struct Zero3 {
 }
 
 impl Zero3 {
+    /// ZeRO-3 partitions of `tensors` over `world` ranks; [`LayoutError::EmptyWorld`] for 0
+    /// ranks, [`LayoutError::Overflow`] for a tensor too large to count.
     pub fn new(tensors: Vec<TensorSpec>, world: u64) -> Result<Zero3, LayoutError> {
         if world == 0 {
             return Err(LayoutError::EmptyWorld);
