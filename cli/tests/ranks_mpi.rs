@@ -315,22 +315,22 @@ fn ranks_of(marker: &str) -> Vec<u32> {
 fn a_rank_killed_at_any_moment_leaves_the_previous_output_or_the_whole_new_one() {
     let tmp = tempfile::tempdir().unwrap();
     let src = tmp.path().join("big.safetensors");
-    write_checkpoint(&src, 64, 1 << 20, 11); // 256 MiB: the split takes a while
+    write_checkpoint(&src, 64, 1 << 19, 11); // 128 MiB: the split takes a while
     let src = src.to_str().unwrap();
     let out = tmp.path().join("kill-target");
     let o = out.to_str().unwrap();
     // The new output, for reference, and the previous one, which each round starts from.
-    let o1 = ckpt().args(["split", src, o, "--max-shard-size", "40MB"]).output().unwrap();
+    let o1 = ckpt().args(["split", src, o, "--max-shard-size", "20MB"]).output().unwrap();
     assert!(o1.status.success());
     let new = tree(&out);
     remove(&out);
-    assert!(ckpt().args(["split", src, o, "--max-shard-size", "100MB"]).output().unwrap().status.success());
+    assert!(ckpt().args(["split", src, o, "--max-shard-size", "50MB"]).output().unwrap().status.success());
     let old = tree(&out);
     let mut killed = 0;
     for round in 0..6u64 {
         let mut child = Command::new("mpirun")
             .args(["--allow-run-as-root", "--oversubscribe", "-np", "3", env!("CARGO_BIN_EXE_ckpt")])
-            .args(["split", src, o, "--max-shard-size", "40MB"])
+            .args(["split", src, o, "--max-shard-size", "20MB"])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -367,11 +367,11 @@ fn a_rank_killed_at_any_moment_leaves_the_previous_output_or_the_whole_new_one()
         }
         // Start the next round from the previous output again.
         remove(&out);
-        assert!(ckpt().args(["split", src, o, "--max-shard-size", "100MB"]).output().unwrap().status.success());
+        assert!(ckpt().args(["split", src, o, "--max-shard-size", "50MB"]).output().unwrap().status.success());
     }
     assert!(killed >= 3, "most rounds killed a rank mid-run ({killed})");
     // A killed job's temporaries are gone after the next run into the same place.
-    let o2 = mpirun(2, &["split", src, o, "--max-shard-size", "40MB"]);
+    let o2 = mpirun(2, &["split", src, o, "--max-shard-size", "20MB"]);
     assert!(o2.status.success(), "{}", stderr(&o2));
     let left: Vec<_> = std::fs::read_dir(&out)
         .unwrap()

@@ -1,0 +1,276 @@
+//! The command line: every subcommand's arguments, parsed by clap.
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+
+use crate::data;
+
+/// Split, merge, inspect and verify checkpoints, streaming, with bounded memory.
+#[derive(Parser, Debug)]
+#[command(name = "ckpt", version, about = "Split, merge, inspect and verify checkpoints, streaming, with bounded memory.", long_about = None)]
+pub struct Cli {
+    /// Print nothing on stderr but errors.
+    #[arg(short, long, global = true)]
+    pub quiet: bool,
+
+    /// How tensor bytes are moved: `auto` (kernel copy, falling back to a memory map) or `mmap`.
+    #[arg(long, global = true, value_enum, default_value_t = CopyArg::Auto, hide = true)]
+    pub copy_method: CopyArg,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// A world size: from 1 to [`ckpt::MAX_WORLD_SIZE`], refused at the edge (exit 2) rather
+/// than sizing per-rank tables from a typo.
+pub fn world_size() -> clap::builder::RangedU64ValueParser<u64> {
+    clap::value_parser!(u64).range(1..=ckpt::MAX_WORLD_SIZE)
+}
+
+/// How a source is opened, shared by the commands that read one.
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct OpenArgs {
+    /// Torch files: read a global beyond torch's weights-only list as inert data (a dotted
+    /// name, a prefix ending in `.*`, or `*` for any; repeatable). Nothing is imported or
+    /// called: objects become records of their class and state, numpy arrays tensors.
+    #[arg(long = "allow-global", value_name = "PATTERN")]
+    pub allow_global: Vec<String>,
+    /// Megatron `torch_dist` checkpoints: every tensor under its stored key and global shape
+    /// (stacked layers, the optimizer's tensors), as torch's `dcp_to_torch_save` gives them,
+    /// instead of the model megatron holds on one rank.
+    #[arg(long)]
+    pub as_stored: bool,
+}
+
+impl OpenArgs {
+    /// The library's options, with the DeepSpeed `tag` when the command has one.
+    pub fn options(&self, tag: Option<String>) -> anyhow::Result<ckpt::OpenOptions> {
+        Ok(ckpt::OpenOptions {
+            tag,
+            allow_globals: ckpt::AllowGlobals::new(&self.allow_global)?,
+            as_stored: self.as_stored,
+        })
+    }
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CopyArg {
+    Auto,
+    Mmap,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Plan and explain rank-sharded data loading.
+    Data {
+        #[command(subcommand)]
+        cmd: data::DataCommand,
+    },
+    /// Show a checkpoint's format, tensors and totals.
+    Inspect {
+        /// A `.safetensors` file, an index, a folder, or `hf://ORG/NAME[@REV][/PATH]`.
+        path: String,
+        /// Print JSON (schema in the README).
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        open: OpenArgs,
+    },
+    /// Split a checkpoint into huggingface_hub-style shards with an index.
+    Split {
+        /// A `.safetensors` file, a sharded folder or its index, or an `hf://` address.
+        src: String,
+        /// Output folder (created if missing). A previous checkpoint there is replaced.
+        out_dir: PathBuf,
+        /// Largest shard, in huggingface_hub's units: `5GB` is 5·10⁹ bytes.
+        #[arg(long, default_value = ckpt::DEFAULT_MAX_SHARD_SIZE)]
+        max_shard_size: String,
+        /// Also write a `SHA256SUMS` manifest that `ckpt verify` checks.
+        #[arg(long)]
+        checksums: bool,
+        #[command(flatten)]
+        write: WriteArgs,
+        #[command(flatten)]
+        open: OpenArgs,
+    },
+    /// Merge any checkpoint (shards, DCP, DeepSpeed ZeRO, Megatron, accelerate, Trainer) into one file, bit-exact.
+    ///
+    /// Sharded safetensors and torch files, DCP folders (FSDP2, tensor parallel, DTensors on any
+    /// dims, DCP's HF storage), accelerate `save_state` and `Trainer` folders (their model, and
+    /// `--optimizer`) are merged into one `.safetensors` file (or shards, `--max-shard-size`).
+    ///
+    /// A DeepSpeed checkpoint folder (with `latest`, or a tag folder) is merged the way
+    /// `zero_to_fp32.py --safe_serialization` merges it: fp32 master weights, buffers, frozen
+    /// and tied parameters (a tied alias is written as its own copy).
+    ///
+    /// A Megatron-Core checkpoint (a run folder with `latest_checkpointed_iteration.txt`, an
+    /// `iter_N` folder, a `torch_dist` folder, or a legacy save's `mp_rank_*` files) is merged
+    /// into the model megatron holds on one rank (tensor and pipeline parallel 1), or with
+    /// `--as-stored` into its stored tensors.
+    Merge {
+        /// A sharded folder, its index file, a DCP folder (holding `.metadata`), a DeepSpeed
+        /// checkpoint folder, an accelerate `save_state` folder, or an `hf://` address.
+        src: String,
+        /// The output `.safetensors` file (a folder with `--max-shard-size`).
+        out: PathBuf,
+        /// An accelerate `save_state` folder: which model to merge (0 is `model.safetensors`,
+        /// `pytorch_model_fsdp_0/` or `pytorch_model/`; 1 the second prepared model, ...).
+        #[arg(long, value_name = "N")]
+        model: Option<usize>,
+        /// Also write a `SHA256SUMS` manifest beside the output.
+        #[arg(long)]
+        checksums: bool,
+        /// DeepSpeed: the tag folder to merge (default: the one named in `latest`).
+        #[arg(long)]
+        tag: Option<String>,
+        /// DeepSpeed, Megatron, or an accelerate `save_state` folder: also write the merged
+        /// optimizer state (Adam moments; Megatron: fp32 main params too) to
+        /// `optimizer.safetensors` beside OUT.
+        #[arg(long)]
+        optimizer: bool,
+        /// DeepSpeed: shard into OUT (a folder) like huggingface_hub, files of at most this size.
+        #[arg(long)]
+        max_shard_size: Option<String>,
+        #[command(flatten)]
+        write: WriteArgs,
+        #[command(flatten)]
+        open: OpenArgs,
+    },
+    /// Convert between safetensors and torch files (`.bin`/`.pt`/`.pth`), one file or sharded.
+    ///
+    /// The format follows DST's extension (`.safetensors`; `.bin`, `.pt`, `.pth`), or `--to`;
+    /// any other DST is a folder of huggingface_hub-style shards. Torch files are read without
+    /// executing their pickle.
+    Convert {
+        /// A safetensors file or sharded folder, a torch file, or a `pytorch_model.bin.index.json` set.
+        src: String,
+        /// The output file, or a folder for sharded output.
+        dst: PathBuf,
+        /// Cast floating-point tensors (f64, f32, f16, bf16, FP8) to this dtype, with the bits
+        /// torch's `.to(dtype)` gives: `f32`, `f16`, `bf16`, `f64`, torch's names
+        /// (`float8_e4m3fn`, `float8_e5m2`, `float8_e4m3fnuz`, `float8_e5m2fnuz`,
+        /// `float8_e8m0fnu`, `bfloat16`, ...) or safetensors' (`F8_E4M3`, `F8_E5M2`, `BF16`, ...).
+        #[arg(long, value_parser = cast_dtype)]
+        dtype: Option<ckpt::Dtype>,
+        /// Dequantize block-scaled FP8 weights (an FP8 `W` with an f32 `W_scale_inv` per block)
+        /// to this dtype (f32, f16, bf16), dropping the scales.
+        #[arg(long, value_parser = cast_dtype, conflicts_with_all = ["dtype", "quantize"])]
+        dequantize: Option<ckpt::Dtype>,
+        /// Quantize the 2-D linear weights to block-scaled FP8 (`fp8-e4m3`: per-block
+        /// amax / 448, scales as f32 `W_scale_inv`); embeddings, norms and the head are kept.
+        #[arg(long, value_enum, conflicts_with = "dtype")]
+        quantize: Option<QuantArg>,
+        /// With `--quantize`: also quantize embeddings and the head (every 2-D `*weight`).
+        #[arg(long, requires = "quantize")]
+        quantize_all: bool,
+        /// The block edge of `--dequantize`/`--quantize`.
+        #[arg(long, default_value_t = 128)]
+        block_size: u64,
+        /// Shard into DST (a folder) with files of at most this size (`5GB` is 5·10⁹ bytes).
+        #[arg(long)]
+        max_shard_size: Option<String>,
+        /// The output format, when DST's extension does not say it: `safetensors`, `torch`, or
+        /// `dcp` (a torch.distributed.checkpoint folder; needs `--world-size`).
+        #[arg(long, value_parser = str::parse::<ckpt::TargetFormat>)]
+        to: Option<ckpt::TargetFormat>,
+        /// Drop tensors that are exact aliases of another (tied weights) instead of copying them.
+        #[arg(long)]
+        dedupe: bool,
+        /// With `--to dcp`: the number of ranks to lay the checkpoint out for (FSDP2's layout).
+        #[arg(long, value_parser = world_size())]
+        world_size: Option<u64>,
+        #[command(flatten)]
+        write: WriteArgs,
+        #[command(flatten)]
+        open: OpenArgs,
+    },
+    /// Rewrite a DCP, DeepSpeed ZeRO, accelerate or Trainer checkpoint for another number of ranks.
+    ///
+    /// A torch.distributed.checkpoint (DCP) folder: tensors are laid out as FSDP2 saves them
+    /// (dim 0 cut by `torch.chunk` rules, one `__R_0.distcp` per rank); optimizer state and
+    /// non-tensor values are kept. `.metadata` is written last.
+    ///
+    /// A DeepSpeed ZeRO folder (with `latest`) becomes the universal checkpoint DeepSpeed loads
+    /// with `load_universal` on any number of ranks: `OUT/<tag>_universal/` and
+    /// `OUT/latest_universal`, written last. An accelerate `save_state` or `Trainer` folder is
+    /// rewritten whole: its model and optimizer folders as above, one RNG file per new rank, and
+    /// its data position for the new world size.
+    Reshard {
+        /// A DCP folder (holding `.metadata`), a DeepSpeed ZeRO checkpoint folder, or an
+        /// accelerate `save_state` or `Trainer` folder.
+        src: String,
+        /// The output folder (created if missing). A previous DCP checkpoint there is replaced.
+        out: PathBuf,
+        /// The number of ranks to lay the checkpoint out for.
+        #[arg(long, value_parser = world_size())]
+        world_size: u64,
+        #[command(flatten)]
+        write: WriteArgs,
+    },
+    /// Check headers, offsets, indexes, CRC32s and checksums. Exit 0 valid, 1 problems, 2 error.
+    Verify {
+        path: String,
+        /// Print JSON (schema in the README).
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        open: OpenArgs,
+    },
+}
+
+/// The flags every command that writes a checkpoint shares.
+#[derive(clap::Args, Clone, Copy, Debug, Default)]
+pub struct WriteArgs {
+    /// Write broadcast views (`expand`) at full size instead of refusing ones far larger than
+    /// the storage they read (a tiny file must not start a write of gigabytes).
+    #[arg(long)]
+    pub allow_expanded: bool,
+    /// Print what was written as JSON (schema `statekit.outcome/2` in the README), not its paths.
+    #[arg(long)]
+    pub json: bool,
+    /// Plan the write and print each rank's share (files, bytes read and written); write
+    /// nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+}
+
+impl Command {
+    /// The shared write flags of a command that writes a checkpoint.
+    pub fn write(&self) -> Option<WriteArgs> {
+        match self {
+            Command::Split { write, .. }
+            | Command::Merge { write, .. }
+            | Command::Convert { write, .. }
+            | Command::Reshard { write, .. } => Some(*write),
+            Command::Data { .. } | Command::Inspect { .. } | Command::Verify { .. } => None,
+        }
+    }
+
+    /// `--json`: the command prints its JSON document instead of text.
+    pub fn json(&self) -> bool {
+        match self {
+            Command::Inspect { json, .. } | Command::Verify { json, .. } => *json,
+            _ => self.write().is_some_and(|w| w.json),
+        }
+    }
+}
+
+/// `--dtype` and `--dequantize`: a float dtype by torch's, safetensors' or a short name.
+pub fn cast_dtype(s: &str) -> Result<ckpt::Dtype, String> {
+    match s.parse::<ckpt::Dtype>() {
+        Ok(d) if d.is_castable() => Ok(d),
+        Ok(d) => Err(format!("`{d}` is not a float dtype a cast can produce")),
+        Err(e) => Err(e),
+    }
+    .map_err(|e| {
+        format!("{e}\nhint: use f32, f16, bf16, f64, float8_e4m3fn, float8_e5m2, float8_e4m3fnuz, float8_e5m2fnuz, float8_e8m0fnu (or F8_E4M3, ...)")
+    })
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QuantArg {
+    /// `float8_e4m3fn` weights, f32 scales.
+    #[value(name = "fp8-e4m3")]
+    Fp8E4m3,
+}
