@@ -39,6 +39,8 @@ pub(crate) use super::allow::AllowGlobals;
 use crate::dtype::Dtype;
 
 mod budget;
+mod calls;
+mod ops;
 
 pub(crate) use budget::{alloc_bytes, table_bytes, vec_bytes, Budget, Limits};
 
@@ -482,7 +484,7 @@ fn run(data: &[u8], how: Load<'_>) -> (R<Pickle>, Vec<String>) {
 
 impl Machine<'_> {
     /// Notes a global the pickle names, once.
-    fn note_global(&mut self, full: &str) -> R<()> {
+    pub(super) fn note_global(&mut self, full: &str) -> R<()> {
         if !self.seen_globals.contains(full) {
             if let Some(more) = self.grow_table::<String>(self.seen_globals.len(), self.seen_globals.capacity())? {
                 self.seen_globals.reserve(more);
@@ -496,7 +498,7 @@ impl Machine<'_> {
     }
 
     /// The [`Global::Class`] of an allow-listed `full` name, registered on first use.
-    fn class_of(&mut self, full: &str) -> R<Global> {
+    pub(super) fn class_of(&mut self, full: &str) -> R<Global> {
         if let Some(&i) = self.class_index.get(full) {
             return Ok(Global::Class(i));
         }
@@ -515,38 +517,38 @@ impl Machine<'_> {
     }
 
     /// A fresh record of class `class`.
-    fn instance(&mut self, class: u32, args: Vec<V>) -> R<V> {
+    pub(super) fn instance(&mut self, class: u32, args: Vec<V>) -> R<V> {
         let class = self.class_names.get(class as usize).map_or_else(|| Rc::from("?"), Rc::clone);
         self.alloc(Obj::Instance { class, args, state: None, items: None })
     }
 
-    fn bad<T>(&self, reason: impl Into<String>) -> R<T> {
+    pub(super) fn bad<T>(&self, reason: impl Into<String>) -> R<T> {
         Err(Refusal::Bad { at: self.op_at, reason: reason.into() })
     }
 
     /// Charges `bytes` to the memory budget, refusing the pickle once it is spent.
-    fn charge(&self, bytes: usize) -> R<()> {
+    pub(super) fn charge(&self, bytes: usize) -> R<()> {
         self.budget.charge(bytes).map_err(|reason| Refusal::Bad { at: self.op_at, reason })
     }
 
     /// Refuses the pickle when `bytes` more would not fit, before they are allocated.
-    fn afford(&self, bytes: usize) -> R<()> {
+    pub(super) fn afford(&self, bytes: usize) -> R<()> {
         self.budget.afford(bytes).map_err(|reason| Refusal::Bad { at: self.op_at, reason })
     }
 
     /// [`Budget::grow_table`], as a refusal.
-    fn grow_table<T>(&self, len: usize, cap: usize) -> R<Option<usize>> {
+    pub(super) fn grow_table<T>(&self, len: usize, cap: usize) -> R<Option<usize>> {
         self.budget.grow_table::<T>(len, cap).map_err(|reason| Refusal::Bad { at: self.op_at, reason })
     }
 
     /// [`Budget::grow`] on the vector `field` picks out of the machine.
-    fn grow_vec<T>(&mut self, field: impl Fn(&mut Self) -> &mut Vec<T>, more: usize) -> R<()> {
+    pub(super) fn grow_vec<T>(&mut self, field: impl Fn(&mut Self) -> &mut Vec<T>, more: usize) -> R<()> {
         let budget = Rc::clone(&self.budget);
         let at = self.op_at;
         budget.grow(field(self), more).map_err(|reason| Refusal::Bad { at, reason })
     }
 
-    fn take(&mut self, n: usize) -> R<&[u8]> {
+    pub(super) fn take(&mut self, n: usize) -> R<&[u8]> {
         let end = self.pos.checked_add(n).filter(|&e| e <= self.data.len());
         match end {
             Some(end) => {
@@ -560,29 +562,35 @@ impl Machine<'_> {
             }),
         }
     }
+
     /// [`Machine::take`] of bytes to be copied, refused when their copy would not fit in the
     /// budget.
-    fn taken(&mut self, n: usize) -> R<&[u8]> {
+    pub(super) fn taken(&mut self, n: usize) -> R<&[u8]> {
         let at = self.pos;
         self.take(n)?;
         self.afford(alloc_bytes(n))?;
         Ok(self.data.get(at..at + n).unwrap_or_default())
     }
-    fn u8(&mut self) -> R<u8> {
+
+    pub(super) fn u8(&mut self) -> R<u8> {
         Ok(self.take(1)?.first().copied().unwrap_or(0))
     }
-    fn arr<const N: usize>(&mut self) -> R<[u8; N]> {
+
+    pub(super) fn arr<const N: usize>(&mut self) -> R<[u8; N]> {
         let s = self.take(N)?;
         Ok(<[u8; N]>::try_from(s).unwrap_or([0; N]))
     }
-    fn len_u32(&mut self) -> R<usize> {
+
+    pub(super) fn len_u32(&mut self) -> R<usize> {
         Ok(u32::from_le_bytes(self.arr()?) as usize)
     }
-    fn len_u64(&mut self) -> R<usize> {
+
+    pub(super) fn len_u64(&mut self) -> R<usize> {
         let n = u64::from_le_bytes(self.arr()?);
         usize::try_from(n).or_else(|_| self.bad(format!("declared length {n} runs past the end of the pickle")))
     }
-    fn line(&mut self) -> R<String> {
+
+    pub(super) fn line(&mut self) -> R<String> {
         let rest = self.data.get(self.pos..).unwrap_or_default();
         let Some(nl) = rest.iter().take(1024).position(|&b| b == b'\n') else {
             return self.bad("unterminated line (more than 1024 bytes)");
@@ -591,7 +599,8 @@ impl Machine<'_> {
         self.pos += 1;
         s.or_else(|_| self.bad("line is not UTF-8"))
     }
-    fn utf8(&mut self, n: usize) -> R<V> {
+
+    pub(super) fn utf8(&mut self, n: usize) -> R<V> {
         let raw = self.taken(n)?;
         let s = std::str::from_utf8(raw).map(str::to_string);
         match s {
@@ -600,13 +609,14 @@ impl Machine<'_> {
         }
     }
 
-    fn depth_of(&self, v: V) -> u32 {
+    pub(super) fn depth_of(&self, v: V) -> u32 {
         match v {
             V::Obj(i) => self.depth.get(i).copied().unwrap_or(0),
             _ => 0,
         }
     }
-    fn alloc(&mut self, o: Obj) -> R<V> {
+
+    pub(super) fn alloc(&mut self, o: Obj) -> R<V> {
         let d = match &o {
             Obj::Tuple(items) | Obj::List(items) | Obj::Instance { args: items, .. } => {
                 items.iter().map(|&v| self.depth_of(v) + 1).max().unwrap_or(1)
@@ -629,7 +639,8 @@ impl Machine<'_> {
         self.depth.push(d);
         Ok(V::Obj(self.objs.len() - 1))
     }
-    fn push(&mut self, v: V) -> R<()> {
+
+    pub(super) fn push(&mut self, v: V) -> R<()> {
         if self.stack.len() >= self.limits.max_stack {
             return self.bad(format!("stack grows past {} values", self.limits.max_stack));
         }
@@ -637,7 +648,8 @@ impl Machine<'_> {
         self.stack.push(v);
         Ok(())
     }
-    fn pop(&mut self) -> R<V> {
+
+    pub(super) fn pop(&mut self) -> R<V> {
         if self.marks.last().is_some_and(|&m| m >= self.stack.len()) {
             return self.bad("pops past a mark");
         }
@@ -646,13 +658,15 @@ impl Machine<'_> {
             None => self.bad("stack underflow"),
         }
     }
-    fn top(&self) -> R<V> {
+
+    pub(super) fn top(&self) -> R<V> {
         match self.stack.last() {
             Some(&v) if self.marks.last().is_none_or(|&m| m < self.stack.len()) => Ok(v),
             _ => self.bad("stack underflow"),
         }
     }
-    fn pop_mark(&mut self) -> R<Vec<V>> {
+
+    pub(super) fn pop_mark(&mut self) -> R<Vec<V>> {
         let Some(m) = self.marks.pop() else {
             return self.bad("no mark on the stack");
         };
@@ -664,7 +678,7 @@ impl Machine<'_> {
     /// For `APPEND`(S) and `SETITEM`(S): where the `count` values they add start on the stack
     /// (`None`: those above the last mark, which is popped), and the container below them. The
     /// values stay on the stack, for the container to take without a copy.
-    fn added(&mut self, count: Option<usize>) -> R<(usize, V)> {
+    pub(super) fn added(&mut self, count: Option<usize>) -> R<(usize, V)> {
         let start = match count {
             Some(k) => {
                 for i in 0..k {
@@ -689,7 +703,8 @@ impl Machine<'_> {
         };
         Ok((start, target))
     }
-    fn memo_put(&mut self, idx: u32) -> R<()> {
+
+    pub(super) fn memo_put(&mut self, idx: u32) -> R<()> {
         let v = self.top()?;
         let i = idx as usize;
         if let Some(slot) = self.dense.get_mut(i) {
@@ -714,65 +729,15 @@ impl Machine<'_> {
         }
         Ok(())
     }
-    fn memo_get(&mut self, idx: u32) -> R<()> {
+
+    pub(super) fn memo_get(&mut self, idx: u32) -> R<()> {
         match self.dense.get(idx as usize).or_else(|| self.memo.get(&idx)).copied() {
             Some(v) => self.push(v),
             None => self.bad(format!("memo slot {idx} is read before it is written")),
         }
     }
-    fn global(&mut self, module: &str, name: &str) -> R<()> {
-        let full = format!("{module}.{name}");
-        self.note_global(&full)?;
-        let found = match resolve_global(module, name) {
-            Some(g) => Some(g),
-            None if self.classes.contains(&full.as_str()) || self.allow.allows(&full) => Some(self.class_of(&full)?),
-            None if self.script => self.script_global(module, name)?,
-            None => None,
-        };
-        match found {
-            Some(g) => {
-                let v = self.alloc(Obj::Global(g))?;
-                self.push(v)
-            }
-            None => Err(Refusal::Global(full)),
-        }
-    }
-    /// The globals a TorchScript object pickle adds: its own classes and two kinds of helper.
-    fn script_global(&mut self, module: &str, name: &str) -> R<Option<Global>> {
-        if module == "torch.jit._pickle"
-            && matches!(
-                name,
-                "restore_type_tag" | "build_intlist" | "build_doublelist" | "build_boollist" | "build_tensorlist"
-            )
-        {
-            return Ok(Some(Global::ScriptIdentity));
-        }
-        if module != "__torch__" && !module.starts_with("__torch__.") {
-            return Ok(None);
-        }
-        // Custom C++ classes (`torch.classes.…`, such as quantized packed weights) restore their
-        // state by running their own `__setstate__`: nothing we can read as data.
-        if module == "__torch__.torch.classes" || module.starts_with("__torch__.torch.classes.") {
-            return self
-                .bad(format!("`{module}.{name}` is a custom C++ class, whose state only its own code can restore"));
-        }
-        let full = format!("{module}.{name}");
-        let idx = match self.script_classes.iter().position(|c| *c == full) {
-            Some(i) => i,
-            None => {
-                if self.script_classes.len() >= self.limits.max_memo {
-                    return self.bad("too many TorchScript classes");
-                }
-                self.grow_vec(|m| &mut m.script_classes, 1)?;
-                self.charge(alloc_bytes(full.len()))?;
-                self.script_classes.push(full);
-                self.script_classes.len() - 1
-            }
-        };
-        Ok(Some(Global::Script(idx)))
-    }
 
-    fn str_of(&self, v: V) -> Option<&str> {
+    pub(super) fn str_of(&self, v: V) -> Option<&str> {
         match v {
             V::Obj(i) => match self.objs.get(i) {
                 Some(Obj::Str(s)) => Some(s),
@@ -781,7 +746,8 @@ impl Machine<'_> {
             _ => None,
         }
     }
-    fn items_of(&self, v: V) -> Option<&[V]> {
+
+    pub(super) fn items_of(&self, v: V) -> Option<&[V]> {
         match v {
             V::Obj(i) => match self.objs.get(i) {
                 Some(Obj::Tuple(t)) | Some(Obj::List(t)) => Some(t),
@@ -790,7 +756,8 @@ impl Machine<'_> {
             _ => None,
         }
     }
-    fn describe(&self, v: V) -> String {
+
+    pub(super) fn describe(&self, v: V) -> String {
         match v {
             V::None => "None".into(),
             V::Bool(_) => "a bool".into(),
@@ -858,750 +825,6 @@ impl Machine<'_> {
             }
         }
     }
-
-    /// One opcode of the stack and its marks: `PROTO`, `FRAME`, `MARK`, `POP`, `POP_MARK`, `DUP`.
-    fn frame_op(&mut self, op: u8) -> R<()> {
-        match op {
-            0x80 => {
-                let proto = self.u8()?;
-                if proto > 5 {
-                    return self.bad(format!("unsupported pickle protocol {proto}"));
-                }
-            }
-            0x95 => {
-                self.take(8)?;
-            }
-            b'(' => {
-                if self.marks.len() >= self.limits.max_depth as usize {
-                    return self.bad(format!("nesting deeper than {} levels", self.limits.max_depth));
-                }
-                self.marks.push(self.stack.len());
-            }
-            b'0' => {
-                self.pop()?;
-            }
-            b'1' => {
-                self.pop_mark()?;
-            }
-            b'2' => {
-                let v = self.top()?;
-                self.push(v)?;
-            }
-            other => return self.bad(format!("unsupported opcode 0x{other:02x}")),
-        }
-        Ok(())
-    }
-
-    /// One opcode of numbers and constants: `NONE`, the booleans, the integers in text and binary, `BINFLOAT`.
-    fn scalar_op(&mut self, op: u8) -> R<()> {
-        match op {
-            b'N' => self.push(V::None)?,
-            0x88 => self.push(V::Bool(true))?,
-            0x89 => self.push(V::Bool(false))?,
-            b'J' => {
-                let v = i32::from_le_bytes(self.arr()?);
-                self.push(V::Int(v.into()))?
-            }
-            b'K' => {
-                let v = self.u8()?;
-                self.push(V::Int(v.into()))?
-            }
-            b'M' => {
-                let v = u16::from_le_bytes(self.arr()?);
-                self.push(V::Int(v.into()))?
-            }
-            0x8a => {
-                let n = usize::from(self.u8()?);
-                self.long(n)?
-            }
-            0x8b => {
-                let n = self.len_u32()?;
-                self.long(n)?
-            }
-            b'G' => {
-                let v = f64::from_be_bytes(self.arr()?);
-                self.push(V::Float(v))?
-            }
-            other => return self.bad(format!("unsupported opcode 0x{other:02x}")),
-        }
-        Ok(())
-    }
-
-    /// One opcode of strings and bytes, in every width.
-    fn text_op(&mut self, op: u8) -> R<()> {
-        match op {
-            b'X' => {
-                let n = self.len_u32()?;
-                let v = self.utf8(n)?;
-                self.push(v)?
-            }
-            0x8c => {
-                let n = usize::from(self.u8()?);
-                let v = self.utf8(n)?;
-                self.push(v)?
-            }
-            0x8d => {
-                let n = self.len_u64()?;
-                let v = self.utf8(n)?;
-                self.push(v)?
-            }
-            // py2 byte strings: torch reads them as latin-1 text.
-            b'U' | b'T' => {
-                let n = if op == b'U' { usize::from(self.u8()?) } else { self.len_u32()? };
-                let at = self.pos;
-                let wide = self.take(n)?.iter().filter(|&&b| b >= 0x80).count();
-                self.afford(alloc_bytes(n + wide))?;
-                let mut s = String::with_capacity(n + wide);
-                s.extend(self.data.get(at..at + n).unwrap_or_default().iter().map(|&b| char::from(b)));
-                let v = self.alloc(Obj::Str(s))?;
-                self.push(v)?
-            }
-            b'C' | b'B' | 0x8e | 0x96 => {
-                let n = match op {
-                    b'C' => usize::from(self.u8()?),
-                    b'B' => self.len_u32()?,
-                    _ => self.len_u64()?,
-                };
-                let b = self.taken(n)?.to_vec();
-                let v = self.alloc(Obj::Bytes(b))?;
-                self.push(v)?
-            }
-            other => return self.bad(format!("unsupported opcode 0x{other:02x}")),
-        }
-        Ok(())
-    }
-
-    /// One opcode of tuples, lists, dicts and sets, and the opcodes that fill them.
-    fn container_op(&mut self, op: u8) -> R<()> {
-        match op {
-            b')' => {
-                let v = self.alloc(Obj::Tuple(Vec::new()))?;
-                self.push(v)?
-            }
-            b't' => {
-                let items = self.pop_mark()?;
-                let v = self.alloc(Obj::Tuple(items))?;
-                self.push(v)?
-            }
-            0x85..=0x87 => {
-                let n = usize::from(op - 0x84);
-                let mut items = Vec::with_capacity(n);
-                for _ in 0..n {
-                    items.push(self.pop()?);
-                }
-                items.reverse();
-                let v = self.alloc(Obj::Tuple(items))?;
-                self.push(v)?
-            }
-            b']' => {
-                let v = self.alloc(Obj::List(Vec::new()))?;
-                self.push(v)?
-            }
-            b'l' => {
-                let items = self.pop_mark()?;
-                let v = self.alloc(Obj::List(items))?;
-                self.push(v)?
-            }
-            // Sets become lists: order is all a reader can observe.
-            0x8f => {
-                let v = self.alloc(Obj::List(Vec::new()))?;
-                self.push(v)?
-            }
-            0x91 => {
-                let items = self.pop_mark()?;
-                let v = self.alloc(Obj::List(items))?;
-                self.push(v)?
-            }
-            b'a' | b'e' | 0x90 => {
-                let (start, target) = self.added((op == b'a').then_some(1))?;
-                self.extend_list(target, start)?
-            }
-            b'}' => {
-                let v = self.alloc(Obj::Dict(Vec::new()))?;
-                self.push(v)?
-            }
-            b'd' => {
-                let Some(m) = self.marks.pop() else {
-                    return self.bad("no mark on the stack");
-                };
-                let m = m.min(self.stack.len());
-                if !(self.stack.len() - m).is_multiple_of(2) {
-                    return self.bad("odd number of dict items");
-                }
-                self.afford(vec_bytes::<(V, V)>((self.stack.len() - m) / 2))?;
-                let pairs = pairs(self.stack.drain(m..));
-                let v = self.alloc(Obj::Dict(pairs))?;
-                self.push(v)?
-            }
-            b's' | b'u' => {
-                let (start, target) = self.added((op == b's').then_some(2))?;
-                if !(self.stack.len() - start).is_multiple_of(2) {
-                    return self.bad("odd number of dict items");
-                }
-                self.extend_dict(target, start)?
-            }
-            other => return self.bad(format!("unsupported opcode 0x{other:02x}")),
-        }
-        Ok(())
-    }
-
-    /// One opcode of the memo: `BINPUT`, `LONG_BINPUT`, `MEMOIZE`, `BINGET`, `LONG_BINGET`.
-    fn memo_op(&mut self, op: u8) -> R<()> {
-        match op {
-            b'q' => {
-                let i = self.u8()?;
-                self.memo_put(i.into())?
-            }
-            b'r' => {
-                let i = u32::from_le_bytes(self.arr()?);
-                self.memo_put(i)?
-            }
-            0x94 => {
-                let i = u32::try_from(self.dense.len() + self.memo.len()).unwrap_or(u32::MAX);
-                self.memo_put(i)?
-            }
-            b'h' => {
-                let i = self.u8()?;
-                self.memo_get(i.into())?
-            }
-            b'j' => {
-                let i = u32::from_le_bytes(self.arr()?);
-                self.memo_get(i)?
-            }
-            other => return self.bad(format!("unsupported opcode 0x{other:02x}")),
-        }
-        Ok(())
-    }
-
-    /// One opcode of objects: globals (`GLOBAL`, `STACK_GLOBAL`), persistent ids, `REDUCE`, `NEWOBJ` and `BUILD`.
-    fn object_op(&mut self, op: u8) -> R<()> {
-        match op {
-            b'c' => {
-                let module = self.line()?;
-                let name = self.line()?;
-                self.global(&module, &name)?
-            }
-            0x93 => {
-                let name = self.pop()?;
-                let module = self.pop()?;
-                let (Some(module), Some(name)) = (self.str_of(module), self.str_of(name)) else {
-                    return self.bad("STACK_GLOBAL needs two strings");
-                };
-                let (module, name) = (module.to_string(), name.to_string());
-                self.global(&module, &name)?
-            }
-            b'Q' => {
-                let pid = self.pop()?;
-                let v = self.persistent(pid)?;
-                self.push(v)?
-            }
-            b'R' => {
-                let args = self.pop()?;
-                let func = self.pop()?;
-                let v = self.call(func, args)?;
-                self.push(v)?
-            }
-            0x81 => {
-                let args = self.pop()?;
-                let cls = self.pop()?;
-                match self.global_of(cls) {
-                    Some(Global::OrderedDict) if self.items_of(args).is_some_and(<[V]>::is_empty) => {
-                        let v = self.alloc(Obj::Dict(Vec::new()))?;
-                        self.push(v)?
-                    }
-                    Some(Global::Counter) if self.items_of(args).is_some_and(<[V]>::is_empty) => {
-                        let v = self.alloc(Obj::Dict(Vec::new()))?;
-                        self.push(v)?
-                    }
-                    Some(Global::Set) if self.items_of(args).is_some_and(<[V]>::is_empty) => {
-                        let v = self.alloc(Obj::List(Vec::new()))?;
-                        self.push(v)?
-                    }
-                    // torch applies `Parameter(*args)`: the data tensor, requires_grad aside.
-                    Some(Global::ParameterClass) => match self.items_of(args) {
-                        Some(&[t, ..]) => {
-                            let v = self.expect_tensor(t)?;
-                            self.push(v)?
-                        }
-                        _ => return self.bad("NEWOBJ of `Parameter` needs a tensor"),
-                    },
-                    Some(Global::Unreadable(global, what)) => return self.unreadable(global, what),
-                    Some(Global::Class(class)) => {
-                        self.afford(vec_bytes::<V>(self.items_of(args).map_or(0, <[V]>::len)))?;
-                        let Some(args) = self.items_of(args).map(<[V]>::to_vec) else {
-                            return self.bad("NEWOBJ arguments must be a tuple");
-                        };
-                        let v = self.instance(class, args)?;
-                        self.push(v)?
-                    }
-                    Some(Global::Script(class)) if self.items_of(args).is_some_and(<[V]>::is_empty) => {
-                        let v = self.alloc(Obj::Script { class, state: None })?;
-                        self.push(v)?
-                    }
-                    _ => return self.bad(format!("NEWOBJ of {} is not allowed", self.describe(cls))),
-                }
-            }
-            b'b' => {
-                let state = self.pop()?;
-                let target = self.top()?;
-                // torch sets attributes of state dicts (`_metadata`) and of tensors this
-                // way; neither carries tensor data, so the state is dropped. An allow-listed
-                // instance keeps its state: that is where dataclasses keep their fields.
-                let idx = match target {
-                    V::Obj(i) => i,
-                    _ => usize::MAX,
-                };
-                // A legacy tensor gets its storage here: torch calls
-                // `set_(storage, offset, size, stride)` with the state.
-                if let Some(Obj::EmptyTensor(d)) = self.objs.get(idx) {
-                    let d = *d;
-                    let t = match self.items_of(state) {
-                        Some(&[storage, offset, size, stride]) => {
-                            self.tensor_ref(storage, offset, size, stride, Some(d))?
-                        }
-                        _ => return self.bad("a legacy tensor's state must be (storage, offset, size, stride)"),
-                    };
-                    self.charge(tensor_bytes(&t))?;
-                    if let Some(slot) = self.objs.get_mut(idx) {
-                        *slot = Obj::Tensor(t);
-                    }
-                    return Ok(());
-                }
-                let dict_state = matches!(self.obj_at(state), Some(Obj::Dict(_)));
-                let d = self.depth_of(state) + 1;
-                if matches!(self.objs.get(idx), Some(Obj::Instance { state: None, .. })) {
-                    if d > self.limits.max_depth {
-                        return self.bad(format!("nesting deeper than {} levels", self.limits.max_depth));
-                    }
-                    if let Some(slot) = self.depth.get_mut(idx) {
-                        *slot = (*slot).max(d);
-                    }
-                }
-                match self.objs.get_mut(idx) {
-                    Some(Obj::Dict(_) | Obj::Tensor(_)) => {}
-                    Some(Obj::Instance { state: slot @ None, .. }) => *slot = Some(state),
-                    // A TorchScript object's state is its attribute dict, unless its class
-                    // defines `__getstate__`; that state only its own code understands.
-                    Some(Obj::Script { state: slot @ None, .. }) if dict_state => *slot = Some(state),
-                    _ => return self.bad(format!("BUILD on {} is not allowed", self.describe(target))),
-                }
-            }
-            other => return self.bad(format!("unsupported opcode 0x{other:02x}")),
-        }
-        Ok(())
-    }
-
-    fn long(&mut self, n: usize) -> R<()> {
-        let bytes = self.taken(n)?.to_vec();
-        if n <= 8 {
-            let fill = if bytes.last().is_some_and(|&b| b & 0x80 != 0) { 0xff } else { 0 };
-            let mut buf = [fill; 8];
-            buf.get_mut(..n).unwrap_or_default().copy_from_slice(&bytes);
-            self.push(V::Int(i64::from_le_bytes(buf)))
-        } else {
-            let v = self.alloc(Obj::BigInt(bytes))?;
-            self.push(v)
-        }
-    }
-
-    /// `APPEND`(S): the values from `start` up on the stack go to the list (or record of a list
-    /// subclass) `target`, its buffer charged as it grows.
-    fn extend_list(&mut self, target: V, start: usize) -> R<()> {
-        let added = self.stack.get(start..).unwrap_or_default();
-        let d = added.iter().map(|&v| self.depth_of(v) + 1).max().unwrap_or(0);
-        if d > self.limits.max_depth {
-            return self.bad(format!("nesting deeper than {} levels", self.limits.max_depth));
-        }
-        let n = added.len();
-        if let V::Obj(i) = target {
-            let budget = Rc::clone(&self.budget);
-            let at = self.op_at;
-            let Machine { objs, stack, depth, .. } = self;
-            // A record of a list subclass gets its items the way a list does.
-            let list = match objs.get_mut(i) {
-                Some(Obj::List(list)) => Some(list),
-                Some(Obj::Instance { items, .. }) => {
-                    if items.is_none() {
-                        budget.charge(alloc_bytes(size_of::<Items>())).map_err(|reason| Refusal::Bad { at, reason })?;
-                    }
-                    Some(&mut items.get_or_insert_with(Box::default).list)
-                }
-                _ => None,
-            };
-            if let Some(list) = list {
-                budget.grow(list, n).map_err(|reason| Refusal::Bad { at, reason })?;
-                list.extend(stack.drain(start..));
-                if let Some(slot) = depth.get_mut(i) {
-                    *slot = (*slot).max(d);
-                }
-                return Ok(());
-            }
-        }
-        self.bad(format!("APPEND to {}", self.describe(target)))
-    }
-
-    /// `SETITEM`(S): the key-value pairs from `start` up on the stack go to the dict (or record
-    /// of a dict subclass) `target`, its buffer charged as it grows.
-    fn extend_dict(&mut self, target: V, start: usize) -> R<()> {
-        let added = self.stack.get(start..).unwrap_or_default();
-        let d = added.iter().skip(1).step_by(2).map(|&v| self.depth_of(v) + 1).max().unwrap_or(0);
-        if d > self.limits.max_depth {
-            return self.bad(format!("nesting deeper than {} levels", self.limits.max_depth));
-        }
-        let n = added.len() / 2;
-        if let V::Obj(i) = target {
-            let budget = Rc::clone(&self.budget);
-            let at = self.op_at;
-            let Machine { objs, stack, depth, .. } = self;
-            // A record of a dict subclass (`defaultdict`, an `AttributeDict`) likewise.
-            let dict = match objs.get_mut(i) {
-                Some(Obj::Dict(dict)) => Some(dict),
-                Some(Obj::Instance { items, .. }) => {
-                    if items.is_none() {
-                        budget.charge(alloc_bytes(size_of::<Items>())).map_err(|reason| Refusal::Bad { at, reason })?;
-                    }
-                    Some(&mut items.get_or_insert_with(Box::default).dict)
-                }
-                _ => None,
-            };
-            if let Some(dict) = dict {
-                budget.grow(dict, n).map_err(|reason| Refusal::Bad { at, reason })?;
-                // Repeated keys are kept here and refused when names are flattened.
-                let mut it = stack.drain(start..);
-                while let (Some(k), Some(v)) = (it.next(), it.next()) {
-                    dict.push((k, v));
-                }
-                if let Some(slot) = depth.get_mut(i) {
-                    *slot = (*slot).max(d);
-                }
-                return Ok(());
-            }
-        }
-        self.bad(format!("SETITEM on {}", self.describe(target)))
-    }
-
-    fn global_of(&self, v: V) -> Option<Global> {
-        match v {
-            V::Obj(i) => match self.objs.get(i) {
-                Some(Obj::Global(g)) => Some(*g),
-                _ => None,
-            },
-            _ => None,
-        }
-    }
-
-    fn int_of(&self, v: V, what: &str) -> R<u64> {
-        match v {
-            V::Int(i) if i >= 0 => Ok(i as u64),
-            _ => self.bad(format!("{what} must be a non-negative int, found {}", self.describe(v))),
-        }
-    }
-
-    fn ints_of(&self, v: V, what: &str) -> R<Vec<u64>> {
-        let Some(items) = self.items_of(v) else {
-            return self.bad(format!("{what} must be a tuple, found {}", self.describe(v)));
-        };
-        self.afford(vec_bytes::<u64>(items.len()))?;
-        items.iter().map(|&i| self.int_of(i, what)).collect()
-    }
-
-    fn persistent(&mut self, pid: V) -> R<V> {
-        // A storage tuple has five or six elements: a longer one is not copied to be refused.
-        let items = self.items_of(pid).filter(|i| i.len() <= 6).map(<[V]>::to_vec).unwrap_or_default();
-        // The location (`cpu`, `cuda:1`, `mps`, …) is where torch would put the storage; its
-        // bytes in the file do not depend on it, so it is not read.
-        let (tag, cls, key, numel, view) = match items.as_slice() {
-            // ("storage", cls, key, location, numel) and the legacy form with a sixth element:
-            // `None`, or `(view key, offset, size)` for a slice of the storage.
-            [tag, cls, key, _location, numel] | [tag, cls, key, _location, numel, V::None] => {
-                (*tag, *cls, *key, *numel, None)
-            }
-            [tag, cls, key, _location, numel, view] => (*tag, *cls, *key, *numel, Some(*view)),
-            _ => return self.bad("persistent id is not a storage tuple"),
-        };
-        if self.str_of(tag) != Some("storage") {
-            return self.bad("persistent id is not a storage tuple");
-        }
-        let kind = match self.global_of(cls) {
-            Some(Global::Storage(kind)) => kind,
-            Some(Global::Unreadable(global, what)) => return self.unreadable(global, what),
-            _ => return self.bad(format!("persistent id names {} instead of a storage class", self.describe(cls))),
-        };
-        let key = match key {
-            V::Int(i) => i.to_string(),
-            other => match self.str_of(other) {
-                Some(s) => {
-                    self.afford(alloc_bytes(s.len()))?;
-                    s.to_string()
-                }
-                None => return self.bad("storage key must be a string"),
-            },
-        };
-        let numel = self.int_of(numel, "storage size")?;
-        let storage = StorageRef { key, kind, numel };
-        if self.view_keys.contains_key(&storage.key) {
-            return self.bad(format!("storage key `{}` names both a storage and a view", storage.key));
-        }
-        if !self.root_keys.contains_key(&storage.key) {
-            if let Some(more) = self.grow_table::<(String, ())>(self.root_keys.len(), self.root_keys.capacity())? {
-                self.root_keys.reserve(more);
-            }
-            self.charge(alloc_bytes(storage.key.len()))?;
-        }
-        self.root_keys.insert(storage.key.clone(), ());
-        let Some(view) = view else {
-            return self.alloc(Obj::Storage(storage));
-        };
-        let (vkey, offset, len) = match self.items_of(view) {
-            Some(&[k, o, n]) => {
-                (self.str_of(k).map(str::to_string), self.int_of(o, "view offset")?, self.int_of(n, "view size")?)
-            }
-            _ => return self.bad("storage view must be (key, offset, size)"),
-        };
-        let Some(vkey) = vkey else {
-            return self.bad("storage view key must be a string");
-        };
-        if matches!(kind, StorageKind::Untyped) {
-            return self.bad("a view of an untyped storage");
-        }
-        if self.root_keys.contains_key(&vkey) {
-            return self.bad(format!("storage key `{vkey}` names both a storage and a view"));
-        }
-        // torch keeps the first view made under a key and hands it out again for later ids.
-        if !self.view_keys.contains_key(&vkey) {
-            if let Some(more) =
-                self.grow_table::<(String, (u64, u64))>(self.view_keys.len(), self.view_keys.capacity())?
-            {
-                self.view_keys.reserve(more);
-            }
-            self.charge(alloc_bytes(vkey.len()))?;
-        }
-        let (offset, len) = *self.view_keys.entry(vkey).or_insert((offset, len));
-        if offset.checked_add(len).is_none_or(|end| end > numel) {
-            return self
-                .bad(format!("storage view of {len} elements at {offset} runs past its {numel}-element storage"));
-        }
-        self.alloc(Obj::StorageView { storage, offset, len })
-    }
-
-    fn call(&mut self, func: V, args: V) -> R<V> {
-        let Some(g) = self.global_of(func) else {
-            return self.bad(format!("REDUCE calls {}, not an allowed global", self.describe(func)));
-        };
-        let Some(n) = self.items_of(args).map(<[V]>::len) else {
-            return self.bad("REDUCE arguments must be a tuple");
-        };
-        // Only a record keeps its arguments; the other globals take a few, and a long tuple
-        // is refused before it is copied.
-        if !matches!(g, Global::Class(_) | Global::Unreadable(..)) && n > 8 {
-            return self.bad(format!("cannot call `{g:?}` with {n} arguments"));
-        }
-        self.afford(vec_bytes::<V>(n))?;
-        let a = self.items_of(args).map(<[V]>::to_vec).unwrap_or_default();
-        match (g, a.as_slice()) {
-            (Global::Class(class), _) => self.instance(class, a),
-            (Global::Unreadable(global, what), _) => self.unreadable(global, what),
-            (Global::OrderedDict | Global::Counter, []) => self.alloc(Obj::Dict(Vec::new())),
-            // `Counter(mapping)`, the way a Counter pickles itself.
-            (Global::Counter, [items]) => match self.obj_at(*items) {
-                Some(Obj::Dict(d)) => {
-                    self.afford(vec_bytes::<(V, V)>(d.len()))?;
-                    let d = d.clone();
-                    self.alloc(Obj::Dict(d))
-                }
-                _ => self.bad(format!("`Counter` of {}", self.describe(*items))),
-            },
-            (Global::Set, []) => self.alloc(Obj::List(Vec::new())),
-            (Global::Set, [items]) => match self.items_of(*items) {
-                Some(items) => {
-                    self.afford(vec_bytes::<V>(items.len()))?;
-                    let items = items.to_vec();
-                    self.alloc(Obj::List(items))
-                }
-                None => self.bad(format!("`set` of {}", self.describe(*items))),
-            },
-            (Global::ByteArray, []) => self.alloc(Obj::Bytes(Vec::new())),
-            (Global::ByteArray, [b]) => match self.obj_at(*b) {
-                Some(Obj::Bytes(b)) => {
-                    self.afford(alloc_bytes(b.len()))?;
-                    let b = b.clone();
-                    self.alloc(Obj::Bytes(b))
-                }
-                _ => self.bad(format!("`bytearray` of {}", self.describe(*b))),
-            },
-            // Protocol 2 writes a bytearray as `bytearray(text, "latin-1")`.
-            (Global::ByteArray, [text, enc]) => self.latin1(*text, *enc, "bytearray"),
-            (Global::Complex, [re, im]) => {
-                let num = |v: V| match v {
-                    V::Float(f) => Some(f),
-                    V::Int(i) => Some(i as f64),
-                    _ => None,
-                };
-                match (num(*re), num(*im)) {
-                    (Some(re), Some(im)) => self.alloc(Obj::Complex(re, im)),
-                    _ => self.bad("`complex` needs two numbers"),
-                }
-            }
-            (Global::GetLayout, [name]) => match self.str_of(*name) {
-                Some(s) => {
-                    let s = s.to_string();
-                    self.alloc(Obj::Str(s))
-                }
-                None => self.bad("layout name must be a string"),
-            },
-            (Global::LegacyTensor(d), []) => self.alloc(Obj::EmptyTensor(d)),
-            (Global::ScriptIdentity, [v, ..]) => Ok(*v),
-            (Global::OrderedDict, [items]) => {
-                let all = self.items_of(*items).unwrap_or_default();
-                self.afford(vec_bytes::<(V, V)>(all.len()))?;
-                let mut pairs = Vec::with_capacity(all.len());
-                for &p in all {
-                    match self.items_of(p) {
-                        Some(&[k, v]) => pairs.push((k, v)),
-                        _ => return self.bad("OrderedDict items must be pairs"),
-                    }
-                }
-                self.alloc(Obj::Dict(pairs))
-            }
-            (Global::Size, [dims]) => {
-                let dims = self.ints_of(*dims, "a size")?;
-                self.afford(vec_bytes::<V>(dims.len()))?;
-                self.alloc(Obj::Tuple(dims.into_iter().map(|d| V::Int(d as i64)).collect()))
-            }
-            // `torch.device("cuda:1")` or `torch.device("cuda", 1)`: kept as its name.
-            (Global::Device, [kind, rest @ ..]) if rest.len() <= 1 => {
-                let name = match (self.str_of(*kind), rest) {
-                    (Some(s), []) | (Some(s), [V::None]) => s.to_string(),
-                    (Some(s), [V::Int(i)]) if *i >= 0 && !s.contains(':') => format!("{s}:{i}"),
-                    _ => return self.bad("device must be a name and an optional index"),
-                };
-                self.alloc(Obj::Str(name))
-            }
-            (Global::CodecsEncode, [text, enc]) => self.latin1(*text, *enc, "_codecs.encode"),
-            (Global::RebuildTensor, [storage, offset, size, stride]) => {
-                self.tensor(*storage, *offset, *size, *stride, None)
-            }
-            (Global::RebuildTensorV2, [storage, offset, size, stride, _rg, _hooks, rest @ ..]) if rest.len() <= 1 => {
-                self.no_metadata(rest)?;
-                self.tensor(*storage, *offset, *size, *stride, None)
-            }
-            (Global::RebuildTensorV3, [storage, offset, size, stride, _rg, _hooks, dtype, rest @ ..])
-                if rest.len() <= 1 =>
-            {
-                self.no_metadata(rest)?;
-                let d = self.dtype_of(*dtype)?;
-                self.tensor(*storage, *offset, *size, *stride, Some(d))
-            }
-            // torch converts the CPU copy with `.to(dtype)`; it was written with that dtype, and a
-            // cast here would be a guess.
-            (Global::RebuildFromCpuTensor, [t, dtype, _device, _rg]) => {
-                let d = self.dtype_of(*dtype)?;
-                match self.obj_at(*t) {
-                    Some(Obj::Tensor(inner)) if inner.dtype == d => Ok(*t),
-                    Some(Obj::Tensor(_)) => self.bad("a device tensor's CPU copy has another dtype"),
-                    _ => self.bad(format!("expected a tensor, found {}", self.describe(*t))),
-                }
-            }
-            (Global::RebuildParameter, [t, _rg, _hooks]) | (Global::RebuildParameterWithState, [t, _rg, _hooks, _]) => {
-                self.expect_tensor(*t)
-            }
-            (Global::RebuildFromTypeV2, [f, ty, inner, _state]) => {
-                if !matches!(self.global_of(*ty), Some(Global::TensorClass | Global::ParameterClass)) {
-                    if let Some(Global::Unreadable(global, what)) = self.global_of(*ty) {
-                        return self.unreadable(global, what);
-                    }
-                    return self.bad(format!("tensor subclass {} is not supported", self.describe(*ty)));
-                }
-                self.call(*f, *inner)
-            }
-            (g, _) => self.bad(format!("cannot call `{g:?}` with {} arguments", a.len())),
-        }
-    }
-
-    fn no_metadata(&self, rest: &[V]) -> R<()> {
-        match rest {
-            [] => Ok(()),
-            [m] if matches!(self.obj_at(*m), Some(Obj::Dict(d)) if d.is_empty()) => Ok(()),
-            _ => self.bad("tensors with conjugate or negative bits are not supported"),
-        }
-    }
-
-    fn obj_at(&self, v: V) -> Option<&Obj> {
-        match v {
-            V::Obj(i) => self.objs.get(i),
-            _ => None,
-        }
-    }
-
-    fn expect_tensor(&self, t: V) -> R<V> {
-        match self.obj_at(t) {
-            Some(Obj::Tensor(_)) => Ok(t),
-            _ => self.bad(format!("expected a tensor, found {}", self.describe(t))),
-        }
-    }
-
-    /// The refusal for a global that torch admits but whose result we cannot represent; the
-    /// message names it, so that a user knows what the file holds.
-    fn unreadable<T>(&self, global: &str, what: &str) -> R<T> {
-        self.bad(format!("`{global}` builds {what}; only tensors over plain storages can be read"))
-    }
-
-    fn dtype_of(&self, v: V) -> R<Dtype> {
-        match self.global_of(v) {
-            Some(Global::Dtype(d)) => Ok(d),
-            Some(Global::OtherDtype(name)) => self.bad(format!("tensors of dtype `{name}` are not supported")),
-            _ => self.bad(format!("tensor dtype is {}", self.describe(v))),
-        }
-    }
-
-    fn latin1(&mut self, text: V, enc: V, what: &str) -> R<V> {
-        let (Some(text), Some("latin1" | "latin-1")) = (self.str_of(text), self.str_of(enc)) else {
-            return self.bad(format!("`{what}` is only allowed on latin-1 text"));
-        };
-        let bytes: Option<Vec<u8>> = text.chars().map(|c| u8::try_from(u32::from(c)).ok()).collect();
-        match bytes {
-            Some(b) => self.alloc(Obj::Bytes(b)),
-            None => self.bad(format!("`{what}` text is not latin-1")),
-        }
-    }
-
-    fn tensor(&mut self, storage: V, offset: V, size: V, stride: V, dtype: Option<Dtype>) -> R<V> {
-        let t = self.tensor_ref(storage, offset, size, stride, dtype)?;
-        self.alloc(Obj::Tensor(t))
-    }
-
-    fn tensor_ref(&self, storage: V, offset: V, size: V, stride: V, dtype: Option<Dtype>) -> R<TensorRef> {
-        if let Some(Obj::Storage(s) | Obj::StorageView { storage: s, .. }) = self.obj_at(storage) {
-            self.afford(alloc_bytes(s.key.len()))?;
-        }
-        let (s, view) = match self.obj_at(storage) {
-            Some(Obj::Storage(s)) => (s.clone(), None),
-            Some(Obj::StorageView { storage, offset, len }) => (storage.clone(), Some((*offset, *len))),
-            _ => return self.bad(format!("tensor storage is {}", self.describe(storage))),
-        };
-        let mut offset = self.int_of(offset, "storage offset")?;
-        let shape = self.ints_of(size, "a size")?;
-        let strides = self.ints_of(stride, "a stride")?;
-        if shape.len() != strides.len() {
-            return self.bad(format!("size has {} dims but stride has {}", shape.len(), strides.len()));
-        }
-        // A tensor on a storage view stays inside the view; from here on it is a tensor on the
-        // whole storage, further in.
-        if let Some((start, len)) = view {
-            let fits = crate::shape::extent(offset, &shape, &strides).is_some_and(|e| e <= len);
-            if !fits {
-                return self.bad(format!("tensor reaches past its {len}-element storage view"));
-            }
-            offset += start;
-        }
-        let dtype = match (s.kind, dtype) {
-            (StorageKind::Typed(d), None) => d,
-            (StorageKind::Untyped, Some(d)) => d,
-            (StorageKind::Typed(d), Some(t)) if d == t => d,
-            _ => return self.bad("tensor dtype does not match its storage"),
-        };
-        Ok(TensorRef { storage: s, dtype, offset, shape, strides })
-    }
 }
 
 /// Values taken two by two, as key-value pairs (an even number of them).
@@ -1615,119 +838,4 @@ fn pairs(items: impl ExactSizeIterator<Item = V>) -> Vec<(V, V)> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn bad(data: &[u8], limits: Limits) -> String {
-        match load(data, Load { limits, ..Load::default() }) {
-            Err(Refusal::Bad { reason, .. }) => reason,
-            other => panic!("expected a refusal, got {other:?}"),
-        }
-    }
-
-    #[test]
-    fn one_memory_budget_scaled_to_the_pickle() {
-        let tiny = Limits { budget_per_byte: 2, budget_floor: 10_000, budget_cap: 1 << 20, ..Limits::default() };
-        // 64 arena slots fit in 10 000 bytes, 128 do not: the arena is charged as it grows.
-        let lists = |n: usize| [&b"\x80\x02"[..], &vec![b']'; n], b"."].concat();
-        assert!(load(&lists(64), Load { limits: tiny, ..Load::default() }).is_ok());
-        assert_eq!(
-            bad(&lists(65), tiny),
-            "memory budget exceeded: the objects and values of 68 bytes of pickle need more than 10136 bytes"
-        );
-        // A memo fetch shares the object: a 4 KiB string fetched 3 000 times costs its index.
-        let s = [&b"\x80\x02]X\x00\x10\x00\x00"[..], &[b'a'; 4096], b"q\x00a(", &b"h\x00".repeat(3000), b"e."].concat();
-        let p = load(&s, Load::default()).unwrap_or_else(|e| panic!("{e:?}"));
-        // Its index in the list and on the stack, and slots: not 3 000 copies (12 MB).
-        assert!(p.budget.used() < 4096 + 3000 * 48 + 64 * 108, "{}", p.budget.used());
-        // The cap holds whatever the length.
-        let capped = Limits { budget_cap: 5_000, ..tiny };
-        assert!(bad(&lists(64), capped).ends_with("need more than 5000 bytes"));
-    }
-
-    #[test]
-    fn memo_is_bounded() {
-        let small = Limits { max_memo: 2, ..Limits::default() };
-        assert_eq!(bad(b"\x80\x02Nq\x00q\x01q\x02.", small), "memo grows past 2 entries");
-        // Overwriting a slot does not grow the memo.
-        assert!(load(b"\x80\x02Nq\x00q\x00q\x00.", Load { limits: small, ..Load::default() }).is_ok());
-        assert_eq!(bad(b"\x80\x02h\x05.", Limits::default()), "memo slot 5 is read before it is written");
-    }
-
-    #[test]
-    fn declared_lengths_are_checked_before_allocating() {
-        assert_eq!(
-            bad(b"\x80\x02X\xff\xff\xff\x7fabc", Limits::default()),
-            "declared length 2147483647 runs past the end of the pickle"
-        );
-        assert_eq!(
-            bad(b"\x80\x02\x8e\xff\xff\xff\xff\xff\xff\xff\x7f", Limits::default()),
-            "declared length 9223372036854775807 runs past the end of the pickle"
-        );
-    }
-
-    #[test]
-    fn stack_and_marks_are_bounded() {
-        let small = Limits { max_stack: 3, max_depth: 2, ..Limits::default() };
-        assert_eq!(bad(b"\x80\x02NNNN.", small), "stack grows past 3 values");
-        assert_eq!(bad(b"\x80\x02(((", small), "nesting deeper than 2 levels");
-        assert_eq!(
-            bad(b"\x80\x02]]]]aaa.", Limits { max_depth: 2, ..Limits::default() }),
-            "nesting deeper than 2 levels"
-        );
-    }
-
-    #[test]
-    fn unknown_opcodes_and_calls_are_refused() {
-        assert_eq!(bad(b"\x80\x02I1\n.", Limits::default()), "unsupported opcode 0x49");
-        assert_eq!(bad(b"\x80\x02.", Limits::default()), "stack underflow");
-        assert_eq!(bad(b"\x80\x02N)R.", Limits::default()), "REDUCE calls None, not an allowed global");
-        let g = load(b"\x80\x02\x8c\x05torch\x8c\x0cFloatStorage\x93.", Load::default());
-        assert!(
-            matches!(g, Ok(p) if matches!(p.obj(p.root), Some(Obj::Global(Global::Storage(StorageKind::Typed(Dtype::F32))))))
-        );
-        assert_eq!(
-            load(b"\x80\x04\x8c\x02os\x8c\x06system\x93.", Load::default()).err(),
-            Some(Refusal::Global("os.system".into()))
-        );
-    }
-
-    #[test]
-    fn storage_views_stay_inside_their_storage() {
-        let pid = |view: &[u8]| {
-            [&b"\x80\x02(X\x07\x00\x00\x00storagectorch\nFloatStorage\nX\x01\x00\x00\x000X\x06\x00\x00\x00cuda:0K\x04"[..], view, b"tQ"].concat()
-        };
-        let past = [pid(b"X\x01\x00\x00\x001K\x02K\x03\x87"), b".".to_vec()].concat();
-        assert_eq!(bad(&past, Limits::default()), "storage view of 3 elements at 2 runs past its 4-element storage");
-        // `_rebuild_tensor(view, 1, (2,), (1,))` on a 2-element view: one element too far.
-        let t = [
-            &b"\x80\x02ctorch._utils\n_rebuild_tensor\n("[..],
-            &pid(b"X\x01\x00\x00\x001K\x01K\x02\x87"),
-            b"K\x01K\x02\x85K\x01\x85tR.",
-        ]
-        .concat();
-        assert_eq!(bad(&t, Limits::default()), "tensor reaches past its 2-element storage view");
-        let ok = [&t[..t.len() - 11], b"K\x00K\x02\x85K\x01\x85tR."].concat();
-        let p = load(&ok, Load::default()).unwrap_or_else(|e| panic!("{e:?}"));
-        let Some(Obj::Tensor(t)) = p.obj(p.root) else { panic!("not a tensor") };
-        assert_eq!((t.offset, t.storage.numel), (1, 4), "offset into the whole storage");
-    }
-
-    #[test]
-    fn format_classes_become_inert_instances_only_where_allowed() {
-        // `pkg.Thing()` via NEWOBJ, then BUILD with `{"a": 5}`: how dataclasses are pickled.
-        let data = b"\x80\x02cpkg\nThing\n)\x81}X\x01\x00\x00\x00aK\x05sb.";
-        assert_eq!(load(data, Load::default()).err(), Some(Refusal::Global("pkg.Thing".into())));
-        let p = load(data, Load::default().classes(&["pkg.Thing"])).unwrap_or_else(|e| panic!("{e:?}"));
-        let Some(Obj::Instance { class, args, state: Some(state), .. }) = p.obj(p.root) else {
-            panic!("not an instance")
-        };
-        assert_eq!((&**class, args.len()), ("pkg.Thing", 0));
-        let Some(Obj::Dict(fields)) = p.obj(*state) else { panic!("state is not a dict") };
-        assert_eq!(fields.len(), 1);
-        assert_eq!(fields[0].1, V::Int(5));
-        // A second BUILD on the same instance is refused: state is set once.
-        let twice = b"\x80\x02cpkg\nThing\n)\x81}b}b.";
-        assert!(load(twice, Load::default().classes(&["pkg.Thing"])).is_err());
-    }
-}
+mod tests;
