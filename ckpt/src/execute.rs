@@ -17,7 +17,7 @@ use crate::catalog::Checkpoint;
 use crate::error::{Error, IoContext, Result};
 use crate::io::Sources;
 use crate::job::{agree, Job};
-use crate::shares::Part;
+use crate::shares::{Part, Share};
 use crate::sys;
 use crate::write::{
     file_name, gather, kernel_copy, mapped_copy, refuse_overwriting_sources, refuse_planted_link, remove_if_there,
@@ -65,129 +65,136 @@ pub(crate) fn execute_from(
     let at = plan.outputs().first().cloned().unwrap_or_default();
     let manifest = plan.targets.first().and_then(|t| t.path.parent()).map(|d| d.join(crate::manifest::MANIFEST_NAME));
     let manifest = manifest.filter(|_| opts.checksums);
+    let gathered =
+        |bytes: Vec<u8>| comm.all_gather(bytes).map_err(|source| Error::Collective { dir: at.clone(), source });
 
     // 1. Checks on every rank (cheap, and the same everywhere); the stage from rank 0.
-    let fingerprints = comm
-        .all_gather(fingerprint(plan).to_le_bytes().to_vec())
-        .map_err(|source| Error::Collective { dir: at.clone(), source })?;
-    let checked = (|| {
-        if fingerprints.iter().any(|f| *f != fingerprints[0]) && fingerprints[rank as usize] != fingerprints[0] {
-            return Err(Error::PlanMismatch { path: at.clone(), rank });
+    let fingerprints = gathered(fingerprint(plan).to_le_bytes().to_vec())?;
+    let checked = check(plan, members, manifest.as_ref()).and_then(|()| {
+        match fingerprints.iter().all(|f| *f == fingerprints[0]) || fingerprints[rank as usize] == fingerprints[0] {
+            true => Ok(()),
+            false => Err(Error::PlanMismatch { path: at.clone(), rank }),
         }
-        refuse_overwriting_sources(plan, members)?;
-        // Checked before anything is written (and again at each rename, for links planted while
-        // the plan runs), so a refusal leaves nothing behind.
-        for out in plan.outputs().iter().chain(&manifest) {
-            refuse_planted_link(out, plan)?;
-        }
-        Ok(())
-    })();
+    });
     // A folder the plan creates is built under a temporary name and renamed into place once
     // everything in it is complete, so a failure or a kill never leaves half of one behind.
     let staged = match (rank, &checked) {
-        (0, Ok(())) => Stage::new(plan).map(|s| {
-            sweep_leftovers(plan, &s);
-            let said = s.said();
-            (s, said)
-        }),
-        _ => Ok((Stage::default(), Vec::new())),
+        (0, Ok(())) => Stage::new(plan).inspect(|s| sweep_leftovers(plan, s)),
+        _ => Ok(Stage::default()),
     };
-    let said = staged.as_ref().map(|(_, b)| b.clone()).unwrap_or_default();
+    let said = staged.as_ref().map(Stage::said).unwrap_or_default();
     let said = comm
         .broadcast(0, (rank == 0).then_some(said))
         .map_err(|source| Error::Collective { dir: at.clone(), source })?;
-    let stage = agree(comm, &at, checked.and(staged))?;
-    let stage = match rank {
-        0 => stage.0,
-        _ => Stage::heard(&said),
-    };
-    let token = stage.token.clone();
-    let temp = |t: &TargetFile| temp_name(&stage.place(&t.path), &token);
+    let staged = agree(comm, &at, checked.and(staged))?;
+    let stage = if rank == 0 { staged } else { Stage::heard(&said) };
+    let temp = |t: &TargetFile| temp_name(&stage.place(&t.path), &stage.token);
 
     // 2. Owners create their targets' temporaries: sized, with the header.
-    let created = (|| {
-        let mut temps = TempSet::default();
-        for &ti in &mine.owned {
-            let t = &plan.targets[ti];
-            let path = temp(t);
-            if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-                std::fs::create_dir_all(dir).at(dir)?;
-            }
-            let f = temps.create_at(path.clone(), ti)?;
-            f.set_len(t.len).at(&path)?;
-            f.write_all_at(&t.head, 0).at(&path)?;
-        }
-        Ok(temps)
-    })();
-    let mut owned = agree(comm, &at, created)?;
+    let mut owned = agree(comm, &at, create_owned(plan, mine, &temp))?;
 
-    // 3. Every rank fills its parts, checking each CRC-covered record it reads in parallel
-    // pieces beside the copies (a damaged source is refused before anything is committed), and
-    // makes them durable.
-    // One rank shows the whole job's progress, from the blocks the temporaries hold, until
-    // every rank is done.
+    // 3. Every rank fills its parts and makes them durable. One rank shows the whole job's
+    // progress, from the blocks the temporaries hold, until every rank is done.
     let watched: Vec<PathBuf> = plan.targets.iter().map(&temp).collect();
+    let progress = if n == 1 { opts.progress } else { None };
     watch_progress(n > 1 && rank == 0, opts.progress, &watched, plan, || {
-        let filled = (|| {
-            let mut files: Vec<Option<(PathBuf, File)>> = (0..plan.targets.len()).map(|_| None).collect();
-            for (path, f, ti) in &owned.files {
-                files[*ti] = Some((path.clone(), f.try_clone().at(path)?));
-            }
-            for p in &mine.parts {
-                if files[p.target].is_some() {
-                    continue;
-                }
-                let path = temp(&plan.targets[p.target]);
-                let f = OpenOptions::new()
-                    .write(true)
-                    .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-                    .open(&path)
-                    .at(&path)?;
-                files[p.target] = Some((path, f));
-            }
-            let copies = mine.parts.iter().flat_map(|p| p.copies.iter().map(|c| (c.src, c.src_off, c.len)));
-            let gathered = mine.parts.iter().flat_map(|p| p.gathers.iter().flat_map(|g| g.tensor.extents()));
-            let extents: Vec<(usize, u64, u64)> = copies.chain(gathered).collect();
-            let (copy, progress) = (opts.copy, if n == 1 { opts.progress } else { None });
-            let (checked, copied) =
-                rayon::join(|| srcs.check_extents(extents), || fill(&mine.parts, srcs, &files, copy, progress));
-            checked?;
-            copied?;
-            files.par_iter().flatten().try_for_each(|(p, f)| f.sync_all().at(p))
-        })();
+        let filled = fill_share(plan, mine, &owned, &temp, srcs, opts.copy, progress);
         agree(comm, &at, filled)
     })?;
 
     // 4. Owners seal, make durable and hash their targets.
-    let sealed = (|| {
-        owned.files.par_iter().try_for_each(|(p, f, ti)| {
-            if let Some(s) = &plan.targets[*ti].seal {
-                s.seal(f, p)?;
-                f.sync_all().at(p)?;
-            }
-            Ok::<(), Error>(())
-        })?;
-        if !opts.checksums {
-            return Ok(Vec::new());
-        }
-        owned.files.par_iter().map(|(p, _, ti)| Ok((*ti, crate::manifest::sha256_file(p)?))).collect::<Result<Vec<_>>>()
-    })();
-    let sums = agree(comm, &at, sealed)?;
-    let sums = comm
-        .all_gather(sums.iter().flat_map(|(ti, s)| format!("{ti} {s}\n").into_bytes()).collect())
-        .map_err(|source| Error::Collective { dir: at.clone(), source })?;
+    let sums = agree(comm, &at, seal_owned(plan, &owned, opts.checksums))?;
+    let sums = gathered(sums.iter().flat_map(|(ti, s)| format!("{ti} {s}\n").into_bytes()).collect())?;
 
-    // 5. Rank 0 commits; the others keep their temporaries until it has renamed them.
+    // 5. Rank 0 commits; every rank keeps its temporaries until it has renamed them (after a
+    // failed commit, each removes those of its own still there).
     let committed = match rank {
         0 => commit(plan, &stage, opts, manifest, &sums),
         _ => Ok(()),
     };
     let committed = agree(comm, &at, committed);
-    if committed.is_ok() || rank == 0 {
-        // Renamed into place (or, on rank 0 after a failed commit, already handled there).
+    if committed.is_ok() {
         owned.forget();
     }
     committed
+}
+
+/// The checks every rank makes before anything is written: no source file is written, replaced
+/// or deleted, and no output is a link someone planted (checked again at each rename, for links
+/// planted while the plan runs).
+fn check(plan: &Plan, members: &[PathBuf], manifest: Option<&PathBuf>) -> Result<()> {
+    refuse_overwriting_sources(plan, members)?;
+    for out in plan.outputs().iter().chain(manifest) {
+        refuse_planted_link(out, plan)?;
+    }
+    Ok(())
+}
+
+/// Step 2: the temporaries of the targets `mine` owns, sized, with their headers written.
+fn create_owned(plan: &Plan, mine: &Share, temp: &dyn Fn(&TargetFile) -> PathBuf) -> Result<TempSet> {
+    let mut temps = TempSet::default();
+    for &ti in &mine.owned {
+        let t = &plan.targets[ti];
+        let path = temp(t);
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).at(dir)?;
+        }
+        let f = temps.create_at(path.clone(), ti)?;
+        f.set_len(t.len).at(&path)?;
+        f.write_all_at(&t.head, 0).at(&path)?;
+    }
+    Ok(temps)
+}
+
+/// Step 3: this rank's parts, written into the temporaries (its own, and the others' it shares a
+/// range of), each CRC-covered record it reads checked in parallel pieces beside the copies (a
+/// damaged source is refused before anything is committed); then fsynced.
+fn fill_share(
+    plan: &Plan,
+    mine: &Share,
+    owned: &TempSet,
+    temp: &dyn Fn(&TargetFile) -> PathBuf,
+    srcs: &Sources<'_>,
+    copy: CopyMethod,
+    progress: Option<&(dyn Fn(u64) + Sync)>,
+) -> Result<()> {
+    let mut files: Vec<Option<(PathBuf, File)>> = (0..plan.targets.len()).map(|_| None).collect();
+    for (path, f, ti) in &owned.files {
+        files[*ti] = Some((path.clone(), f.try_clone().at(path)?));
+    }
+    for p in &mine.parts {
+        if files[p.target].is_some() {
+            continue;
+        }
+        let path = temp(&plan.targets[p.target]);
+        let f =
+            OpenOptions::new().write(true).custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC).open(&path).at(&path)?;
+        files[p.target] = Some((path, f));
+    }
+    let copies = mine.parts.iter().flat_map(|p| p.copies.iter().map(|c| (c.src, c.src_off, c.len)));
+    let gathered = mine.parts.iter().flat_map(|p| p.gathers.iter().flat_map(|g| g.tensor.extents()));
+    let extents: Vec<(usize, u64, u64)> = copies.chain(gathered).collect();
+    let (checked, copied) =
+        rayon::join(|| srcs.check_extents(extents), || fill(&mine.parts, srcs, &files, copy, progress));
+    checked?;
+    copied?;
+    files.par_iter().flatten().try_for_each(|(p, f)| f.sync_all().at(p))
+}
+
+/// Step 4: the owned targets sealed (torch's CRCs, from the bytes every rank wrote) and made
+/// durable, and with `checksums` their SHA-256s, by target.
+fn seal_owned(plan: &Plan, owned: &TempSet, checksums: bool) -> Result<Vec<(usize, String)>> {
+    owned.files.par_iter().try_for_each(|(p, f, ti)| {
+        if let Some(s) = &plan.targets[*ti].seal {
+            s.seal(f, p)?;
+            f.sync_all().at(p)?;
+        }
+        Ok::<(), Error>(())
+    })?;
+    if !checksums {
+        return Ok(Vec::new());
+    }
+    owned.files.par_iter().map(|(p, _, ti)| Ok((*ti, crate::manifest::sha256_file(p)?))).collect()
 }
 
 /// Fills this rank's `parts` of the plan's targets (open in `files`, by target): the range
