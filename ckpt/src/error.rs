@@ -16,184 +16,625 @@ use std::path::PathBuf;
 /// Everything that can go wrong while reading, planning or writing a checkpoint.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-// Each variant's fields are named for what they hold; its `#[error]` message says the rest.
-#[allow(missing_docs)]
 pub enum Error {
+    /// A file system call failed: opening, reading, mapping, writing, renaming or syncing a
+    /// file or folder, or a source that ended while it was copied.
     #[error("{path}: {source}")]
     Io {
+        /// The file or folder the call was about.
         path: PathBuf,
+        /// What the operating system said.
         #[source]
         source: std::io::Error,
     },
+    /// A safetensors file too short to hold the 8 bytes of its header length.
     #[error("{path}: file is {len} bytes, too short for a safetensors header (8 bytes)")]
-    HeaderTooSmall { path: PathBuf, len: u64 },
+    HeaderTooSmall {
+        /// The safetensors file.
+        path: PathBuf,
+        /// Its length in bytes.
+        len: u64,
+    },
+    /// A safetensors header over the size allowed: one read from a file, or one about to be
+    /// written.
     #[error("{path}: header length {header_len} is larger than the {max} bytes allowed")]
-    HeaderTooLarge { path: PathBuf, header_len: u64, max: u64 },
+    HeaderTooLarge {
+        /// The safetensors file read or written.
+        path: PathBuf,
+        /// The header's length in bytes (the file's first 8 bytes, or what would be written).
+        header_len: u64,
+        /// The largest header length allowed.
+        max: u64,
+    },
+    /// A safetensors header length that reaches past the end of its file.
     #[error("{path}: header length {header_len} runs past the end of the {len}-byte file")]
-    HeaderBeyondFile { path: PathBuf, header_len: u64, len: u64 },
+    HeaderBeyondFile {
+        /// The safetensors file.
+        path: PathBuf,
+        /// The header length its first 8 bytes give.
+        header_len: u64,
+        /// The file's length in bytes.
+        len: u64,
+    },
+    /// A safetensors header that is not UTF-8 JSON object text, or one being written that
+    /// cannot be serialised.
     #[error("{path}: header is not valid JSON: {reason}")]
-    BadHeaderJson { path: PathBuf, reason: String },
+    BadHeaderJson {
+        /// The safetensors file read or written.
+        path: PathBuf,
+        /// What the JSON parser (or serialiser) said.
+        reason: String,
+    },
+    /// A tensor whose header entry does not parse, or whose shape and bytes cannot be
+    /// reconciled: a shape that overflows, bytes past the end of its file, a byte count that
+    /// is not what its shape needs.
     #[error("{path}: tensor `{tensor}`: {reason}")]
-    BadTensorEntry { path: PathBuf, tensor: String, reason: String },
+    BadTensorEntry {
+        /// The file holding the tensor (the checkpoint's root when it has none).
+        path: PathBuf,
+        /// The tensor's name.
+        tensor: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A safetensors tensor whose `dtype` names no dtype safetensors defines.
     #[error("{path}: tensor `{tensor}` has unknown dtype `{dtype}`")]
-    UnknownDtype { path: PathBuf, tensor: String, dtype: String },
+    UnknownDtype {
+        /// The safetensors file.
+        path: PathBuf,
+        /// The tensor's name.
+        tensor: String,
+        /// The dtype name the header gives.
+        dtype: String,
+    },
+    /// Two tensors of one checkpoint with the same name, found as its catalog is built.
     #[error("{path}: tensor `{tensor}` appears twice")]
-    DuplicateTensor { path: PathBuf, tensor: String },
+    DuplicateTensor {
+        /// The checkpoint's root.
+        path: PathBuf,
+        /// The name that appears twice.
+        tensor: String,
+    },
+    /// A safetensors header (read, or about to be written) that names one tensor twice.
     #[error("{path}: tensor `{tensor}` appears twice in the header")]
-    DuplicateInFile { path: PathBuf, tensor: String },
+    DuplicateInFile {
+        /// The safetensors file read or written.
+        path: PathBuf,
+        /// The name that appears twice.
+        tensor: String,
+    },
+    /// A safetensors tensor whose `data_offsets` span another byte count than its shape and
+    /// dtype need.
     #[error(
         "{path}: tensor `{tensor}`: shape {shape:?} of `{dtype}` needs {expected} bytes but its offsets span {found}"
     )]
-    SizeMismatch { path: PathBuf, tensor: String, dtype: String, shape: Vec<u64>, expected: u64, found: u64 },
+    SizeMismatch {
+        /// The safetensors file.
+        path: PathBuf,
+        /// The tensor's name.
+        tensor: String,
+        /// The tensor's dtype.
+        dtype: String,
+        /// The tensor's shape.
+        shape: Vec<u64>,
+        /// Bytes the shape and dtype need.
+        expected: u64,
+        /// Bytes the offsets span.
+        found: u64,
+    },
+    /// A safetensors tensor whose data does not start where the previous one's ends (in
+    /// offset order), or ends before it starts.
     #[error(
         "{path}: tensor `{tensor}` starts at data offset {found}, expected {expected} (offsets overlap or leave a gap)"
     )]
-    BadOffset { path: PathBuf, tensor: String, expected: u64, found: u64 },
+    BadOffset {
+        /// The safetensors file.
+        path: PathBuf,
+        /// The tensor's name.
+        tensor: String,
+        /// The offset where the previous tensor's data ends.
+        expected: u64,
+        /// The offset its data starts at.
+        found: u64,
+    },
+    /// A safetensors file whose length is not the one its header describes.
     #[error("{path}: file is {len} bytes but its header describes {expected} (truncated file or trailing bytes)")]
-    LengthMismatch { path: PathBuf, len: u64, expected: u64 },
+    LengthMismatch {
+        /// The safetensors file.
+        path: PathBuf,
+        /// The file's length in bytes.
+        len: u64,
+        /// The length its header describes.
+        expected: u64,
+    },
+    /// A safetensors `__metadata__` that is not an object of strings to strings.
     #[error("{path}: `__metadata__` must map strings to strings: {reason}")]
-    BadMetadata { path: PathBuf, reason: String },
+    BadMetadata {
+        /// The safetensors file.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A sharded checkpoint's index (`*.index.json`) that is not JSON or not shaped as one.
     #[error("{path}: index is invalid: {reason}")]
-    BadIndex { path: PathBuf, reason: String },
+    BadIndex {
+        /// The index file.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A shard named by an index (or a DCP `.metadata`) that is not in the folder.
     #[error("{index}: tensor `{tensor}` is mapped to `{file}`, which does not exist")]
-    MissingShard { index: PathBuf, tensor: String, file: String },
+    MissingShard {
+        /// The index (or `.metadata`) file that names the shard.
+        index: PathBuf,
+        /// A tensor mapped to the shard.
+        tensor: String,
+        /// The shard's file name.
+        file: String,
+    },
+    /// A tensor the index maps to a shard that does not hold it.
     #[error("{index}: tensor `{tensor}` is mapped to `{file}`, which does not hold it")]
-    TensorNotInShard { index: PathBuf, tensor: String, file: String },
+    TensorNotInShard {
+        /// The index file.
+        index: PathBuf,
+        /// The tensor's name.
+        tensor: String,
+        /// The shard's file name, as the index gives it.
+        file: String,
+    },
+    /// A tensor held by two shards of one sharded checkpoint.
     #[error("tensor `{tensor}` is in both {first} and {second}")]
-    DuplicateAcrossShards { tensor: String, first: PathBuf, second: PathBuf },
+    DuplicateAcrossShards {
+        /// The tensor's name.
+        tensor: String,
+        /// The shard that holds it first.
+        first: PathBuf,
+        /// The other shard that holds it.
+        second: PathBuf,
+    },
+    /// A tensor in a shard that the index's `weight_map` does not list.
     #[error("{index}: shard {file} holds tensor `{tensor}`, which the `weight_map` does not list")]
-    UnlistedTensor { index: PathBuf, file: PathBuf, tensor: String },
+    UnlistedTensor {
+        /// The index file.
+        index: PathBuf,
+        /// The shard holding the tensor.
+        file: PathBuf,
+        /// The tensor's name.
+        tensor: String,
+    },
+    /// A `weight_map` entry whose shard is not a plain file name (it has a folder, `..`, or is
+    /// absolute), refused before anything outside the index's folder is opened.
     #[error("{index}: `weight_map` entry `{tensor}` points at `{file}`, which is not a plain file name in the index's folder")]
-    UnsafeShardPath { index: PathBuf, tensor: String, file: String },
+    UnsafeShardPath {
+        /// The index file.
+        index: PathBuf,
+        /// The entry's tensor name.
+        tensor: String,
+        /// The shard path the entry gives.
+        file: String,
+    },
+    /// A path that is no checkpoint of a format this crate reads.
     #[error("{path}: no checkpoint found (expected a `.safetensors` file, a `model.safetensors.index.json`, or a folder holding one)")]
-    NotACheckpoint { path: PathBuf },
+    NotACheckpoint {
+        /// The path given.
+        path: PathBuf,
+    },
     /// A folder of `.safetensors` files that fit no layout: `found` names some of them.
     #[error("{path}: {count} `.safetensors` file(s) ({}) fit no checkpoint layout: expected \
         `model.safetensors`, a `*.safetensors.index.json` naming them, a single file, or DCP \
         shards `shard-NNNNN-model-NNNNN-of-NNNNN.safetensors`",
         quoted_names(.found, *.count))]
-    UnknownSafetensorsLayout { path: PathBuf, count: usize, found: Vec<String> },
+    UnknownSafetensorsLayout {
+        /// The folder.
+        path: PathBuf,
+        /// How many `.safetensors` files it holds.
+        count: usize,
+        /// The names of the first few of them (at most 4).
+        found: Vec<String>,
+    },
+    /// A shard size (`5GB`, `500MB`, a byte count) that does not parse.
     #[error("invalid size `{input}`: {reason}")]
-    BadSize { input: String, reason: String },
+    BadSize {
+        /// The size as given.
+        input: String,
+        /// Why it does not parse.
+        reason: String,
+    },
+    /// An `hf://ORG/NAME[@REV][/PATH]` address that does not parse.
     #[error("invalid hub address `{input}`: {reason}")]
-    BadHubUrl { input: String, reason: String },
+    BadHubUrl {
+        /// The address as given.
+        input: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// An `hf://` address whose files are not in the local Hugging Face cache.
     #[error("`{repo}` (revision `{revision}`) has no `{file}` in the local Hugging Face cache {cache}")]
-    NotInHubCache { repo: String, revision: String, file: String, cache: PathBuf },
+    NotInHubCache {
+        /// The repository (`ORG/NAME`).
+        repo: String,
+        /// The revision asked for.
+        revision: String,
+        /// The file looked for (the candidates, joined by `or`).
+        file: String,
+        /// The cache folder searched.
+        cache: PathBuf,
+    },
+    /// An output file that is one of the files the checkpoint is read from.
     #[error("`{path}` is the source, refusing to overwrite it")]
-    OutputIsSource { path: PathBuf },
+    OutputIsSource {
+        /// The output file.
+        path: PathBuf,
+    },
+    /// A broadcast view whose written bytes would be far more than its storage's, refused
+    /// without `allow_expanded`.
     #[error(
         "{path}: tensor `{tensor}` is a broadcast view: writing it takes {output} bytes from a \
         {storage}-byte storage"
     )]
-    ExpandedView { path: PathBuf, tensor: String, output: u64, storage: u64 },
+    ExpandedView {
+        /// The file holding the tensor.
+        path: PathBuf,
+        /// The tensor's name.
+        tensor: String,
+        /// Bytes the tensor takes when written whole.
+        output: u64,
+        /// Bytes of the storage it views.
+        storage: u64,
+    },
+    /// A source path (after links) that is a folder, a FIFO, a socket or a device, refused
+    /// before it is opened.
     #[error("{path}: is {kind}, not a regular file; refusing to read it")]
-    NotARegularFile { path: PathBuf, kind: &'static str },
+    NotARegularFile {
+        /// The path.
+        path: PathBuf,
+        /// What it is (`a folder`, `a FIFO`, `a socket`, `a device`).
+        kind: &'static str,
+    },
+    /// A symlink in place of an output file that the caller did not name as the output.
     #[error("`{path}` is a symlink that was not named as the output, refusing to replace it")]
-    PlantedLink { path: PathBuf },
+    PlantedLink {
+        /// The symlink.
+        path: PathBuf,
+    },
+    /// Two shards with different values for one `__metadata__` key, where they are merged.
     #[error("shards disagree on `__metadata__` key `{key}`: {first:?} in {first_file}, {second:?} in {second_file}")]
-    MetadataConflict { key: String, first: String, first_file: PathBuf, second: String, second_file: PathBuf },
+    MetadataConflict {
+        /// The key.
+        key: String,
+        /// Its value in the first shard.
+        first: String,
+        /// The first shard.
+        first_file: PathBuf,
+        /// Its value in the other shard.
+        second: String,
+        /// The other shard.
+        second_file: PathBuf,
+    },
+    /// A file whose SHA-256 is not the one the checksum manifest gives (`verify`).
     #[error("{path}: checksum mismatch for `{file}`: manifest says {expected}, file has {found}")]
-    ChecksumMismatch { path: PathBuf, file: String, expected: String, found: String },
+    ChecksumMismatch {
+        /// The checksum manifest.
+        path: PathBuf,
+        /// The file's name, as the manifest gives it.
+        file: String,
+        /// The checksum in the manifest.
+        expected: String,
+        /// The checksum of the file's bytes.
+        found: String,
+    },
+    /// A checksum manifest line that is not `<sha256>  <file>`.
     #[error("{path}: bad checksum manifest line {line}: {reason}")]
-    BadManifest { path: PathBuf, line: usize, reason: String },
+    BadManifest {
+        /// The manifest file.
+        path: PathBuf,
+        /// The line number, from 1.
+        line: usize,
+        /// What is wrong with the line.
+        reason: String,
+    },
+    /// A torch file (or a DCP item) that is not a readable zip archive, or holds a corrupt
+    /// deflate stream.
     #[error("{path}: not a valid zip archive: {reason}")]
-    BadZip { path: PathBuf, reason: String },
+    BadZip {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with the archive.
+        reason: String,
+    },
+    /// A zip record (or a legacy torch file's storage) whose declared bytes run past the end
+    /// of its file.
     #[error(
         "{path}: record `{record}` declares {len} bytes at byte {offset}, past the end of the {file_len}-byte file"
     )]
-    RecordBeyondFile { path: PathBuf, record: String, offset: u64, len: u64, file_len: u64 },
+    RecordBeyondFile {
+        /// The file.
+        path: PathBuf,
+        /// The record's name (`storage KEY` for a legacy storage).
+        record: String,
+        /// Where its bytes start in the file.
+        offset: u64,
+        /// How many bytes it declares (`u64::MAX` when the count overflows).
+        len: u64,
+        /// The file's length in bytes.
+        file_len: u64,
+    },
+    /// A record (or a whole file read into memory) larger than the limit on what is read.
     #[error("{path}: record `{record}` is {size} bytes, over the {limit}-byte limit")]
-    RecordTooLarge { path: PathBuf, record: String, size: u64, limit: u64 },
+    RecordTooLarge {
+        /// The file.
+        path: PathBuf,
+        /// The record's name (`the whole file` for a file read whole).
+        record: String,
+        /// Its size in bytes.
+        size: u64,
+        /// The largest size allowed.
+        limit: u64,
+    },
     /// Stored bytes whose CRC32 is not the one their zip record carries: the file changed after
     /// it was written (a flipped bit, a partial overwrite).
     #[error("{path}{}:{} record `{record}`{} fails its CRC32 check (the archive says {stored:08x}, \
         the bytes give {actual:08x}): the file was damaged after it was written",
         rank_note(.rank), tensor_note(.tensor), item_note(.item))]
     BadChecksum {
+        /// The file holding the record.
         path: PathBuf,
         /// The tensor whose bytes they are; `None` for a record that is not a tensor's.
         tensor: Option<String>,
+        /// The rank whose file it is, for a DCP data file.
         rank: Option<u64>,
+        /// The record's name in its archive.
         record: String,
         /// The offset of the archive the record is in, for a DCP item.
         item: Option<u64>,
+        /// The CRC32 the record carries.
         stored: u32,
+        /// The CRC32 of the bytes.
         actual: u32,
     },
+    /// A deflated zip record that inflates to more (or fewer) bytes than it declares.
     #[error("{path}: record `{record}` inflates past its declared {declared} bytes (a zip bomb?)")]
-    InflateOverrun { path: PathBuf, record: String, declared: u64 },
+    InflateOverrun {
+        /// The file.
+        path: PathBuf,
+        /// The record's name.
+        record: String,
+        /// The plain size the record declares.
+        declared: u64,
+    },
+    /// A pickle naming a global outside what the format being read allows (torch's
+    /// weights-only list and the format's own classes).
     #[error("{path}: refusing global `{global}`: only the tensor-rebuilding globals of torch's weights-only loader are allowed")]
-    RefusedGlobal { path: PathBuf, global: String },
+    RefusedGlobal {
+        /// The file holding the pickle.
+        path: PathBuf,
+        /// The global, as `module.name`.
+        global: String,
+    },
     /// A torch file naming globals outside torch's weights-only list and the option
     /// `allow_globals`: the one refused first, then the file's others (at most 16 in all).
     #[error("{path}: refusing global {}", globals_refusal(.globals, *.allowing))]
     GlobalNotAllowed {
+        /// The torch file.
         path: PathBuf,
+        /// The globals refused, as `module.name`, the first refused first.
         globals: Vec<String>,
         /// Whether `allow_globals` named anything.
         allowing: bool,
     },
     /// An option's value that cannot be used.
     #[error("`{option}`: {reason}")]
-    BadOption { option: &'static str, reason: String },
+    BadOption {
+        /// The option's name (`allow_globals`, `as_stored`).
+        option: &'static str,
+        /// Why its value cannot be used.
+        reason: String,
+    },
+    /// A pickle that does not decode: anything wrong with it but a refused global.
     #[error("{path}: `{record}` at byte {at}: {reason}")]
-    BadPickle { path: PathBuf, record: String, at: usize, reason: String },
+    BadPickle {
+        /// The file holding the pickle.
+        path: PathBuf,
+        /// The record holding it (`data.pkl`, `.metadata`).
+        record: String,
+        /// The byte of the pickle where decoding stopped.
+        at: usize,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A torch file whose structure cannot be read (or, when writing, holds what a torch file
+    /// cannot store): its layout, its records, a TorchScript archive, an RNG state.
     #[error("{path}: {reason}")]
-    BadTorchFile { path: PathBuf, reason: String },
+    BadTorchFile {
+        /// The torch file read or written.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A tensor of a torch file that cannot be rebuilt: its storage, dtype, shape or strides
+    /// do not hold together.
     #[error("{path}: tensor `{tensor}`: {reason}")]
-    BadTorchTensor { path: PathBuf, tensor: String, reason: String },
+    BadTorchTensor {
+        /// The torch file.
+        path: PathBuf,
+        /// The tensor's name.
+        tensor: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A tensor to be written as safetensors whose dtype safetensors cannot store.
     #[error("tensor `{tensor}` has dtype `{dtype}`, which safetensors cannot store")]
-    NotInSafetensors { tensor: String, dtype: String },
+    NotInSafetensors {
+        /// The tensor's name.
+        tensor: String,
+        /// Its dtype.
+        dtype: String,
+    },
+    /// A conversion (or a sharded save) that cannot be carried out with this checkpoint and
+    /// these options.
     #[error("cannot convert to {dst}: {reason}")]
-    BadConvert { dst: PathBuf, reason: String },
+    BadConvert {
+        /// The output asked for or a file in it (the source, for an option that does not
+        /// fit it).
+        dst: PathBuf,
+        /// Why it cannot be carried out.
+        reason: String,
+    },
     /// Convert options that cannot be carried out together ([`crate::ConvertOptions::check`]);
     /// each edge words `misuse` with its own spelling of the options.
     #[error("cannot convert to {dst}: {misuse}")]
-    Misuse { dst: PathBuf, misuse: crate::Misuse },
+    Misuse {
+        /// The output asked for.
+        dst: PathBuf,
+        /// Which options clash, and how.
+        misuse: crate::Misuse,
+    },
     /// `reshard` of a checkpoint that is not laid out for ranks (`convert` to DCP lays out any).
     #[error(
         "{path} is not a DCP folder (no `.metadata`), nor a DeepSpeed ZeRO, accelerate or Trainer folder: \
         reshard rewrites only checkpoints laid out for ranks"
     )]
-    NotReshardable { path: PathBuf },
+    NotReshardable {
+        /// The checkpoint's root.
+        path: PathBuf,
+    },
     /// A tensor handed to [`crate::save_safetensors`] that cannot be saved as it is.
     #[error("cannot save {dst}: tensor `{tensor}` {reason}")]
-    BadSaveTensor { dst: PathBuf, tensor: String, reason: String },
+    BadSaveTensor {
+        /// The output asked for.
+        dst: PathBuf,
+        /// The tensor's name.
+        tensor: String,
+        /// What is wrong with it (a phrase following the tensor's name).
+        reason: String,
+    },
+    /// An FP8 weight whose block scales are missing or do not fit it.
     #[error("block-scaled weight `{weight}` with scales `{scale}`: {reason}")]
-    BadBlockScale { weight: String, scale: String, reason: String },
+    BadBlockScale {
+        /// The weight's name.
+        weight: String,
+        /// The name of its scales tensor.
+        scale: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A DeepSpeed ZeRO checkpoint whose rank file lacks or mangles an entry the merge needs.
     #[error("{path}: rank {rank}, `{tensor}`: {reason}")]
-    BadZeroCheckpoint { path: PathBuf, rank: u64, tensor: String, reason: String },
+    BadZeroCheckpoint {
+        /// The rank's file.
+        path: PathBuf,
+        /// The rank.
+        rank: u64,
+        /// The entry (a parameter or a dotted key of the state).
+        tensor: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A DeepSpeed ZeRO checkpoint missing the file of one of its ranks.
     #[error("{path}: missing: the ZeRO checkpoint has {world} ranks but rank {rank} wrote no such file")]
-    MissingRankFile { path: PathBuf, rank: u64, world: u64 },
+    MissingRankFile {
+        /// The file the rank would have written.
+        path: PathBuf,
+        /// The rank.
+        rank: u64,
+        /// The checkpoint's world size.
+        world: u64,
+    },
+    /// A DCP `.metadata` (or the sharding metadata of a DCP safetensors shard) that cannot be
+    /// read or does not hold together.
     #[error("{path}: DCP metadata: {reason}")]
-    BadDcpMetadata { path: PathBuf, reason: String },
+    BadDcpMetadata {
+        /// The metadata file, or the shard.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A DCP item that cannot be read from its data file: past its end, not a `torch.save`
+    /// archive, or not the tensor or value the metadata says.
     #[error("{path}{}: tensor `{tensor}`: {reason}", rank_note(.rank))]
-    BadDcpChunk { path: PathBuf, tensor: String, rank: Option<u64>, reason: String },
+    BadDcpChunk {
+        /// The data file.
+        path: PathBuf,
+        /// The key of the item (a tensor's name, or a value's).
+        tensor: String,
+        /// The rank whose data file it is, when its name (`__R_N.distcp`) gives one.
+        rank: Option<u64>,
+        /// What is wrong with it.
+        reason: String,
+    },
     /// A box of a tensor (a DCP chunk, a rank's shard) that does not fit the tensor or its file:
     /// out of bounds, overlapping another, or leaving part of the tensor uncovered.
     #[error("{path}{}: tensor `{tensor}`: {reason}", rank_note(.rank))]
-    BadBox { path: PathBuf, tensor: String, rank: Option<u64>, reason: String },
+    BadBox {
+        /// The file holding the box (the checkpoint's root when it is not one file's).
+        path: PathBuf,
+        /// The tensor's name.
+        tensor: String,
+        /// The rank whose file holds the box, where known.
+        rank: Option<u64>,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A collective operation between the ranks of a job (broadcast, gather) that failed.
     #[error("{dir}: {source}")]
     Collective {
+        /// The output the job writes.
         dir: PathBuf,
+        /// What the collective reported.
         #[source]
         source: collective::CollectiveError,
     },
     /// Another rank of a job failed a step of an operation and reported its error; nothing was
     /// committed.
     #[error("rank {rank} failed (it reports why); nothing was committed")]
-    OtherRank { rank: u64 },
+    OtherRank {
+        /// The lowest rank that failed.
+        rank: u64,
+    },
     /// This rank planned another output than rank 0 (their sources or options differ).
     #[error("{path}: rank {rank} planned a different output than rank 0 (were all ranks given the same source and options, on one shared filesystem?)")]
-    PlanMismatch { path: PathBuf, rank: u64 },
+    PlanMismatch {
+        /// The output the job writes.
+        path: PathBuf,
+        /// This rank.
+        rank: u64,
+    },
+    /// A step of a sharded save that failed on one of its ranks.
     #[error("{dir}: sharded save failed on rank {rank}: {reason}")]
-    ShardedSave { dir: PathBuf, rank: u64, reason: String },
+    ShardedSave {
+        /// The output folder.
+        dir: PathBuf,
+        /// The rank that failed.
+        rank: u64,
+        /// What it reported.
+        reason: String,
+    },
+    /// An accelerate or Trainer `save_state` folder that cannot be read or does not hold
+    /// together: a component, a model or optimizer asked for that it lacks, a part reshard
+    /// cannot lay out.
     #[error("{path}{}: {reason}", rank_colon(.rank))]
-    BadSaveState { path: PathBuf, rank: Option<u64>, reason: String },
+    BadSaveState {
+        /// The folder, or the file in it that is wrong.
+        path: PathBuf,
+        /// The rank whose file it is, where it is one rank's.
+        rank: Option<u64>,
+        /// What is wrong.
+        reason: String,
+    },
     /// A Megatron-Core checkpoint that does not hold together: its tracker, a rank's file, a
     /// stage that disagrees with the others, a tensor whose one-rank form cannot be derived.
     #[error("{path}{}:{} {reason}", rank_note(.rank), key_note(.key))]
-    BadMegatron { path: PathBuf, key: Option<String>, rank: Option<u64>, reason: String },
+    BadMegatron {
+        /// The file or folder that is wrong.
+        path: PathBuf,
+        /// The key of the checkpoint it is about, where it is one key's.
+        key: Option<String>,
+        /// The tensor-parallel rank whose file it is, where it is one rank's.
+        rank: Option<u64>,
+        /// What is wrong.
+        reason: String,
+    },
 }
 
 /// What an [`Error`] is about, for the edges that act on it: the CLI's exit code, the Python
@@ -279,6 +720,72 @@ impl Error {
             | Error::ShardedSave { .. }
             | Error::OtherRank { .. }
             | Error::PlanMismatch { .. } => ErrorKind::Collective,
+        }
+    }
+
+    /// The variant's name, as the Python bindings expose it (`.variant`). Every variant is
+    /// named here, so a new variant must be given its name.
+    pub fn variant_name(&self) -> &'static str {
+        match self {
+            Error::Io { .. } => "Io",
+            Error::HeaderTooSmall { .. } => "HeaderTooSmall",
+            Error::HeaderTooLarge { .. } => "HeaderTooLarge",
+            Error::HeaderBeyondFile { .. } => "HeaderBeyondFile",
+            Error::BadHeaderJson { .. } => "BadHeaderJson",
+            Error::BadTensorEntry { .. } => "BadTensorEntry",
+            Error::UnknownDtype { .. } => "UnknownDtype",
+            Error::DuplicateTensor { .. } => "DuplicateTensor",
+            Error::DuplicateInFile { .. } => "DuplicateInFile",
+            Error::SizeMismatch { .. } => "SizeMismatch",
+            Error::BadOffset { .. } => "BadOffset",
+            Error::LengthMismatch { .. } => "LengthMismatch",
+            Error::BadMetadata { .. } => "BadMetadata",
+            Error::BadIndex { .. } => "BadIndex",
+            Error::MissingShard { .. } => "MissingShard",
+            Error::TensorNotInShard { .. } => "TensorNotInShard",
+            Error::DuplicateAcrossShards { .. } => "DuplicateAcrossShards",
+            Error::UnlistedTensor { .. } => "UnlistedTensor",
+            Error::UnsafeShardPath { .. } => "UnsafeShardPath",
+            Error::NotACheckpoint { .. } => "NotACheckpoint",
+            Error::UnknownSafetensorsLayout { .. } => "UnknownSafetensorsLayout",
+            Error::BadSize { .. } => "BadSize",
+            Error::BadHubUrl { .. } => "BadHubUrl",
+            Error::NotInHubCache { .. } => "NotInHubCache",
+            Error::OutputIsSource { .. } => "OutputIsSource",
+            Error::ExpandedView { .. } => "ExpandedView",
+            Error::NotARegularFile { .. } => "NotARegularFile",
+            Error::PlantedLink { .. } => "PlantedLink",
+            Error::MetadataConflict { .. } => "MetadataConflict",
+            Error::ChecksumMismatch { .. } => "ChecksumMismatch",
+            Error::BadManifest { .. } => "BadManifest",
+            Error::BadZip { .. } => "BadZip",
+            Error::RecordBeyondFile { .. } => "RecordBeyondFile",
+            Error::RecordTooLarge { .. } => "RecordTooLarge",
+            Error::BadChecksum { .. } => "BadChecksum",
+            Error::InflateOverrun { .. } => "InflateOverrun",
+            Error::RefusedGlobal { .. } => "RefusedGlobal",
+            Error::GlobalNotAllowed { .. } => "GlobalNotAllowed",
+            Error::BadOption { .. } => "BadOption",
+            Error::BadPickle { .. } => "BadPickle",
+            Error::BadTorchFile { .. } => "BadTorchFile",
+            Error::BadTorchTensor { .. } => "BadTorchTensor",
+            Error::NotInSafetensors { .. } => "NotInSafetensors",
+            Error::BadConvert { .. } => "BadConvert",
+            Error::Misuse { .. } => "Misuse",
+            Error::NotReshardable { .. } => "NotReshardable",
+            Error::BadSaveTensor { .. } => "BadSaveTensor",
+            Error::BadBlockScale { .. } => "BadBlockScale",
+            Error::BadZeroCheckpoint { .. } => "BadZeroCheckpoint",
+            Error::MissingRankFile { .. } => "MissingRankFile",
+            Error::BadDcpMetadata { .. } => "BadDcpMetadata",
+            Error::BadDcpChunk { .. } => "BadDcpChunk",
+            Error::BadBox { .. } => "BadBox",
+            Error::Collective { .. } => "Collective",
+            Error::OtherRank { .. } => "OtherRank",
+            Error::PlanMismatch { .. } => "PlanMismatch",
+            Error::ShardedSave { .. } => "ShardedSave",
+            Error::BadSaveState { .. } => "BadSaveState",
+            Error::BadMegatron { .. } => "BadMegatron",
         }
     }
 }
@@ -377,5 +884,45 @@ pub(crate) trait IoContext<T> {
 impl<T> IoContext<T> for std::io::Result<T> {
     fn at(self, path: impl Into<PathBuf>) -> Result<T> {
         self.map_err(|source| Error::Io { path: path.into(), source })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The variant's name as `Debug` writes it: what precedes its fields.
+    fn debug_head(e: &Error) -> String {
+        let debug = format!("{e:?}");
+        debug.split([' ', '{', '(']).next().unwrap_or_default().to_string()
+    }
+
+    #[test]
+    fn variant_name_is_the_debug_name() {
+        let errors = [
+            Error::Io { path: "a.safetensors".into(), source: std::io::Error::other("boom") },
+            Error::HeaderTooSmall { path: "a.safetensors".into(), len: 3 },
+            Error::NotACheckpoint { path: "nowhere".into() },
+            Error::UnknownSafetensorsLayout { path: "dir".into(), count: 2, found: vec!["x.safetensors".into()] },
+            Error::BadChecksum {
+                path: "model.pt".into(),
+                tensor: None,
+                rank: None,
+                record: "archive/data/0".into(),
+                item: None,
+                stored: 1,
+                actual: 2,
+            },
+            Error::BadOption { option: "allow_globals", reason: "no".into() },
+            Error::Collective {
+                dir: "out".into(),
+                source: collective::CollectiveError::NoSuchRoot { op: "broadcast", rank: 0, root: 3, world_size: 2 },
+            },
+            Error::OtherRank { rank: 1 },
+            Error::BadMegatron { path: "ckpt".into(), key: Some("k".into()), rank: Some(0), reason: "r".into() },
+        ];
+        for e in &errors {
+            assert_eq!(e.variant_name(), debug_head(e), "{e:?}");
+        }
     }
 }

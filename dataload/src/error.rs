@@ -377,6 +377,48 @@ impl DataloadError {
             | Self::Worker { .. } => ErrorKind::Data,
         }
     }
+
+    /// The variant's name, as the Python bindings expose it (`.variant`). Every variant is
+    /// named here, so a new variant must be given its name.
+    pub fn variant_name(&self) -> &'static str {
+        match self {
+            Self::Missing { .. } => "Missing",
+            Self::InvalidValue { .. } => "InvalidValue",
+            Self::RankOutOfRange { .. } => "RankOutOfRange",
+            Self::SplitNotDivisible { .. } => "SplitNotDivisible",
+            Self::SplitNeedsBatchSize => "SplitNeedsBatchSize",
+            Self::DispatchWithoutDevicePlacement => "DispatchWithoutDevicePlacement",
+            Self::MissingSeed => "MissingSeed",
+            Self::SeedOutOfRange { .. } => "SeedOutOfRange",
+            Self::SeedOverflow { .. } => "SeedOverflow",
+            Self::TooLarge { .. } => "TooLarge",
+            Self::MalformedState { .. } => "MalformedState",
+            Self::UnsupportedVersion { .. } => "UnsupportedVersion",
+            Self::StateMismatch { .. } => "StateMismatch",
+            Self::InconsistentState { .. } => "InconsistentState",
+            Self::Collective { .. } => "Collective",
+            Self::Dispatch { .. } => "Dispatch",
+            Self::Io { .. } => "Io",
+            Self::NotARegularFile { .. } => "NotARegularFile",
+            Self::BadPattern { .. } => "BadPattern",
+            Self::FileChanged { .. } => "FileChanged",
+            Self::ShorterThanIndex { .. } => "ShorterThanIndex",
+            Self::CorruptIndex { .. } => "CorruptIndex",
+            Self::NoFiles { .. } => "NoFiles",
+            Self::Truncated { .. } => "Truncated",
+            Self::WrongDtype { .. } => "WrongDtype",
+            Self::BadFormat { .. } => "BadFormat",
+            Self::MissingColumn { .. } => "MissingColumn",
+            Self::SchemaMismatch { .. } => "SchemaMismatch",
+            Self::BadRecord { .. } => "BadRecord",
+            Self::CorruptFrame { .. } => "CorruptFrame",
+            Self::NotJson { .. } => "NotJson",
+            Self::BadMixture { .. } => "BadMixture",
+            Self::IndexOutOfRange { .. } => "IndexOutOfRange",
+            Self::DataChanged { .. } => "DataChanged",
+            Self::Worker { .. } => "Worker",
+        }
+    }
 }
 
 impl From<CollectiveError> for DataloadError {
@@ -409,4 +451,34 @@ pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
         .map(|s| (*s).to_owned())
         .or_else(|| payload.downcast_ref::<String>().cloned())
         .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The variant's name as `Debug` writes it: what precedes its fields.
+    fn debug_head(e: &DataloadError) -> String {
+        let debug = format!("{e:?}");
+        debug.split([' ', '{', '(']).next().unwrap_or_default().to_string()
+    }
+
+    #[test]
+    fn variant_name_is_the_debug_name() {
+        let errors = [
+            DataloadError::Missing { field: "dataset" },
+            DataloadError::SplitNeedsBatchSize,
+            DataloadError::MissingSeed,
+            DataloadError::SeedOverflow { seed: 1, epoch: 2 },
+            DataloadError::Collective {
+                source: CollectiveError::NoSuchRoot { op: "broadcast", rank: 0, root: 3, world_size: 2 },
+            },
+            DataloadError::Io { path: "a.bin".into(), source: std::io::Error::other("boom") },
+            DataloadError::NotJson { path: "a.jsonl".into(), line: 1, column: 2, reason: "eof".into() },
+            DataloadError::Worker { reason: "panicked".into() },
+        ];
+        for e in &errors {
+            assert_eq!(e.variant_name(), debug_head(e), "{e:?}");
+        }
+    }
 }
