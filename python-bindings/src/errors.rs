@@ -10,11 +10,6 @@
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-/// The variant's name, from its `Debug` form (`Variant { .. }`, `Variant(..)` or `Variant`).
-fn variant_of(debug: &str) -> String {
-    debug.chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect()
-}
-
 fn io_kind(e: &std::io::Error) -> (&'static str, Option<i32>) {
     use std::io::ErrorKind as K;
     let kind = match e.kind() {
@@ -75,7 +70,7 @@ pub(crate) fn ckpt_doing(e: ckpt::Error, verb: (&str, &str)) -> PyErr {
     // The library keeps the names it quotes as the file holds them; the message Python shows
     // escapes their control characters, so a tensor name cannot forge a line of a traceback.
     let message = ckpt::escape_controls(&message).into_owned();
-    let variant = variant_of(&format!("{e:?}"));
+    let variant = e.variant_name().to_owned();
     build("ckpt", variant, message, |d| {
         d.set_item("class", class_of(&e))?;
         match &e {
@@ -146,7 +141,7 @@ fn keyword(option: ckpt::Opt, value: Option<&str>) -> String {
 
 /// A `dataload` error.
 pub(crate) fn dataload(e: dataload::DataloadError) -> PyErr {
-    let variant = variant_of(&format!("{e:?}"));
+    let variant = e.variant_name().to_owned();
     let message = e.to_string();
     build("dataload", variant, message, |d| {
         d.set_item("class", dataload_class(&e))?;
