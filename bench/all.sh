@@ -15,6 +15,10 @@ CKPT_BIN=$PWD/$CKPT BENCH_DIR=bench/work/torch bash -c 'mkdir -p "$BENCH_DIR" &&
 "$PY" bench/dcp_tp_bench.py --repeats 3 --write-results --ckpt "$CKPT"
 "$PY" bench/ds_bench.py --ckpt "$CKPT"
 "$PY" bench/vs_cp.py --ckpt "$CKPT" --pairs "${VS_CP_PAIRS:-7}"
+# ckpt over 1, 2 and 4 MPI ranks against one process, on vs_cp.py's inputs (needs the mpi feature,
+# which `make bench` builds). Its 405B projection, bench/ranks_405b.py, is run by hand: its dry runs
+# on 512 oversubscribed ranks take a quarter of an hour on 2 cores.
+"$PY" bench/ranks.py --ckpt "$CKPT"
 # The CRC32 checks' cost: against ckpt built at the commit before them, in its own worktree.
 BASE=bench/work/crc-base
 if [ ! -x "$BASE/target/release/ckpt" ]; then
@@ -25,6 +29,9 @@ fi
 "$PY" bench/fp8_bench.py --ckpt "$CKPT"
 "$PY" bench/dataload_bench.py
 "$PY" bench/dataload_sources_bench.py
+# Mixtures: resume cost against torchdata's MultiNodeWeightedSampler and, where MCORE_PYTHON names a
+# CPython 3.12 with numpy (megatron-core's compiled helper loads in no other), Megatron's index build.
+"$PY" bench/mixture_bench.py
 "$PY" bench/python_bench.py
 "$PY" bench/train_bench.py --train target/release/statekit-train --ckpt "$CKPT"
 bash bench/assemble.sh

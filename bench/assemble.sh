@@ -11,11 +11,17 @@ cd "$(dirname "$0")"
   echo "compares statekit with the tool a user would otherwise run, in the same session on the same"
   echo "input. Timings come from a 2-core machine shared with other work, so single runs are noisy;"
   echo "ratios are the point."
-  for area in vs-cp crc safetensors torch dcp dcp-tp deepspeed accelerate accelerate-state dataload dataload-sources python train; do
+  for area in vs-cp crc ranks safetensors torch dcp dcp-tp deepspeed accelerate accelerate-state dataload dataload-sources mixture python train; do
     f="RESULTS-$area.md"
     [ -f "$f" ] || continue
     echo
-    sed 's/^# /## /' "$f"
+    if grep -qx '<!-- summary-end -->' "$f"; then
+      # A long result file gives its summary here and a link to the rest.
+      sed -e '/^<!-- summary-end -->$/,$d' -e 's/^# /## /' "$f"
+      echo "Tables, method and the full reading: [$f]($f)."
+    else
+      sed 's/^# /## /' "$f"
+    fi
   done
 } > RESULTS.md
 echo "bench/RESULTS.md assembled" >&2

@@ -283,12 +283,12 @@ def summary(r, n):
     }
 
 
-def report(results, ranks, reps, warmup, argv):
+def report(results, ranks, reps, warmup, argv, at, machine_text):
     label = lambda n: "1 process" if n == 0 else f"`-np {n}`"
     lines = [
         "## The 1 GB operations at 1, 2 and 4 ranks on one machine",
         "",
-        f"Machine: {machine()}. `bench/ranks.py{' ' + argv if argv else ''}` on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.",
+        f"Machine: {machine_text}. `bench/ranks.py{' ' + argv if argv else ''}` on {at}.",
         "",
         f"**What this measures.** {len(ranks)} rank counts on one {os.cpu_count()}-core machine with one disk: "
         "the ranks share the cores, the page cache and the disk, so this measures the overhead of running "
@@ -301,15 +301,16 @@ def report(results, ranks, reps, warmup, argv):
         "all in every round, the order reversed each round. Every run starts from a fresh output folder, "
         "after a `sync` and a read of its sources (warm page cache). Wall time around the whole command "
         "(mpirun included). Fixed cost: the same command with `--dry-run` (launch, MPI start-up, every rank "
-        "opening the source and planning, nothing written; its planned shares equal the run's). Ratio: the "
+        "opening the source and planning, nothing written; its planned shares equal the run's), and the median "
+        "wall less that. Ratio: the "
         "median over rounds of N ranks / one process in the same round (quartiles). Balance: the largest "
         "rank's bytes written (`--json` `ranks`) over the mean. Peak RSS: the largest of any rank in any "
         "round, `/usr/bin/time` per process. Slowest process: the median over rounds of the longest wall "
         "time `/usr/bin/time` gave any rank (its MPI start-up included, mpirun's own not). CPU: user + "
         "system of all ranks together.",
         "",
-        "| operation | ranks | median wall (s) | fixed cost: `--dry-run` (s) | N / one process (quartiles) | files per rank | balance (max / mean written) | slowest process (s) | peak RSS per rank (MiB) | CPU, all ranks (s) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| operation | ranks | median wall (s) | fixed cost: `--dry-run` (s) | wall − fixed cost (s) | N / one process (quartiles) | files per rank | balance (max / mean written) | slowest process (s) | peak RSS per rank (MiB) | CPU, all ranks (s) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     notes = []
     for name, r in results.items():
@@ -318,9 +319,9 @@ def report(results, ranks, reps, warmup, argv):
             q = f" ({s['ratio_q'][0]:.2f}–{s['ratio_q'][2]:.2f})" if s["ratio_q"] else ""
             lines.append(
                 f"| {name if n == 0 else ''} | {label(n)} | {s['wall']:.2f} | "
-                f"{s['dry']:.2f} | {s['ratio']:.2f}{q} | {s['files']} | {s['balance']:.3f} | "
+                f"{s['dry']:.2f} | {s['wall'] - s['dry']:.2f} | {s['ratio']:.2f}{q} | {s['files']} | {s['balance']:.3f} | "
                 f"{s['rank_wall']:.2f} | {s['rss']:.1f} | {s['cpu']:.2f} |" if n else
-                f"| {name} | {label(n)} | {s['wall']:.2f} | {s['dry']:.2f} | 1 | {s['files']} | – | "
+                f"| {name} | {label(n)} | {s['wall']:.2f} | {s['dry']:.2f} | {s['wall'] - s['dry']:.2f} | 1 | {s['files']} | – | "
                 f"{s['rank_wall']:.2f} | {s['rss']:.1f} | {s['cpu']:.2f} |")
         solo = summary(r, 0)
         if solo["written"] != r["out_data_bytes"]:
@@ -371,7 +372,17 @@ def main():
     ap.add_argument("--ops", default=",".join(OPS))
     ap.add_argument("--ckpt", default=os.path.join(ROOT, "target", "release", "ckpt"))
     ap.add_argument("--no-write", action="store_true", help="do not write bench/RESULTS-ranks.md")
+    ap.add_argument("--report-only", action="store_true",
+                    help="measure nothing: write the report again from bench/work/ranks/results.json")
     args = ap.parse_args()
+    if args.report_only:
+        saved = json.load(open(os.path.join(WORK, "results.json")))
+        results, meta = saved["results"], saved["meta"]
+        text = report(results, meta["ranks"], meta["reps"], meta["warmup"], meta["argv"], meta["at"], meta["machine"])
+        print(text)
+        if not args.no_write:
+            write_section("ranks.py", text)
+        return
     ops = args.ops.split(",")
     unknown = set(ops) - set(OPS)
     if unknown:
@@ -397,11 +408,12 @@ def main():
                 raise SystemExit(f"{name}: `--json` lists {len(r['runs'][str(n)][-1]['ranks'])} ranks at -np {n}: "
                                  "is the binary built with --features mpi?")
     log(f"measured in {time.time() - t0:.0f} s")
-    argv = " ".join(sys.argv[1:])
-    text = report(results, ranks, args.reps, args.warmup, argv)
+    meta = {"ranks": ranks, "reps": args.reps, "warmup": args.warmup, "argv": " ".join(sys.argv[1:]),
+            "at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine()}
+    text = report(results, ranks, args.reps, args.warmup, meta["argv"], meta["at"], meta["machine"])
     print(text)
     with open(os.path.join(WORK, "results.json"), "w") as f:
-        json.dump(results, f, indent=1)
+        json.dump({"meta": meta, "results": results}, f, indent=1)
     if not args.no_write:
         write_section("ranks.py", text)
 

@@ -109,10 +109,14 @@ def shards(ts):
     return out
 
 
+def file_order(ts):
+    """Tensors as the `safetensors` writer lays them out in a file: widest dtype first, then by name."""
+    return sorted(ts, key=lambda t: (0 if t[1] == "F32" else 1, t[0]))
+
+
 def header(ts):
-    """The safetensors header (8-byte length and padded JSON) of one file, and its data length:
-    tensors widest dtype first, then by name, as the `safetensors` writer lays them."""
-    order = sorted(ts, key=lambda t: (0 if t[1] == "F32" else 1, t[0]))
+    """The safetensors header (8-byte length and padded JSON) of one file, and its data length."""
+    order = file_order(ts)
     parts, off = ['"__metadata__":{"format":"pt"}'], 0
     for name, dtype, shape, nbytes in order:
         parts.append(json.dumps(name) + ':{"dtype":"%s","shape":[%s],"data_offsets":[%d,%d]}'
@@ -219,7 +223,9 @@ def dry(ckpt, op, src, n, timeout, wrap):
     os.makedirs(rss)
     args = {"split": ["split", src, out, "--max-shard-size", "5GB"],
             "merge": ["merge", src, os.path.join(out, "model.safetensors")]}[op]
-    cmd = ([] if n == 0 else ranks.MPIRUN + ["-np", str(n)]) + [wrap, ckpt, "--quiet", *args, "--dry-run", "--json"]
+    # Under nice: hundreds of oversubscribed ranks must not starve the machine's other work.
+    cmd = ([] if n == 0 else ["nice", "-n", "19"] + ranks.MPIRUN + ["-np", str(n)]) + \
+        [wrap, ckpt, "--quiet", *args, "--dry-run", "--json"]
     t0 = time.perf_counter()
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
@@ -229,7 +235,11 @@ def dry(ckpt, op, src, n, timeout, wrap):
     if os.path.exists(out):
         raise SystemExit(f"{' '.join(cmd)}: a dry run created {out}")
     if proc.returncode != 0:
-        return {"error": f"exit {proc.returncode}: {proc.stderr.strip()[-1500:]}", "cmd": " ".join(cmd)}
+        # ckpt's own message when a rank printed one, else the launcher's first words.
+        said = [l for l in proc.stderr.splitlines() if "error" in l.lower() and l.strip()] or \
+            [l for l in proc.stderr.splitlines() if l.strip() and not l.startswith("---")]
+        return {"error": f"exit {proc.returncode}: " + " ".join(said[:3])[:600], "stderr": proc.stderr,
+                "cmd": " ".join(cmd)}
     procs = []
     for name in os.listdir(rss):
         f = open(os.path.join(rss, name)).read().split()
@@ -239,12 +249,46 @@ def dry(ckpt, op, src, n, timeout, wrap):
             "cmd": " ".join(cmd)}
 
 
-def solo_time(ckpt, op, src, wrap, reps=3):
-    runs = [dry(ckpt, op, src, 0, 600, wrap) for _ in range(reps)]
-    for r in runs:
-        if "error" in r:
-            raise SystemExit(f"{r['cmd']}: {r['error']}")
-    return runs
+def cache_path(key, op, n):
+    return os.path.join(WORK, f"dry-{key.replace(' + ', '-')}-{op}-{n}.json")
+
+
+def cached(ckpt, key, op, n):
+    """A dry run of this binary (by size and mtime) measured before, or None."""
+    try:
+        r = json.load(open(cache_path(key, op, n)))
+    except (OSError, ValueError):
+        return None
+    st = os.stat(ckpt)
+    return r if r.get("binary") == [st.st_size, st.st_mtime] else None
+
+
+def cache(ckpt, key, op, n, r):
+    st = os.stat(ckpt)
+    with open(cache_path(key, op, n), "w") as f:
+        json.dump({**r, "binary": [st.st_size, st.st_mtime], "at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}, f)
+
+
+def solo_time(ckpt, op, src, reps=5):
+    """One process, no MPI, `reps` dry runs: the ranks array, and the median wall and CPU seconds
+    (the process's own rusage, `wait4`)."""
+    out = os.path.join(WORK, "out")
+    args = {"split": ["split", src, out, "--max-shard-size", "5GB"],
+            "merge": ["merge", src, os.path.join(out, "model.safetensors")]}[op]
+    cmd = [ckpt, "--quiet", *args, "--dry-run", "--json"]
+    walls, cpus, doc = [], [], None
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        stdout, stderr = proc.stdout.read(), proc.stderr.read()
+        _, status, ru = os.wait4(proc.pid, 0)
+        walls.append(time.perf_counter() - t0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        if proc.returncode != 0 or os.path.exists(out):
+            raise SystemExit(f"{' '.join(cmd)} exited {proc.returncode} (or wrote {out}): {stderr.decode()[-1500:]}")
+        cpus.append(ru.ru_utime + ru.ru_stime)
+        doc = json.loads(stdout)
+    return {"ranks": doc["ranks"], "wall": statistics.median(walls), "cpu": statistics.median(cpus)}
 
 
 def gb(x):
@@ -257,34 +301,42 @@ def stats(shares):
     return max(w), sum(w) / len(w), max(f), sum(f) / len(f)
 
 
-def report(cat, results, args):
+def fmt_t(t):
+    return f"{t / 60:.1f} min" if t >= 120 else f"{t:.1f} s" if t < 10 else f"{t:.0f} s"
+
+
+def report(cat, results, solo, tiny, args, measured_at):
     lines = [
-        "## Projection: Llama-3.1-405B at 8, 64 and 512 ranks (`--dry-run`)",
+        "## Projection: a Llama-3.1-405B checkpoint over 8, 64 and 512 ranks (`--dry-run`)",
         "",
         f"Machine: {ranks.machine()}. `bench/ranks_405b.py{' ' + ' '.join(sys.argv[1:]) if sys.argv[1:] else ''}` "
-        f"on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.",
+        f"on {measured_at}.",
         "",
         "Sources: synthetic Hugging Face sharded folders with the real headers of Llama-3.1-405B "
         f"({LAYERS} layers, hidden {HIDDEN}, FFN {FFN}, {HEADS} heads, {KV_HEADS} KV heads, vocab {VOCAB}, "
-        "untied head), cut into 5 GB shards by huggingface_hub's rule, data regions sparse (written as holes: "
-        "the headers are real, the data is never read by a dry run):",
+        "untied head, bf16), cut into 5 GB shards by huggingface_hub's greedy rule (which gives the 191 files "
+        "of the published checkpoint: two 1.74 GB FFN matrices fill a shard), data regions sparse (holes: "
+        "the headers are real, a dry run never reads the data):",
     ]
     for key, c in cat.items():
-        lines.append(f"- {key}: {c['tensors']:,} tensors, {c['files']} files, {c['bytes'] / 1e12:.3f} TB of tensor "
-                     f"data, {c['head_bytes'] / 1e6:.2f} MB of headers; {c['disk'] / 1e6:.1f} MB on disk.")
+        lines.append(f"- {key}: {c['tensors']:,} tensors in {c['files']:,} files, {c['bytes'] / 1e12:.3f} TB of "
+                     f"tensor data, {c['head_bytes'] / 1e6:.2f} MB of headers and a {c['index_bytes'] / 1e6:.2f} MB "
+                     f"index; {c['disk'] / 1e6:.1f} MB on disk.")
     lines += [
         "",
-        "Each N ran `mpirun -np N ckpt split SRC OUT --max-shard-size 5GB --dry-run --json` and `ckpt merge SRC "
-        "OUT/model.safetensors --dry-run --json` (the plan dealt out, nothing written). \"measured\": the shares "
-        "printed by that dry run; \"computed\": from the planner's rule replicated in the script (checked equal, "
-        "rank for rank, to every dry run that ran). Time: the slowest rank's bytes at "
-        f"{args.gbps:g} GB/s per node (one rank per node, the node's write bandwidth the limit, reads as fast "
-        f"alongside), and the same with the filesystem's total capped at {args.aggregate_gbps:g} GB/s; "
-        "both leave out the fixed costs below.",
+        "For each N, `mpirun -np N ckpt split SRC OUT --max-shard-size 5GB --dry-run --json` and `ckpt merge SRC "
+        "OUT/model.safetensors --dry-run --json`: every rank opens the source and plans, the plan is dealt out, "
+        "nothing is written, rank 0 prints every rank's share. *measured*: the shares that dry run printed; "
+        "*computed*: the planner's rule (`ckpt/src/shares.rs`) replicated in the script, which gave the same "
+        "shares, rank for rank, as every dry run that ran "
+        f"({sum(1 for r in results.values() if r['source'] == 'measured')} of them). Time: the slowest rank's "
+        f"bytes at {args.gbps:g} GB/s per node (an assumption: one rank per node, the node's write bandwidth the "
+        f"limit, its reads as fast alongside), and the same with the filesystem's total capped at "
+        f"{args.aggregate_gbps:g} GB/s (also an assumption); neither includes the fixed costs below.",
         "",
-        "| source | operation | N | shares from | mode | files per rank, max / mean | GB written per rank, max / mean | max / mean | time at "
-        f"{args.gbps:g} GB/s per node | with a {args.aggregate_gbps:g} GB/s total cap | dry run wall (s) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| source | operation | N | shares | mode | files per rank, max / mean | GB written per rank, max / mean | "
+        f"slowest / mean | time at {args.gbps:g} GB/s per node | with a {args.aggregate_gbps:g} GB/s total cap |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for (key, op, n), r in results.items():
         shares = r["shares"]
@@ -292,41 +344,165 @@ def report(cat, results, args):
         total = sum(s["bytes_written"] for s in shares)
         t_node = mw / (args.gbps * 1e9)
         t_cap = max(t_node, total / (args.aggregate_gbps * 1e9))
-        fmt = lambda t: f"{t / 60:.1f} min" if t >= 120 else f"{t:.0f} s"
-        lines.append(
-            f"| {key} | {op} | {n} | {r['source']} | {r['mode']} | {mf} / {af:.2f} | {gb(mw)} / {gb(aw)} | "
-            f"{mw / aw:.3f} | {fmt(t_node)} | {fmt(t_cap)} | {r['wall']:.1f} |" if r.get("wall") is not None else
-            f"| {key} | {op} | {n} | {r['source']} | {r['mode']} | {mf} / {af:.2f} | {gb(mw)} / {gb(aw)} | "
-            f"{mw / aw:.3f} | {fmt(t_node)} | {fmt(t_cap)} | – |")
+        lines.append(f"| {key} | {op} | {n} | {r['source']} | {r['mode']} | {mf} / {af:.2f} | {gb(mw)} / {gb(aw)} | "
+                     f"{mw / aw:.4f} | {fmt_t(t_node)} | {fmt_t(t_cap)} |")
+    lines += [
+        "",
+        "### The fixed costs: start-up, the open on every rank, the commit",
+        "",
+        "Open and plan (the metadata cost each rank pays once): one process, no MPI, the median of 5 dry runs "
+        "(reading the index and every header from the page cache, building the plan, dealing it out). Under "
+        "mpirun every rank pays it again, on top of MPI's start-up; the second table gives the whole dry run "
+        "under mpirun, the same job on a one-tensor file (MPI start-up and a trivial open, the difference being "
+        "the catalog), and each rank's CPU from `/usr/bin/time`. On this machine those N processes share 2 cores "
+        "(oversubscribed, under `nice -n 19` so the machine's other work comes first), and Open MPI's ranks poll "
+        "while they wait, so the walls and CPU there are start-up and contention, not what a rank on its own node "
+        "pays.",
+        "",
+        "| source | operation | open + plan, one process (ms) | CPU (ms) | peak RSS (MiB) | files opened per rank | header bytes read per rank |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for (key, op), s in solo.items():
+        c = cat[key]
+        lines.append(f"| {key} | {op} | {s['wall'] * 1e3:.0f} | {s['cpu'] * 1e3:.0f} | {s['rss']:.1f} | "
+                     f"{c['files'] + 1:,} | {(c['head_bytes'] + c['index_bytes']) / 1e6:.2f} MB |")
+    lines += [
+        "",
+        "| source | operation | N | dry run under mpirun (s) | one-tensor file, same N (s) | CPU per rank, median / max (s) | one-tensor file: CPU per rank, median (s) | peak RSS per rank (MiB) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for (key, op, n), r in results.items():
+        if r["source"] != "measured":
+            continue
+        cpu = [p[1] for p in r["procs"]]
+        t = tiny.get(n)
+        lines.append(f"| {key} | {op} | {n} | {r['wall']:.1f} | {t['wall']:.1f} | "
+                     if t else f"| {key} | {op} | {n} | {r['wall']:.1f} | – | ")
+        lines[-1] += (f"{statistics.median(cpu):.2f} / {max(cpu):.2f} | "
+                      + (f"{statistics.median(p[1] for p in t['procs']):.2f}" if t else "–")
+                      + f" | {max(p[2] for p in r['procs']):.1f} |")
+    lines += ["", "The commit, on rank 0 alone once every rank's share is durable: for a split, one rename per "
+              "output file (" + ", ".join(f"{cat[key]['files']:,} for {key}" for key in cat) + "), then the index "
+              "(written to a temporary, fsynced, renamed) and an fsync of the folder; for a merge, one rename and "
+              "the folder's fsync."]
+    lines += ["", "Dry runs that failed (each is tried twice before the script halves N):" if any(r.get("failed") for r in results.values()) else ""]
+    for (key, op, n), r in results.items():
+        for f in r.get("failed", []):
+            lines.append(f"- {key} {op} at N = {f['n']}: {f['error']}")
     return lines
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--ranks", default="8,64,512", help="mpirun -np values (default 8,64,512)")
+    ap.add_argument("--ranks", default="8,64,512", help="N of the table (default 8,64,512)")
+    ap.add_argument("--measure", default="8,64,512",
+                    help="N run as a dry run for the weights catalog (default 8,64,512; the rest computed)")
+    ap.add_argument("--measure-optimizer", default="8,64",
+                    help="N run as a dry run for the weights + optimizer catalog (default 8,64)")
+    ap.add_argument("--tiny", default="8,64", help="N at which the one-tensor job is timed (default 8,64)")
     ap.add_argument("--no-optimizer", action="store_true", help="only the weights catalog")
     ap.add_argument("--ckpt", default=os.path.join(ROOT, "target", "release", "ckpt"))
     ap.add_argument("--gbps", type=float, default=2.0, help="write bandwidth per node, GB/s (default 2)")
     ap.add_argument("--aggregate-gbps", type=float, default=100.0,
                     help="the filesystem's total bandwidth, GB/s (default 100)")
-    ap.add_argument("--timeout", type=int, default=600, help="seconds one dry run may take (default 600)")
+    ap.add_argument("--timeout", type=int, default=900, help="seconds one dry run may take (default 900)")
+    ap.add_argument("--fresh", action="store_true", help="run every dry run again (else one measured before "
+                    "with the same binary is kept)")
     ap.add_argument("--no-write", action="store_true", help="do not write bench/RESULTS-ranks.md")
     args = ap.parse_args()
     ckpt = os.path.abspath(args.ckpt)
-    wanted = [int(x) for x in args.ranks.split(",")]
+    table_n = [int(x) for x in args.ranks.split(",")]
+    measure = {"weights": [int(x) for x in args.measure.split(",") if x],
+               "weights + optimizer": [int(x) for x in args.measure_optimizer.split(",") if x]}
     os.makedirs(WORK, exist_ok=True)
     os.makedirs(ranks.WORK, exist_ok=True)
     wrap = ranks.wrapper()
     variants = {"weights": False} if args.no_optimizer else {"weights": False, "weights + optimizer": True}
-    cat, layout = {}, {}
+    cat, plans = {}, {}
     for key, opt in variants.items():
         folder = os.path.join(WORK, "llama-405b" + ("-optim" if opt else ""))
         files = build(folder, opt)
-        layout[key] = (folder, files)
-        cat[key] = {"tensors": len(tensors(opt)), "files": len(files), "bytes": sum(d for _, _, d in files),
-                    "head_bytes": sum(h for _, h, _ in files), "disk": disk_use(folder)}
-    # TODO: runs
-    print("\n".join(report(cat, {}, args)))
+        cat[key] = {"folder": folder, "tensors": len(tensors(opt)), "files": len(files),
+                    "bytes": sum(d for _, _, d in files), "head_bytes": sum(h for _, h, _ in files),
+                    "index_bytes": os.path.getsize(os.path.join(folder, "model.safetensors.index.json")),
+                    "disk": disk_use(folder)}
+        merged_head, merged_data = header(tensors(opt))
+        # The split's output: huggingface_hub's rule over the tensors in load order (file by
+        # file, each in data-offset order), which regroups them.
+        load_order = [t for group in shards(tensors(opt)) for t in file_order(group)]
+        plans[(key, "split")] = [(len(h), d) for h, d in (header(g) for g in shards(load_order))]
+        plans[(key, "merge")] = [(len(merged_head), merged_data)]
+    t_start = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    t0 = time.time()
+    # One process: open + plan, and the check that the replica's targets are ckpt's.
+    solo = {}
+    for key in variants:
+        for op in ("split", "merge"):
+            solo[(key, op)] = s = solo_time(ckpt, op, cat[key]["folder"])
+            # wait4's ru_maxrss starts from the forking Python's; /usr/bin/time's from its own.
+            s["rss"] = dry(ckpt, op, cat[key]["folder"], 0, 600, wrap)["procs"][0][2]
+            want, _ = deal(plans[(key, op)], 1)
+            if s["ranks"] != want:
+                raise SystemExit(f"{key} {op}: one process planned {s['ranks']}, the replica {want}: "
+                                 "the script's headers are not the ones ckpt writes")
+            log(f"{key} {op}: one process {solo[(key, op)]['wall'] * 1e3:.0f} ms")
+    tiny = {}
+    for n in [int(x) for x in args.tiny.split(",") if x]:
+        r = dry(ckpt, "split", TINY, n, args.timeout, wrap)
+        if "error" not in r:
+            tiny[n] = r
+            log(f"one-tensor file at N = {n}: {r['wall']:.1f} s")
+    results = {}
+    for key in variants:
+        for op in ("split", "merge"):
+            for n in table_n:
+                want, mode = deal(plans[(key, op)], n)
+                entry = {"shares": want, "mode": mode, "source": "computed", "failed": []}
+                if n in measure[key]:
+                    m = n
+                    while True:
+                        # A dry run already measured with this binary is kept (bench/work/ranks-405b/
+                        # dry-*.json); one that fails is tried once more, then at half the ranks.
+                        r = cached(ckpt, key, op, m) if not args.fresh else None
+                        for _ in range(2):
+                            if r is not None and "error" not in r:
+                                break
+                            if r is not None:
+                                entry["failed"].append({"n": m, **r})
+                                log(f"{key} {op} at N = {m}: {r['error']}")
+                            r = dry(ckpt, op, cat[key]["folder"], m, args.timeout, wrap)
+                        if "error" not in r:
+                            cache(ckpt, key, op, m, r)
+                            break
+                        entry["failed"].append({"n": m, **r})
+                        log(f"{key} {op} at N = {m}: {r['error']}")
+                        m //= 2
+                        if m < 2:
+                            r = None
+                            break
+                    if r is not None:
+                        got, mode_m = r["ranks"], deal(plans[(key, op)], m)
+                        if got != mode_m[0]:
+                            raise SystemExit(f"{key} {op} at N = {m}: the dry run's shares differ from the replica's")
+                        if m == n:
+                            entry.update(source="measured", wall=r["wall"], procs=r["procs"], at=r.get("at"))
+                        else:
+                            results[(key, op, m)] = {"shares": got, "mode": mode_m[1], "source": "measured",
+                                                     "wall": r["wall"], "procs": r["procs"], "failed": []}
+                        log(f"{key} {op} at N = {m}: {r['wall']:.1f} s, shares as computed")
+                results[(key, op, n)] = entry
+    log(f"measured in {time.time() - t0:.0f} s")
+    results = dict(sorted(results.items(), key=lambda kv: (list(variants).index(kv[0][0]), kv[0][1] != "split",
+                                                           kv[0][2])))
+    with open(os.path.join(WORK, "results.json"), "w") as f:
+        json.dump({"cat": cat, "solo": {f"{k[0]}/{k[1]}": v for k, v in solo.items()},
+                   "tiny": {str(n): {"wall": t["wall"], "procs": t["procs"]} for n, t in tiny.items()},
+                   "results": [{"source_ckpt": k[0], "op": k[1], "n": k[2], **v} for k, v in results.items()]},
+                  f, indent=1)
+    text = "\n".join(report(cat, results, solo, tiny, args, t_start)).rstrip() + "\n"
+    print(text)
+    if not args.no_write:
+        ranks.write_section("ranks_405b.py", text)
 
 
 if __name__ == "__main__":

@@ -61,6 +61,13 @@ pub(crate) struct TokenSource {
     inner: TokenWindows,
 }
 
+impl TokenSource {
+    /// The windows (a mixture of token sources reads them directly).
+    pub(crate) fn windows(&self) -> &TokenWindows {
+        &self.inner
+    }
+}
+
 #[pymethods]
 impl TokenSource {
     #[new]

@@ -12,6 +12,7 @@ mod checkpoint;
 mod comm;
 mod datasets;
 mod errors;
+mod mixture;
 mod sampler;
 mod save;
 
@@ -29,6 +30,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(sampler::default_config_json, m)?)?;
     m.add_function(wrap_pyfunction!(sampler::stream_plan, m)?)?;
     m.add_function(wrap_pyfunction!(sampler::dispatch_slice, m)?)?;
+    m.add_class::<mixture::Mixture>()?;
     m.add_class::<checkpoint::PyCheckpoint>()?;
     m.add_class::<datasets::TokenSource>()?;
     m.add_class::<datasets::TableSource>()?;

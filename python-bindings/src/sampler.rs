@@ -37,7 +37,9 @@ impl Sampler {
     /// `generator` (a `torch.Generator`'s `get_state()` bytes) is what a shuffled loader without
     /// `use_seedable_sampler` draws its first epoch from.
     #[new]
-    #[pyo3(signature = (length, batch_size, world_size, rank, shuffle, drop_last, config, fingerprint=None, generator=None))]
+    /// `mixture` (a `MixtureSpec` as JSON, `Mixture.spec_json()`) is the mixture the dataset's
+    /// order is: the state records it, and a state of another mixture is refused by field.
+    #[pyo3(signature = (length, batch_size, world_size, rank, shuffle, drop_last, config, fingerprint=None, generator=None, mixture=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         length: &Bound<'_, PyAny>,
@@ -49,6 +51,7 @@ impl Sampler {
         config: &str,
         fingerprint: Option<String>,
         generator: Option<&Bound<'_, PyBytes>>,
+        mixture: Option<&str>,
     ) -> PyResult<Self> {
         let length = args::uint(length, "length", 0, MAX_LEN)?;
         // dataload's builder refuses what is out of its own ranges, by name.
@@ -74,7 +77,13 @@ impl Sampler {
         if let Some(g) = generator {
             b = b.generator(TorchGenerator::from_state_bytes(g.as_bytes()).map_err(errors::dataload)?);
         }
-        Ok(Self { inner: b.build().map_err(errors::dataload)? })
+        if let Some(m) = mixture {
+            let spec: dataload::MixtureSpec =
+                serde_json::from_str(m).map_err(|e| errors::usage(format!("bad mixture definition: {e}")))?;
+            b = b.mixture(spec);
+        }
+        let inner = errors::unpanicked("the sampler's mixture", || b.build().map_err(errors::dataload))?;
+        Ok(Self { inner })
     }
 
     /// A sampler for `rank` of `world_size` with the settings and position of a saved state.

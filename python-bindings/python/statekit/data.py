@@ -22,6 +22,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 from . import _native
 from ._datasets import ArrowDataset, JsonlDataset, ParquetDataset, TokenDataset
 from .errors import MalformedState, StateMismatch, UsageError
+from .mixture import Mixture
 
 __all__ = [
     "DataLoaderConfiguration",
@@ -33,6 +34,7 @@ __all__ = [
     "ArrowDataset",
     "ParquetDataset",
     "JsonlDataset",
+    "Mixture",
 ]
 
 
@@ -165,7 +167,9 @@ class ShardedBatchSampler:
     which the generator then holds, as it would in accelerate (over torch.distributed, rank 0's
     state is taken at the start of each epoch, as accelerate synchronizes it).
     ``fingerprint`` (any string) names the dataset: a state saved over another fingerprint is
-    refused.
+    refused. ``mixture`` (a ``Mixture`` of ``length`` samples) is the mixture the dataset is:
+    the state records its definition, and a state of another mixture is refused by field
+    (``mixture.weights``, ...).
 
     Reading an epoch to its end moves to the next one, as accelerate's sampler does. A pass
     broken off (a ``break``) is not continued by the next ``iter()``: as torch's and
@@ -189,6 +193,7 @@ class ShardedBatchSampler:
         even_batches: bool = True,
         fingerprint: Optional[str] = None,
         generator: Any = None,
+        mixture: Optional[Mixture] = None,
     ) -> None:
         world, rank = _world(num_processes, process_index)
         seedable = generator is None
@@ -201,9 +206,10 @@ class ShardedBatchSampler:
             use_seedable_sampler=seedable,
             data_seed=int(seed) if shuffle and seedable else None,
         )
-        self._init(length, batch_size, world, rank, shuffle, drop_last, config, fingerprint, generator)
+        self._init(length, batch_size, world, rank, shuffle, drop_last, config, fingerprint, generator, mixture)
 
-    def _init(self, length, batch_size, world, rank, shuffle, drop_last, config, fingerprint, generator=None) -> None:  # type: ignore[no-untyped-def]
+    def _init(self, length, batch_size, world, rank, shuffle, drop_last, config, fingerprint, generator=None,  # type: ignore[no-untyped-def]
+              mixture=None) -> None:
         # Python's `len` counts to 2^63 - 1: a longer dataset would be accepted here and fail
         # at `len(sampler)`; the other counts are refused by dataload, by name, past its limits.
         length = _check_int("length", length, 0, _MAX_LEN)
@@ -231,8 +237,10 @@ class ShardedBatchSampler:
             if generator is not None and (not isinstance(generator, torch.Generator) or generator.device.type != "cpu"):
                 raise UsageError(f"`generator` must be a CPU `torch.Generator`, not {generator!r}")
             first = _state_bytes(generator if generator is not None else torch.Generator())
+        if mixture is not None and not isinstance(mixture, Mixture):
+            raise UsageError(f"`mixture` must be a `statekit.data.Mixture`, not {type(mixture).__name__}")
         self._native = _native.Sampler(length, batch_size, world, rank, bool(shuffle), bool(drop_last), config._json(),
-                                       fingerprint, first)
+                                       fingerprint, first, None if mixture is None else mixture.spec_json())
         self.length = length
         self.batch_size = batch_size
         self.drop_last = bool(drop_last)
@@ -910,7 +918,9 @@ def prepare_data_loader(
         length, batch_size, drop_last, shuffle, config = _rank0_settings(
             (length, batch_size, drop_last, shuffle, config), world, rank)
     bs = ShardedBatchSampler.__new__(ShardedBatchSampler)
-    bs._init(length, batch_size, world, rank, shuffle, drop_last, config, None, generator)
+    # A `Mixture.of(...)` dataset: the state records the mixture's definition.
+    mixture = dataloader.dataset if isinstance(dataloader.dataset, Mixture) else None
+    bs._init(length, batch_size, world, rank, shuffle, drop_last, config, None, generator, mixture)
     if config.dispatch_batches and dataloader.num_workers > 0:
         bs._prefetched = dataloader.num_workers * (dataloader.prefetch_factor or 2)
     try:
