@@ -582,15 +582,7 @@ impl ShardedSampler {
             return Err(DataloadError::UnsupportedVersion { found: state.version, supported: STATE_VERSION });
         }
         state.check_consistent()?;
-        // Values are shown as the state file writes them (JSON), so the message can be read
-        // against the file.
-        fn differ<T: PartialEq + serde::Serialize>(field: &'static str, saved: &T, current: &T) -> Result<()> {
-            if saved == current {
-                return Ok(());
-            }
-            let shown = |v: &T| serde_json::to_string(v).unwrap_or_else(|e| format!("<{e}>"));
-            Err(DataloadError::StateMismatch { field, saved: shown(saved), current: shown(current) })
-        }
+        use crate::state::differ;
         differ("dataset_len", &state.dataset_len, &self.dataset_len)?;
         differ("fingerprint", &state.fingerprint, &self.fingerprint)?;
         differ("sampler", &state.sampler, &self.sampler)?;

@@ -72,13 +72,7 @@ impl MixtureSpec {
     /// must be the same, by name, except that weight changes may be added from the cursor on
     /// (a curriculum decided mid-run), which leaves every position before it as it was.
     pub fn check_resumes(&self, saved: &MixtureSpec, cursor: u64) -> Result<()> {
-        fn differ<T: PartialEq + Serialize>(field: &'static str, saved: &T, current: &T) -> Result<()> {
-            if saved == current {
-                return Ok(());
-            }
-            let shown = |v: &T| serde_json::to_string(v).unwrap_or_else(|e| format!("<{e}>"));
-            Err(DataloadError::StateMismatch { field, saved: shown(saved), current: shown(current) })
-        }
+        use crate::state::differ;
         differ("mixture.sizes", &saved.sizes, &self.sizes)?;
         differ("mixture.weights", &saved.weights, &self.weights)?;
         differ("mixture.seed", &saved.seed, &self.seed)?;

@@ -186,3 +186,13 @@ impl LoaderState {
         Ok(())
     }
 }
+
+/// Refuses a state whose `field` was `saved` but is `current` now. Values are shown as the state
+/// file writes them (JSON), so the message can be read against the file.
+pub(crate) fn differ<T: PartialEq + Serialize>(field: &'static str, saved: &T, current: &T) -> Result<()> {
+    if saved == current {
+        return Ok(());
+    }
+    let shown = |v: &T| serde_json::to_string(v).unwrap_or_else(|e| format!("<{e}>"));
+    Err(DataloadError::StateMismatch { field, saved: shown(saved), current: shown(current) })
+}
