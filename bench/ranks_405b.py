@@ -38,6 +38,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -227,10 +228,24 @@ def dry(ckpt, op, src, n, timeout, wrap):
     cmd = ([] if n == 0 else ["nice", "-n", "19"] + ranks.MPIRUN + ["-np", str(n)]) + \
         [wrap, ckpt, "--quiet", *args, "--dry-run", "--json"]
     t0 = time.perf_counter()
+    # In a session of its own: a launcher that fails signals its group, not this script, and on a
+    # timeout the whole group (mpirun and its ranks, all started here) is ended.
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        stdout, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                proc.communicate(timeout=20)
+                break
+            except subprocess.TimeoutExpired:
+                continue
         return {"error": f"ran past {timeout} s", "cmd": " ".join(cmd)}
+    proc.stdout, proc.stderr = stdout, stderr
     wall = time.perf_counter() - t0
     if os.path.exists(out):
         raise SystemExit(f"{' '.join(cmd)}: a dry run created {out}")
@@ -265,8 +280,9 @@ def cached(ckpt, key, op, n):
 
 def cache(ckpt, key, op, n, r):
     st = os.stat(ckpt)
+    r.setdefault("at", time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
     with open(cache_path(key, op, n), "w") as f:
-        json.dump({**r, "binary": [st.st_size, st.st_mtime], "at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}, f)
+        json.dump({**r, "binary": [st.st_size, st.st_mtime]}, f)
 
 
 def solo_time(ckpt, op, src, reps=5):
@@ -310,7 +326,10 @@ def report(cat, results, solo, tiny, args, measured_at):
         "## Projection: a Llama-3.1-405B checkpoint over 8, 64 and 512 ranks (`--dry-run`)",
         "",
         f"Machine: {ranks.machine()}. `bench/ranks_405b.py{' ' + ' '.join(sys.argv[1:]) if sys.argv[1:] else ''}` "
-        f"on {measured_at}.",
+        f"on {measured_at}"
+        + (lambda ats: f" (its mpirun dry runs measured {min(ats)} to {max(ats)}, those of earlier invocations of "
+           "the same binary kept)." if ats and min(ats) < measured_at else ".")(
+            sorted(r["at"] for r in results.values() if r.get("at"))),
         "",
         "Sources: synthetic Hugging Face sharded folders with the real headers of Llama-3.1-405B "
         f"({LAYERS} layers, hidden {HIDDEN}, FFN {FFN}, {HEADS} heads, {KV_HEADS} KV heads, vocab {VOCAB}, "
