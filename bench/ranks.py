@@ -1,7 +1,7 @@
 """`ckpt` over the ranks of an MPI job against one process, on the 1 GB inputs of bench/vs_cp.py.
 
     /opt/statekit-venv/bin/python bench/ranks.py [--reps 5] [--warmup 1] [--ranks 1,2,4]
-        [--ops split,merge,dcp,zero,reshard] [--ckpt target/release/ckpt] [--no-write]
+        [--ops split,merge,dcp,zero,reshard] [--ckpt target/release/ckpt] [--no-write] [--report-only]
 
 `ckpt` built with `--features mpi` (`make bench` builds it so) runs one operation on every rank
 of `mpirun -np N ckpt ...`: every rank opens the same source, the copy plan is dealt out by bytes
@@ -38,7 +38,9 @@ real tools):
 - reshard: that DCP folder resharded for 4 ranks (4 files of equal size: whole files)
 
 Results: the first section of bench/RESULTS-ranks.md (bench/ranks_405b.py writes the second);
-the text between this script's markers is replaced, the rest of the file is kept.
+the text between this script's markers is replaced, the rest of the file (its summary and the
+readings, written by hand) is kept. About 7 minutes on a quiet 2-core machine with the defaults;
+`--report-only` rewrites the section from the last run's bench/work/ranks/results.json.
 """
 
 import argparse
@@ -328,7 +330,9 @@ def report(results, ranks, reps, warmup, argv, at, machine_text):
             notes.append(f"- {name}: the ranks' `bytes_written` add up to {solo['written']:,} while the data "
                          f"files written hold {r['out_data_bytes']:,} bytes (the commit files, "
                          f"{r['out_commit_bytes']:,} bytes, apart); the difference, "
-                         f"{r['out_data_bytes'] - solo['written']:,} bytes, is framing the counts leave out.")
+                         f"{r['out_data_bytes'] - solo['written']:,} bytes, is the torch zip archive around the tensor "
+                         "data (record headers, the small pickle and version records, descriptors, central "
+                         "directories), which a file's owner writes when it seals the file and the counts leave out.")
     lines += ["", "Operations:"]
     for name, r in results.items():
         lines.append(f"- {name}: {r['desc']}; output {r['out_data_bytes'] / 1e9:.3f} GB of data files. "

@@ -1,7 +1,8 @@
 """The shares `mpirun -np N ckpt split|merge` deals out for a Llama-3.1-405B-shaped checkpoint, from
 `--dry-run`, on a synthetic catalog that takes no disk.
 
-    /opt/statekit-venv/bin/python bench/ranks_405b.py [--ranks 8,64,512] [--no-optimizer]
+    /opt/statekit-venv/bin/python bench/ranks_405b.py [--ranks 8,64,256,512] [--measure 8,64,512]
+        [--measure-optimizer 8,64,256] [--tiny 8,64] [--no-optimizer] [--fresh] [--timeout 1500]
         [--ckpt target/release/ckpt] [--gbps 2] [--aggregate-gbps 100] [--no-write]
 
 The catalog is a Hugging Face sharded folder (`model-0000X-of-000NN.safetensors` and
@@ -19,9 +20,13 @@ and Adam's two moments, `optimizer.master.<name>`, `optimizer.exp_avg.<name>`,
 here ever runs without it (a real run would start writing terabytes), and the script checks that
 no output appeared. For each catalog and each N, `mpirun -np N ckpt split SRC OUT
 --max-shard-size 5GB --dry-run --json` and `ckpt merge SRC OUT.safetensors --dry-run --json`
-run with every rank under `/usr/bin/time` (its wall, CPU and peak RSS); rank 0 prints every
-rank's share. An N that mpirun cannot start (or that runs past `--timeout`) is halved until one
-runs; the shares of every N in the table also come from a replica of the planner's rule
+run with every rank under `/usr/bin/time` (its wall, CPU and peak RSS), mpirun under `nice -n 19`
+in a session of its own; rank 0 prints every rank's share. A dry run that fails (or runs past
+`--timeout`) is tried once more, then at half the ranks until one runs; one that ran is kept in
+bench/work/ranks-405b/dry-*.json and not run again with the same binary (`--fresh` runs it again:
+at 512 ranks on 2 cores each takes 5 to 6 minutes, nearly all of it MPI start-up). The shares of
+every N in the table (`--ranks`; the dry runs are `--measure` and `--measure-optimizer`) also
+come from a replica of the planner's rule
 (`ckpt/src/shares.rs`: whole output files, largest first to the least loaded rank, kept when
 the largest share is within 1.1x of the mean, else the data bytes laid end to end and cut into
 N equal stretches), checked equal to every measured dry run, so the table says which numbers
@@ -36,6 +41,7 @@ Results: the second section of bench/RESULTS-ranks.md (bench/ranks.py writes the
 
 import argparse
 import json
+import math
 import os
 import shutil
 import signal
@@ -83,12 +89,11 @@ def llama_405b():
 def tensors(optimizer):
     """(name, dtype, shape, bytes) of the catalog."""
     weights = llama_405b()
-    numel = lambda shape: eval("*".join(map(str, shape)))  # noqa: S307 (ints only)
-    out = [(n, "BF16", s, 2 * numel(s)) for n, s in weights]
+    out = [(n, "BF16", s, 2 * math.prod(s)) for n, s in weights]
     if optimizer:
         for n, s in weights:
             for kind in ("master", "exp_avg", "exp_avg_sq"):
-                out.append((f"optimizer.{kind}.{n}", "F32", s, 4 * numel(s)))
+                out.append((f"optimizer.{kind}.{n}", "F32", s, 4 * math.prod(s)))
     return out
 
 
@@ -245,21 +250,20 @@ def dry(ckpt, op, src, n, timeout, wrap):
             except subprocess.TimeoutExpired:
                 continue
         return {"error": f"ran past {timeout} s", "cmd": " ".join(cmd)}
-    proc.stdout, proc.stderr = stdout, stderr
     wall = time.perf_counter() - t0
     if os.path.exists(out):
         raise SystemExit(f"{' '.join(cmd)}: a dry run created {out}")
     if proc.returncode != 0:
         # ckpt's own message when a rank printed one, else the launcher's first words.
-        said = [l for l in proc.stderr.splitlines() if "error" in l.lower() and l.strip()] or \
-            [l for l in proc.stderr.splitlines() if l.strip() and not l.startswith("---")]
-        return {"error": f"exit {proc.returncode}: " + " ".join(said[:3])[:600], "stderr": proc.stderr,
+        said = [l for l in stderr.splitlines() if "error:" in l] or \
+            [l for l in stderr.splitlines() if l.strip() and not l.startswith("---")]
+        return {"error": f"exit {proc.returncode}: " + " ".join(said[:3])[:600], "stderr": stderr,
                 "cmd": " ".join(cmd)}
     procs = []
     for name in os.listdir(rss):
         f = open(os.path.join(rss, name)).read().split()
         procs.append((float(f[-3]), float(f[-2]) + float(f[-1]), int(f[-4]) / 1024))
-    doc = json.loads(proc.stdout)
+    doc = json.loads(stdout)
     return {"wall": wall, "ranks": doc["ranks"], "procs": procs, "files_out": len(doc["files"]),
             "cmd": " ".join(cmd)}
 
@@ -323,7 +327,9 @@ def fmt_t(t):
 
 def report(cat, results, solo, tiny, args, measured_at):
     lines = [
-        "## Projection: a Llama-3.1-405B checkpoint over 8, 64 and 512 ranks (`--dry-run`)",
+        "## Projection: a Llama-3.1-405B checkpoint over "
+        + ", ".join(str(n) for n in sorted({k[2] for k in results})[:-1]) + f" and {max(k[2] for k in results)} "
+        "ranks (`--dry-run`)",
         "",
         f"Machine: {ranks.machine()}. `bench/ranks_405b.py{' ' + ' '.join(sys.argv[1:]) if sys.argv[1:] else ''}` "
         f"on {measured_at}"
@@ -413,18 +419,19 @@ def report(cat, results, solo, tiny, args, measured_at):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--ranks", default="8,64,512", help="N of the table (default 8,64,512)")
+    ap.add_argument("--ranks", default="8,64,256,512", help="N of the table (default 8,64,256,512)")
     ap.add_argument("--measure", default="8,64,512",
                     help="N run as a dry run for the weights catalog (default 8,64,512; the rest computed)")
-    ap.add_argument("--measure-optimizer", default="8,64",
-                    help="N run as a dry run for the weights + optimizer catalog (default 8,64)")
+    ap.add_argument("--measure-optimizer", default="8,64,256",
+                    help="N run as a dry run for the weights + optimizer catalog (default 8,64,256: at 512 "
+                    "ranks it did not complete on a 2-core machine)")
     ap.add_argument("--tiny", default="8,64", help="N at which the one-tensor job is timed (default 8,64)")
     ap.add_argument("--no-optimizer", action="store_true", help="only the weights catalog")
     ap.add_argument("--ckpt", default=os.path.join(ROOT, "target", "release", "ckpt"))
     ap.add_argument("--gbps", type=float, default=2.0, help="write bandwidth per node, GB/s (default 2)")
     ap.add_argument("--aggregate-gbps", type=float, default=100.0,
                     help="the filesystem's total bandwidth, GB/s (default 100)")
-    ap.add_argument("--timeout", type=int, default=900, help="seconds one dry run may take (default 900)")
+    ap.add_argument("--timeout", type=int, default=1500, help="seconds one dry run may take (default 1500)")
     ap.add_argument("--fresh", action="store_true", help="run every dry run again (else one measured before "
                     "with the same binary is kept)")
     ap.add_argument("--no-write", action="store_true", help="do not write bench/RESULTS-ranks.md")
@@ -483,6 +490,7 @@ def main():
                         # A dry run already measured with this binary is kept (bench/work/ranks-405b/
                         # dry-*.json); one that fails is tried once more, then at half the ranks.
                         r = cached(ckpt, key, op, m) if not args.fresh else None
+                        hit = r is not None
                         for _ in range(2):
                             if r is not None and "error" not in r:
                                 break
@@ -491,7 +499,8 @@ def main():
                                 log(f"{key} {op} at N = {m}: {r['error']}")
                             r = dry(ckpt, op, cat[key]["folder"], m, args.timeout, wrap)
                         if "error" not in r:
-                            cache(ckpt, key, op, m, r)
+                            if not hit:
+                                cache(ckpt, key, op, m, r)
                             break
                         entry["failed"].append({"n": m, **r})
                         log(f"{key} {op} at N = {m}: {r['error']}")

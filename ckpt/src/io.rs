@@ -106,6 +106,10 @@ pub(crate) fn files_under(dir: &Path) -> Result<Vec<PathBuf>> {
 /// without end.
 pub(crate) fn open(path: &Path) -> Result<File> {
     use std::os::unix::fs::FileTypeExt;
+    // A catalog keeps its files open while a plan runs: a checkpoint of thousands of files (a
+    // 405B model with its optimizer is 1,458) would pass the common soft limit of 1,024 open
+    // files, which the hard limit usually allows raising (done once per process).
+    crate::sys::raise_open_file_limit();
     let kind = std::fs::metadata(path).at(path)?.file_type();
     if !kind.is_file() {
         let what = if kind.is_dir() {

@@ -1,4 +1,5 @@
-//! The only module with `unsafe`: the kernel copy call, the memory map, and the folder swap.
+//! The only module with `unsafe`: the kernel copy call, the memory map, the folder swap, and the
+//! open-file limit.
 //!
 //! Both exist to move tensor bytes without holding them: `copy_file_range` copies inside the
 //! kernel (and can share extents on filesystems that support it); where the kernel refuses, we
@@ -116,5 +117,36 @@ impl MappedFile {
         // slice borrowed from the map is alive across this call in our callers (they release a
         // window only after writing it out).
         let _ = unsafe { self.map.unchecked_advise_range(UncheckedAdvice::DontNeed, off, len) };
+    }
+}
+
+/// Raises this process's soft limit on open files to its hard limit (once; best effort: a
+/// failure leaves the limit as it was, and opening a file past it is then an error that names
+/// the file).
+pub(crate) fn raise_open_file_limit() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+        // SAFETY: `lim` is a valid, writable rlimit for the call to fill.
+        if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0 && lim.rlim_cur < lim.rlim_max {
+            let raised = libc::rlimit { rlim_cur: lim.rlim_max, rlim_max: lim.rlim_max };
+            // SAFETY: `raised` is a valid rlimit; the call only reads it.
+            let _ = unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) };
+        }
+    });
+}
+
+#[cfg(test)]
+mod limit_tests {
+    #[test]
+    fn the_soft_open_file_limit_is_raised_to_the_hard_one() {
+        let mut before = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+        // SAFETY: a valid rlimit to fill.
+        assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut before) }, 0);
+        super::raise_open_file_limit();
+        let mut after = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+        // SAFETY: as above.
+        assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut after) }, 0);
+        assert_eq!(after.rlim_cur, before.rlim_max);
     }
 }
