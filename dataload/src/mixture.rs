@@ -233,7 +233,11 @@ impl Mixture {
                 return Err(bad("sizes", format!("source {i} is empty and cannot repeat")));
             }
         }
-        let once_total: u64 = spec.sizes.iter().zip(&once).filter(|(_, o)| **o).map(|(n, _)| *n).sum();
+        let once_total =
+            spec.sizes.iter().zip(&once).filter(|(_, o)| **o).try_fold(0u64, |t, (n, _)| t.checked_add(*n));
+        let Some(once_total) = once_total else {
+            return Err(bad("sizes", "the sources read once hold more than 2^64 samples together"));
+        };
         let all_once = once.iter().all(|o| *o);
         let len = match (spec.length, all_once) {
             (Some(l), true) if l > once_total => {
