@@ -8,7 +8,6 @@
 //! `sys.rs`.
 
 use std::fs::File;
-use std::io::Read;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -103,29 +102,30 @@ pub(crate) fn files_under(dir: &Path) -> Result<Vec<PathBuf>> {
 
 /// Opens `path` for reading, refusing anything but a regular file (after links) before it is
 /// opened: opening a FIFO or a device planted in place of a shard would block forever or read
-/// without end.
+/// without end (the checks are `durable`'s, shared with the data loader).
 pub(crate) fn open(path: &Path) -> Result<File> {
-    use std::os::unix::fs::FileTypeExt;
     // A catalog keeps its files open while a plan runs: a checkpoint of thousands of files (a
     // 405B model with its optimizer is 1,458) would pass the common soft limit of 1,024 open
     // files, which the hard limit usually allows raising (done once per process).
     crate::sys::raise_open_file_limit();
-    let kind = std::fs::metadata(path).at(path)?.file_type();
-    if !kind.is_file() {
-        let what = if kind.is_dir() {
-            "a folder"
-        } else if kind.is_fifo() {
-            "a FIFO"
-        } else if kind.is_socket() {
-            "a socket"
-        } else if kind.is_block_device() || kind.is_char_device() {
-            "a device"
-        } else {
-            "not a regular file"
-        };
-        return Err(Error::NotARegularFile { path: path.to_path_buf(), kind: what });
+    durable::open_regular(path).map_err(fs_error)
+}
+
+/// A `durable` error as this crate's, at the edge: the variants and words `ckpt` has always
+/// used (a directory is "a folder" here; a whole file over its cap is a record too large).
+pub(crate) fn fs_error(e: durable::Error) -> Error {
+    match e {
+        durable::Error::Io { path, source } => Error::Io { path, source },
+        durable::Error::NotARegularFile { path, kind } => {
+            let kind = match kind {
+                durable::FileKind::Directory => "a folder",
+                other => other.noun(),
+            };
+            Error::NotARegularFile { path, kind }
+        }
+        durable::Error::TooLarge { path, size, limit } => too_large(&path, size, limit),
+        other => Error::Io { path: other.path().to_path_buf(), source: std::io::Error::other(other.to_string()) },
     }
-    File::open(path).at(path)
 }
 
 /// Reads `len` bytes at `off` of `file` (named `path` in errors).
@@ -137,20 +137,10 @@ pub(crate) fn read_at(file: &(impl ReadAt + ?Sized), path: &Path, off: u64, len:
 }
 
 /// Reads a whole small file (an index, `latest`, `.metadata`, a manifest), refusing one larger
-/// than `max` bytes before reading it.
+/// than `max` bytes before reading it (and one that grows past it while read).
 pub(crate) fn read_capped(path: &Path, max: u64) -> Result<Vec<u8>> {
-    let file = open(path)?;
-    let len = file.metadata().at(path)?.len();
-    if len > max {
-        return Err(too_large(path, len, max));
-    }
-    let mut out = Vec::with_capacity(usize::try_from(len).unwrap_or(0));
-    // `take` keeps a file that grows while we read within the cap too.
-    file.take(max + 1).read_to_end(&mut out).at(path)?;
-    if out.len() as u64 > max {
-        return Err(too_large(path, out.len() as u64, max));
-    }
-    Ok(out)
+    crate::sys::raise_open_file_limit();
+    durable::read_capped(path, max).map_err(fs_error)
 }
 
 fn too_large(path: &Path, size: u64, limit: u64) -> Error {

@@ -13,10 +13,8 @@
 //! the renames, so a kill in between leaves no index, never an index that describes a mixed
 //! set.
 
-use std::fs::{File, OpenOptions};
-use std::io::Write;
+use std::fs::File;
 use std::os::unix::fs::FileExt;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -24,7 +22,7 @@ use crate::cast::cast_into;
 use crate::catalog::{TensorData, TensorInfo};
 use crate::dtype::Dtype;
 use crate::error::{Error, IoContext, Result};
-use crate::io::Sources;
+use crate::io::{fs_error, Sources};
 use crate::sys;
 
 /// A copy of `len` bytes from source file `src` (an index into the plan's sources) at `src_off`
@@ -216,10 +214,9 @@ const MIN_WINDOW: u64 = 1 << 20;
 const PREAD_MIN: u64 = 1 << 10;
 
 /// The temporary a target at `path` is written as: `.<name>.<token>.tmp` beside it. The token
-/// is 64 random bits from rank 0, so every rank names it alike and nobody can predict it.
-pub(crate) fn temp_name(path: &Path, token: &str) -> PathBuf {
-    path.with_file_name(format!(".{}.{token}.tmp", file_name(path)))
-}
+/// is 64 random bits from rank 0 ([`random_hex`]), so every rank names it alike and nobody can
+/// predict it.
+pub(crate) use durable::{random_hex, temp_name};
 
 /// A folder that does not exist yet, built as `.<name>.<token>.tmp` beside it, and the token
 /// the plan's temporaries are named by.
@@ -364,20 +361,6 @@ pub(crate) fn refuse_planted_link(path: &Path, plan: &Plan) -> Result<()> {
         return Err(Error::PlantedLink { path: path.to_path_buf() });
     }
     Ok(())
-}
-
-/// 64 random bits as hex, from the kernel: temporary names nobody can predict.
-pub(crate) fn random_hex() -> String {
-    let mut b = [0u8; 8];
-    let ok = File::open("/dev/urandom").and_then(|f| std::io::Read::read_exact(&mut &f, &mut b)).is_ok();
-    if !ok {
-        // No /dev/urandom (a sandbox): std's per-process random hash keys still differ per run.
-        use std::hash::{BuildHasher, Hasher};
-        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-        h.write_u32(std::process::id());
-        b = h.finish().to_le_bytes();
-    }
-    b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
 /// Reads a gathered tensor run by run into a bounded window, casts each full window and writes
@@ -569,34 +552,22 @@ pub(crate) fn stale_files(dir: &Path, managed: impl Fn(&str) -> bool, marker: im
     Ok(stale)
 }
 
+/// Removes the file `path`; one already gone is no error.
 pub(crate) fn remove_if_there(path: &Path) -> Result<()> {
-    match std::fs::remove_file(path) {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(Error::Io { path: path.to_path_buf(), source: e }),
-    }
+    durable::remove_if_there(path).map_err(fs_error)
 }
 
-/// Writes `bytes` to `path` atomically: temp beside it, fsync, rename, fsync the folder.
+/// Writes `bytes` to `path` atomically: temp beside it, fsync, rename, fsync the folder
+/// (`durable`'s protocol), refusing to rename over a link the caller did not name.
 pub(crate) fn write_atomic(path: &Path, bytes: &[u8], plan: &Plan) -> Result<()> {
-    let mut temps = TempSet::default();
-    temps.create(path)?;
-    let (tmp, f, _) = &mut temps.files[0];
-    let tmp = tmp.clone();
-    f.write_all(bytes).at(&tmp)?;
-    f.sync_all().at(&tmp)?;
+    let pending = durable::AtomicWrite::prepare(path, bytes).map_err(fs_error)?;
     refuse_planted_link(path, plan)?;
-    std::fs::rename(&tmp, path).at(path)?;
-    temps.forget();
-    if let Some(dir) = path.parent() {
-        sync_dir(dir)?;
-    }
-    Ok(())
+    pending.commit().map_err(fs_error)
 }
 
+/// Makes the entries of `dir` durable (the empty path is the current folder).
 pub(crate) fn sync_dir(dir: &Path) -> Result<()> {
-    let dir = if dir.as_os_str().is_empty() { Path::new(".") } else { dir };
-    File::open(dir).and_then(|d| d.sync_all()).at(dir)
+    durable::sync_dir(dir).map_err(fs_error)
 }
 
 pub(crate) fn file_name(p: &Path) -> String {
@@ -611,35 +582,11 @@ pub(crate) struct TempSet {
 }
 
 impl TempSet {
-    /// Creates `.<name>.<random>.tmp` beside `target`, exclusively and without following a
-    /// link: a name nobody can predict, and nothing planted there is ever written through. The
-    /// leading dot and the `.tmp` suffix keep it from ever matching a checkpoint file name.
-    fn create(&mut self, target: &Path) -> Result<()> {
-        let mut last = None;
-        for _ in 0..8 {
-            match self.create_at(temp_name(target, &random_hex()), 0) {
-                Ok(_) => return Ok(()),
-                Err(Error::Io { path, source }) if source.kind() == std::io::ErrorKind::AlreadyExists => {
-                    last = Some((path, source))
-                }
-                Err(e) => return Err(e),
-            }
-        }
-        let (path, source) = last.unwrap_or_else(|| (target.to_path_buf(), std::io::ErrorKind::AlreadyExists.into()));
-        Err(Error::Io { path, source })
-    }
-
-    /// Creates the temporary `path` for target `target`, as [`TempSet::create`] does.
+    /// Creates the temporary `path` (see [`temp_name`]) for target `target`, exclusively and
+    /// without following a link: nothing planted there is ever written through.
     pub(crate) fn create_at(&mut self, path: PathBuf, target: usize) -> Result<&File> {
         // Readable too: finishing a target may read back what was copied (torch CRCs).
-        let f = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-            .mode(0o644)
-            .open(&path)
-            .at(&path)?;
+        let f = durable::create_temp(&path).map_err(fs_error)?;
         self.files.push((path, f, target));
         Ok(&self.files[self.files.len() - 1].1)
     }
@@ -661,41 +608,15 @@ impl Drop for TempSet {
 /// Copies `src` to the new file `dst` (which must not exist) and makes it durable: for
 /// the world-size-independent files of a folder being built in a stage.
 pub(crate) fn copy_durable(src: &Path, dst: &Path) -> Result<()> {
-    let mut from = crate::io::open(src)?;
-    let mut to = create_new(dst)?;
-    std::io::copy(&mut from, &mut to).at(dst)?;
-    to.sync_all().at(dst)
+    durable::copy_new(src, dst).map_err(fs_error)
 }
 
 /// Creates the new file `path` for writing, refusing one that exists (or a link there).
 pub(crate) fn create_new(path: &Path) -> Result<File> {
-    OpenOptions::new().write(true).create_new(true).custom_flags(libc::O_NOFOLLOW).open(path).at(path)
+    durable::create_new(path).map_err(fs_error)
 }
 
 /// Writes the small new file `path` (which must not exist) and makes it durable.
 pub(crate) fn write_small(path: &Path, bytes: &[u8]) -> Result<()> {
-    let mut to = create_new(path)?;
-    to.write_all(bytes).at(path)?;
-    to.sync_all().at(path)
-}
-
-#[cfg(test)]
-mod tests {
-    #![allow(clippy::unwrap_used)]
-    use super::*;
-
-    #[test]
-    fn temporaries_are_unpredictable_and_never_follow_a_link() {
-        let tmp = tempfile::tempdir().unwrap();
-        let target = tmp.path().join("x.bin");
-        let mut a = TempSet::default();
-        a.create(&target).unwrap();
-        a.create(&target).unwrap();
-        let (p0, p1) = (&a.files[0].0, &a.files[1].0);
-        assert_ne!(p0, p1, "two temporaries of one target never share a name");
-        let name = p0.file_name().unwrap().to_string_lossy().into_owned();
-        assert!(name.starts_with(".x.bin.") && name.ends_with(".tmp") && name.len() == ".x.bin.".len() + 16 + 4);
-        drop(a);
-        assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0, "dropped temporaries are removed");
-    }
+    durable::write_new(path, bytes).map_err(fs_error)
 }
