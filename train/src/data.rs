@@ -18,8 +18,9 @@ pub(crate) const SYNTHETIC_VOCAB: i64 = 64;
 
 /// Writes the deterministic synthetic corpus to `path` unless it is there: `n` `u16` tokens of
 /// a noisy "counting" language (each token is mostly the previous plus a small step that
-/// depends on the one before), learnable in a few hundred steps. Written under a temporary
-/// name and renamed, so a concurrent reader never sees half of it.
+/// depends on the one before), learnable in a few hundred steps. Written atomically and
+/// durably (`durable`: a temporary beside it, fsynced, renamed), so a concurrent reader never
+/// sees half of it, nor a crash leaves half of it.
 pub(crate) fn ensure_synthetic(path: &Path, n: usize) -> anyhow::Result<()> {
     if path.is_file() {
         return Ok(());
@@ -44,9 +45,7 @@ pub(crate) fn ensure_synthetic(path: &Path, n: usize) -> anyhow::Result<()> {
         bytes.extend_from_slice(&(c as u16).to_le_bytes());
         (a, b) = (b, c);
     }
-    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-    std::fs::write(&tmp, &bytes).with_context(|| format!("{}", tmp.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("{}", path.display()))?;
+    durable::write_atomic(path, &bytes)?;
     Ok(())
 }
 
@@ -183,4 +182,27 @@ fn decode(bytes: &[u8], rank: u64, t: usize) -> anyhow::Result<(TokenBatch, Vec<
         }
     }
     anyhow::bail!("no batch for rank {rank}")
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn the_synthetic_corpus_is_written_whole_and_once() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("data");
+        let path = dir.join("synthetic.bin");
+        ensure_synthetic(&path, 1000).unwrap();
+        let bytes = std::fs::read(&path).unwrap();
+        assert_eq!(bytes.len(), 2000);
+        assert!(bytes.chunks_exact(2).all(|c| i64::from(u16::from_le_bytes([c[0], c[1]])) < SYNTHETIC_VOCAB));
+        let names: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(names, ["synthetic.bin"], "no temporary is left beside it");
+        // Already there: left as it is.
+        std::fs::write(&path, b"kept").unwrap();
+        ensure_synthetic(&path, 1000).unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"kept");
+    }
 }
