@@ -31,8 +31,9 @@ fn fs_error(e: durable::Error) -> DataloadError {
 }
 
 /// Opens `path` for reading when it is a regular file (after links); anything else is refused
-/// with [`DataloadError::NotARegularFile`] before a byte is read (see the module docs).
-pub(crate) fn open_regular(path: &Path) -> Result<File> {
+/// with [`DataloadError::NotARegularFile`] before a byte is read: how every data file is opened
+/// (the Python package maps the files it views through this too).
+pub fn open_regular(path: &Path) -> Result<File> {
     durable::open_regular(path).map_err(fs_error)
 }
 

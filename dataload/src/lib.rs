@@ -148,6 +148,8 @@ pub use collective::{Collective, CollectiveError, InProcessCollective, InProcess
 pub use config::{DataLoaderConfiguration, DatasetKind, LoaderShape, ShardMode};
 pub use dispatch::{base_batches, dispatch_slice, gather_for_metrics, DispatchSlice, DispatchedBatch, Dispatcher};
 pub use error::{DataloadError, ErrorKind, Result};
+#[cfg(feature = "sources")]
+pub use fs::open_regular;
 pub use iterable_shard::{IterableDatasetShard, StreamPlan, TailItem};
 #[cfg(feature = "sources")]
 pub use jsonl::{IndexPlacement, JsonlDataset, TextBatch, DEFAULT_FRAME_CACHE};

@@ -372,4 +372,35 @@ impl JsonlSource {
         let (path, line) = py.detach(|| inner.record_line(i)).map_err(errors::dataload)?;
         Ok((path.display().to_string(), line))
     }
+
+    /// The error for record `i` when Python's `json` refuses it (`reason`: what it said; the
+    /// index already checked it is JSON, so what is left is what Python's parser will not read,
+    /// an integer past its digit limit): `dataload`'s `NotJson`, naming the file and the line.
+    fn not_json(&self, py: Python<'_>, i: &Bound<'_, PyAny>, reason: String) -> PyResult<Py<PyAny>> {
+        let (path, line) = self.record_line(py, i)?;
+        let message = format!("`{path}`, line {line}: Python's `json` cannot read the record: {reason}");
+        let e = dataload::DataloadError::NotJson { path: path.into(), line, column: 0, reason };
+        Ok(errors::dataload_worded(e, message).into_value(py).into_any())
+    }
+}
+
+/// Opens the regular file `path` for reading, as `dataload` opens every data file (a FIFO, a
+/// socket, a device or a directory in its place is refused by name, never waited on), and
+/// hands its descriptor to the caller, who maps it and closes it: the Python layer's views of
+/// token and Arrow files.
+#[pyfunction]
+pub(crate) fn open_regular(py: Python<'_>, path: PathBuf) -> PyResult<i32> {
+    use std::os::fd::IntoRawFd;
+    let file = py.detach(|| dataload::open_regular(&path)).map_err(errors::dataload)?;
+    Ok(file.into_raw_fd())
+}
+
+/// Refuses a map of `mapped` bytes of `path` once the file is `size` bytes, fewer than mapped
+/// (`dataload`'s `FileChanged`): reading a map past the end of its file kills the process.
+#[pyfunction]
+pub(crate) fn check_mapped(path: PathBuf, size: u64, mapped: u64) -> PyResult<()> {
+    if size < mapped {
+        return Err(errors::dataload(dataload::DataloadError::FileChanged { path }));
+    }
+    Ok(())
 }

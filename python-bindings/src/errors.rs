@@ -141,8 +141,14 @@ fn keyword(option: ckpt::Opt, value: Option<&str>) -> String {
 
 /// A `dataload` error.
 pub(crate) fn dataload(e: dataload::DataloadError) -> PyErr {
-    let variant = e.variant_name().to_owned();
     let message = e.to_string();
+    dataload_worded(e, message)
+}
+
+/// A `dataload` error in the bindings' own words (`message`): one the Python layer found, of a
+/// variant of the enum (a record Python's `json` refuses is `NotJson`).
+pub(crate) fn dataload_worded(e: dataload::DataloadError, message: String) -> PyErr {
+    let variant = e.variant_name().to_owned();
     build("dataload", variant, message, |d| {
         d.set_item("class", dataload_class(&e))?;
         match &e {
@@ -156,6 +162,13 @@ pub(crate) fn dataload(e: dataload::DataloadError) -> PyErr {
                 d.set_item("path", path.display().to_string())?;
                 d.set_item("io_kind", kind)?;
                 d.set_item("errno", errno)?;
+            }
+            dataload::DataloadError::NotARegularFile { path, .. } | dataload::DataloadError::FileChanged { path } => {
+                d.set_item("path", path.display().to_string())?;
+            }
+            dataload::DataloadError::NotJson { path, line, .. } => {
+                d.set_item("path", path.display().to_string())?;
+                d.set_item("line", *line)?;
             }
             _ => {}
         }

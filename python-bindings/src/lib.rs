@@ -35,6 +35,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<datasets::TokenSource>()?;
     m.add_class::<datasets::TableSource>()?;
     m.add_class::<datasets::JsonlSource>()?;
+    m.add_function(wrap_pyfunction!(datasets::open_regular, m)?)?;
+    m.add_function(wrap_pyfunction!(datasets::check_mapped, m)?)?;
     m.add_function(wrap_pyfunction!(checkpoint::verify, m)?)?;
     m.add_function(wrap_pyfunction!(checkpoint::split, m)?)?;
     m.add_function(wrap_pyfunction!(checkpoint::merge, m)?)?;

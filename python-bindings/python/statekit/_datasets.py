@@ -13,13 +13,12 @@ from __future__ import annotations
 import json
 import mmap
 import os
-import stat
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 from . import _native
-from .errors import DataError, UsageError
+from .errors import UsageError
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -36,27 +35,12 @@ def _indices(indices: Sequence[int], n: int) -> List[int]:
     return out
 
 
-def _kind(mode: int) -> str:
-    if stat.S_ISDIR(mode):
-        return "a directory"
-    if stat.S_ISFIFO(mode):
-        return "a FIFO"
-    if stat.S_ISSOCK(mode):
-        return "a socket"
-    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-        return "a device"
-    return "not a regular file"
-
-
 def _map_regular(path: str) -> mmap.mmap:
-    """A private (copy-on-write) map of the regular file ``path``. The file is opened without
-    blocking and its type checked on the descriptor, so a FIFO or a device put in its place is
-    refused by name (as ``dataload`` refuses it), never waited on or read without end."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    """A private (copy-on-write) map of the regular file ``path``, opened by ``dataload``
+    (through ``_native``): a FIFO or a device put in its place is refused by name, never waited
+    on or read without end."""
+    fd = _native.open_regular(path)
     try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            raise DataError(f"`{path}`: is {_kind(mode)}, not a regular file; refusing to read it", variant="NotARegularFile", path=path)
         return mmap.mmap(fd, 0, access=mmap.ACCESS_COPY)
     finally:
         os.close(fd)
@@ -65,8 +49,7 @@ def _map_regular(path: str) -> mmap.mmap:
 def _whole(m: mmap.mmap, path: str) -> mmap.mmap:
     """``m`` once its file is checked to be no shorter than the map (``mmap.size()`` is the
     file's size now): reading a map past the end of its file kills the process."""
-    if m.size() < len(m):
-        raise DataError(f"`{path}`: the file changed while opened", variant="FileChanged", path=path)
+    _native.check_mapped(path, m.size(), len(m))
     return m
 
 
@@ -245,8 +228,7 @@ class JsonlDataset(_Base):
             except (ValueError, RecursionError) as e:
                 # The index checked the record is JSON (UTF-8, nesting within 128 levels); what
                 # is left is what Python's parser refuses (an integer past its digit limit).
-                path, line = self._src.record_line(i)
-                raise DataError(f"`{path}`, line {line}: Python's `json` cannot read the record: {e}", variant="NotJson", path=path, line=line) from None
+                raise self._src.not_json(i, str(e)) from None
         return out
 
 
