@@ -158,11 +158,14 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
 
+    /// What is in `dir`, by name, sorted: what a write left behind.
     fn names(dir: &Path) -> Vec<String> {
-        let mut v: Vec<String> =
-            std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
-        v.sort();
-        v
+        let mut out = Vec::new();
+        for entry in std::fs::read_dir(dir).unwrap() {
+            out.push(entry.unwrap().file_name().into_string().unwrap());
+        }
+        out.sort();
+        out
     }
 
     #[test]
