@@ -229,8 +229,8 @@ mod tests {
 
     /// A plan writing `new` into `dir` over a previous checkpoint made of `old`.
     fn plan(dir: &Path, new: &[&str], old: &[&str]) -> Plan {
-        let mut plan = Plan::default();
-        plan.targets = new.iter().map(|n| TargetFile::new(dir.join(n), Vec::new(), 0)).collect();
+        let targets = new.iter().map(|n| TargetFile::new(dir.join(n), Vec::new(), 0)).collect();
+        let mut plan = Plan { targets, ..Plan::default() };
         plan.trailers.push((dir.join("index.json"), b"{}".to_vec()));
         plan.stale.markers.push(dir.join("index.json"));
         plan.stale.files = old.iter().map(|n| dir.join(n)).collect();
