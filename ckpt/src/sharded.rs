@@ -38,8 +38,9 @@ use crate::dtype::Dtype;
 use crate::error::{Error, IoContext, Result};
 use crate::formats::dcp::encode::{self, OutChunk, OutItem, OutKind};
 use crate::formats::dcp::metadata::PathElem;
+use crate::formats::dcp::plan::RankFile;
 use crate::formats::dcp::METADATA_NAME;
-use crate::formats::torch::writer::{self, TorchLayout, WStorage, WTensor};
+use crate::formats::torch::writer;
 use crate::job::agree_with;
 use crate::outcome::Outcome;
 use crate::shape::numel;
@@ -202,6 +203,8 @@ fn refuse_existing(dir: &Path) -> Result<()> {
     }
 }
 
+/// Step 2 on one rank: its items laid out, written into its file in the staged folder `tmp`,
+/// sealed and made durable; returns their descriptors.
 fn write_rank(
     tmp: &Path,
     rank: u64,
@@ -209,77 +212,18 @@ fn write_rank(
     values: &[(Vec<KeyPart>, LocalValue)],
     opts: &WriteOptions<'_>,
 ) -> Result<Vec<Desc>> {
-    let name = format!("__{rank}_0.distcp");
-    let path = tmp.join(&name);
-    let bad = |key: &str, reason: String| Error::BadConvert { dst: path.clone(), reason: format!("`{key}`: {reason}") };
+    let mut file = RankFile::new(tmp, rank);
     let mut descs = Vec::new();
-    let mut layouts: Vec<(u64, TorchLayout)> = Vec::new();
-    let mut payloads: Vec<(u64, &[u8])> = Vec::new();
     // Per item, in layout order: its storage bytes (a tensor) or none (a value).
-    let mut payloads_of: Vec<Option<&[u8]>> = Vec::new();
-    let mut pos = 0u64;
-    let path_of = |p: &[KeyPart]| {
-        p.iter()
-            .map(|k| match k {
-                KeyPart::Key(s) => (Some(s.clone()), 0),
-                KeyPart::Index(i) => (None, *i),
-            })
-            .collect()
-    };
+    let mut payloads: Vec<Option<(u64, &[u8])>> = Vec::new();
     for t in tensors {
-        let key = key_of(&t.path);
-        if !t.dtype.bits().is_multiple_of(8) || !t.dtype.in_safetensors() {
-            return Err(bad(&key, format!("dtype `{}` cannot be saved", t.dtype)));
-        }
-        let row = numel(t.global_shape.get(1..).unwrap_or_default())
-            .and_then(|n| n.checked_mul(t.dtype.bits() / 8))
-            .ok_or_else(|| bad(&key, "too large".into()))?;
-        let len = t.bytes.len() as u64;
-        let (rows, sizes, offsets) = if t.global_shape.is_empty() {
-            if len != row || t.dim0_offset != 0 {
-                return Err(bad(&key, format!("a 0-d tensor holds {row} bytes, not {len} at row {}", t.dim0_offset)));
-            }
-            (1, vec![], vec![])
-        } else {
-            if row == 0 || !len.is_multiple_of(row) {
-                return Err(bad(&key, format!("{len} bytes are not whole rows of {row} bytes")));
-            }
-            let rows = len / row;
-            let n0 = t.global_shape[0];
-            if t.dim0_offset.checked_add(rows).is_none_or(|end| end > n0) {
-                return Err(bad(&key, format!("rows {}..+{rows} are beyond its {n0} rows", t.dim0_offset)));
-            }
-            let mut sizes = t.global_shape.clone();
-            sizes[0] = rows;
-            let mut offsets = vec![0; sizes.len()];
-            offsets[0] = t.dim0_offset;
-            (rows, sizes, offsets)
-        };
-        if rows == 0 {
-            continue;
-        }
-        let wt = WTensor { dtype: t.dtype, shape: sizes.clone(), storage: 0, offset: 0 };
-        let layout = writer::layout_tensor("archive", &wt, WStorage { dtype: t.dtype, byte_len: len }, &path)?;
-        payloads.push((pos + layout.storage_offsets.first().copied().unwrap_or(0), t.bytes));
-        payloads_of.push(Some(t.bytes));
-        descs.push(Desc {
-            key,
-            path: path_of(&t.path),
-            dtype: Some(t.dtype.safetensors_name().to_string()),
-            shape: t.global_shape.clone(),
-            offsets,
-            sizes,
-            file: name.clone(),
-            offset: pos,
-            length: layout.file_len,
-        });
-        let item = layout.file_len;
-        layouts.push((pos, layout));
-        pos += item;
+        let Some((desc, data_at)) = lay_out_tensor(&mut file, t)? else { continue };
+        descs.push(desc);
+        payloads.push(Some((data_at, t.bytes)));
     }
     for (p, v) in values {
-        let layout = writer::layout_value("archive", &v.leaf(), &path)?;
-        payloads_of.push(None);
+        let layout = writer::layout_value("archive", &v.leaf(), &file.path)?;
+        let (offset, length) = file.push_layout(layout);
         descs.push(Desc {
             key: key_of(p),
             path: path_of(p),
@@ -287,40 +231,98 @@ fn write_rank(
             shape: vec![],
             offsets: vec![],
             sizes: vec![],
-            file: name.clone(),
-            offset: pos,
-            length: layout.file_len,
+            file: file.name.clone(),
+            offset,
+            length,
         });
-        let item = layout.file_len;
-        layouts.push((pos, layout));
-        pos += item;
+        payloads.push(None);
     }
-    let file = OpenOptions::new()
+    write_file(&file, &payloads, opts)?;
+    Ok(descs)
+}
+
+/// Checks this rank's slice of a tensor and lays it out as the next item of `file`: its
+/// descriptor and where its bytes go, or `None` for a slice of no rows.
+fn lay_out_tensor(file: &mut RankFile, t: &LocalTensor<'_>) -> Result<Option<(Desc, u64)>> {
+    let key = key_of(&t.path);
+    let bad = |reason: String| Error::BadConvert { dst: file.path.clone(), reason: format!("`{key}`: {reason}") };
+    if !t.dtype.bits().is_multiple_of(8) || !t.dtype.in_safetensors() {
+        return Err(bad(format!("dtype `{}` cannot be saved", t.dtype)));
+    }
+    let row = numel(t.global_shape.get(1..).unwrap_or_default())
+        .and_then(|n| n.checked_mul(t.dtype.bits() / 8))
+        .ok_or_else(|| bad("too large".into()))?;
+    let len = t.bytes.len() as u64;
+    let rows = if t.global_shape.is_empty() {
+        if len != row || t.dim0_offset != 0 {
+            return Err(bad(format!("a 0-d tensor holds {row} bytes, not {len} at row {}", t.dim0_offset)));
+        }
+        1
+    } else {
+        if row == 0 || !len.is_multiple_of(row) {
+            return Err(bad(format!("{len} bytes are not whole rows of {row} bytes")));
+        }
+        let rows = len / row;
+        let n0 = t.global_shape[0];
+        if t.dim0_offset.checked_add(rows).is_none_or(|end| end > n0) {
+            return Err(bad(format!("rows {}..+{rows} are beyond its {n0} rows", t.dim0_offset)));
+        }
+        rows
+    };
+    if rows == 0 {
+        return Ok(None);
+    }
+    let item = file.push_rows(t.dtype, &t.global_shape, t.dim0_offset, rows, row)?;
+    let c = item.chunk;
+    let desc = Desc {
+        key,
+        path: path_of(&t.path),
+        dtype: Some(t.dtype.safetensors_name().to_string()),
+        shape: t.global_shape.clone(),
+        offsets: c.offsets,
+        sizes: c.sizes,
+        file: c.file,
+        offset: c.offset,
+        length: c.length,
+    };
+    Ok(Some((desc, item.data_at)))
+}
+
+/// Writes the laid-out `file`: each tensor's bytes from memory where `payloads` puts them, then
+/// every archive's headers and CRCs (computed from the bytes in memory, not read back), then an
+/// fsync.
+fn write_file(file: &RankFile, payloads: &[Option<(u64, &[u8])>], opts: &WriteOptions<'_>) -> Result<()> {
+    let path = &file.path;
+    let f = OpenOptions::new()
         .read(true)
         .write(true)
         .create_new(true)
         .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(&path)
-        .at(&path)?;
-    file.set_len(pos).at(&path)?;
-    for (at, bytes) in payloads {
-        file.write_all_at(bytes, at).at(&path)?;
+        .open(path)
+        .at(path)?;
+    f.set_len(file.len).at(path)?;
+    for (at, bytes) in payloads.iter().flatten() {
+        f.write_all_at(bytes, *at).at(path)?;
         if let Some(progress) = opts.progress {
             progress(bytes.len() as u64);
         }
     }
-    // The CRCs come from the bytes in memory, not from reading the file back.
-    let mut payload = payloads_of.iter();
-    for (base, layout) in &layouts {
-        layout.write_fixed_at(&file, &path, *base)?;
-        let storages: Vec<&[u8]> = match payload.next() {
-            Some(Some(b)) => vec![*b],
-            _ => Vec::new(),
-        };
-        layout.finish_from(&file, &path, *base, &storages)?;
+    for ((base, layout), payload) in file.layouts.iter().zip(payloads) {
+        layout.write_fixed_at(&f, path, *base)?;
+        let storages: Vec<&[u8]> = payload.iter().map(|(_, b)| *b).collect();
+        layout.finish_from(&f, path, *base, &storages)?;
     }
-    file.sync_all().at(&path)?;
-    Ok(descs)
+    f.sync_all().at(path)
+}
+
+/// A key's path parts as the descriptors carry them.
+fn path_of(p: &[KeyPart]) -> Vec<(Option<String>, i64)> {
+    p.iter()
+        .map(|k| match k {
+            KeyPart::Key(s) => (Some(s.clone()), 0),
+            KeyPart::Index(i) => (None, *i),
+        })
+        .collect()
 }
 
 type Failure = (u64, String);
