@@ -5,7 +5,6 @@
 use std::path::PathBuf;
 
 use ckpt::{Checkpoint, ConvertOptions, MergeOptions, OpenOptions, Outcome, TargetFormat, WriteOptions};
-use collective::Collective;
 
 use crate::comm::PyCollective;
 use pyo3::prelude::*;
