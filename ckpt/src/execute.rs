@@ -333,6 +333,14 @@ fn sweep_leftovers(plan: &Plan, stage: &Stage) {
     if let Some((dir, _)) = &stage.dirs {
         outs.push(dir.clone());
     }
+    // The folder a previous run swapped out may be left beside the targets' folder even when
+    // this run writes in place (something unmanaged appeared in it since).
+    let folder = plan.targets.first().and_then(|t| t.path.parent()).filter(|d| !d.as_os_str().is_empty());
+    if let Some(folder) = folder.filter(|f| plan.targets.iter().all(|t| t.path.parent() == Some(*f))) {
+        if !outs.iter().any(|o| o == folder) && folder.file_name().is_some() {
+            outs.push(folder.to_path_buf());
+        }
+    }
     for out in outs {
         let (Some(dir), name) = (out.parent(), file_name(&out)) else { continue };
         let dir = if dir.as_os_str().is_empty() { Path::new(".") } else { dir };
