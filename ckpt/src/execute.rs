@@ -18,10 +18,12 @@ use crate::error::{Error, IoContext, Result};
 use crate::io::Sources;
 use crate::job::{agree, Job};
 use crate::shares::{Part, Share};
+use crate::stage::Stage;
+use crate::staged::is_temp_of;
 use crate::sys;
 use crate::write::{
     file_name, gather, kernel_copy, mapped_copy, refuse_overwriting_sources, refuse_planted_link, remove_if_there,
-    sync_dir, temp_name, write_atomic, CopyMethod, Gather, Plan, RangeCopy, Stage, TargetFile, TempSet, WriteOptions,
+    sync_dir, temp_name, write_atomic, CopyMethod, Gather, Plan, RangeCopy, Stale, TargetFile, TempSet, WriteOptions,
     PIECE,
 };
 
@@ -76,10 +78,11 @@ pub(crate) fn execute_from(
             false => Err(Error::PlanMismatch { path: at.clone(), rank }),
         }
     });
-    // A folder the plan creates is built under a temporary name and renamed into place once
-    // everything in it is complete, so a failure or a kill never leaves half of one behind.
+    // A folder the plan creates (or replaces whole) is built under a temporary name and put in
+    // place once everything in it is complete, so a failure or a kill never leaves half of one
+    // behind (see `stage.rs`).
     let staged = match (rank, &checked) {
-        (0, Ok(())) => Stage::new(plan).inspect(|s| sweep_leftovers(plan, s)),
+        (0, Ok(())) => Stage::new(plan, manifest.as_deref()).inspect(|s| sweep_leftovers(plan, s)),
         _ => Ok(Stage::default()),
     };
     let said = staged.as_ref().map(Stage::said).unwrap_or_default();
@@ -285,10 +288,14 @@ fn commit(
     // only where it could otherwise describe a mixed set: when a new file takes the name of one
     // of its files, or when no new index replaces it (a sharded set becoming one file). A kill
     // then leaves no index rather than a wrong one.
+    // A folder replaced whole takes the previous checkpoint with it: none of its files is
+    // touched before the swap, nor removed by name after it.
     let placed: std::collections::HashSet<PathBuf> = plan.targets.iter().map(|t| stage.place(&t.path)).collect();
     let replaced: std::collections::HashSet<&PathBuf> = trailers.iter().map(|(p, _)| p).collect();
-    let collides = plan.stale.files.iter().any(|f| placed.contains(f));
-    for m in plan.stale.markers.iter().filter(|m| collides || !replaced.contains(m)) {
+    let gone = Stale::default();
+    let stale = if stage.replaces() { &gone } else { &plan.stale };
+    let collides = stale.files.iter().any(|f| placed.contains(f));
+    for m in stale.markers.iter().filter(|m| collides || !replaced.contains(m)) {
         remove_if_there(m)?;
     }
     for t in &plan.targets {
@@ -313,17 +320,10 @@ fn commit(
     for (path, bytes) in outside {
         write_atomic(path, bytes, plan)?;
     }
-    for f in plan.stale.files.iter().filter(|f| !placed.contains(*f)) {
+    for f in stale.files.iter().filter(|f| !placed.contains(*f)) {
         remove_if_there(f)?;
     }
     Ok(())
-}
-
-/// Whether `name` is a temporary of ours for `target` (`.<target>.<16 hex>.tmp`).
-fn is_temp_of(name: &str, target: &str) -> bool {
-    let Some(rest) = name.strip_prefix('.').and_then(|n| n.strip_prefix(target)) else { return false };
-    let Some(hex) = rest.strip_prefix('.').and_then(|r| r.strip_suffix(".tmp")) else { return false };
-    hex.len() == 16 && hex.bytes().all(|b| b.is_ascii_hexdigit())
 }
 
 /// Removes what a killed run of this plan left behind: temporaries of its targets and trailers,
@@ -332,6 +332,14 @@ fn sweep_leftovers(plan: &Plan, stage: &Stage) {
     let mut outs: Vec<PathBuf> = plan.outputs();
     if let Some((dir, _)) = &stage.dirs {
         outs.push(dir.clone());
+    }
+    // The folder a previous run swapped out may be left beside the targets' folder even when
+    // this run writes in place (something unmanaged appeared in it since).
+    let folder = plan.targets.first().and_then(|t| t.path.parent()).filter(|d| !d.as_os_str().is_empty());
+    if let Some(folder) = folder.filter(|f| plan.targets.iter().all(|t| t.path.parent() == Some(*f))) {
+        if !outs.iter().any(|o| o == folder) && folder.file_name().is_some() {
+            outs.push(folder.to_path_buf());
+        }
     }
     for out in outs {
         let (Some(dir), name) = (out.parent(), file_name(&out)) else { continue };

@@ -83,7 +83,25 @@ impl<'a> Job<'a> {
     /// every rank, so that only that rank reports its error and none goes on alone into an
     /// operation the others left. `at` names the job's output in an error of the collective.
     pub fn first_failure(&self, at: &Path, failed: bool) -> Result<Option<u64>> {
-        first_failure(self.comm, at, failed)
+        Ok(first_said(self.comm, at, failed.then(Vec::new))?.map(|(rank, _)| rank))
+    }
+
+    /// `mine` on every rank once all have settled it: its own error on the lowest rank that
+    /// failed, [`Error::OtherRank`] naming that rank on the others (through `lift`, which also
+    /// turns an error of the collective into the caller's type), and `mine` where all succeeded.
+    ///
+    /// Every rank must call it. An error that `only_other` recognises as another rank's failure
+    /// (an [`Error::OtherRank`] from an operation that already agreed) does not count as this
+    /// rank's own, so the rank that saw the error reports it and the others stay quiet.
+    pub fn agree<T, E>(
+        &self,
+        at: &Path,
+        mine: std::result::Result<T, E>,
+        only_other: impl FnOnce(&E) -> bool,
+        lift: impl Fn(Error) -> E,
+    ) -> std::result::Result<T, E> {
+        let say = |e: &E| (!only_other(e)).then(Vec::new);
+        agree_with(self.comm, at, mine, say, |rank, _| lift(Error::OtherRank { rank }), &lift)
     }
 
     pub(crate) fn comm(&self) -> &dyn Collective {
@@ -107,16 +125,40 @@ impl<'a> Job<'a> {
 /// otherwise (an `Ok` is dropped then, which removes what it held: temporaries). `at` names the
 /// output in an error of the collective itself.
 pub(crate) fn agree<T>(comm: &dyn Collective, at: &Path, mine: Result<T>) -> Result<T> {
-    match first_failure(comm, at, mine.is_err())? {
-        Some(first) if first != comm.rank() => Err(Error::OtherRank { rank: first }),
+    agree_with(comm, at, mine, |_| Some(Vec::new()), |rank, _| Error::OtherRank { rank }, |e| e)
+}
+
+/// The one agreement every other is made of. Every rank says whether its step failed on its
+/// own (`say` gives `None` for an error that only reports another rank's failure, else a note
+/// for the others, empty for most callers); the lowest rank that did keeps its error, every
+/// other rank returns `other(that rank, its note)`, and a rank whose step succeeded alone keeps
+/// its result. An error of the collective itself goes through `lift`.
+pub(crate) fn agree_with<T, E>(
+    comm: &dyn Collective,
+    at: &Path,
+    mine: std::result::Result<T, E>,
+    say: impl FnOnce(&E) -> Option<Vec<u8>>,
+    other: impl FnOnce(u64, &[u8]) -> E,
+    lift: impl FnOnce(Error) -> E,
+) -> std::result::Result<T, E> {
+    let note = mine.as_ref().err().and_then(say);
+    let first = match first_said(comm, at, note) {
+        Ok(first) => first,
+        Err(e) => return Err(lift(e)),
+    };
+    match first {
+        Some((rank, note)) if rank != comm.rank() => Err(other(rank, &note)),
         _ => mine,
     }
 }
 
-/// The lowest rank that says it failed, if any (every rank must call it).
-fn first_failure(comm: &dyn Collective, at: &Path, failed: bool) -> Result<Option<u64>> {
-    let all = comm
-        .all_gather(vec![u8::from(failed)])
-        .map_err(|source| Error::Collective { dir: at.to_path_buf(), source })?;
-    Ok(all.iter().position(|s| s.first() == Some(&1)).map(|r| r as u64))
+/// The lowest rank that says it failed, and its note, if any (every rank must call it). A rank
+/// sends one byte when it did not fail, and a marker byte and its note when it did.
+fn first_said(comm: &dyn Collective, at: &Path, note: Option<Vec<u8>>) -> Result<Option<(u64, Vec<u8>)>> {
+    let mine = match note {
+        None => vec![0],
+        Some(note) => [vec![1], note].concat(),
+    };
+    let all = comm.all_gather(mine).map_err(|source| Error::Collective { dir: at.to_path_buf(), source })?;
+    Ok(all.into_iter().enumerate().find(|(_, s)| s.first() == Some(&1)).map(|(r, s)| (r as u64, s[1..].to_vec())))
 }

@@ -51,6 +51,7 @@ mod shape;
 mod sharded;
 mod shares;
 mod size;
+mod stage;
 mod staged;
 mod sys;
 mod value;

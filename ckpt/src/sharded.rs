@@ -7,18 +7,21 @@
 //!
 //! # Protocol
 //!
-//! 1. Rank 0 creates the folder under a temporary name beside `dir` (`.{name}.{random}.tmp`)
-//!    and broadcasts it.
+//! Each step ends with the ranks' agreement (the one of `job.rs`): a step that failed anywhere
+//! ends the save everywhere, and every rank returns the failure of the lowest rank that failed,
+//! with its message, as [`Error::ShardedSave`].
+//!
+//! 1. Rank 0 stages the folder (a [`crate::StagedFolder`] beside `dir`, `.{name}.{random}.tmp`)
+//!    and tells the others its name.
 //! 2. Every rank writes its items as `__{rank}_0.distcp` into it (an empty file when it holds
 //!    nothing, as torch writes one per rank) (each item a complete
 //!    `torch.save` archive laid out by our torch writer, the same bytes [`crate::reshard`] writes),
-//!    fsyncs it, and contributes the items' descriptors (key, dtype, global shape, chunk box,
-//!    byte range) to an all-gather, which is also the barrier after which every data file is
-//!    durable. A rank that failed contributes its error instead, and every rank returns one.
+//!    fsyncs it, and, once every rank has, contributes the items' descriptors (key, dtype,
+//!    global shape, chunk box, byte range) to an all-gather.
 //! 3. Rank 0 checks that the chunks of each tensor agree on dtype and shape and tile its rows
-//!    exactly, writes `.metadata` (the commit marker torch reads, in the 2.13 form), fsyncs,
-//!    renames the folder into place and fsyncs its parent, then broadcasts the outcome: all
-//!    ranks return only once the folder is committed.
+//!    exactly, writes `.metadata` (the commit marker torch reads, in the 2.13 form) and commits
+//!    the staged folder (everything fsynced, renamed into place, its parent fsynced); all ranks
+//!    return only once the folder is committed.
 //!
 //! A kill at any moment leaves either no `dir` or a complete one; a leftover temporary folder
 //! has a name no reader takes for a checkpoint. `dir` must not exist yet.
@@ -26,7 +29,7 @@
 use std::collections::BTreeMap;
 use std::fs::OpenOptions;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use collective::Collective;
 use serde::{Deserialize, Serialize};
@@ -35,12 +38,15 @@ use crate::dtype::Dtype;
 use crate::error::{Error, IoContext, Result};
 use crate::formats::dcp::encode::{self, OutChunk, OutItem, OutKind};
 use crate::formats::dcp::metadata::PathElem;
+use crate::formats::dcp::plan::RankFile;
 use crate::formats::dcp::METADATA_NAME;
-use crate::formats::torch::writer::{self, TorchLayout, WStorage, WTensor};
+use crate::formats::torch::writer;
+use crate::job::agree_with;
 use crate::outcome::Outcome;
 use crate::shape::numel;
+use crate::stage::Stage;
 use crate::value::Leaf;
-use crate::write::{sync_dir, WriteOptions};
+use crate::write::WriteOptions;
 
 /// One element of a state-dict path: a dict key or a list index. The DCP key of an entry is
 /// its path joined with `.` (`model.embed.weight`, `optimizer.param_groups.0.lr`).
@@ -127,12 +133,6 @@ struct Desc {
     length: u64,
 }
 
-#[derive(Serialize, Deserialize, Debug)]
-enum Report {
-    Wrote(Vec<Desc>),
-    Failed(String),
-}
-
 /// Saves this rank's `tensors` and `values` into the DCP folder `dir`, with every other rank of
 /// `comm` doing the same; returns once `dir` is committed (see the module docs). Every rank
 /// must call it, with the same `dir`. `values` should come from one rank only (any one).
@@ -145,68 +145,66 @@ pub fn save_sharded(
 ) -> Result<Outcome> {
     let rank = comm.rank();
     let coll = |source| Error::Collective { dir: dir.to_path_buf(), source };
-    let failed = |rank: u64, reason: String| Error::ShardedSave { dir: dir.to_path_buf(), rank, reason };
+    let failed = |rank: u64| move |e: Error| sharded_failure(dir, rank, e.to_string());
 
-    // 1. The temporary folder, named by rank 0.
-    let staged = if rank == 0 { Some(stage(dir).map_err(|e| e.to_string())) } else { None };
-    let msg = staged.as_ref().map(|s| match s {
-        Ok(p) => format!("ok:{}", p.display()).into_bytes(),
-        Err(e) => format!("err:{e}").into_bytes(),
-    });
-    let got = String::from_utf8(comm.broadcast(0, msg).map_err(coll)?).unwrap_or_default();
-    let tmp = match got.split_once(':') {
-        Some(("ok", p)) => PathBuf::from(p),
-        Some((_, e)) => return Err(failed(0, e.to_string())),
-        None => return Err(failed(0, "malformed broadcast".into())),
+    // 1. The staged folder, made by rank 0 and heard by the others.
+    let made = match rank {
+        0 => refuse_existing(dir).and_then(|()| Stage::folder(dir)).map_err(failed(0)),
+        _ => Ok(Stage::default()),
     };
+    let said = made.as_ref().map(Stage::said).unwrap_or_default();
+    let said = comm.broadcast(0, (rank == 0).then_some(said)).map_err(coll)?;
+    let made = agree_sharded(comm, dir, made)?;
+    let stage = if rank == 0 { made } else { Stage::heard(&said) };
 
     // 2. This rank's file, then everyone's descriptors.
-    let report = match write_rank(&tmp, rank, tensors, values, opts) {
-        Ok(d) => Report::Wrote(d),
-        Err(e) => Report::Failed(e.to_string()),
-    };
-    let bytes = serde_json::to_vec(&report).unwrap_or_default();
-    let gathered = comm.all_gather(bytes).map_err(coll)?;
+    let descs = write_rank(stage.path(), rank, tensors, values, opts).map_err(failed(rank));
+    let descs = agree_sharded(comm, dir, descs)?;
+    let gathered = comm.all_gather(serde_json::to_vec(&descs).unwrap_or_default()).map_err(coll)?;
 
-    // 3. Rank 0 commits.
-    let status = if rank == 0 {
-        let outcome = commit(dir, &tmp, &gathered, comm.world_size());
-        if outcome.is_err() {
-            let _ = std::fs::remove_dir_all(&tmp);
-        }
-        Some(outcome)
-    } else {
-        None
+    // 3. Rank 0 commits; every rank returns once it did.
+    let committed = match rank {
+        0 => commit(dir, &stage, &gathered).map_err(|(r, reason)| sharded_failure(dir, r, reason)),
+        _ => Ok(()),
     };
-    let msg = status.as_ref().map(|s| match s {
-        Ok(_) => b"ok".to_vec(),
-        Err((r, e)) => format!("{r}:{e}").into_bytes(),
-    });
-    let got = String::from_utf8(comm.broadcast(0, msg).map_err(coll)?).unwrap_or_default();
-    match status {
-        Some(Ok(outcome)) => Ok(outcome),
-        Some(Err((r, e))) => Err(failed(r, e)),
-        None if got == "ok" => Ok(outcome_of(dir, &gathered, comm.world_size())),
-        None => {
-            let (r, e) = got.split_once(':').unwrap_or(("0", got.as_str()));
-            Err(failed(r.parse().unwrap_or(0), e.to_string()))
-        }
+    agree_sharded(comm, dir, committed)?;
+    Ok(outcome_of(dir, &gathered, comm.world_size()))
+}
+
+/// A step of the save that failed, blaming rank `rank`.
+fn sharded_failure(dir: &Path, rank: u64, reason: String) -> Error {
+    Error::ShardedSave { dir: dir.to_path_buf(), rank, reason }
+}
+
+/// The ranks' agreement on a step (`crate::job`'s), where every rank returns the failure of the
+/// lowest rank that failed with its message: a training loop's every rank raises it. The note
+/// each failing rank sends is the rank its error blames (rank 0's commit blames the rank whose
+/// chunks did not fit) and the reason.
+fn agree_sharded<T>(comm: &dyn Collective, dir: &Path, mine: Result<T>) -> Result<T> {
+    let say = |e: &Error| {
+        let (rank, reason) = match e {
+            Error::ShardedSave { rank, reason, .. } => (*rank, reason.clone()),
+            e => (comm.rank(), e.to_string()),
+        };
+        Some(serde_json::to_vec(&(rank, reason)).unwrap_or_default())
+    };
+    let other = |first: u64, note: &[u8]| {
+        let (rank, reason) = serde_json::from_slice(note).unwrap_or((first, "malformed report".into()));
+        sharded_failure(dir, rank, reason)
+    };
+    agree_with(comm, dir, mine, say, other, |e| e)
+}
+
+/// Refuses a `dir` that exists: a sharded save makes a new folder.
+fn refuse_existing(dir: &Path) -> Result<()> {
+    match std::fs::symlink_metadata(dir) {
+        Ok(_) => Err(Error::BadConvert { dst: dir.to_path_buf(), reason: "it exists already".into() }),
+        Err(_) => Ok(()),
     }
 }
 
-/// Creates the temporary folder beside `dir`.
-fn stage(dir: &Path) -> Result<PathBuf> {
-    if std::fs::symlink_metadata(dir).is_ok() {
-        return Err(Error::BadConvert { dst: dir.to_path_buf(), reason: "it exists already".into() });
-    }
-    let parent = dir.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    std::fs::create_dir_all(parent).at(parent)?;
-    let name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let tmp = parent.join(format!(".{name}.{}.tmp", crate::write::random_hex()));
-    std::fs::create_dir(&tmp).at(&tmp)?;
-    Ok(tmp)
-}
-
+/// Step 2 on one rank: its items laid out, written into its file in the staged folder `tmp`,
+/// sealed and made durable; returns their descriptors.
 fn write_rank(
     tmp: &Path,
     rank: u64,
@@ -214,77 +212,18 @@ fn write_rank(
     values: &[(Vec<KeyPart>, LocalValue)],
     opts: &WriteOptions<'_>,
 ) -> Result<Vec<Desc>> {
-    let name = format!("__{rank}_0.distcp");
-    let path = tmp.join(&name);
-    let bad = |key: &str, reason: String| Error::BadConvert { dst: path.clone(), reason: format!("`{key}`: {reason}") };
+    let mut file = RankFile::new(tmp, rank);
     let mut descs = Vec::new();
-    let mut layouts: Vec<(u64, TorchLayout)> = Vec::new();
-    let mut payloads: Vec<(u64, &[u8])> = Vec::new();
     // Per item, in layout order: its storage bytes (a tensor) or none (a value).
-    let mut payloads_of: Vec<Option<&[u8]>> = Vec::new();
-    let mut pos = 0u64;
-    let path_of = |p: &[KeyPart]| {
-        p.iter()
-            .map(|k| match k {
-                KeyPart::Key(s) => (Some(s.clone()), 0),
-                KeyPart::Index(i) => (None, *i),
-            })
-            .collect()
-    };
+    let mut payloads: Vec<Option<(u64, &[u8])>> = Vec::new();
     for t in tensors {
-        let key = key_of(&t.path);
-        if !t.dtype.bits().is_multiple_of(8) || !t.dtype.in_safetensors() {
-            return Err(bad(&key, format!("dtype `{}` cannot be saved", t.dtype)));
-        }
-        let row = numel(t.global_shape.get(1..).unwrap_or_default())
-            .and_then(|n| n.checked_mul(t.dtype.bits() / 8))
-            .ok_or_else(|| bad(&key, "too large".into()))?;
-        let len = t.bytes.len() as u64;
-        let (rows, sizes, offsets) = if t.global_shape.is_empty() {
-            if len != row || t.dim0_offset != 0 {
-                return Err(bad(&key, format!("a 0-d tensor holds {row} bytes, not {len} at row {}", t.dim0_offset)));
-            }
-            (1, vec![], vec![])
-        } else {
-            if row == 0 || !len.is_multiple_of(row) {
-                return Err(bad(&key, format!("{len} bytes are not whole rows of {row} bytes")));
-            }
-            let rows = len / row;
-            let n0 = t.global_shape[0];
-            if t.dim0_offset.checked_add(rows).is_none_or(|end| end > n0) {
-                return Err(bad(&key, format!("rows {}..+{rows} are beyond its {n0} rows", t.dim0_offset)));
-            }
-            let mut sizes = t.global_shape.clone();
-            sizes[0] = rows;
-            let mut offsets = vec![0; sizes.len()];
-            offsets[0] = t.dim0_offset;
-            (rows, sizes, offsets)
-        };
-        if rows == 0 {
-            continue;
-        }
-        let wt = WTensor { dtype: t.dtype, shape: sizes.clone(), storage: 0, offset: 0 };
-        let layout = writer::layout_tensor("archive", &wt, WStorage { dtype: t.dtype, byte_len: len }, &path)?;
-        payloads.push((pos + layout.storage_offsets.first().copied().unwrap_or(0), t.bytes));
-        payloads_of.push(Some(t.bytes));
-        descs.push(Desc {
-            key,
-            path: path_of(&t.path),
-            dtype: Some(t.dtype.safetensors_name().to_string()),
-            shape: t.global_shape.clone(),
-            offsets,
-            sizes,
-            file: name.clone(),
-            offset: pos,
-            length: layout.file_len,
-        });
-        let item = layout.file_len;
-        layouts.push((pos, layout));
-        pos += item;
+        let Some((desc, data_at)) = lay_out_tensor(&mut file, t)? else { continue };
+        descs.push(desc);
+        payloads.push(Some((data_at, t.bytes)));
     }
     for (p, v) in values {
-        let layout = writer::layout_value("archive", &v.leaf(), &path)?;
-        payloads_of.push(None);
+        let layout = writer::layout_value("archive", &v.leaf(), &file.path)?;
+        let (offset, length) = file.push_layout(layout);
         descs.push(Desc {
             key: key_of(p),
             path: path_of(p),
@@ -292,40 +231,98 @@ fn write_rank(
             shape: vec![],
             offsets: vec![],
             sizes: vec![],
-            file: name.clone(),
-            offset: pos,
-            length: layout.file_len,
+            file: file.name.clone(),
+            offset,
+            length,
         });
-        let item = layout.file_len;
-        layouts.push((pos, layout));
-        pos += item;
+        payloads.push(None);
     }
-    let file = OpenOptions::new()
+    write_file(&file, &payloads, opts)?;
+    Ok(descs)
+}
+
+/// Checks this rank's slice of a tensor and lays it out as the next item of `file`: its
+/// descriptor and where its bytes go, or `None` for a slice of no rows.
+fn lay_out_tensor(file: &mut RankFile, t: &LocalTensor<'_>) -> Result<Option<(Desc, u64)>> {
+    let key = key_of(&t.path);
+    let bad = |reason: String| Error::BadConvert { dst: file.path.clone(), reason: format!("`{key}`: {reason}") };
+    if !t.dtype.bits().is_multiple_of(8) || !t.dtype.in_safetensors() {
+        return Err(bad(format!("dtype `{}` cannot be saved", t.dtype)));
+    }
+    let row = numel(t.global_shape.get(1..).unwrap_or_default())
+        .and_then(|n| n.checked_mul(t.dtype.bits() / 8))
+        .ok_or_else(|| bad("too large".into()))?;
+    let len = t.bytes.len() as u64;
+    let rows = if t.global_shape.is_empty() {
+        if len != row || t.dim0_offset != 0 {
+            return Err(bad(format!("a 0-d tensor holds {row} bytes, not {len} at row {}", t.dim0_offset)));
+        }
+        1
+    } else {
+        if row == 0 || !len.is_multiple_of(row) {
+            return Err(bad(format!("{len} bytes are not whole rows of {row} bytes")));
+        }
+        let rows = len / row;
+        let n0 = t.global_shape[0];
+        if t.dim0_offset.checked_add(rows).is_none_or(|end| end > n0) {
+            return Err(bad(format!("rows {}..+{rows} are beyond its {n0} rows", t.dim0_offset)));
+        }
+        rows
+    };
+    if rows == 0 {
+        return Ok(None);
+    }
+    let item = file.push_rows(t.dtype, &t.global_shape, t.dim0_offset, rows, row)?;
+    let c = item.chunk;
+    let desc = Desc {
+        key,
+        path: path_of(&t.path),
+        dtype: Some(t.dtype.safetensors_name().to_string()),
+        shape: t.global_shape.clone(),
+        offsets: c.offsets,
+        sizes: c.sizes,
+        file: c.file,
+        offset: c.offset,
+        length: c.length,
+    };
+    Ok(Some((desc, item.data_at)))
+}
+
+/// Writes the laid-out `file`: each tensor's bytes from memory where `payloads` puts them, then
+/// every archive's headers and CRCs (computed from the bytes in memory, not read back), then an
+/// fsync.
+fn write_file(file: &RankFile, payloads: &[Option<(u64, &[u8])>], opts: &WriteOptions<'_>) -> Result<()> {
+    let path = &file.path;
+    let f = OpenOptions::new()
         .read(true)
         .write(true)
         .create_new(true)
         .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(&path)
-        .at(&path)?;
-    file.set_len(pos).at(&path)?;
-    for (at, bytes) in payloads {
-        file.write_all_at(bytes, at).at(&path)?;
+        .open(path)
+        .at(path)?;
+    f.set_len(file.len).at(path)?;
+    for (at, bytes) in payloads.iter().flatten() {
+        f.write_all_at(bytes, *at).at(path)?;
         if let Some(progress) = opts.progress {
             progress(bytes.len() as u64);
         }
     }
-    // The CRCs come from the bytes in memory, not from reading the file back.
-    let mut payload = payloads_of.iter();
-    for (base, layout) in &layouts {
-        layout.write_fixed_at(&file, &path, *base)?;
-        let storages: Vec<&[u8]> = match payload.next() {
-            Some(Some(b)) => vec![*b],
-            _ => Vec::new(),
-        };
-        layout.finish_from(&file, &path, *base, &storages)?;
+    for ((base, layout), payload) in file.layouts.iter().zip(payloads) {
+        layout.write_fixed_at(&f, path, *base)?;
+        let storages: Vec<&[u8]> = payload.iter().map(|(_, b)| *b).collect();
+        layout.finish_from(&f, path, *base, &storages)?;
     }
-    file.sync_all().at(&path)?;
-    Ok(descs)
+    f.sync_all().at(path)
+}
+
+/// A key's path parts as the descriptors carry them.
+fn path_of(p: &[KeyPart]) -> Vec<(Option<String>, i64)> {
+    p.iter()
+        .map(|k| match k {
+            KeyPart::Key(s) => (Some(s.clone()), 0),
+            KeyPart::Index(i) => (None, *i),
+        })
+        .collect()
 }
 
 type Failure = (u64, String);
@@ -333,16 +330,14 @@ type Failure = (u64, String);
 /// A key's path, its tensor dtype and shape (`None` for a value), and each rank's pieces.
 type Entry = (Vec<PathElem>, Option<(Dtype, Vec<u64>)>, Vec<(u64, Desc)>);
 
-fn commit(dir: &Path, tmp: &Path, gathered: &[Vec<u8>], world: u64) -> std::result::Result<Outcome, Failure> {
+/// Rank 0's commit: the chunks checked, `.metadata` written into the staged folder, and the
+/// folder committed. A failure blames the rank whose descriptors were at fault.
+fn commit(dir: &Path, stage: &Stage, gathered: &[Vec<u8>]) -> std::result::Result<(), Failure> {
     let mut per_key: BTreeMap<String, Entry> = BTreeMap::new();
     let mut order = Vec::new();
     for (r, bytes) in gathered.iter().enumerate() {
         let r = r as u64;
-        let report: Report = serde_json::from_slice(bytes).map_err(|e| (r, format!("malformed descriptors: {e}")))?;
-        let descs = match report {
-            Report::Wrote(d) => d,
-            Report::Failed(e) => return Err((r, e)),
-        };
+        let descs: Vec<Desc> = serde_json::from_slice(bytes).map_err(|e| (r, format!("malformed descriptors: {e}")))?;
         for d in descs {
             let dtype = match &d.dtype {
                 Some(n) => Some(Dtype::from_safetensors_name(n).ok_or_else(|| (r, format!("unknown dtype `{n}`")))?),
@@ -412,20 +407,14 @@ fn commit(dir: &Path, tmp: &Path, gathered: &[Vec<u8>], world: u64) -> std::resu
         .at(dir)
         .map_err(io)?;
     let meta = encode::encode(&items, &abs, &encode::uuid4());
-    let meta_path = tmp.join(METADATA_NAME);
+    let meta_path = stage.path().join(METADATA_NAME);
     let write_meta = || -> Result<()> {
-        let f = crate::write::create_new(&meta_path)?;
-        f.write_all_at(&meta, 0).at(&meta_path)?;
-        f.sync_all().at(&meta_path)?;
-        sync_dir(tmp)?;
-        if std::fs::symlink_metadata(dir).is_ok() {
-            return Err(Error::BadConvert { dst: dir.to_path_buf(), reason: "it appeared while saving".into() });
-        }
-        std::fs::rename(tmp, dir).at(dir)?;
-        sync_dir(dir.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new(".")))
+        crate::write::write_small(&meta_path, &meta)?;
+        refuse_existing(dir)
+            .map_err(|_| Error::BadConvert { dst: dir.to_path_buf(), reason: "it appeared while saving".into() })?;
+        stage.commit_ref()
     };
-    write_meta().map_err(io)?;
-    Ok(outcome_of(dir, gathered, world))
+    write_meta().map_err(io)
 }
 
 /// What the ranks wrote together, from the descriptors.
@@ -436,7 +425,7 @@ fn outcome_of(dir: &Path, gathered: &[Vec<u8>], world: u64) -> Outcome {
     let mut bytes = 0;
     for (r, g) in gathered.iter().enumerate() {
         files.push(dir.join(format!("__{r}_0.distcp")));
-        let Ok(Report::Wrote(descs)) = serde_json::from_slice::<Report>(g) else { continue };
+        let Ok(descs) = serde_json::from_slice::<Vec<Desc>>(g) else { continue };
         for d in descs {
             match d.dtype.as_deref().and_then(Dtype::from_safetensors_name) {
                 Some(t) => {

@@ -1,9 +1,9 @@
 //! Committing a whole folder: built under a temporary name beside its place, made durable,
 //! renamed into place, and only then named by a link such as `latest`.
 //!
-//! The staging `write.rs` does for a folder an operation creates, open to
-//! callers that fill a folder piece by piece themselves (a training loop's `step-N/`, whose
-//! DCP folders [`crate::save_sharded`] writes from every rank).
+//! The one way a folder is staged: the plan executor's stage (`stage.rs`: a new folder, or a
+//! checkpoint's folder replaced whole) and [`crate::save_sharded`] build on it, and it is open
+//! to callers that fill a folder piece by piece themselves (a training loop's `step-N/`).
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -99,6 +99,32 @@ impl StagedFolder {
     /// the folder being replaced; see the type's doc.
     pub fn commit_and_link(self, link: &str, interim: Option<&str>) -> Result<PathBuf> {
         self.commit_inner(Some((link, interim)), true)
+    }
+
+    /// [`commit`](Self::commit) of a folder that must be new: refused, and the stage removed,
+    /// when something took the target's name meanwhile.
+    pub(crate) fn commit_new(self) -> Result<PathBuf> {
+        if std::fs::symlink_metadata(&self.target).is_ok() {
+            return Err(Error::Io {
+                path: self.target.clone(),
+                source: std::io::Error::new(std::io::ErrorKind::AlreadyExists, "appeared while the output was written"),
+            });
+        }
+        self.commit_inner(None, true)
+    }
+
+    /// Whether this filesystem swaps folders in one step: asked by swapping the (empty) stage
+    /// with another empty temporary of ours beside it, which is then removed (a kill meanwhile
+    /// leaves it for [`StagedFolder::sweep`]).
+    pub(crate) fn can_swap(&self) -> bool {
+        let Some(tmp) = &self.tmp else { return false };
+        let probe = parent_of(&self.target).join(format!(".{}.{}.tmp", file_name(&self.target), random_hex()));
+        if std::fs::create_dir(&probe).is_err() {
+            return false;
+        }
+        let swapped = crate::sys::exchange(tmp, &probe).is_ok();
+        let _ = std::fs::remove_dir(&probe);
+        swapped
     }
 
     fn commit_inner(mut self, link: Option<(&str, Option<&str>)>, swap: bool) -> Result<PathBuf> {
@@ -231,6 +257,14 @@ fn sync_tree(dir: &Path) -> Result<()> {
         }
     }
     sync_dir(dir)
+}
+
+/// Whether `name` is a temporary of ours for `target` (`.<target>.<16 hex>.tmp`): a staged
+/// folder, a folder a swap replaced, or a file being written.
+pub(crate) fn is_temp_of(name: &str, target: &str) -> bool {
+    let Some(rest) = name.strip_prefix('.').and_then(|n| n.strip_prefix(target)) else { return false };
+    let Some(hex) = rest.strip_prefix('.').and_then(|r| r.strip_suffix(".tmp")) else { return false };
+    hex.len() == 16 && hex.bytes().all(|b| b.is_ascii_hexdigit())
 }
 
 fn parent_of(p: &Path) -> &Path {

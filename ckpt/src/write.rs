@@ -11,7 +11,8 @@
 //! checkpoint). One case cannot be atomic without replacing the whole folder: when new files
 //! take old files' names (or a sharded set becomes one file), the old index is removed before
 //! the renames, so a kill in between leaves no index, never an index that describes a mixed
-//! set.
+//! set. That is the path for a folder that also holds files of others: a folder holding only
+//! the previous checkpoint is replaced whole instead, by a swap (`stage.rs`).
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
@@ -134,7 +135,7 @@ pub(crate) struct Stale {
 }
 
 impl Stale {
-    fn all(&self) -> impl Iterator<Item = &PathBuf> {
+    pub(crate) fn all(&self) -> impl Iterator<Item = &PathBuf> {
         self.markers.iter().chain(&self.files)
     }
 }
@@ -217,141 +218,6 @@ const PREAD_MIN: u64 = 1 << 10;
 /// is 64 random bits from rank 0 ([`random_hex`]), so every rank names it alike and nobody can
 /// predict it.
 pub(crate) use durable::{random_hex, temp_name};
-
-/// A folder that does not exist yet, built as `.<name>.<token>.tmp` beside it, and the token
-/// the plan's temporaries are named by.
-#[derive(Debug, Default)]
-pub(crate) struct Stage {
-    /// `(final, temporary)`; `None` when every output folder already exists.
-    pub(crate) dirs: Option<(PathBuf, PathBuf)>,
-    /// 64 random bits as hex: the temporaries' names.
-    pub(crate) token: String,
-    /// Whether this process made the folder (and removes it unless committed): rank 0.
-    owned: bool,
-    committed: std::cell::Cell<bool>,
-}
-
-impl Stage {
-    /// The one topmost missing folder that holds every output, if there is one, made under a
-    /// temporary name.
-    pub(crate) fn new(plan: &Plan) -> Result<Stage> {
-        let token = random_hex();
-        let none = Stage { dirs: None, token: token.clone(), owned: true, committed: Default::default() };
-        let outputs =
-            plan.targets.iter().map(|t| t.path.as_path()).chain(plan.trailers.iter().map(|(p, _)| p.as_path()));
-        let mut missing: Option<PathBuf> = None;
-        for out in outputs {
-            let mut top = None;
-            let mut dir = out.parent();
-            while let Some(d) = dir.filter(|d| !d.as_os_str().is_empty()) {
-                if std::fs::symlink_metadata(d).is_ok() {
-                    break;
-                }
-                top = Some(d.to_path_buf());
-                dir = d.parent();
-            }
-            match (&missing, top) {
-                (_, None) => {}
-                (None, Some(t)) => missing = Some(t),
-                (Some(m), Some(t)) if *m == t => {}
-                // Outputs spread over several new folders: created in place (not staged).
-                (Some(_), Some(_)) => return Ok(none),
-            }
-        }
-        // Only worth staging when every target is inside it (trailers outside may follow).
-        let Some(dir) = missing.filter(|m| plan.targets.iter().all(|t| t.path.starts_with(m))) else {
-            return Ok(none);
-        };
-        Stage::make(&dir, token)
-    }
-
-    fn make(dir: &Path, token: String) -> Result<Stage> {
-        let parent = dir.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-        std::fs::create_dir_all(parent).at(parent)?;
-        let tmp = parent.join(format!(".{}.{token}.tmp", file_name(dir)));
-        std::fs::create_dir(&tmp).at(&tmp)?;
-        Ok(Stage { dirs: Some((dir.to_path_buf(), tmp)), token, owned: true, committed: Default::default() })
-    }
-
-    /// Stages the new folder `dir` itself, for an operation that fills it piece by piece (a
-    /// whole `save_state` folder); refused when `dir` exists.
-    pub(crate) fn folder(dir: &Path) -> Result<Stage> {
-        if std::fs::symlink_metadata(dir).is_ok() {
-            return Err(Error::Io {
-                path: dir.to_path_buf(),
-                source: std::io::Error::new(std::io::ErrorKind::AlreadyExists, "already exists"),
-            });
-        }
-        Stage::make(dir, random_hex())
-    }
-
-    /// What the other ranks need to know of this stage: the token, and the folders.
-    pub(crate) fn said(&self) -> Vec<u8> {
-        use std::os::unix::ffi::OsStrExt;
-        let mut b = self.token.clone().into_bytes();
-        if let Some((dir, tmp)) = &self.dirs {
-            for p in [dir, tmp] {
-                b.push(0);
-                b.extend_from_slice(p.as_os_str().as_bytes());
-            }
-        }
-        b
-    }
-
-    /// The stage rank 0 [`said`](Stage::said), on another rank (which neither removes nor
-    /// commits it).
-    pub(crate) fn heard(said: &[u8]) -> Stage {
-        use std::os::unix::ffi::OsStrExt;
-        let mut parts = said.split(|&b| b == 0);
-        let token = String::from_utf8_lossy(parts.next().unwrap_or_default()).into_owned();
-        let path = |b: &[u8]| PathBuf::from(std::ffi::OsStr::from_bytes(b));
-        let dirs = match (parts.next(), parts.next()) {
-            (Some(d), Some(t)) => Some((path(d), path(t))),
-            _ => None,
-        };
-        Stage { dirs, token, owned: false, committed: Default::default() }
-    }
-
-    /// The temporary folder, for a stage made by [`Stage::folder`].
-    pub(crate) fn path(&self) -> &Path {
-        self.dirs.as_ref().map_or(Path::new("."), |(_, tmp)| tmp.as_path())
-    }
-
-    pub(crate) fn contains(&self, path: &Path) -> bool {
-        self.dirs.as_ref().is_some_and(|(dir, _)| path.starts_with(dir))
-    }
-
-    /// Where `path` is written while the plan runs.
-    pub(crate) fn place(&self, path: &Path) -> PathBuf {
-        match &self.dirs {
-            Some((dir, tmp)) => path.strip_prefix(dir).map_or_else(|_| path.to_path_buf(), |rest| tmp.join(rest)),
-            None => path.to_path_buf(),
-        }
-    }
-
-    /// Renames the finished folder into place (refusing if something appeared there meanwhile).
-    pub(crate) fn commit_ref(&self) -> Result<()> {
-        let Some((dir, tmp)) = &self.dirs else { return Ok(()) };
-        sync_dir(tmp)?;
-        if std::fs::symlink_metadata(dir).is_ok() {
-            return Err(Error::Io {
-                path: dir.clone(),
-                source: std::io::Error::new(std::io::ErrorKind::AlreadyExists, "appeared while the output was written"),
-            });
-        }
-        std::fs::rename(tmp, dir).at(dir)?;
-        self.committed.set(true);
-        sync_dir(dir.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new(".")))
-    }
-}
-
-impl Drop for Stage {
-    fn drop(&mut self) {
-        if let (Some((_, tmp)), true, false) = (self.dirs.take(), self.owned, self.committed.get()) {
-            let _ = std::fs::remove_dir_all(tmp);
-        }
-    }
-}
 
 /// Refuses to rename over a symlink the user did not name as the output: someone who can write
 /// to the output folder could plant one there to make us replace a file elsewhere's name.

@@ -267,11 +267,7 @@ fn operate<'a>(
 /// already agreed which rank reports it, and the others' [`ckpt::Error::OtherRank`] is not a
 /// failure of their own here.
 fn settle<T>(job: &ckpt::Job<'_>, at: &str, mine: anyhow::Result<T>) -> anyhow::Result<T> {
-    let own = mine.as_ref().is_err_and(|e| !is_other_rank(e));
-    match job.first_failure(std::path::Path::new(at), own)? {
-        Some(rank) if rank != job.rank() => Err(ckpt::Error::OtherRank { rank }.into()),
-        _ => mine,
-    }
+    job.agree(std::path::Path::new(at), mine, is_other_rank, Into::into)
 }
 
 /// What a conversion did that the output alone does not show: aliases dropped or tied, and the

@@ -167,3 +167,107 @@ fn killed_merge_leaves_no_accepted_partial_file() {
     }
     assert_killed_mid_operation("merge", full, &killed);
 }
+
+/// Every entry of `dir` (hidden ones too) with its bytes; a folder inside is an error.
+fn folder_files(dir: &Path) -> std::collections::BTreeMap<String, Vec<u8>> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| {
+            let p = e.unwrap().path();
+            assert!(p.is_file(), "{} is not a file", p.display());
+            (p.file_name().unwrap().to_string_lossy().into_owned(), std::fs::read(&p).unwrap())
+        })
+        .collect()
+}
+
+/// Whether `name` is what a killed run leaves beside the folder `out`, for the next run to
+/// sweep: `.out.<16 hex>.tmp` (a staged folder, or the old folder a swap replaced).
+fn is_leftover_of_out(name: &str) -> bool {
+    let Some(hex) = name.strip_prefix(".out.").and_then(|r| r.strip_suffix(".tmp")) else { return false };
+    hex.len() == 16 && hex.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+/// A resplit over a folder that holds only the previous checkpoint, killed at 50 random
+/// moments: the folder is then exactly the old set or exactly the new one, file for file and
+/// byte for byte, never a mix and never a temporary; what a kill leaves beside it is a
+/// temporary folder of ours, which the next run removes.
+#[test]
+fn killed_resplit_leaves_the_old_folder_or_the_new_one_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let new_src = dir.path().join("new.safetensors");
+    let new_bytes = write_checkpoint(&new_src, 16, 20_000, 11); // ~1.3 MB
+    let old_src = dir.path().join("old.safetensors");
+    write_checkpoint(&old_src, 6, 1000, 22);
+    let out = dir.path().join("out");
+    let split =
+        |src: &Path, max: &str| run(&["split", src.to_str().unwrap(), out.to_str().unwrap(), "--max-shard-size", max]);
+    assert!(split(&old_src, "5KB").status.success());
+    let old_files = folder_files(&out);
+    let put_old = || {
+        let _ = std::fs::remove_dir_all(&out);
+        std::fs::create_dir(&out).unwrap();
+        for (name, bytes) in &old_files {
+            std::fs::write(out.join(name), bytes).unwrap();
+        }
+    };
+    let args = ["--quiet", "split", new_src.to_str().unwrap(), out.to_str().unwrap(), "--max-shard-size", "200KB"];
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let mut fastest = Fastest::new(&args);
+    let mut full = Duration::ZERO;
+    for _ in 0..3 {
+        put_old();
+        full = fastest.measure();
+    }
+    let new_files = folder_files(&out);
+    assert!(new_files.keys().all(|n| !old_files.contains_key(n) || n.ends_with(".index.json")), "{new_files:?}");
+
+    // Random moments from before `main` to a little after an undisturbed run would end; the
+    // seed is printed so that a failure can be replayed.
+    let mut seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 | 1;
+    eprintln!("resplit kills: seed {seed}");
+    let mut next = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        (seed >> 11) as f64 / (1u64 << 53) as f64
+    };
+    let (mut killed, mut old_seen, mut new_seen, mut leftovers) = (0, 0, 0, 0);
+    for round in 0..50 {
+        if round % 10 == 5 {
+            put_old();
+            full = fastest.measure();
+        }
+        put_old();
+        let delay = full.mul_f64(next() * 1.2);
+        killed += usize::from(kill_after(&args, delay).signal() == Some(SIGKILL));
+        let now = folder_files(&out);
+        if now == old_files {
+            old_seen += 1;
+        } else if now == new_files {
+            new_seen += 1;
+        } else {
+            let names: Vec<&String> = now.keys().collect();
+            panic!("round {round} ({delay:?}): the folder is neither the old set nor the new one: {names:?}");
+        }
+        for e in std::fs::read_dir(dir.path()).unwrap() {
+            let name = e.unwrap().file_name().to_string_lossy().into_owned();
+            let known = ["out", "new.safetensors", "old.safetensors"].contains(&name.as_str());
+            assert!(known || is_leftover_of_out(&name), "round {round} ({delay:?}): `{name}` left beside the folder");
+            leftovers += usize::from(!known);
+        }
+        assert_eq!(std::fs::read(&new_src).unwrap(), new_bytes, "source changed");
+    }
+    eprintln!(
+        "resplit: {killed} of 50 kills landed while the process ran (undisturbed run: {full:?}); \
+         old set {old_seen} times, new set {new_seen} times, {leftovers} leftover(s) beside it"
+    );
+    assert!(killed >= 25, "only {killed} of 50 kills landed while the process ran (undisturbed run: {full:?})");
+    // The next run sweeps what the killed ones left.
+    put_old();
+    fastest.measure();
+    assert_eq!(folder_files(&out), new_files);
+    let mut names: Vec<String> =
+        std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    names.sort();
+    assert_eq!(names, ["new.safetensors", "old.safetensors", "out"]);
+}

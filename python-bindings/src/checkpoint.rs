@@ -5,7 +5,6 @@
 use std::path::PathBuf;
 
 use ckpt::{Checkpoint, ConvertOptions, MergeOptions, OpenOptions, Outcome, TargetFormat, WriteOptions};
-use collective::Collective;
 
 use crate::comm::PyCollective;
 use pyo3::prelude::*;
@@ -136,20 +135,12 @@ fn operate(
     let comm = PyCollective::new(comm)?;
     let at = std::path::Path::new("");
     let failed = |e: ckpt::Error| comm.take_error().unwrap_or_else(|| errors::ckpt(e));
-    let opened = ckpt::Job::new(&comm).first_failure(at, ck.is_err()).map_err(failed)?;
-    let ck = match opened {
-        Some(rank) if rank != comm.rank() => return Err(errors::ckpt(ckpt::Error::OtherRank { rank })),
-        _ => ck?,
-    };
+    let other = |e: &ckpt::Error| matches!(e, ckpt::Error::OtherRank { .. });
+    let ck = ckpt::Job::new(&comm).agree(at, ck, |_| false, failed)?;
     let done = py.detach(|| {
         let job = ckpt::Job::new(&comm);
         let opts = WriteOptions { job: Some(&job), checksums, allow_expanded, ..WriteOptions::default() };
-        let done = op(&ck, &opts);
-        let own = matches!(&done, Err(e) if !matches!(e, ckpt::Error::OtherRank { .. }));
-        match job.first_failure(at, own)? {
-            Some(rank) if rank != comm.rank() => Err(ckpt::Error::OtherRank { rank }),
-            _ => done,
-        }
+        job.agree(at, op(&ck, &opts), other, |e| e)
     });
     outcome_json(&done.map_err(failed)?)
 }

@@ -46,7 +46,7 @@
 pub(crate) mod encode;
 pub(crate) mod hf_storage;
 pub(crate) mod metadata;
-mod plan;
+pub(crate) mod plan;
 mod read;
 
 use std::collections::HashSet;

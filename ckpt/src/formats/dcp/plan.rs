@@ -14,13 +14,14 @@
 //! archives already. The `.metadata` pickle is the trailer, written after every data file is
 //! fsynced and renamed into place, so it is the commit marker, as in torch.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use super::encode::{self, OutChunk, OutItem, OutKind};
 use super::metadata::PathElem;
 use crate::catalog::{Checkpoint, Chunk, TensorInfo};
+use crate::dtype::Dtype;
 use crate::error::{Error, IoContext, Result};
-use crate::formats::torch::writer::{self, TorchSeal, WStorage, WTensor};
+use crate::formats::torch::writer::{self, TorchLayout, TorchSeal, WStorage, WTensor};
 use crate::outcome::Outcome;
 use crate::shape::numel;
 use crate::write::{self, Gather, Plan, RangeCopy, TargetFile, WriteOptions};
@@ -69,125 +70,8 @@ pub(crate) fn write_dcp(
             return Err(bad(format!("tensor `{}` has dtype `{}`, which torch cannot store", t.key, t.info.dtype)));
         }
     }
-    // Each tensor's bytes as ranges when they are few, computed once for all ranks.
-    let ranges: Vec<Option<Vec<Chunk>>> = tensors
-        .iter()
-        .map(|t| (t.info.run_count() <= MAX_COPY_RUNS && t.info.copies_well()).then(|| t.info.byte_ranges()))
-        .collect();
-
-    // Who holds what: sharded rows first, then each whole tensor and value on the rank with the
-    // fewest bytes planned so far (lowest rank on ties).
-    let mut per_rank: Vec<Vec<Placement>> = (0..world_len).map(|_| Vec::new()).collect();
-    let mut load = vec![0u64; world_len];
-    let mut whole = Vec::new();
-    for (i, t) in tensors.iter().enumerate() {
-        let n = t.info.shape.first().copied().unwrap_or(0);
-        let row = row_bytes(t);
-        if !t.sharded || t.info.shape.is_empty() || n == 0 {
-            whole.push(i);
-            continue;
-        }
-        for (r, slot) in per_rank.iter_mut().enumerate() {
-            let rows = fsdp_state::chunk_rows(n, world, r as u64).unwrap_or(0..0);
-            if !rows.is_empty() {
-                load[r] += (rows.end - rows.start) * row;
-                slot.push(Placement::Rows { t: i, start: rows.start, rows: rows.end - rows.start });
-            }
-        }
-    }
-    let least = |load: &[u64]| load.iter().enumerate().min_by_key(|&(r, l)| (*l, r)).map_or(0, |(r, _)| r);
-    for i in whole {
-        let r = least(&load);
-        let t = &tensors[i];
-        load[r] += t.info.byte_len();
-        let rows = if t.info.shape.is_empty() { 1 } else { t.info.shape.first().copied().unwrap_or(0) };
-        per_rank[r].push(Placement::Rows { t: i, start: 0, rows });
-    }
-    for (b, v) in values.iter().enumerate() {
-        let r = least(&load);
-        load[r] += v.chunk.len;
-        per_rank[r].push(Placement::Bytes { b });
-    }
-
-    let mut chunks_of: Vec<Vec<OutChunk>> = vec![Vec::new(); tensors.len()];
-    let mut value_at: Vec<Option<(String, u64, u64)>> = vec![None; values.len()];
-    let mut plan = Plan::default();
-    let mut bytes = 0u64;
-    for (r, items) in per_rank.iter().enumerate() {
-        if items.is_empty() {
-            continue;
-        }
-        let name = format!("__{r}_0.distcp");
-        let path = out.join(&name);
-        let mut pos = 0u64;
-        let mut copies = Vec::new();
-        let mut gathers = Vec::new();
-        let mut lay = Vec::new();
-        for p in items {
-            match *p {
-                Placement::Rows { t, start, rows } => {
-                    let src = &tensors[t];
-                    let dtype = src.info.dtype;
-                    let row = row_bytes(src);
-                    let mut shape = src.info.shape.clone();
-                    let mut offsets = vec![0u64; shape.len()];
-                    if let (Some(s0), Some(o0)) = (shape.first_mut(), offsets.first_mut()) {
-                        *s0 = rows;
-                        *o0 = start;
-                    }
-                    let len = rows * row;
-                    let wt = WTensor { dtype, shape: shape.clone(), storage: 0, offset: 0 };
-                    let layout = writer::layout_tensor("archive", &wt, WStorage { dtype, byte_len: len }, &path)?;
-                    let data_at = pos + layout.storage_offsets.first().copied().unwrap_or(0);
-                    match &ranges[t] {
-                        Some(chunks) => slice_copies(chunks, start * row, len, data_at, &mut copies),
-                        None if len > 0 => gathers.push(Gather {
-                            tensor: src.info.clone(),
-                            to: dtype,
-                            dst_off: data_at,
-                            compute: None,
-                            range: Some(start * row..start * row + len),
-                        }),
-                        None => {}
-                    }
-                    bytes += len;
-                    chunks_of[t].push(OutChunk {
-                        offsets,
-                        sizes: shape,
-                        file: name.clone(),
-                        offset: pos,
-                        length: layout.file_len,
-                    });
-                    let item_len = layout.file_len;
-                    lay.push((pos, layout));
-                    pos += item_len;
-                }
-                Placement::Bytes { b } => {
-                    let c = values[b].chunk;
-                    if c.len > 0 {
-                        copies.push(RangeCopy { src: c.file, src_off: c.offset, dst_off: pos, len: c.len });
-                    }
-                    value_at[b] = Some((name.clone(), pos, c.len));
-                    pos += c.len;
-                }
-            }
-        }
-        let mut target = TargetFile::new(path, Vec::new(), pos);
-        target.copies = copies;
-        target.gathers = gathers;
-        target.seal = Some(Box::new(TorchSeal(lay)));
-        plan.targets.push(target);
-    }
-
-    let mut items = Vec::with_capacity(tensors.len() + values.len());
-    for (t, chunks) in tensors.iter().zip(chunks_of) {
-        let kind = OutKind::Tensor { dtype: t.info.dtype, size: t.info.shape.clone(), chunks };
-        items.push(OutItem { key: t.key.clone(), path: t.path.clone(), kind });
-    }
-    for (v, at) in values.iter().zip(value_at) {
-        let (file, offset, length) = at.unwrap_or_default();
-        items.push(OutItem { key: v.key.clone(), path: v.path.clone(), kind: OutKind::Bytes { file, offset, length } });
-    }
+    let per_rank = place(tensors, values, world, world_len);
+    let (mut plan, items, bytes) = lay_out(tensors, values, &per_rank, out)?;
 
     // `.metadata` records the folder's absolute path; a dry run plans without creating it.
     let abs = match opts.job.is_some_and(crate::Job::is_dry_run) {
@@ -219,6 +103,190 @@ pub(crate) fn write_dcp(
         world_size: Some(world),
         ..Outcome::default()
     })
+}
+
+/// Who holds what: sharded rows first, then each whole tensor and value on the rank with the
+/// fewest bytes planned so far (lowest rank on ties).
+fn place(tensors: &[SrcTensor], values: &[SrcBytes], world: u64, world_len: usize) -> Vec<Vec<Placement>> {
+    let mut per_rank: Vec<Vec<Placement>> = (0..world_len).map(|_| Vec::new()).collect();
+    let mut load = vec![0u64; world_len];
+    let mut whole = Vec::new();
+    for (i, t) in tensors.iter().enumerate() {
+        let n = t.info.shape.first().copied().unwrap_or(0);
+        let row = row_bytes(t);
+        if !t.sharded || t.info.shape.is_empty() || n == 0 {
+            whole.push(i);
+            continue;
+        }
+        for (r, slot) in per_rank.iter_mut().enumerate() {
+            let rows = fsdp_state::chunk_rows(n, world, r as u64).unwrap_or(0..0);
+            if !rows.is_empty() {
+                load[r] += (rows.end - rows.start) * row;
+                slot.push(Placement::Rows { t: i, start: rows.start, rows: rows.end - rows.start });
+            }
+        }
+    }
+    let least = |load: &[u64]| load.iter().enumerate().min_by_key(|&(r, l)| (*l, r)).map_or(0, |(r, _)| r);
+    for i in whole {
+        let r = least(&load);
+        let t = &tensors[i];
+        load[r] += t.info.byte_len();
+        let rows = if t.info.shape.is_empty() { 1 } else { t.info.shape.first().copied().unwrap_or(0) };
+        per_rank[r].push(Placement::Rows { t: i, start: 0, rows });
+    }
+    for (b, v) in values.iter().enumerate() {
+        let r = least(&load);
+        load[r] += v.chunk.len;
+        per_rank[r].push(Placement::Bytes { b });
+    }
+    per_rank
+}
+
+/// Each rank's file laid out as a target of copies and gathers from the source, and the items
+/// `.metadata` lists; with the tensor bytes written.
+fn lay_out(
+    tensors: &[SrcTensor],
+    values: &[SrcBytes],
+    per_rank: &[Vec<Placement>],
+    out: &Path,
+) -> Result<(Plan, Vec<OutItem>, u64)> {
+    // Each tensor's bytes as ranges when they are few, computed once for all ranks.
+    let ranges: Vec<Option<Vec<Chunk>>> = tensors
+        .iter()
+        .map(|t| (t.info.run_count() <= MAX_COPY_RUNS && t.info.copies_well()).then(|| t.info.byte_ranges()))
+        .collect();
+    let mut chunks_of: Vec<Vec<OutChunk>> = vec![Vec::new(); tensors.len()];
+    let mut value_at: Vec<Option<(String, u64, u64)>> = vec![None; values.len()];
+    let mut plan = Plan::default();
+    let mut bytes = 0u64;
+    for (r, items) in per_rank.iter().enumerate() {
+        if items.is_empty() {
+            continue;
+        }
+        let mut file = RankFile::new(out, r as u64);
+        let mut copies = Vec::new();
+        let mut gathers = Vec::new();
+        for p in items {
+            match *p {
+                Placement::Rows { t, start, rows } => {
+                    let src = &tensors[t];
+                    let row = row_bytes(src);
+                    let item = file.push_rows(src.info.dtype, &src.info.shape, start, rows, row)?;
+                    let (from, len) = (start * row, item.data_len);
+                    match &ranges[t] {
+                        Some(chunks) => slice_copies(chunks, from, len, item.data_at, &mut copies),
+                        None if len > 0 => gathers.push(Gather {
+                            tensor: src.info.clone(),
+                            to: src.info.dtype,
+                            dst_off: item.data_at,
+                            compute: None,
+                            range: Some(from..from + len),
+                        }),
+                        None => {}
+                    }
+                    bytes += len;
+                    chunks_of[t].push(item.chunk);
+                }
+                Placement::Bytes { b } => {
+                    let c = values[b].chunk;
+                    let at = file.push_bytes(c.len);
+                    if c.len > 0 {
+                        copies.push(RangeCopy { src: c.file, src_off: c.offset, dst_off: at, len: c.len });
+                    }
+                    value_at[b] = Some((file.name.clone(), at, c.len));
+                }
+            }
+        }
+        let mut target = TargetFile::new(file.path, Vec::new(), file.len);
+        target.copies = copies;
+        target.gathers = gathers;
+        target.seal = Some(Box::new(TorchSeal(file.layouts)));
+        plan.targets.push(target);
+    }
+
+    let mut items = Vec::with_capacity(tensors.len() + values.len());
+    for (t, chunks) in tensors.iter().zip(chunks_of) {
+        let kind = OutKind::Tensor { dtype: t.info.dtype, size: t.info.shape.clone(), chunks };
+        items.push(OutItem { key: t.key.clone(), path: t.path.clone(), kind });
+    }
+    for (v, at) in values.iter().zip(value_at) {
+        let (file, offset, length) = at.unwrap_or_default();
+        items.push(OutItem { key: v.key.clone(), path: v.path.clone(), kind: OutKind::Bytes { file, offset, length } });
+    }
+    Ok((plan, items, bytes))
+}
+
+/// One rank's `__{rank}_0.distcp` being laid out: items one after another, each where the
+/// previous ends, with the descriptor `.metadata` gives each chunk. Both writers of DCP
+/// folders build their rank files with it: a reshard or convert ([`write_dcp`]) and a
+/// training job's ranks ([`crate::save_sharded`]).
+pub(crate) struct RankFile {
+    /// The file's name in its folder.
+    pub name: String,
+    /// Where it is written.
+    pub path: PathBuf,
+    /// Its length so far: where the next item goes.
+    pub len: u64,
+    /// Each tensor item's archive layout, at its offset (for [`TorchSeal`]).
+    pub layouts: Vec<(u64, TorchLayout)>,
+}
+
+/// A tensor item laid out: its chunk as `.metadata` describes it, and where its storage bytes
+/// go in the file.
+pub(crate) struct RowsItem {
+    pub chunk: OutChunk,
+    pub data_at: u64,
+    pub data_len: u64,
+}
+
+impl RankFile {
+    /// The (empty) file of `rank` in `dir`.
+    pub(crate) fn new(dir: &Path, rank: u64) -> RankFile {
+        let name = format!("__{rank}_0.distcp");
+        RankFile { path: dir.join(&name), name, len: 0, layouts: Vec::new() }
+    }
+
+    /// Lays out rows `start..start + rows` of a tensor of `dtype` and global `shape` (`row`
+    /// bytes each; a 0-d tensor is one row) as the next item: a `torch.save` archive of the
+    /// chunk.
+    pub(crate) fn push_rows(
+        &mut self,
+        dtype: Dtype,
+        shape: &[u64],
+        start: u64,
+        rows: u64,
+        row: u64,
+    ) -> Result<RowsItem> {
+        let mut sizes = shape.to_vec();
+        let mut offsets = vec![0u64; sizes.len()];
+        if let (Some(s0), Some(o0)) = (sizes.first_mut(), offsets.first_mut()) {
+            *s0 = rows;
+            *o0 = start;
+        }
+        let data_len = rows * row;
+        let wt = WTensor { dtype, shape: sizes.clone(), storage: 0, offset: 0 };
+        let layout = writer::layout_tensor("archive", &wt, WStorage { dtype, byte_len: data_len }, &self.path)?;
+        let data_at = self.len + layout.storage_offsets.first().copied().unwrap_or(0);
+        let chunk = OutChunk { offsets, sizes, file: self.name.clone(), offset: self.len, length: layout.file_len };
+        self.push_layout(layout);
+        Ok(RowsItem { chunk, data_at, data_len })
+    }
+
+    /// Adds a laid-out archive (a pickled value) as the next item; returns its offset and length.
+    pub(crate) fn push_layout(&mut self, layout: TorchLayout) -> (u64, u64) {
+        let (at, len) = (self.len, layout.file_len);
+        self.layouts.push((at, layout));
+        self.len += len;
+        (at, len)
+    }
+
+    /// Reserves `len` bytes for an item copied as it is (a complete archive already); returns
+    /// its offset.
+    pub(crate) fn push_bytes(&mut self, len: u64) -> u64 {
+        let at = self.len;
+        self.len += len;
+        at
+    }
 }
 
 /// Bytes in one dim-0 row (the whole value for a 0-d tensor).
