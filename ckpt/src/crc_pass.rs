@@ -30,6 +30,11 @@ use crate::write::RangeCopy;
 /// are still in the cache when it writes them.
 const CHUNK: u64 = 256 << 10;
 
+/// The largest page-cache folio a fault maps at once (a PMD): touching a chunk's first byte maps
+/// the whole folio around it, bytes of the chunks before included, so each release reaches back
+/// this far (within the copy) for the resident pages to stay about a chunk's worth.
+const FOLIO: u64 = 2 << 20;
+
 /// The records an operation's range copies read, each hashed as the copies pass it.
 pub(crate) struct PassCheck<'s> {
     /// Each file as the checks see it (none: nothing to check in it).
@@ -124,7 +129,8 @@ impl<'s> PassCheck<'s> {
                 }
             }
             dst.write_all_at(bytes, c.dst_off + done).at(dst_path)?;
-            src.map.release(at, n);
+            let from = (at - at % FOLIO).max(c.src_off);
+            src.map.release(from, at + n - from);
             done += n;
             if let Some(p) = progress {
                 p(n);
