@@ -1,5 +1,5 @@
 # statekit: `make demo` and `make test` set up a fresh machine themselves (.ci/setup is
-# idempotent and fast once done).
+# idempotent and fast once done); `make demo` installs only what the demo runs.
 
 VENV ?= /opt/statekit-venv
 PY := $(VENV)/bin/python
@@ -12,22 +12,32 @@ export PYO3_PYTHON := $(PY)
 TORCH_ENV := LIBTORCH_USE_PYTORCH=1 PATH=$(VENV)/bin:$$PATH \
 	LD_LIBRARY_PATH=$(VENV)/lib/python3.11/site-packages/torch/lib$${LD_LIBRARY_PATH:+:$$LD_LIBRARY_PATH}
 
-.PHONY: setup build demo test test-rust test-train test-python fuzz bench fixtures mcore
+.PHONY: setup setup-demo build demo test lint-python test-rust test-train test-python fuzz bench fixtures mcore
 
 setup:
-	@bash .ci/setup
+	@bash .ci/setup test
+
+# The demo's share of the setup: the Debian packages and torch (no test tools, no cargo-fuzz).
+setup-demo:
+	@bash .ci/setup demo
 
 build: setup
 	$(TORCH_ENV) $(CARGO) build --workspace --all-targets --locked
 
-# fmt, clippy, the library docs (a broken link is an error), every test (Rust unit,
-# integration, CLI, kill; Python interop), then a bounded fuzzing run of every parser target.
+# fmt, clippy, the library docs (a broken link is an error), the Python package's lint, every
+# test (Rust unit, integration, CLI, kill; Python interop), then a bounded fuzzing run of every
+# parser target.
 test: setup
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --exclude train --all-targets --features statekit-cli/mpi --locked -- -D warnings
 	$(TORCH_ENV) $(CARGO) clippy -p train --all-targets --locked -- -D warnings
 	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --workspace --exclude train --exclude statekit-python --no-deps --lib --locked
-	$(MAKE) --no-print-directory test-rust test-train test-python fuzz
+	$(MAKE) --no-print-directory lint-python test-rust test-train test-python fuzz
+
+# ruff and mypy --strict on the Python package; their settings (and the files left out) are in
+# python-bindings/pyproject.toml.
+lint-python:
+	cd python-bindings && $(VENV)/bin/ruff check && $(VENV)/bin/mypy
 
 # The second line checks that dataload's index side builds and passes without its `sources`
 # feature (no Arrow, Parquet or zstd).
@@ -55,7 +65,7 @@ fuzz:
 
 # The training run: 2 ranks, interrupted by a SIGTERM, resumed, merged, verified, reported.
 # (`demo/run.sh` is the CLI tour on a bundled checkpoint.)
-demo: setup
+demo: setup-demo
 	$(TORCH_ENV) $(CARGO) build --release --locked -p statekit-cli -p train --features statekit-cli/mpi
 	@$(TORCH_ENV) bash demo/train.sh target/release/ckpt target/release/statekit-train
 

@@ -1,12 +1,15 @@
 """What the CRC32 checks cost: each merge and convert that reads torch zip records, run by the
-current `ckpt` (which checks every record it reads) and by `ckpt` built at the commit before the
-checks, paired and alternated on the same inputs as bench/vs_cp.py.
+current `ckpt` (which checks every record it reads) and by a `ckpt` without the checks, paired and
+alternated on the same inputs as bench/vs_cp.py.
 
     /opt/statekit-venv/bin/python bench/crc_cost.py --baseline PATH/TO/OLD/ckpt [--pairs 7]
         [--ops convert,dcp,zero,dcp_tp] [--ckpt target/release/ckpt] [--no-write]
 
-The baseline binary is built from the commit before the checks landed (f1f2783), e.g.
-`git worktree add /tmp/base f1f2783 && cd /tmp/base && cargo build --release -p statekit-cli`.
+The baseline binary is the same tree with the checks turned off: a copy of it in which
+`Sources::check_extents` and `Sources::check` (ckpt/src/io.rs) return `Ok(())` at once, built with
+`cargo build --release -p statekit-cli` (copying `target/release` there first saves rebuilding
+the dependencies). Runs before 2026-12-03 used `ckpt` built at the commit before the checks
+landed (f1f2783), which differs in more than the checks.
 Both sides read the same files, warm in the page cache, and write to a fresh folder, as in
 vs_cp.py (whose inputs, timing and fresh-folder rules this reuses). The table gives the medians
 of wall time and of CPU time (user + system, from `/usr/bin/time -v`): the check's cost is the
@@ -64,16 +67,17 @@ def measure(name, a_spec, c_spec, pairs, warmup):
     }
 
 
-def report(results, pairs, warmup, baseline):
+def report(results, pairs, warmup, baseline, loads):
     lines = [
         "# What the CRC32 checks cost",
         "",
         f"Machine: {platform.machine()}, {os.cpu_count()} CPUs shared with other work, kernel {platform.release()}. "
-        f"`bench/crc_cost.py --pairs {pairs} --warmup {warmup}` on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.",
+        f"`bench/crc_cost.py --pairs {pairs} --warmup {warmup}` on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
+        f"load average (1 min) {loads[0]:.1f} at the start, {loads[1]:.1f} at the end.",
         "",
         "Each operation ran as alternated pairs on the inputs of `bench/vs_cp.py`: the current `ckpt`, which checks "
-        "the CRC32 of every zip record it reads (torch storages, DCP items), then `ckpt` built at the commit before the "
-        f"checks (`{baseline}`). CPU is user + system time. The bytes are the records the operation reads "
+        "the CRC32 of every zip record it reads (torch storages, DCP items), then `ckpt` without the checks "
+        f"(`{baseline}`, see the script's docstring). CPU is user + system time. The bytes are the records the operation reads "
         "(the baseline files of vs_cp.py), each hashed once.",
         "",
         "| operation | bytes checked (GB) | median wall, checked / unchecked (s) | median CPU, checked / unchecked (s) "
@@ -108,10 +112,11 @@ def main():
     if unknown:
         raise SystemExit(f"not an operation that reads zip records: {', '.join(sorted(unknown))}")
     p = vs_cp.inputs(args.ckpt, ops)
+    load_start = os.getloadavg()[0]
     checked = vs_cp.operations(args.ckpt, p, ops)
     unchecked = vs_cp.operations(args.baseline, p, ops)
     results = {name: measure(name, checked[name], unchecked[name], args.pairs, args.warmup) for name in ops}
-    text = report(results, args.pairs, args.warmup, args.baseline)
+    text = report(results, args.pairs, args.warmup, args.baseline, (load_start, os.getloadavg()[0]))
     print(text)
     if not args.no_write:
         with open(os.path.join(vs_cp.ROOT, "bench", "RESULTS-crc.md"), "w") as f:

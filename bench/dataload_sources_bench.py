@@ -26,6 +26,8 @@ import pyarrow.parquet as pq
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from bench_common import token_file
+
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 WORK = os.path.join(ROOT, "bench", "work", "dataload_sources")
 BLOCK, TOKEN_BATCH, TOKEN_BATCHES = 1024, 32, 400
@@ -34,9 +36,7 @@ ROW_BATCH = 256
 
 def make_data():
     os.makedirs(WORK, exist_ok=True)
-    tok = os.path.join(WORK, "tokens.bin")
-    if not os.path.exists(tok):
-        np.random.default_rng(0).integers(0, 50257, size=20_000_000, dtype=np.uint16).tofile(tok)
+    tok = token_file(os.path.join(WORK, "tokens.bin"), 20_000_000, seed=0)
     rows = os.path.join(WORK, "rows.parquet")
     if not os.path.exists(rows):
         n = 200_000

@@ -49,6 +49,8 @@ import time
 import numpy as np
 import torch
 
+from bench_common import token_file
+
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 WORK = os.path.join(ROOT, "bench", "work", "mixture")
 SIZES, WEIGHTS, SEED = (4_000_000, 1_000_000, 200_000), (0.6, 0.3, 0.1), 0
@@ -232,13 +234,9 @@ def megatron_build(python):
 
 def token_files():
     os.makedirs(WORK, exist_ok=True)
-    single = os.path.join(WORK, "single.bin")
-    parts = [os.path.join(WORK, f"part{i}.bin") for i in range(3)]
-    if not os.path.exists(single):
-        np.random.default_rng(0).integers(0, 50257, size=20_000_000, dtype=np.uint16).tofile(single)
-    for i, (path, n) in enumerate(zip(parts, (12_000_000, 6_000_000, 2_000_000))):
-        if not os.path.exists(path):
-            np.random.default_rng(10 + i).integers(0, 50257, size=n, dtype=np.uint16).tofile(path)
+    single = token_file(os.path.join(WORK, "single.bin"), 20_000_000, seed=0)
+    parts = [token_file(os.path.join(WORK, f"part{i}.bin"), n, seed=10 + i)
+             for i, n in enumerate((12_000_000, 6_000_000, 2_000_000))]
     return single, parts
 
 

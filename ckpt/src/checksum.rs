@@ -9,8 +9,9 @@
 //! resumed model.
 //!
 //! The check reads the whole record even when only a slice of it is wanted (a rank's rows of a
-//! tensor), because a CRC covers all of it. Operations that copy many records check them up
-//! front, in parallel pieces whose CRCs are combined ([`verify_extents`]); a record checked
+//! tensor), because a CRC covers all of it. Operations that copy many records hash them as the
+//! copies pass the bytes (the `crc_pass` module), and check the others beside the copies, in
+//! parallel pieces whose CRCs are combined ([`verify_extents`]); a record checked
 //! once in a catalog's lifetime is not checked again. The bytes are hashed where the file's
 //! memory map has them (no copy) and each piece's pages are dropped after, so a check holds a
 //! piece per thread.
@@ -81,7 +82,7 @@ impl Checks {
     }
 
     /// Indices of the records not yet checked that `[off, off + len)` touches.
-    fn pending(&self, off: u64, len: u64, out: &mut Vec<usize>) {
+    pub(crate) fn pending(&self, off: u64, len: u64, out: &mut Vec<usize>) {
         let Some(set) = &self.0 else { return };
         let end = off.saturating_add(len);
         let mut i = set.records.partition_point(|r| r.offset < end);
@@ -97,11 +98,11 @@ impl Checks {
         }
     }
 
-    fn record(&self, i: usize) -> Option<&Record> {
+    pub(crate) fn record(&self, i: usize) -> Option<&Record> {
         self.0.as_ref().and_then(|s| s.records.get(i))
     }
 
-    fn mark_good(&self, i: usize) {
+    pub(crate) fn mark_good(&self, i: usize) {
         if let Some(g) = self.0.as_ref().and_then(|s| s.good.get(i)) {
             g.store(true, Ordering::Relaxed);
         }
@@ -117,7 +118,7 @@ pub(crate) struct Source<'a> {
 }
 
 impl Source<'_> {
-    fn mismatch(&self, r: &Record, actual: u32) -> Error {
+    pub(crate) fn mismatch(&self, r: &Record, actual: u32) -> Error {
         Error::BadChecksum {
             path: self.path.to_path_buf(),
             tensor: Some(r.tensor.clone()),
@@ -132,7 +133,7 @@ impl Source<'_> {
 
 /// CRC32 of `len` bytes at `off` of the mapped file, in pieces whose pages are dropped once
 /// hashed.
-fn crc_of(map: &MappedFile, path: &Path, off: u64, len: u64) -> Result<crc32fast::Hasher> {
+pub(crate) fn crc_of(map: &MappedFile, path: &Path, off: u64, len: u64) -> Result<crc32fast::Hasher> {
     let mut h = crc32fast::Hasher::new();
     let mut done = 0u64;
     while done < len {

@@ -14,6 +14,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use rayon::prelude::*;
 
 use crate::catalog::Checkpoint;
+use crate::crc_pass::PassCheck;
 use crate::error::{Error, IoContext, Result};
 use crate::io::Sources;
 use crate::job::{agree, Job};
@@ -150,7 +151,8 @@ fn create_owned(plan: &Plan, mine: &Share, temp: &dyn Fn(&TargetFile) -> PathBuf
 }
 
 /// Step 3: this rank's parts, written into the temporaries (its own, and the others' it shares a
-/// range of), each CRC-covered record it reads checked in parallel pieces beside the copies (a
+/// range of), each CRC-covered record it reads checked as the copies pass its bytes or in parallel
+/// pieces beside them (a
 /// damaged source is refused before anything is committed); then fsynced.
 fn fill_share(
     plan: &Plan,
@@ -176,10 +178,13 @@ fn fill_share(
     }
     let copies = mine.parts.iter().flat_map(|p| p.copies.iter().map(|c| (c.src, c.src_off, c.len)));
     let gathered = mine.parts.iter().flat_map(|p| p.gathers.iter().flat_map(|g| g.tensor.extents()));
-    let extents: Vec<(usize, u64, u64)> = copies.chain(gathered).collect();
+    let copies: Vec<(usize, u64, u64)> = copies.collect();
+    let pass = PassCheck::new(srcs, &copies)?;
+    let rest = pass.rest(copies.iter().copied().chain(gathered));
     let (checked, copied) =
-        rayon::join(|| srcs.check_extents(extents), || fill(&mine.parts, srcs, &files, copy, progress));
+        rayon::join(|| srcs.check_extents(rest), || fill(&mine.parts, srcs, &files, copy, &pass, progress));
     checked?;
+    pass.finish()?;
     copied?;
     files.par_iter().flatten().try_for_each(|(p, f)| f.sync_all().at(p))
 }
@@ -207,6 +212,7 @@ fn fill(
     srcs: &Sources<'_>,
     files: &[Option<(PathBuf, File)>],
     copy: CopyMethod,
+    pass: &PassCheck<'_>,
     progress: Option<&(dyn Fn(u64) + Sync)>,
 ) -> Result<()> {
     let file = |ti: usize| -> Result<&(PathBuf, File)> {
@@ -231,6 +237,10 @@ fn fill(
     let kernel_ok = AtomicBool::new(copy == CopyMethod::Auto);
     pieces.par_iter().try_for_each(|(ti, c)| {
         let (dst_path, dst) = file(*ti)?;
+        if pass.copy(dst, dst_path, c, progress)? {
+            sys::start_writeback(dst, c.dst_off, c.len);
+            return Ok(());
+        }
         // Bytes held in memory (a torch file's numpy arrays, the caller's buffers) are not in a
         // file: written from where they are.
         let copied = if kernel_ok.load(Ordering::Relaxed) && !srcs.in_memory(c.src, c.src_off) {

@@ -228,7 +228,7 @@ impl<'m> Sources<'m> {
         }
     }
 
-    fn checked(&self) -> Result<Vec<Option<crate::checksum::Source<'_>>>> {
+    pub(crate) fn checked(&self) -> Result<Vec<Option<crate::checksum::Source<'_>>>> {
         (0..self.files.len()).map(|i| self.checked_source(i)).collect()
     }
 

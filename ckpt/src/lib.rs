@@ -33,6 +33,7 @@ mod blockscale;
 mod cast;
 mod catalog;
 mod checksum;
+mod crc_pass;
 mod dtype;
 mod error;
 mod execute;

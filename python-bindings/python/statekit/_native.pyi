@@ -4,8 +4,9 @@
 # Bytes cross as buffers (`Buffer`: numpy arrays, `bytearray`, `memoryview`), never as
 # addresses: C-contiguous or `TypeError`; an output writable and of the expected length, and
 # not sharing memory with another output, or `ValueError`.
-from typing_extensions import Buffer  # collections.abc.Buffer from 3.12 on
 from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from typing_extensions import Buffer  # collections.abc.Buffer from 3.12 on
 
 __version__: str
 

@@ -13,7 +13,7 @@ import dataclasses
 import json
 import mmap
 import os
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -172,14 +172,15 @@ def _outcome(text: str) -> Outcome:
         tensors=d["tensors"],
         bytes=d["bytes"],
         values=d["values"],
-        aliases=[tuple(a) for a in d["aliases"]],  # type: ignore[misc]
+        aliases=[tuple(a) for a in d["aliases"]],
         world_size=d["world_size"],
         document=d,
     )
 
 
 def _info(ck: "_native.Checkpoint") -> Dict[str, Any]:
-    return json.loads(ck.info_json())
+    info: Dict[str, Any] = json.loads(ck.info_json())
+    return info
 
 
 def _allow(allow_globals: Optional[Sequence[str]]) -> Optional[List[str]]:
@@ -428,9 +429,11 @@ def load(
     use_torch = framework in ("torch", "pt")
     if not use_torch and device != "cpu":
         raise UsageError("numpy arrays live on the CPU: `device` must be `cpu` with `framework=\"numpy\"`")
-    torch = None
+    torch: Any = None
     if use_torch:
-        import torch
+        import torch as torch_module
+
+        torch = torch_module
     ck = _native.Checkpoint(os.fspath(path), tag, _allow(allow_globals), as_stored=as_stored)
     if not allow_expanded:
         ck.refuse_expanded()
@@ -503,7 +506,8 @@ def _torch_bytes(t: Any) -> np.ndarray:
     tensors have no buffer protocol, and numpy has no bf16 or fp8."""
     import torch
 
-    return t.reshape(-1).view(torch.uint8).numpy()
+    flat: np.ndarray = t.reshape(-1).view(torch.uint8).numpy()
+    return flat
 
 
 def _buffer(value: Any, name: str) -> Tuple[str, Tuple[int, ...], Any]:
@@ -636,10 +640,12 @@ def save_sharded(state_dict: Mapping[str, Any], dir: PathLike, *, rank: int, wor
     _flatten(state_dict, (), leaves)
     tensors = []
     values = []
-    dtensor_cls = None
+    dtensor_cls: Any = None
     if torch is not None:
         try:
-            from torch.distributed.tensor import DTensor as dtensor_cls  # type: ignore[no-redef]
+            from torch.distributed.tensor import DTensor
+
+            dtensor_cls = DTensor
         except ImportError:
             dtensor_cls = None
     for parts, v in leaves:

@@ -50,7 +50,7 @@ class UnsafePickle(InvalidCheckpoint):
     either: what ``allow_globals`` would need to read the file as data."""
 
     global_name: str
-    globals: list
+    globals: list[str]
 
 
 class BadOption(CheckpointError, ValueError):

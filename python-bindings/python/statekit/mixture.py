@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import operator
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple, cast
 
 from . import _native
 from .errors import UsageError
@@ -67,7 +67,8 @@ class Mixture:
     @property
     def spec(self) -> Dict[str, Any]:
         """The definition as a loader state records it (``dataload``'s ``MixtureSpec``)."""
-        return json.loads(self._native.spec_json())
+        spec: Dict[str, Any] = json.loads(self._native.spec_json())
+        return spec
 
     def spec_json(self) -> str:
         return self._native.spec_json()
@@ -188,7 +189,7 @@ class _MixtureDataset:
             wanted = [samples[r] for r in where]
             many = getattr(ds, "__getitems__", None)
             items = many(wanted) if callable(many) else [ds[j] for j in wanted]
-            for r, item in zip(where, items):
+            for r, item in zip(where, items, strict=False):
                 out[r] = item
         return out
 
@@ -212,10 +213,10 @@ class _MixtureDataset:
         return inputs, targets
 
 
-_DATASET_CLASS: Optional[type] = None
+_DATASET_CLASS: Optional[type[Mixture]] = None
 
 
-def _dataset_class() -> type:
+def _dataset_class() -> type[Mixture]:
     """``Mixture`` with the dataset side, over torch's ``Dataset`` when torch is installed
     (imported on the first ``Mixture.of``, not with the package)."""
     global _DATASET_CLASS
@@ -227,8 +228,10 @@ def _dataset_class() -> type:
             bases += (Dataset,)
         except ImportError:
             pass
-        _DATASET_CLASS = type("Mixture", bases, {"__module__": __name__, "__doc__": Mixture.__doc__,
-                                                 "__qualname__": "Mixture"})
+        # A subclass of `Mixture` (one of its bases), which `type()`'s signature cannot say.
+        _DATASET_CLASS = cast("type[Mixture]", type("Mixture", bases, {"__module__": __name__,
+                                                                       "__doc__": Mixture.__doc__,
+                                                                       "__qualname__": "Mixture"}))
     return _DATASET_CLASS
 
 
