@@ -554,6 +554,33 @@ pub enum Error {
         /// What is wrong with it.
         reason: String,
     },
+    /// A DCP `.metadata` larger than what the items the folder's other files can hold need:
+    /// refused before it is read, since it is read before it names its data files.
+    #[error(
+        "{path}: DCP metadata: `.metadata` is {len} bytes, over the {cap} bytes allowed: the folder's {files} other \
+         files ({data_len} bytes) hold at most {items} items of {min_item_len} bytes or more, at {per_item} bytes \
+         of metadata each ({min_cap} bytes at least)"
+    )]
+    DcpMetadataTooLarge {
+        /// The `.metadata` file.
+        path: PathBuf,
+        /// Its length in bytes.
+        len: u64,
+        /// The largest length allowed for this folder.
+        cap: u64,
+        /// The folder's other plain files.
+        files: u64,
+        /// Their total length in bytes.
+        data_len: u64,
+        /// The most items they can hold.
+        items: u64,
+        /// The fewest bytes one item takes in a data file.
+        min_item_len: u64,
+        /// The most bytes of metadata one item takes.
+        per_item: u64,
+        /// The cap for a folder of few items.
+        min_cap: u64,
+    },
     /// A DCP item that cannot be read from its data file: past its end, not a `torch.save`
     /// archive, or not the tensor or value the metadata says.
     #[error("{path}{}: tensor `{tensor}`: {reason}", rank_note(.rank))]
@@ -567,6 +594,25 @@ pub enum Error {
         /// What is wrong with it.
         reason: String,
     },
+    /// A DCP item holding a tensor of another dtype than the metadata gives its chunk.
+    #[error(
+        "{path}{}: tensor `{tensor}`: the item at byte {at} holds `{found}` where the metadata says `{expected}`",
+        rank_note(.rank)
+    )]
+    DcpItemDtype {
+        /// The data file.
+        path: PathBuf,
+        /// The tensor's name.
+        tensor: String,
+        /// The rank whose data file it is, when its name (`__R_N.distcp`) gives one.
+        rank: Option<u64>,
+        /// The offset of the item in the data file.
+        at: u64,
+        /// The dtype the item holds.
+        found: crate::Dtype,
+        /// The dtype the metadata gives.
+        expected: crate::Dtype,
+    },
     /// A box of a tensor (a DCP chunk, a rank's shard) that does not fit the tensor or its file:
     /// out of bounds, overlapping another, or leaving part of the tensor uncovered.
     #[error("{path}{}: tensor `{tensor}`: {reason}", rank_note(.rank))]
@@ -579,6 +625,20 @@ pub enum Error {
         rank: Option<u64>,
         /// What is wrong with it.
         reason: String,
+    },
+    /// A tensor whose boxes, in the shards of one checkpoint, are of different dtypes.
+    #[error("{path}{}: tensor `{tensor}`: its box is `{found}` where another shard's is `{other}`", rank_note(.rank))]
+    BoxDtypeMismatch {
+        /// The file holding the box.
+        path: PathBuf,
+        /// The tensor's name.
+        tensor: String,
+        /// The rank whose file holds the box, where known.
+        rank: Option<u64>,
+        /// The box's dtype.
+        found: crate::Dtype,
+        /// The dtype of the tensor's boxes read before it.
+        other: crate::Dtype,
     },
     /// A collective operation between the ranks of a job (broadcast, gather) that failed.
     #[error("{dir}: {source}")]
@@ -626,6 +686,25 @@ pub enum Error {
         /// What is wrong.
         reason: String,
     },
+    /// A `save_state` folder whose RNG files leave out one rank of the world that saved it.
+    #[error("{path}: rank {rank}: missing: the folder was saved by {world} ranks and rank {rank} left no RNG file")]
+    MissingRngFile {
+        /// The file the rank would have written.
+        path: PathBuf,
+        /// The rank.
+        rank: u64,
+        /// The number of ranks that saved the folder.
+        world: u64,
+    },
+    /// A rank file (an accelerate or `Trainer` RNG file) whose name gives a rank at or past the
+    /// world-size limit: refused without reading it, before the rank sizes anything.
+    #[error("{path}: the rank in this name is not below the world-size limit ({limit} ranks); the file is not read")]
+    RankBeyondLimit {
+        /// The file.
+        path: PathBuf,
+        /// The world-size limit, [`crate::MAX_WORLD_SIZE`].
+        limit: u64,
+    },
     /// A Megatron-Core checkpoint that does not hold together: its tracker, a rank's file, a
     /// stage that disagrees with the others, a tensor whose one-rank form cannot be derived.
     #[error("{path}{}:{} {reason}", rank_note(.rank), key_note(.key))]
@@ -638,6 +717,21 @@ pub enum Error {
         rank: Option<u64>,
         /// What is wrong.
         reason: String,
+    },
+    /// A Megatron save missing the file of one of its tensor-parallel × pipeline ranks.
+    #[error(
+        "{path} (rank {rank}): missing: the save has {tp} tensor-parallel × {pp} pipeline ranks, but this rank's \
+         file is not there"
+    )]
+    MissingMegatronRank {
+        /// The file the rank would have written.
+        path: PathBuf,
+        /// Its tensor-parallel rank.
+        rank: u64,
+        /// The save's tensor-parallel ranks.
+        tp: u64,
+        /// The save's pipeline stages.
+        pp: u64,
     },
 }
 

@@ -65,10 +65,16 @@ impl Error {
             | Error::BadZeroCheckpoint { .. }
             | Error::MissingRankFile { .. }
             | Error::BadDcpMetadata { .. }
+            | Error::DcpMetadataTooLarge { .. }
+            | Error::DcpItemDtype { .. }
             | Error::BadDcpChunk { .. }
             | Error::BadBox { .. }
+            | Error::BoxDtypeMismatch { .. }
             | Error::BadSaveState { .. }
-            | Error::BadMegatron { .. } => ErrorKind::InvalidData,
+            | Error::MissingRngFile { .. }
+            | Error::RankBeyondLimit { .. }
+            | Error::BadMegatron { .. }
+            | Error::MissingMegatronRank { .. } => ErrorKind::InvalidData,
             Error::NotACheckpoint { .. } | Error::UnknownSafetensorsLayout { .. } | Error::NotInHubCache { .. } => {
                 ErrorKind::NotFound
             }
@@ -144,14 +150,20 @@ impl Error {
             Error::BadZeroCheckpoint { .. } => "BadZeroCheckpoint",
             Error::MissingRankFile { .. } => "MissingRankFile",
             Error::BadDcpMetadata { .. } => "BadDcpMetadata",
+            Error::DcpMetadataTooLarge { .. } => "DcpMetadataTooLarge",
+            Error::DcpItemDtype { .. } => "DcpItemDtype",
             Error::BadDcpChunk { .. } => "BadDcpChunk",
             Error::BadBox { .. } => "BadBox",
+            Error::BoxDtypeMismatch { .. } => "BoxDtypeMismatch",
             Error::Collective { .. } => "Collective",
             Error::OtherRank { .. } => "OtherRank",
             Error::PlanMismatch { .. } => "PlanMismatch",
             Error::ShardedSave { .. } => "ShardedSave",
             Error::BadSaveState { .. } => "BadSaveState",
+            Error::MissingRngFile { .. } => "MissingRngFile",
+            Error::RankBeyondLimit { .. } => "RankBeyondLimit",
             Error::BadMegatron { .. } => "BadMegatron",
+            Error::MissingMegatronRank { .. } => "MissingMegatronRank",
         }
     }
 }

@@ -66,11 +66,9 @@ impl SaveState {
         }
         match gaps.as_slice() {
             [] => None,
-            [(a, b)] if a == b => Some(bad(
-                &self.root.join(self.rng_name(*a, w)),
-                Some(*a),
-                format!("missing: the folder was saved by {w} ranks and rank {a} left no RNG file"),
-            )),
+            [(a, b)] if a == b => {
+                Some(Error::MissingRngFile { path: self.root.join(self.rng_name(*a, w)), rank: *a, world: w })
+            }
             _ => {
                 const SHOWN: usize = 8;
                 let mut list: Vec<String> = gaps

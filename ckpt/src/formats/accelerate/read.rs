@@ -252,14 +252,7 @@ pub(super) fn value<'a>(c: &'a Component, name: &str) -> Option<&'a serde_json::
 /// An RNG file whose name gives a rank no world this library reads has: refused without reading
 /// it, before the rank sizes anything.
 pub(super) fn rank_beyond_limit(path: &Path) -> Error {
-    bad(
-        path,
-        None,
-        format!(
-            "the rank in this name is not below the world-size limit ({} ranks); the file is not read",
-            crate::MAX_WORLD_SIZE
-        ),
-    )
+    Error::RankBeyondLimit { path: path.to_path_buf(), limit: crate::MAX_WORLD_SIZE }
 }
 
 /// Summarizes an opened optimizer file or folder.

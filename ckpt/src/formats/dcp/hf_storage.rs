@@ -174,7 +174,13 @@ fn read_shard(
             file_of: (name.index, name.of),
         });
         if entry.dtype != t.dtype {
-            return Err(bad(&t.name, format!("its box is `{}` where another shard's is `{}`", t.dtype, entry.dtype)));
+            return Err(Error::BoxDtypeMismatch {
+                path: path.to_path_buf(),
+                tensor: t.name.clone(),
+                rank: Some(rank),
+                found: t.dtype,
+                other: entry.dtype,
+            });
         }
         if entry.file_of != (name.index, name.of) {
             let (k, n) = entry.file_of;
