@@ -535,6 +535,21 @@ pub enum Error {
         /// What is wrong with it.
         reason: String,
     },
+    /// A DeepSpeed ZeRO rank file whose flat state vector is not of the dtype DeepSpeed keeps
+    /// it in (fp32).
+    #[error("{path}: rank {rank}, `{tensor}`: dtype is `{found}`, expected `{expected}`")]
+    ZeroDtype {
+        /// The rank's file.
+        path: PathBuf,
+        /// The rank.
+        rank: u64,
+        /// The dotted key of the vector.
+        tensor: String,
+        /// Its dtype.
+        found: crate::Dtype,
+        /// The dtype DeepSpeed keeps it in.
+        expected: crate::Dtype,
+    },
     /// A DeepSpeed ZeRO checkpoint missing the file of one of its ranks.
     #[error("{path}: missing: the ZeRO checkpoint has {world} ranks but rank {rank} wrote no such file")]
     MissingRankFile {

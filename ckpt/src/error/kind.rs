@@ -63,6 +63,7 @@ impl Error {
             | Error::BadTorchTensor { .. }
             | Error::BadBlockScale { .. }
             | Error::BadZeroCheckpoint { .. }
+            | Error::ZeroDtype { .. }
             | Error::MissingRankFile { .. }
             | Error::BadDcpMetadata { .. }
             | Error::DcpMetadataTooLarge { .. }
@@ -148,6 +149,7 @@ impl Error {
             Error::BadSaveTensor { .. } => "BadSaveTensor",
             Error::BadBlockScale { .. } => "BadBlockScale",
             Error::BadZeroCheckpoint { .. } => "BadZeroCheckpoint",
+            Error::ZeroDtype { .. } => "ZeroDtype",
             Error::MissingRankFile { .. } => "MissingRankFile",
             Error::BadDcpMetadata { .. } => "BadDcpMetadata",
             Error::DcpMetadataTooLarge { .. } => "DcpMetadataTooLarge",

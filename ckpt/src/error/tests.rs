@@ -31,6 +31,13 @@ fn variant_name_is_the_debug_name() {
         Error::BadMegatron { path: "ckpt".into(), key: Some("k".into()), rank: Some(0), reason: "r".into() },
         Error::MissingMegatronRank { path: "ckpt".into(), rank: 1, tp: 2, pp: 1 },
         Error::MissingRngFile { path: "random_states_1.pkl".into(), rank: 1, world: 2 },
+        Error::ZeroDtype {
+            path: "zero_pp_rank_0_mp_rank_00_optim_states.pt".into(),
+            rank: 0,
+            tensor: "k".into(),
+            found: crate::Dtype::F16,
+            expected: crate::Dtype::F32,
+        },
         Error::RankBeyondLimit { path: "random_states_9999999.pkl".into(), limit: crate::MAX_WORLD_SIZE },
         Error::DcpItemDtype {
             path: "__0_0.distcp".into(),
@@ -87,6 +94,17 @@ fn typed_variants_keep_their_messages() {
             Error::MissingMegatronRank { path: "m/mp_rank_01/model_optim_rng.pt".into(), rank: 1, tp: 2, pp: 1 },
             "m/mp_rank_01/model_optim_rng.pt (rank 1): missing: the save has 2 tensor-parallel × 1 pipeline ranks, \
              but this rank's file is not there",
+        ),
+        (
+            Error::ZeroDtype {
+                path: "t/zero_pp_rank_1_mp_rank_00_optim_states.pt".into(),
+                rank: 1,
+                tensor: "optimizer_state_dict.single_partition_of_fp32_groups.0".into(),
+                found: crate::Dtype::F16,
+                expected: crate::Dtype::F32,
+            },
+            "t/zero_pp_rank_1_mp_rank_00_optim_states.pt: rank 1, `optimizer_state_dict.single_partition_of_fp32_groups.0`: \
+             dtype is `F16`, expected `F32`",
         ),
     ];
     for (e, want) in cases {

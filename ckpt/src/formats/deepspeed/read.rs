@@ -164,7 +164,13 @@ impl RankFile {
     fn flat_f32(&self, key: &str) -> Result<(u64, u64)> {
         let t = self.need_tensor(key)?;
         if t.dtype != Dtype::F32 {
-            return Err(self.err(key, format!("dtype is `{}`, expected `F32`", t.dtype)));
+            return Err(Error::ZeroDtype {
+                path: self.f.path.clone(),
+                rank: self.rank,
+                tensor: key.to_string(),
+                found: t.dtype,
+                expected: Dtype::F32,
+            });
         }
         if t.shape.len() != 1 || (t.shape[0] > 1 && t.strides.first() != Some(&1)) {
             return Err(self.err(key, format!("shape {:?} strides {:?}: expected a flat vector", t.shape, t.strides)));
