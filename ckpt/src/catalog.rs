@@ -424,92 +424,12 @@ impl Checkpoint {
     pub(crate) fn new(p: Parts) -> Result<Checkpoint> {
         let mut seen = HashSet::with_capacity(p.tensors.len());
         for t in &p.tensors {
-            let where_ = |reason: String| {
-                let path = t.location().and_then(|(f, _)| p.files.get(f)).map_or(p.root.clone(), |f| f.path.clone());
-                Error::BadTensorEntry { path, tensor: t.name.clone(), reason }
-            };
             if !seen.insert(t.name.as_str()) {
                 return Err(Error::DuplicateTensor { path: p.root.clone(), tensor: t.name.clone() });
             }
-            let elem = t.stored.bits() / 8;
-            let Some(need) = shape::numel(&t.shape).and_then(|n| n.checked_mul(elem)) else {
-                return Err(where_(format!("shape {:?} overflows", t.shape)));
-            };
-            if shape::numel(&t.shape).and_then(|n| n.checked_mul(t.dtype.bits() / 8)).is_none() {
-                return Err(where_(format!("shape {:?} overflows", t.shape)));
-            }
-            match &t.data {
-                TensorData::Ranges(chunks) => {
-                    let mut total = 0u64;
-                    for c in chunks {
-                        let file = p.files.get(c.file).ok_or_else(|| where_("names an unknown source file".into()))?;
-                        if c.offset.checked_add(c.len).is_none_or(|end| end > file.extent()) {
-                            return Err(where_(format!(
-                                "bytes {}..{} lie past the end of the {}-byte file",
-                                c.offset,
-                                c.offset.saturating_add(c.len),
-                                file.len
-                            )));
-                        }
-                        total = total.checked_add(c.len).ok_or_else(|| where_("byte count overflows".into()))?;
-                    }
-                    if total != need {
-                        return Err(where_(format!("holds {total} bytes, its shape needs {need}")));
-                    }
-                }
-                TensorData::Boxes(boxes) => {
-                    for b in boxes {
-                        let at = |reason: String| box_error(&p, t, b, reason);
-                        let f = p.files.get(b.file).ok_or_else(|| where_("names an unknown source file".into()))?;
-                        if b.base.checked_add(b.len).is_none_or(|end| end > f.extent()) {
-                            return Err(at(format!(
-                                "the storage of the box at offsets {:?} lies past the end of the file",
-                                b.region.offsets
-                            )));
-                        }
-                        if b.strides.len() != b.region.sizes.len() {
-                            return Err(at(format!(
-                                "the box at offsets {:?} has {} strides for {} dims",
-                                b.region.offsets,
-                                b.strides.len(),
-                                b.region.sizes.len()
-                            )));
-                        }
-                        let extent =
-                            shape::extent(b.offset, &b.region.sizes, &b.strides).and_then(|e| e.checked_mul(elem));
-                        if extent.is_none_or(|e| e > b.len) {
-                            return Err(at(format!(
-                                "the view of the box at offsets {:?} reaches past its storage",
-                                b.region.offsets
-                            )));
-                        }
-                    }
-                    // One box that is the whole tensor (every torch tensor) tiles it trivially.
-                    let trivial = matches!(boxes.as_slice(), [b] if b.region.is_whole(&t.shape));
-                    if !trivial {
-                        let regions: Vec<Region> = boxes.iter().map(|b| b.region.clone()).collect();
-                        if let Err(e) = fsdp_state::check_tiling(&t.shape, &regions) {
-                            return Err(match e.index().and_then(|i| boxes.get(i)) {
-                                Some(b) => box_error(&p, t, b, e.to_string()),
-                                None => Error::BadBox {
-                                    path: p.root.clone(),
-                                    tensor: t.name.clone(),
-                                    rank: None,
-                                    reason: e.to_string(),
-                                },
-                            });
-                        }
-                    }
-                }
-            }
+            check_tensor(&p, t)?;
         }
-        // Data files, the root, what the reader named, and a checksum manifest beside the root.
-        let mut members: Vec<PathBuf> = p.files.iter().map(|f| f.path.clone()).collect();
-        members.push(p.root.clone());
-        let folder = if p.root.is_dir() { Some(p.root.as_path()) } else { p.root.parent() };
-        if let Some(manifest) = folder.map(|d| d.join(crate::manifest::MANIFEST_NAME)).filter(|m| m.is_file()) {
-            members.push(manifest);
-        }
+        let mut members = own_members(&p);
         members.extend(p.members);
         Ok(Checkpoint {
             members,
@@ -742,6 +662,106 @@ impl Checkpoint {
     }
 }
 
+/// The members every checkpoint has (besides what its reader named): its data files, the root,
+/// and a checksum manifest beside the root.
+fn own_members(p: &Parts) -> Vec<PathBuf> {
+    let mut members: Vec<PathBuf> = p.files.iter().map(|f| f.path.clone()).collect();
+    members.push(p.root.clone());
+    let folder = if p.root.is_dir() { Some(p.root.as_path()) } else { p.root.parent() };
+    if let Some(manifest) = folder.map(|d| d.join(crate::manifest::MANIFEST_NAME)).filter(|m| m.is_file()) {
+        members.push(manifest);
+    }
+    members
+}
+
+/// A tensor entry that does not hold, at the file of its first byte (else the root).
+fn entry_error(p: &Parts, t: &TensorInfo, reason: String) -> Error {
+    let path = t.location().and_then(|(f, _)| p.files.get(f)).map_or(p.root.clone(), |f| f.path.clone());
+    Error::BadTensorEntry { path, tensor: t.name.clone(), reason }
+}
+
+/// One tensor's sizes computable without overflow (stored and as its dtype) and its bytes in
+/// bounds of their files.
+fn check_tensor(p: &Parts, t: &TensorInfo) -> Result<()> {
+    let elem = t.stored.bits() / 8;
+    let Some(need) = shape::numel(&t.shape).and_then(|n| n.checked_mul(elem)) else {
+        return Err(entry_error(p, t, format!("shape {:?} overflows", t.shape)));
+    };
+    if shape::numel(&t.shape).and_then(|n| n.checked_mul(t.dtype.bits() / 8)).is_none() {
+        return Err(entry_error(p, t, format!("shape {:?} overflows", t.shape)));
+    }
+    match &t.data {
+        TensorData::Ranges(chunks) => check_ranges(p, t, chunks, need),
+        TensorData::Boxes(boxes) => check_boxes(p, t, boxes, elem),
+    }
+}
+
+/// Byte ranges: each inside its file, together exactly the `need` bytes of the shape.
+fn check_ranges(p: &Parts, t: &TensorInfo, chunks: &[Chunk], need: u64) -> Result<()> {
+    let mut total = 0u64;
+    for c in chunks {
+        let file = p.files.get(c.file).ok_or_else(|| entry_error(p, t, "names an unknown source file".into()))?;
+        if c.offset.checked_add(c.len).is_none_or(|end| end > file.extent()) {
+            return Err(entry_error(
+                p,
+                t,
+                format!(
+                    "bytes {}..{} lie past the end of the {}-byte file",
+                    c.offset,
+                    c.offset.saturating_add(c.len),
+                    file.len
+                ),
+            ));
+        }
+        total = total.checked_add(c.len).ok_or_else(|| entry_error(p, t, "byte count overflows".into()))?;
+    }
+    if total != need {
+        return Err(entry_error(p, t, format!("holds {total} bytes, its shape needs {need}")));
+    }
+    Ok(())
+}
+
+/// Boxes: each one's storage inside its file and its strided view inside its storage, and the
+/// boxes together tiling the tensor.
+fn check_boxes(p: &Parts, t: &TensorInfo, boxes: &[TensorBox], elem: u64) -> Result<()> {
+    for b in boxes {
+        let at = |reason: String| box_error(p, t, b, reason);
+        let f = p.files.get(b.file).ok_or_else(|| entry_error(p, t, "names an unknown source file".into()))?;
+        if b.base.checked_add(b.len).is_none_or(|end| end > f.extent()) {
+            return Err(at(format!(
+                "the storage of the box at offsets {:?} lies past the end of the file",
+                b.region.offsets
+            )));
+        }
+        if b.strides.len() != b.region.sizes.len() {
+            return Err(at(format!(
+                "the box at offsets {:?} has {} strides for {} dims",
+                b.region.offsets,
+                b.strides.len(),
+                b.region.sizes.len()
+            )));
+        }
+        let extent = shape::extent(b.offset, &b.region.sizes, &b.strides).and_then(|e| e.checked_mul(elem));
+        if extent.is_none_or(|e| e > b.len) {
+            return Err(at(format!("the view of the box at offsets {:?} reaches past its storage", b.region.offsets)));
+        }
+    }
+    // One box that is the whole tensor (every torch tensor) tiles it trivially.
+    let trivial = matches!(boxes, [b] if b.region.is_whole(&t.shape));
+    if !trivial {
+        let regions: Vec<Region> = boxes.iter().map(|b| b.region.clone()).collect();
+        if let Err(e) = fsdp_state::check_tiling(&t.shape, &regions) {
+            return Err(match e.index().and_then(|i| boxes.get(i)) {
+                Some(b) => box_error(p, t, b, e.to_string()),
+                None => {
+                    Error::BadBox { path: p.root.clone(), tensor: t.name.clone(), rank: None, reason: e.to_string() }
+                }
+            });
+        }
+    }
+    Ok(())
+}
+
 /// A problem with one box of `t`, named by the file that holds it and the rank that saved it.
 fn box_error(p: &Parts, t: &TensorInfo, b: &TensorBox, reason: String) -> Error {
     let file = p.files.get(b.file);
@@ -812,119 +832,4 @@ impl Scan {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use proptest::prelude::*;
-
-    /// A tensor of `shape` (i32 elements numbered row-major) cut on every dim at `cuts`, each
-    /// box stored compact in one file, in row-major or in reversed-dims (transposed) order.
-    fn tiled(shape: &[u64], cuts: &[Vec<u64>], transposed: &[bool]) -> (tempfile::TempDir, Checkpoint) {
-        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-        let path = dir.path().join("data");
-        let strides = shape::contiguous_strides(shape).unwrap_or_default();
-        // Every box of the grid the cuts make.
-        let edges: Vec<Vec<u64>> = shape
-            .iter()
-            .zip(cuts)
-            .map(|(&n, c)| {
-                let mut e: Vec<u64> = c.iter().map(|&x| x % (n + 1)).chain([0, n]).collect();
-                e.sort_unstable();
-                e.dedup();
-                e
-            })
-            .collect();
-        let mut regions = vec![Region::new(Vec::<u64>::new(), Vec::<u64>::new())];
-        for e in &edges {
-            regions = regions
-                .into_iter()
-                .flat_map(|r| {
-                    e.windows(2).map(move |w| {
-                        let mut r = r.clone();
-                        r.offsets.push(w[0]);
-                        r.sizes.push(w[1] - w[0]);
-                        r
-                    })
-                })
-                .collect();
-        }
-        let mut bytes = Vec::new();
-        let mut boxes = Vec::new();
-        for (i, r) in regions.iter().enumerate() {
-            let flip = transposed.get(i % transposed.len().max(1)).copied().unwrap_or(false);
-            // Store the box with its dims in `order` (reversed when transposed).
-            let order: Vec<usize> =
-                if flip { (0..r.sizes.len()).rev().collect() } else { (0..r.sizes.len()).collect() };
-            let stored: Vec<u64> = order.iter().map(|&d| r.sizes[d]).collect();
-            let stored_strides = shape::contiguous_strides(&stored).unwrap_or_default();
-            let mut view = vec![0u64; r.sizes.len()];
-            for (k, &d) in order.iter().enumerate() {
-                view[d] = stored_strides[k];
-            }
-            let base = bytes.len() as u64;
-            let n = shape::numel(&stored).unwrap_or(0);
-            for flat in 0..n {
-                // The stored element `flat` is at box index `idx` (in `order`), global `g`.
-                let mut rest = flat;
-                let mut g = 0u64;
-                for (k, &d) in order.iter().enumerate() {
-                    let x = rest / stored_strides[k];
-                    rest %= stored_strides[k];
-                    g += (r.offsets[d] + x) * strides[d];
-                }
-                bytes.extend_from_slice(&(g as i32).to_le_bytes());
-            }
-            boxes.push(TensorBox { region: r.clone(), file: 0, base, len: n * 4, offset: 0, strides: view });
-        }
-        std::fs::write(&path, &bytes).unwrap_or_else(|e| panic!("{e}"));
-        let files = vec![SourceFile::new(path, bytes.len() as u64)];
-        let t = TensorInfo {
-            name: "t".into(),
-            dtype: Dtype::I32,
-            shape: shape.to_vec(),
-            stored: Dtype::I32,
-            data: TensorData::Boxes(boxes),
-        };
-        let ck = Checkpoint::new(Parts::new(Format::Dcp, dir.path().to_path_buf(), files, vec![t]))
-            .unwrap_or_else(|e| panic!("{e}"));
-        (dir, ck)
-    }
-
-    proptest! {
-        /// However a tensor is cut into boxes, and however each box is stored, reading it gives
-        /// its row-major elements, and a byte range of it gives that slice.
-        #[test]
-        fn boxes_read_back_row_major(
-            shape in proptest::collection::vec(0u64..6, 0..4),
-            cuts in proptest::collection::vec(proptest::collection::vec(0u64..7, 0..3), 4),
-            transposed in proptest::collection::vec(any::<bool>(), 1..4),
-            lo in 0u64..400,
-            len in 0u64..400,
-        ) {
-            let (_dir, ck) = tiled(&shape, &cuts[..shape.len()], &transposed);
-            let t = &ck.tensors()[0];
-            let n = shape::numel(&shape).unwrap_or(0);
-            let want: Vec<u8> = (0..n).flat_map(|i| (i as i32).to_le_bytes()).collect();
-            prop_assert_eq!(ck.read_tensor(t).unwrap_or_default(), want.clone());
-            let (lo, hi) = (lo.min(n * 4), (lo + len).min(n * 4));
-            prop_assert_eq!(ck.read_tensor_range(t, lo..hi).unwrap_or_default(), want[lo as usize..hi as usize].to_vec());
-            prop_assert!(t.run_count() >= t.runs().count() as u64);
-        }
-    }
-
-    #[test]
-    fn boxes_that_do_not_tile_are_refused_by_name() {
-        let (dir, ck) = tiled(&[4, 4], &[vec![2], vec![2]], &[false]);
-        let mut t = ck.tensors()[0].clone();
-        if let TensorData::Boxes(b) = &mut t.data {
-            b.pop();
-        }
-        let err = Checkpoint::new(Parts::new(Format::Dcp, dir.path().to_path_buf(), ck.files.clone(), vec![t]))
-            .err()
-            .map(|e| e.to_string())
-            .unwrap_or_default();
-        assert!(
-            err.ends_with("tensor `t`: the boxes leave elements of size [4, 4] uncovered, from offsets [2, 2]"),
-            "{err}"
-        );
-    }
-}
+mod tests;

@@ -11,7 +11,11 @@
 //! with [`escape_controls`] as it prints it: the `ckpt` CLI (errors and `verify`'s problems),
 //! `statekit-train`, the Python exceptions, and the JSON view of a [`crate::Report`].
 
+mod kind;
+
 use std::path::PathBuf;
+
+pub use kind::ErrorKind;
 
 /// Everything that can go wrong while reading, planning or writing a checkpoint.
 #[derive(Debug, thiserror::Error)]
@@ -531,6 +535,21 @@ pub enum Error {
         /// What is wrong with it.
         reason: String,
     },
+    /// A DeepSpeed ZeRO rank file whose flat state vector is not of the dtype DeepSpeed keeps
+    /// it in (fp32).
+    #[error("{path}: rank {rank}, `{tensor}`: dtype is `{found}`, expected `{expected}`")]
+    ZeroDtype {
+        /// The rank's file.
+        path: PathBuf,
+        /// The rank.
+        rank: u64,
+        /// The dotted key of the vector.
+        tensor: String,
+        /// Its dtype.
+        found: crate::Dtype,
+        /// The dtype DeepSpeed keeps it in.
+        expected: crate::Dtype,
+    },
     /// A DeepSpeed ZeRO checkpoint missing the file of one of its ranks.
     #[error("{path}: missing: the ZeRO checkpoint has {world} ranks but rank {rank} wrote no such file")]
     MissingRankFile {
@@ -550,6 +569,33 @@ pub enum Error {
         /// What is wrong with it.
         reason: String,
     },
+    /// A DCP `.metadata` larger than what the items the folder's other files can hold need:
+    /// refused before it is read, since it is read before it names its data files.
+    #[error(
+        "{path}: DCP metadata: `.metadata` is {len} bytes, over the {cap} bytes allowed: the folder's {files} other \
+         files ({data_len} bytes) hold at most {items} items of {min_item_len} bytes or more, at {per_item} bytes \
+         of metadata each ({min_cap} bytes at least)"
+    )]
+    DcpMetadataTooLarge {
+        /// The `.metadata` file.
+        path: PathBuf,
+        /// Its length in bytes.
+        len: u64,
+        /// The largest length allowed for this folder.
+        cap: u64,
+        /// The folder's other plain files.
+        files: u64,
+        /// Their total length in bytes.
+        data_len: u64,
+        /// The most items they can hold.
+        items: u64,
+        /// The fewest bytes one item takes in a data file.
+        min_item_len: u64,
+        /// The most bytes of metadata one item takes.
+        per_item: u64,
+        /// The cap for a folder of few items.
+        min_cap: u64,
+    },
     /// A DCP item that cannot be read from its data file: past its end, not a `torch.save`
     /// archive, or not the tensor or value the metadata says.
     #[error("{path}{}: tensor `{tensor}`: {reason}", rank_note(.rank))]
@@ -563,6 +609,25 @@ pub enum Error {
         /// What is wrong with it.
         reason: String,
     },
+    /// A DCP item holding a tensor of another dtype than the metadata gives its chunk.
+    #[error(
+        "{path}{}: tensor `{tensor}`: the item at byte {at} holds `{found}` where the metadata says `{expected}`",
+        rank_note(.rank)
+    )]
+    DcpItemDtype {
+        /// The data file.
+        path: PathBuf,
+        /// The tensor's name.
+        tensor: String,
+        /// The rank whose data file it is, when its name (`__R_N.distcp`) gives one.
+        rank: Option<u64>,
+        /// The offset of the item in the data file.
+        at: u64,
+        /// The dtype the item holds.
+        found: crate::Dtype,
+        /// The dtype the metadata gives.
+        expected: crate::Dtype,
+    },
     /// A box of a tensor (a DCP chunk, a rank's shard) that does not fit the tensor or its file:
     /// out of bounds, overlapping another, or leaving part of the tensor uncovered.
     #[error("{path}{}: tensor `{tensor}`: {reason}", rank_note(.rank))]
@@ -575,6 +640,20 @@ pub enum Error {
         rank: Option<u64>,
         /// What is wrong with it.
         reason: String,
+    },
+    /// A tensor whose boxes, in the shards of one checkpoint, are of different dtypes.
+    #[error("{path}{}: tensor `{tensor}`: its box is `{found}` where another shard's is `{other}`", rank_note(.rank))]
+    BoxDtypeMismatch {
+        /// The file holding the box.
+        path: PathBuf,
+        /// The tensor's name.
+        tensor: String,
+        /// The rank whose file holds the box, where known.
+        rank: Option<u64>,
+        /// The box's dtype.
+        found: crate::Dtype,
+        /// The dtype of the tensor's boxes read before it.
+        other: crate::Dtype,
     },
     /// A collective operation between the ranks of a job (broadcast, gather) that failed.
     #[error("{dir}: {source}")]
@@ -622,6 +701,25 @@ pub enum Error {
         /// What is wrong.
         reason: String,
     },
+    /// A `save_state` folder whose RNG files leave out one rank of the world that saved it.
+    #[error("{path}: rank {rank}: missing: the folder was saved by {world} ranks and rank {rank} left no RNG file")]
+    MissingRngFile {
+        /// The file the rank would have written.
+        path: PathBuf,
+        /// The rank.
+        rank: u64,
+        /// The number of ranks that saved the folder.
+        world: u64,
+    },
+    /// A rank file (an accelerate or `Trainer` RNG file) whose name gives a rank at or past the
+    /// world-size limit: refused without reading it, before the rank sizes anything.
+    #[error("{path}: the rank in this name is not below the world-size limit ({limit} ranks); the file is not read")]
+    RankBeyondLimit {
+        /// The file.
+        path: PathBuf,
+        /// The world-size limit, [`crate::MAX_WORLD_SIZE`].
+        limit: u64,
+    },
     /// A Megatron-Core checkpoint that does not hold together: its tracker, a rank's file, a
     /// stage that disagrees with the others, a tensor whose one-rank form cannot be derived.
     #[error("{path}{}:{} {reason}", rank_note(.rank), key_note(.key))]
@@ -635,159 +733,21 @@ pub enum Error {
         /// What is wrong.
         reason: String,
     },
-}
-
-/// What an [`Error`] is about, for the edges that act on it: the CLI's exit code, the Python
-/// bindings' exception class, and `verify`, which reports [`ErrorKind::InvalidData`] as the
-/// checkpoint's problems.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum ErrorKind {
-    /// The checkpoint is defective or hostile: a reader would trip on it.
-    InvalidData,
-    /// The source is not there, or is not a checkpoint this library reads.
-    NotFound,
-    /// What was asked cannot be done with this input: an option, a size, a dtype the output
-    /// format cannot store, an output that is the source.
-    Usage,
-    /// The file system failed under a valid request.
-    Io,
-    /// Another rank of a sharded save failed, or the collective between them did.
-    Collective,
-}
-
-impl Error {
-    /// The kind of this error. Every variant names its kind here, so a new variant decides
-    /// what it is instead of falling into a default.
-    pub fn kind(&self) -> ErrorKind {
-        match self {
-            Error::HeaderTooSmall { .. }
-            | Error::HeaderTooLarge { .. }
-            | Error::HeaderBeyondFile { .. }
-            | Error::BadHeaderJson { .. }
-            | Error::BadTensorEntry { .. }
-            | Error::UnknownDtype { .. }
-            | Error::DuplicateTensor { .. }
-            | Error::DuplicateInFile { .. }
-            | Error::SizeMismatch { .. }
-            | Error::BadOffset { .. }
-            | Error::LengthMismatch { .. }
-            | Error::BadMetadata { .. }
-            | Error::BadIndex { .. }
-            | Error::MissingShard { .. }
-            | Error::TensorNotInShard { .. }
-            | Error::DuplicateAcrossShards { .. }
-            | Error::UnlistedTensor { .. }
-            | Error::UnsafeShardPath { .. }
-            | Error::ExpandedView { .. }
-            | Error::NotARegularFile { .. }
-            | Error::PlantedLink { .. }
-            | Error::MetadataConflict { .. }
-            | Error::ChecksumMismatch { .. }
-            | Error::BadManifest { .. }
-            | Error::BadZip { .. }
-            | Error::RecordBeyondFile { .. }
-            | Error::RecordTooLarge { .. }
-            | Error::BadChecksum { .. }
-            | Error::InflateOverrun { .. }
-            | Error::RefusedGlobal { .. }
-            | Error::GlobalNotAllowed { .. }
-            | Error::BadPickle { .. }
-            | Error::BadTorchFile { .. }
-            | Error::BadTorchTensor { .. }
-            | Error::BadBlockScale { .. }
-            | Error::BadZeroCheckpoint { .. }
-            | Error::MissingRankFile { .. }
-            | Error::BadDcpMetadata { .. }
-            | Error::BadDcpChunk { .. }
-            | Error::BadBox { .. }
-            | Error::BadSaveState { .. }
-            | Error::BadMegatron { .. } => ErrorKind::InvalidData,
-            Error::NotACheckpoint { .. } | Error::UnknownSafetensorsLayout { .. } | Error::NotInHubCache { .. } => {
-                ErrorKind::NotFound
-            }
-            Error::BadSize { .. }
-            | Error::BadHubUrl { .. }
-            | Error::OutputIsSource { .. }
-            | Error::BadOption { .. }
-            | Error::NotInSafetensors { .. }
-            | Error::BadConvert { .. }
-            | Error::Misuse { .. }
-            | Error::NotReshardable { .. }
-            | Error::BadSaveTensor { .. } => ErrorKind::Usage,
-            Error::Io { .. } => ErrorKind::Io,
-            Error::Collective { .. }
-            | Error::ShardedSave { .. }
-            | Error::OtherRank { .. }
-            | Error::PlanMismatch { .. } => ErrorKind::Collective,
-        }
-    }
-
-    /// The variant's name, as the Python bindings expose it (`.variant`). Every variant is
-    /// named here, so a new variant must be given its name.
-    pub fn variant_name(&self) -> &'static str {
-        match self {
-            Error::Io { .. } => "Io",
-            Error::HeaderTooSmall { .. } => "HeaderTooSmall",
-            Error::HeaderTooLarge { .. } => "HeaderTooLarge",
-            Error::HeaderBeyondFile { .. } => "HeaderBeyondFile",
-            Error::BadHeaderJson { .. } => "BadHeaderJson",
-            Error::BadTensorEntry { .. } => "BadTensorEntry",
-            Error::UnknownDtype { .. } => "UnknownDtype",
-            Error::DuplicateTensor { .. } => "DuplicateTensor",
-            Error::DuplicateInFile { .. } => "DuplicateInFile",
-            Error::SizeMismatch { .. } => "SizeMismatch",
-            Error::BadOffset { .. } => "BadOffset",
-            Error::LengthMismatch { .. } => "LengthMismatch",
-            Error::BadMetadata { .. } => "BadMetadata",
-            Error::BadIndex { .. } => "BadIndex",
-            Error::MissingShard { .. } => "MissingShard",
-            Error::TensorNotInShard { .. } => "TensorNotInShard",
-            Error::DuplicateAcrossShards { .. } => "DuplicateAcrossShards",
-            Error::UnlistedTensor { .. } => "UnlistedTensor",
-            Error::UnsafeShardPath { .. } => "UnsafeShardPath",
-            Error::NotACheckpoint { .. } => "NotACheckpoint",
-            Error::UnknownSafetensorsLayout { .. } => "UnknownSafetensorsLayout",
-            Error::BadSize { .. } => "BadSize",
-            Error::BadHubUrl { .. } => "BadHubUrl",
-            Error::NotInHubCache { .. } => "NotInHubCache",
-            Error::OutputIsSource { .. } => "OutputIsSource",
-            Error::ExpandedView { .. } => "ExpandedView",
-            Error::NotARegularFile { .. } => "NotARegularFile",
-            Error::PlantedLink { .. } => "PlantedLink",
-            Error::MetadataConflict { .. } => "MetadataConflict",
-            Error::ChecksumMismatch { .. } => "ChecksumMismatch",
-            Error::BadManifest { .. } => "BadManifest",
-            Error::BadZip { .. } => "BadZip",
-            Error::RecordBeyondFile { .. } => "RecordBeyondFile",
-            Error::RecordTooLarge { .. } => "RecordTooLarge",
-            Error::BadChecksum { .. } => "BadChecksum",
-            Error::InflateOverrun { .. } => "InflateOverrun",
-            Error::RefusedGlobal { .. } => "RefusedGlobal",
-            Error::GlobalNotAllowed { .. } => "GlobalNotAllowed",
-            Error::BadOption { .. } => "BadOption",
-            Error::BadPickle { .. } => "BadPickle",
-            Error::BadTorchFile { .. } => "BadTorchFile",
-            Error::BadTorchTensor { .. } => "BadTorchTensor",
-            Error::NotInSafetensors { .. } => "NotInSafetensors",
-            Error::BadConvert { .. } => "BadConvert",
-            Error::Misuse { .. } => "Misuse",
-            Error::NotReshardable { .. } => "NotReshardable",
-            Error::BadSaveTensor { .. } => "BadSaveTensor",
-            Error::BadBlockScale { .. } => "BadBlockScale",
-            Error::BadZeroCheckpoint { .. } => "BadZeroCheckpoint",
-            Error::MissingRankFile { .. } => "MissingRankFile",
-            Error::BadDcpMetadata { .. } => "BadDcpMetadata",
-            Error::BadDcpChunk { .. } => "BadDcpChunk",
-            Error::BadBox { .. } => "BadBox",
-            Error::Collective { .. } => "Collective",
-            Error::OtherRank { .. } => "OtherRank",
-            Error::PlanMismatch { .. } => "PlanMismatch",
-            Error::ShardedSave { .. } => "ShardedSave",
-            Error::BadSaveState { .. } => "BadSaveState",
-            Error::BadMegatron { .. } => "BadMegatron",
-        }
-    }
+    /// A Megatron save missing the file of one of its tensor-parallel × pipeline ranks.
+    #[error(
+        "{path} (rank {rank}): missing: the save has {tp} tensor-parallel × {pp} pipeline ranks, but this rank's \
+         file is not there"
+    )]
+    MissingMegatronRank {
+        /// The file the rank would have written.
+        path: PathBuf,
+        /// Its tensor-parallel rank.
+        rank: u64,
+        /// The save's tensor-parallel ranks.
+        tp: u64,
+        /// The save's pipeline stages.
+        pp: u64,
+    },
 }
 
 /// `text` with every control character escaped as Rust's `escape_debug` writes it.
@@ -888,41 +848,4 @@ impl<T> IoContext<T> for std::io::Result<T> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The variant's name as `Debug` writes it: what precedes its fields.
-    fn debug_head(e: &Error) -> String {
-        let debug = format!("{e:?}");
-        debug.split([' ', '{', '(']).next().unwrap_or_default().to_string()
-    }
-
-    #[test]
-    fn variant_name_is_the_debug_name() {
-        let errors = [
-            Error::Io { path: "a.safetensors".into(), source: std::io::Error::other("boom") },
-            Error::HeaderTooSmall { path: "a.safetensors".into(), len: 3 },
-            Error::NotACheckpoint { path: "nowhere".into() },
-            Error::UnknownSafetensorsLayout { path: "dir".into(), count: 2, found: vec!["x.safetensors".into()] },
-            Error::BadChecksum {
-                path: "model.pt".into(),
-                tensor: None,
-                rank: None,
-                record: "archive/data/0".into(),
-                item: None,
-                stored: 1,
-                actual: 2,
-            },
-            Error::BadOption { option: "allow_globals", reason: "no".into() },
-            Error::Collective {
-                dir: "out".into(),
-                source: collective::CollectiveError::NoSuchRoot { op: "broadcast", rank: 0, root: 3, world_size: 2 },
-            },
-            Error::OtherRank { rank: 1 },
-            Error::BadMegatron { path: "ckpt".into(), key: Some("k".into()), rank: Some(0), reason: "r".into() },
-        ];
-        for e in &errors {
-            assert_eq!(e.variant_name(), debug_head(e), "{e:?}");
-        }
-    }
-}
+mod tests;

@@ -601,13 +601,43 @@ fn reshard_save_state(state: &SaveState, out: &Path, world: u64, opts: &WriteOpt
     let tmp = stage.as_ref().map_or_else(|| out.to_path_buf(), |s| s.path().to_path_buf());
     let files = |f: &dyn Fn() -> Result<()>| if dry { Ok(()) } else { crate::execute::on_root(job, out, f) };
     let mut outcome = Outcome { world_size: Some(world), ..Outcome::default() };
-    let add = |o: Outcome, outcome: &mut Outcome| {
-        outcome.tensors += o.tensors;
-        outcome.bytes += o.bytes;
-    };
-    let mut done_paths: Vec<&Path> = Vec::new();
-    let mut last_tag = None;
-    let mut resharded_zero = false;
+    let mut done = reshard_models(state, &tmp, world, opts, &files, &mut outcome)?;
+    reshard_optimizers(state, &tmp, world, opts, &mut done.paths, &mut outcome)?;
+    files(&|| copy_per_world(state, &tmp, world, &done))?;
+    let Some(stage) = stage else { return Ok(outcome) };
+    files(&|| stage.commit_ref())?;
+    outcome.files = crate::io::files_under(out)?;
+    Ok(outcome)
+}
+
+/// Runs a step of file work once for a job (on rank 0; not at all in a dry run).
+type OnRoot<'a> = dyn Fn(&dyn Fn() -> Result<()>) -> Result<()> + 'a;
+
+/// What resharding a `save_state` folder's models and optimizers did: the sources laid out
+/// (not copied), the tag `latest` names, and whether a ZeRO model was resharded.
+struct Resharded<'a> {
+    paths: Vec<&'a Path>,
+    last_tag: Option<String>,
+    zero: bool,
+}
+
+/// `a`'s tensors and bytes added to `outcome`.
+fn add_counts(a: Outcome, outcome: &mut Outcome) {
+    outcome.tensors += a.tensors;
+    outcome.bytes += a.bytes;
+}
+
+/// The folder's ZeRO models as universal checkpoints and its DCP models for `world` ranks, into
+/// `tmp`.
+fn reshard_models<'a>(
+    state: &'a SaveState,
+    tmp: &Path,
+    world: u64,
+    opts: &WriteOptions<'_>,
+    files: &OnRoot<'_>,
+    outcome: &mut Outcome,
+) -> Result<Resharded<'a>> {
+    let mut done = Resharded { paths: Vec::new(), last_tag: None, zero: false };
     for m in &state.models {
         let name = m.path.file_name().map(PathBuf::from).unwrap_or_default();
         if let Some(z) = m.checkpoint.detail::<deepspeed::ZeroCheckpoint>() {
@@ -630,74 +660,88 @@ fn reshard_save_state(state: &SaveState, out: &Path, world: u64, opts: &WriteOpt
                     std::fs::rename(scratch.join(&universal), tmp.join(&tag)).at(tmp.join(&tag))?;
                     std::fs::remove_dir_all(&scratch).at(&scratch)
                 })?;
-                last_tag = Some(tag);
+                done.last_tag = Some(tag);
             }
-            resharded_zero = true;
-            add(o, &mut outcome);
+            done.zero = true;
+            add_counts(o, outcome);
         } else if m.checkpoint.detail::<dcp::DcpSource>().is_some() {
-            add(dcp::write(&m.checkpoint, &tmp.join(&name), world, opts)?, &mut outcome);
+            add_counts(dcp::write(&m.checkpoint, &tmp.join(&name), world, opts)?, outcome);
         } else {
             continue;
         }
-        done_paths.push(&m.path);
+        done.paths.push(&m.path);
     }
+    Ok(done)
+}
+
+/// The folder's DCP optimizers for `world` ranks, into `tmp`; each source goes into `done`.
+fn reshard_optimizers<'a>(
+    state: &'a SaveState,
+    tmp: &Path,
+    world: u64,
+    opts: &WriteOptions<'_>,
+    done: &mut Vec<&'a Path>,
+    outcome: &mut Outcome,
+) -> Result<()> {
     for o in &state.optimizers {
         if let OptimizerState::Own(ock) = &o.state {
             if ock.detail::<dcp::DcpSource>().is_some() {
                 let name = o.path.file_name().map(PathBuf::from).unwrap_or_default();
-                add(dcp::write(ock, &tmp.join(&name), world, opts)?, &mut outcome);
-                done_paths.push(&o.path);
+                add_counts(dcp::write(ock, &tmp.join(&name), world, opts)?, outcome);
+                done.push(&o.path);
             }
         }
     }
-    done_paths.extend(state.rng.iter().map(|r| r.path.as_path()));
-    done_paths.extend(
+    Ok(())
+}
+
+/// The per-rank files for `world` ranks (RNG files, dataloader positions) and a copy of
+/// everything else at the top of the folder that `done` did not lay out, into `tmp`; then
+/// `latest`, where a ZeRO model was resharded under accelerate's tag.
+fn copy_per_world(state: &SaveState, tmp: &Path, world: u64, done: &Resharded<'_>) -> Result<()> {
+    let mut skip = done.paths.clone();
+    skip.extend(state.rng.iter().map(|r| r.path.as_path()));
+    skip.extend(
         state
             .data
             .iter()
             .filter(|(_, pos)| pos.as_ref().is_some_and(|p| p.kind == "dl_state_dict"))
             .map(|(c, _)| c.path.as_path()),
     );
-    let deepspeed_root: Vec<PathBuf> = match resharded_zero {
+    let deepspeed_root: Vec<PathBuf> = match done.zero {
         true => ["latest", "latest_universal", "zero_to_fp32.py"].iter().map(|f| state.root.join(f)).collect(),
         false => Vec::new(),
     };
-    files(&|| {
-        // Rank r of the new world continues rank r mod N's generators.
-        let n = state.rng.len() as u64;
-        for r in (0..world).filter(|_| n > 0) {
-            let src = &state.rng[(r % n) as usize].path;
-            crate::write::copy_durable(src, &tmp.join(state.rng_name(r, world)))?;
+    // Rank r of the new world continues rank r mod N's generators.
+    let n = state.rng.len() as u64;
+    for r in (0..world).filter(|_| n > 0) {
+        let src = &state.rng[(r % n) as usize].path;
+        crate::write::copy_durable(src, &tmp.join(state.rng_name(r, world)))?;
+    }
+    for (c, pos) in &state.data {
+        if pos.as_ref().is_some_and(|p| p.kind == "dl_state_dict") {
+            let name = c.path.file_name().map(PathBuf::from).unwrap_or_default();
+            formats::accelerate::write_loader_state(&c.path, &tmp.join(name), state.world_size, world)?;
         }
-        for (c, pos) in &state.data {
-            if pos.as_ref().is_some_and(|p| p.kind == "dl_state_dict") {
-                let name = c.path.file_name().map(PathBuf::from).unwrap_or_default();
-                formats::accelerate::write_loader_state(&c.path, &tmp.join(name), state.world_size, world)?;
-            }
+    }
+    // Everything else at the top of the folder is independent of the world size.
+    for entry in std::fs::read_dir(&state.root).at(&state.root)? {
+        let path = entry.at(&state.root)?.path();
+        if skip.contains(&path.as_path()) || deepspeed_root.contains(&path) {
+            continue;
         }
-        // Everything else at the top of the folder is independent of the world size.
-        for entry in std::fs::read_dir(&state.root).at(&state.root)? {
-            let path = entry.at(&state.root)?.path();
-            if done_paths.contains(&path.as_path()) || deepspeed_root.contains(&path) {
-                continue;
-            }
-            if path.is_dir() {
-                return Err(Error::BadSaveState {
-                    path,
-                    rank: None,
-                    reason: "a folder this reshard does not know how to lay out for another world size".into(),
-                });
-            }
-            let name = path.file_name().map(PathBuf::from).unwrap_or_default();
-            crate::write::copy_durable(&path, &tmp.join(name))?;
+        if path.is_dir() {
+            return Err(Error::BadSaveState {
+                path,
+                rank: None,
+                reason: "a folder this reshard does not know how to lay out for another world size".into(),
+            });
         }
-        if let Some(tag) = &last_tag {
-            crate::write::write_small(&tmp.join("latest"), tag.as_bytes())?;
-        }
-        Ok(())
-    })?;
-    let Some(stage) = stage else { return Ok(outcome) };
-    files(&|| stage.commit_ref())?;
-    outcome.files = crate::io::files_under(out)?;
-    Ok(outcome)
+        let name = path.file_name().map(PathBuf::from).unwrap_or_default();
+        crate::write::copy_durable(&path, &tmp.join(name))?;
+    }
+    if let Some(tag) = &done.last_tag {
+        crate::write::write_small(&tmp.join("latest"), tag.as_bytes())?;
+    }
+    Ok(())
 }

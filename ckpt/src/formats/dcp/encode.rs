@@ -138,109 +138,128 @@ impl Enc {
     }
 }
 
-/// The `.metadata` pickle for `items`, saved into `dir` under the id `save_id`.
+/// The `.metadata` pickle for `items`, saved into `dir` under the id `save_id`: torch's
+/// `Metadata` dataclass, its fields in torch's order.
 pub(crate) fn encode(items: &[OutItem], dir: &Path, save_id: &str) -> Vec<u8> {
     let mut e = Enc { p: Vec::with_capacity(256 + items.len() * 512), memo: HashMap::new() };
     e.p.extend_from_slice(&[0x80, 2]);
     e.dataclass(MD, "Metadata", |e| {
-        e.str("state_dict_metadata");
-        e.p.extend_from_slice(b"}(");
-        for it in items {
-            e.str(&it.key);
-            match &it.kind {
-                OutKind::Tensor { dtype, size, chunks } => e.dataclass(MD, "TensorStorageMetadata", |e| {
-                    e.str("properties");
-                    e.properties(*dtype);
-                    e.str("size");
-                    e.size(size);
-                    e.str("chunks");
-                    e.p.extend_from_slice(b"](");
-                    for c in chunks {
-                        e.dataclass(MD, "ChunkStorageMetadata", |e| {
-                            e.str("offsets");
-                            e.size(&c.offsets);
-                            e.str("sizes");
-                            e.size(&c.sizes);
-                        });
-                    }
-                    e.p.push(b'e');
-                }),
-                OutKind::Bytes { .. } => {
-                    // torch pickles it with no state at all.
-                    e.global(MD, "BytesStorageMetadata");
-                    e.p.extend_from_slice(&[b')', 0x81]);
-                }
-            }
-        }
-        e.p.push(b'u');
-
-        e.str("planner_data");
-        e.p.extend_from_slice(b"}(");
-        for it in items {
-            e.str(&it.key);
-            e.p.push(b'(');
-            for el in &it.path {
-                match el {
-                    PathElem::Key(k) => e.str(k),
-                    PathElem::Index(i) => e.signed(*i),
-                }
-            }
-            e.p.push(b't');
-        }
-        e.p.push(b'u');
-
-        e.str("storage_data");
-        e.p.extend_from_slice(b"}(");
-        for it in items {
-            match &it.kind {
-                OutKind::Tensor { chunks, .. } => {
-                    for (i, c) in chunks.iter().enumerate() {
-                        e.dataclass(MD, "MetadataIndex", |e| {
-                            e.str("fqn");
-                            e.str(&it.key);
-                            e.str("offset");
-                            e.size(&c.offsets);
-                            e.str("index");
-                            e.int(i as u64);
-                        });
-                        e.storage_info(&c.file, c.offset, c.length);
-                    }
-                }
-                OutKind::Bytes { file, offset, length } => {
-                    e.dataclass(MD, "MetadataIndex", |e| {
-                        e.str("fqn");
-                        e.str(&it.key);
-                        e.str("index");
-                        e.p.push(b'N');
-                    });
-                    e.storage_info(file, *offset, *length);
-                }
-            }
-        }
-        e.p.push(b'u');
-
-        e.str("storage_meta");
-        e.dataclass(MD, "StorageMeta", |e| {
-            e.str("checkpoint_id");
-            // A `PosixPath` pickles as the path's parts; torch keeps it for information only.
-            e.global("pathlib", "PosixPath");
-            e.p.push(b'(');
-            for part in dir.components() {
-                e.str(&part.as_os_str().to_string_lossy());
-            }
-            e.p.extend_from_slice(b"tR");
-            e.str("save_id");
-            e.str(save_id);
-            e.str("load_id");
-            e.p.push(b'N');
-            e.str("modules");
-            e.p.push(b']');
-        });
+        state_dict_metadata(e, items);
+        planner_data(e, items);
+        storage_data(e, items);
+        storage_meta(e, dir, save_id);
         e.str("version");
         e.str("1.0.0");
     });
     e.p.push(b'.');
     e.p
+}
+
+/// `state_dict_metadata`: each item's key to its tensor's dtype, size and chunks, or to
+/// `BytesStorageMetadata`.
+fn state_dict_metadata(e: &mut Enc, items: &[OutItem]) {
+    e.str("state_dict_metadata");
+    e.p.extend_from_slice(b"}(");
+    for it in items {
+        e.str(&it.key);
+        match &it.kind {
+            OutKind::Tensor { dtype, size, chunks } => e.dataclass(MD, "TensorStorageMetadata", |e| {
+                e.str("properties");
+                e.properties(*dtype);
+                e.str("size");
+                e.size(size);
+                e.str("chunks");
+                e.p.extend_from_slice(b"](");
+                for c in chunks {
+                    e.dataclass(MD, "ChunkStorageMetadata", |e| {
+                        e.str("offsets");
+                        e.size(&c.offsets);
+                        e.str("sizes");
+                        e.size(&c.sizes);
+                    });
+                }
+                e.p.push(b'e');
+            }),
+            OutKind::Bytes { .. } => {
+                // torch pickles it with no state at all.
+                e.global(MD, "BytesStorageMetadata");
+                e.p.extend_from_slice(&[b')', 0x81]);
+            }
+        }
+    }
+    e.p.push(b'u');
+}
+
+/// `planner_data`: each item's key to its path in the nested state dict.
+fn planner_data(e: &mut Enc, items: &[OutItem]) {
+    e.str("planner_data");
+    e.p.extend_from_slice(b"}(");
+    for it in items {
+        e.str(&it.key);
+        e.p.push(b'(');
+        for el in &it.path {
+            match el {
+                PathElem::Key(k) => e.str(k),
+                PathElem::Index(i) => e.signed(*i),
+            }
+        }
+        e.p.push(b't');
+    }
+    e.p.push(b'u');
+}
+
+/// `storage_data`: each chunk's (or value's) `MetadataIndex` to where its bytes are.
+fn storage_data(e: &mut Enc, items: &[OutItem]) {
+    e.str("storage_data");
+    e.p.extend_from_slice(b"}(");
+    for it in items {
+        match &it.kind {
+            OutKind::Tensor { chunks, .. } => {
+                for (i, c) in chunks.iter().enumerate() {
+                    e.dataclass(MD, "MetadataIndex", |e| {
+                        e.str("fqn");
+                        e.str(&it.key);
+                        e.str("offset");
+                        e.size(&c.offsets);
+                        e.str("index");
+                        e.int(i as u64);
+                    });
+                    e.storage_info(&c.file, c.offset, c.length);
+                }
+            }
+            OutKind::Bytes { file, offset, length } => {
+                e.dataclass(MD, "MetadataIndex", |e| {
+                    e.str("fqn");
+                    e.str(&it.key);
+                    e.str("index");
+                    e.p.push(b'N');
+                });
+                e.storage_info(file, *offset, *length);
+            }
+        }
+    }
+    e.p.push(b'u');
+}
+
+/// `storage_meta`: the checkpoint id (the folder) and the save id.
+fn storage_meta(e: &mut Enc, dir: &Path, save_id: &str) {
+    e.str("storage_meta");
+    e.dataclass(MD, "StorageMeta", |e| {
+        e.str("checkpoint_id");
+        // A `PosixPath` pickles as the path's parts; torch keeps it for information only.
+        e.global("pathlib", "PosixPath");
+        e.p.push(b'(');
+        for part in dir.components() {
+            e.str(&part.as_os_str().to_string_lossy());
+        }
+        e.p.extend_from_slice(b"tR");
+        e.str("save_id");
+        e.str(save_id);
+        e.str("load_id");
+        e.p.push(b'N');
+        e.str("modules");
+        e.p.push(b']');
+    });
 }
 
 /// A random version-4 UUID string, as torch's `save_id` (seeded by the standard library's

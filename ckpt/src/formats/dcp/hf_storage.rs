@@ -31,7 +31,7 @@ use std::sync::Arc;
 
 use fsdp_state::Region;
 
-use crate::catalog::{Checkpoint, Format, Parts, Scan, TensorBox, TensorData, TensorInfo};
+use crate::catalog::{Checkpoint, Format, Parts, Scan, SourceFile, TensorBox, TensorData, TensorInfo};
 use crate::dtype::Dtype;
 use crate::error::{Error, IoContext, Result};
 use crate::formats::hf_index;
@@ -83,11 +83,14 @@ pub(crate) fn detect(path: &Path) -> Result<Option<PathBuf>> {
     Ok((!shard_files(path)?.is_empty()).then(|| path.to_path_buf()))
 }
 
-/// What the consolidated output needs beyond the catalog: each tensor's output file, `(K, N)`.
+/// What the consolidated output needs beyond the catalog: each tensor's output file.
 #[derive(Clone, Debug)]
 pub(crate) struct HfStorage {
-    pub file_of: Vec<(u64, u64)>,
+    pub file_of: Vec<OutputFile>,
 }
+
+/// An output file of the consolidated checkpoint, `(K, N)`: the `K`th of `N`.
+type OutputFile = (u64, u64);
 
 /// One tensor as the shard files describe it.
 struct Found {
@@ -104,94 +107,130 @@ pub(crate) fn catalog(dir: PathBuf) -> Result<Scan> {
     // Each file's tensors in its state-dict order, merged into one order below.
     let mut orders: Vec<Vec<String>> = Vec::with_capacity(shards.len());
     for (fi, (name, path)) in shards.iter().enumerate() {
-        let (mut file, header) = st::read_file(path)?;
-        let rank = name.shard - 1;
-        let bad = |tensor: &str, reason: String| Error::BadBox {
-            path: path.clone(),
-            tensor: tensor.to_string(),
-            rank: Some(rank),
-            reason,
-        };
-        let info = file.metadata.iter().find(|(k, _)| k == SHARDING_KEY).map(|(_, v)| v.clone());
-        let Some(info) = info else {
-            return Err(Error::BadDcpMetadata {
-                path: path.clone(),
-                reason: format!("the shard file has no `{SHARDING_KEY}` entry in its `__metadata__`"),
-            });
-        };
-        let info: serde_json::Map<String, serde_json::Value> = serde_json::from_str(&info).map_err(|e| {
-            Error::BadDcpMetadata { path: path.clone(), reason: format!("`{SHARDING_KEY}` is not a JSON object: {e}") }
-        })?;
-        let offsets_of = |tensor: &str| -> Result<Vec<u64>> {
-            let v = info.get(tensor).and_then(|e| e.get("saved_offsets"));
-            let Some(serde_json::Value::Array(a)) = v else {
-                return Err(bad(tensor, format!("`{SHARDING_KEY}` has no `saved_offsets` list for it")));
-            };
-            a.iter()
-                .map(|x| x.as_u64().ok_or_else(|| bad(tensor, format!("`saved_offsets` holds {x}, not an offset"))))
-                .collect()
-        };
-        let start = header.data_start();
-        for t in &header.tensors {
-            let offsets = offsets_of(&t.name)?;
-            if offsets.len() != t.shape.len() {
-                return Err(bad(
-                    &t.name,
-                    format!(
-                        "`saved_offsets` {offsets:?} has {} dims, its shape {:?} has {}",
-                        offsets.len(),
-                        t.shape,
-                        t.shape.len()
-                    ),
-                ));
-            }
-            let strides = shape::contiguous_strides(&t.shape).unwrap_or_default();
-            let b = TensorBox {
-                region: Region::new(offsets, t.shape.clone()),
-                file: fi,
-                base: start + t.begin,
-                len: t.end - t.begin,
-                offset: 0,
-                strides,
-            };
-            let entry = found.entry(t.name.clone()).or_insert_with(|| Found {
-                dtype: t.dtype,
-                boxes: Vec::new(),
-                file_of: (name.index, name.of),
-            });
-            if entry.dtype != t.dtype {
-                return Err(bad(
-                    &t.name,
-                    format!("its box is `{}` where another shard's is `{}`", t.dtype, entry.dtype),
-                ));
-            }
-            if entry.file_of != (name.index, name.of) {
-                let (k, n) = entry.file_of;
-                return Err(bad(
-                    &t.name,
-                    format!("it is in output file {} of {} here and {k} of {n} in another shard", name.index, name.of),
-                ));
-            }
-            entry.boxes.push(b);
-        }
-        if let Some(extra) = info.keys().find(|k| !header.tensors.iter().any(|t| &t.name == *k)) {
-            return Err(bad(extra, format!("`{SHARDING_KEY}` lists it but the file holds no such tensor")));
-        }
-        orders.push(info.keys().cloned().collect());
-        // Only `format` is the checkpoint's metadata; the rest describes this one shard.
-        file.metadata.retain(|(k, _)| k == "format");
-        file.rank = Some(rank);
+        let (file, order) = read_shard(fi, *name, path, &mut found)?;
+        orders.push(order);
         files.push(file);
     }
+    let (tensors, file_of) = global_tensors(&dir, &files, found, &orders)?;
+    let world = shards.iter().map(|(n, _)| n.shard).max();
+    let mut parts = Parts::new(Format::DcpSafetensors, dir, files, tensors);
+    parts.world_size = world;
+    parts.detail = Some(Arc::new(HfStorage { file_of }));
+    Ok(Scan::clean(Checkpoint::new(parts)?))
+}
+
+/// Reads shard file `fi` (`name`, at `path`): each tensor's box goes into `found`, checked
+/// against the other shards' boxes of it. Returns the file and its tensors in state-dict order.
+fn read_shard(
+    fi: usize,
+    name: ShardName,
+    path: &Path,
+    found: &mut HashMap<String, Found>,
+) -> Result<(SourceFile, Vec<String>)> {
+    let (mut file, header) = st::read_file(path)?;
+    let rank = name.shard - 1;
+    let bad = |tensor: &str, reason: String| Error::BadBox {
+        path: path.to_path_buf(),
+        tensor: tensor.to_string(),
+        rank: Some(rank),
+        reason,
+    };
+    let info = sharding_info(&file, path)?;
+    let offsets_of = |tensor: &str| -> Result<Vec<u64>> {
+        let v = info.get(tensor).and_then(|e| e.get("saved_offsets"));
+        let Some(serde_json::Value::Array(a)) = v else {
+            return Err(bad(tensor, format!("`{SHARDING_KEY}` has no `saved_offsets` list for it")));
+        };
+        a.iter()
+            .map(|x| x.as_u64().ok_or_else(|| bad(tensor, format!("`saved_offsets` holds {x}, not an offset"))))
+            .collect()
+    };
+    let start = header.data_start();
+    for t in &header.tensors {
+        let offsets = offsets_of(&t.name)?;
+        if offsets.len() != t.shape.len() {
+            return Err(bad(
+                &t.name,
+                format!(
+                    "`saved_offsets` {offsets:?} has {} dims, its shape {:?} has {}",
+                    offsets.len(),
+                    t.shape,
+                    t.shape.len()
+                ),
+            ));
+        }
+        let strides = shape::contiguous_strides(&t.shape).unwrap_or_default();
+        let b = TensorBox {
+            region: Region::new(offsets, t.shape.clone()),
+            file: fi,
+            base: start + t.begin,
+            len: t.end - t.begin,
+            offset: 0,
+            strides,
+        };
+        let entry = found.entry(t.name.clone()).or_insert_with(|| Found {
+            dtype: t.dtype,
+            boxes: Vec::new(),
+            file_of: (name.index, name.of),
+        });
+        if entry.dtype != t.dtype {
+            return Err(Error::BoxDtypeMismatch {
+                path: path.to_path_buf(),
+                tensor: t.name.clone(),
+                rank: Some(rank),
+                found: t.dtype,
+                other: entry.dtype,
+            });
+        }
+        if entry.file_of != (name.index, name.of) {
+            let (k, n) = entry.file_of;
+            return Err(bad(
+                &t.name,
+                format!("it is in output file {} of {} here and {k} of {n} in another shard", name.index, name.of),
+            ));
+        }
+        entry.boxes.push(b);
+    }
+    if let Some(extra) = info.keys().find(|k| !header.tensors.iter().any(|t| &t.name == *k)) {
+        return Err(bad(extra, format!("`{SHARDING_KEY}` lists it but the file holds no such tensor")));
+    }
+    // Only `format` is the checkpoint's metadata; the rest describes this one shard.
+    file.metadata.retain(|(k, _)| k == "format");
+    file.rank = Some(rank);
+    Ok((file, info.keys().cloned().collect()))
+}
+
+/// The shard's `DCP_SHARDING_INFO`, a JSON object by tensor name.
+fn sharding_info(file: &SourceFile, path: &Path) -> Result<serde_json::Map<String, serde_json::Value>> {
+    let info = file.metadata.iter().find(|(k, _)| k == SHARDING_KEY).map(|(_, v)| v.clone());
+    let Some(info) = info else {
+        return Err(Error::BadDcpMetadata {
+            path: path.to_path_buf(),
+            reason: format!("the shard file has no `{SHARDING_KEY}` entry in its `__metadata__`"),
+        });
+    };
+    serde_json::from_str(&info).map_err(|e| Error::BadDcpMetadata {
+        path: path.to_path_buf(),
+        reason: format!("`{SHARDING_KEY}` is not a JSON object: {e}"),
+    })
+}
+
+/// The tensors in the merged state-dict order, each with its global shape (the boxes' extent,
+/// as torch's reader and consolidation take it), and each one's output file.
+fn global_tensors(
+    dir: &Path,
+    files: &[SourceFile],
+    mut found: HashMap<String, Found>,
+    orders: &[Vec<String>],
+) -> Result<(Vec<TensorInfo>, Vec<OutputFile>)> {
     let mut tensors = Vec::with_capacity(found.len());
     let mut file_of = Vec::with_capacity(found.len());
-    for name in merged_order(&orders) {
+    for name in merged_order(orders) {
         let Some(f) = found.remove(&name) else { continue };
-        // The global shape is the boxes' extent, as torch's reader and consolidation take it.
         let dims = f.boxes.first().map_or(0, |b| b.region.sizes.len());
         if let Some(b) = f.boxes.iter().find(|b| b.region.sizes.len() != dims) {
             return Err(Error::BadBox {
-                path: files.get(b.file).map_or_else(|| dir.clone(), |f| f.path.clone()),
+                path: files.get(b.file).map_or_else(|| dir.to_path_buf(), |f| f.path.clone()),
                 tensor: name,
                 rank: files.get(b.file).and_then(|f| f.rank),
                 reason: format!("its box has {} dims where another shard's has {dims}", b.region.sizes.len()),
@@ -212,11 +251,7 @@ pub(crate) fn catalog(dir: PathBuf) -> Result<Scan> {
             data: TensorData::Boxes(f.boxes),
         });
     }
-    let world = shards.iter().map(|(n, _)| n.shard).max();
-    let mut parts = Parts::new(Format::DcpSafetensors, dir, files, tensors);
-    parts.world_size = world;
-    parts.detail = Some(Arc::new(HfStorage { file_of }));
-    Ok(Scan::clean(Checkpoint::new(parts)?))
+    Ok((tensors, file_of))
 }
 
 /// One order for every tensor, from each file's order of its own: each file lists a

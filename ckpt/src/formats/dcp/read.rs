@@ -114,13 +114,16 @@ fn read_metadata(dir: &Path, meta_path: &Path) -> Result<Vec<u8>> {
     let items = data_len / MIN_ITEM_LEN;
     let cap = items.saturating_mul(METADATA_PER_ITEM).clamp(MIN_METADATA_CAP, MAX_METADATA_LEN);
     if len > cap {
-        return Err(Error::BadDcpMetadata {
+        return Err(Error::DcpMetadataTooLarge {
             path: meta_path.to_path_buf(),
-            reason: format!(
-                "`.metadata` is {len} bytes, over the {cap} bytes allowed: the folder's {files} other files \
-                 ({data_len} bytes) hold at most {items} items of {MIN_ITEM_LEN} bytes or more, \
-                 at {METADATA_PER_ITEM} bytes of metadata each ({MIN_METADATA_CAP} bytes at least)"
-            ),
+            len,
+            cap,
+            files,
+            data_len,
+            items,
+            min_item_len: MIN_ITEM_LEN,
+            per_item: METADATA_PER_ITEM,
+            min_cap: MIN_METADATA_CAP,
         });
     }
     // The cap again, for a file that grows between the two looks.
@@ -364,7 +367,14 @@ fn tensor_item(
         return Err(bad(format!("the item at byte {at} does not hold a tensor")));
     };
     if t.dtype != dtype {
-        return Err(bad(format!("the item at byte {at} holds `{}` where the metadata says `{dtype}`", t.dtype)));
+        return Err(Error::DcpItemDtype {
+            path: path.to_path_buf(),
+            tensor: key.to_string(),
+            rank,
+            at,
+            found: t.dtype,
+            expected: dtype,
+        });
     }
     if t.shape != c.sizes {
         return Err(bad(format!(

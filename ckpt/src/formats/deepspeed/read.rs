@@ -164,7 +164,13 @@ impl RankFile {
     fn flat_f32(&self, key: &str) -> Result<(u64, u64)> {
         let t = self.need_tensor(key)?;
         if t.dtype != Dtype::F32 {
-            return Err(self.err(key, format!("dtype is `{}`, expected `F32`", t.dtype)));
+            return Err(Error::ZeroDtype {
+                path: self.f.path.clone(),
+                rank: self.rank,
+                tensor: key.to_string(),
+                found: t.dtype,
+                expected: Dtype::F32,
+            });
         }
         if t.shape.len() != 1 || (t.shape[0] > 1 && t.strides.first() != Some(&1)) {
             return Err(self.err(key, format!("shape {:?} strides {:?}: expected a flat vector", t.shape, t.strides)));
@@ -278,101 +284,15 @@ impl ZeroCheckpoint {
     }
 }
 
+/// Reads a tag folder: the optimizer rank files (which say the stage and the world size), the
+/// model states, the layout they give, and each parameter's pieces placed.
 fn read_tag(tag_dir: PathBuf, tag: String) -> Result<ZeroCheckpoint> {
-    let optim = rank_files(&tag_dir, "_optim_states.pt")?;
-    let Some((first_rank, first_path)) = optim.first().cloned() else {
-        return Err(bad(&tag_dir, 0, "optim_states", "no `*_optim_states.pt` file in the tag folder"));
-    };
-    // Rank 0 says the stage and the world size; every rank file must agree. All rank files'
-    // values are kept together, under one pickle budget.
+    // All rank files' values are kept together, under one pickle budget.
     let budget = Budget::shared(Limits::default());
-    let mut files: Vec<RankFile> = Vec::new();
-    let r0 = RankFile::read(&first_path, first_rank, 0, OPTIM_CLASSES, &budget)?;
-    if first_rank != 0 {
-        let missing = tag_dir.join(file_name(&first_path).replacen(&format!("rank_{first_rank}_"), "rank_0_", 1));
-        return Err(Error::MissingRankFile { path: missing, rank: 0, world: optim.len() as u64 });
-    }
-    let stage_key = "optimizer_state_dict.zero_stage";
-    let stage = zero_stage(r0.need_leaf(stage_key)?)
-        .ok_or_else(|| r0.err(stage_key, "expected a `ZeroStageEnum` of 1, 2 or 3"))?;
-    let world = partition_count(&r0)?;
-    files.push(r0);
-    for r in 0..world {
-        let Some((_, path)) = optim.iter().find(|(rr, _)| *rr == r) else {
-            let missing = tag_dir.join(file_name(&first_path).replacen("rank_0_", &format!("rank_{r}_"), 1));
-            return Err(Error::MissingRankFile { path: missing, rank: r, world });
-        };
-        if r > 0 {
-            let f = RankFile::read(path, r, files.len(), OPTIM_CLASSES, &budget)?;
-            if partition_count(&f)? != world {
-                return Err(f.err(
-                    "optimizer_state_dict.partition_count",
-                    format!("says {}, rank 0 says {world}", partition_count(&f)?),
-                ));
-            }
-            let s = f.leaf(stage_key).and_then(zero_stage);
-            if s != Some(stage) {
-                return Err(f.err(stage_key, format!("stage {s:?} differs from rank 0's {stage}")));
-            }
-            files.push(f);
-        }
-    }
-    if let Some((r, path)) = optim.iter().find(|(r, _)| *r >= world) {
-        return Err(bad(
-            path,
-            *r,
-            "optimizer_state_dict.partition_count",
-            format!("rank file beyond the world size {world} given by `partition_count` (a leftover of another run?)"),
-        ));
-    }
-
-    // Model states: one file at stage 1/2, one per rank at stage 3.
-    let mut models: Vec<RankFile> = Vec::new();
-    if stage <= 2 {
-        let path = tag_dir.join("mp_rank_00_model_states.pt");
-        if !path.is_file() {
-            return Err(Error::MissingRankFile { path, rank: 0, world });
-        }
-        models.push(RankFile::read(&path, 0, files.len() + models.len(), &[], &budget)?);
-    } else {
-        let found = rank_files(&tag_dir, "_model_states.pt")?;
-        for r in 0..world {
-            let path = match found.iter().find(|(rr, _)| *rr == r) {
-                Some((_, p)) => p.clone(),
-                None => {
-                    let path = tag_dir.join(format!("zero_pp_rank_{r}_mp_rank_00_model_states.pt"));
-                    return Err(Error::MissingRankFile { path, rank: r, world });
-                }
-            };
-            models.push(RankFile::read(&path, r, files.len() + models.len(), &[], &budget)?);
-        }
-    }
+    let (files, stage, world) = read_optim_files(&tag_dir, &budget)?;
+    let models = read_model_files(&tag_dir, stage, world, files.len(), &budget)?;
     let m0 = &models[0];
-
-    let buffer_names: Vec<String> = match m0.need_leaf("buffer_names")? {
-        Leaf::List(l) => l
-            .iter()
-            .map(|x| match x {
-                Leaf::Str(s) => Ok(s.clone()),
-                _ => Err(m0.err("buffer_names", "expected a list of names")),
-            })
-            .collect::<Result<_>>()?,
-        _ => return Err(m0.err("buffer_names", "expected a list of names")),
-    };
-    // Buffers in `module` order, like zero_to_fp32's dict comprehension over `module`.
-    let mut buffers = Vec::new();
-    for t in &m0.f.tensors {
-        let Some(name) = t.name.strip_prefix("module.") else { continue };
-        if buffer_names.iter().any(|b| b == name) {
-            buffers.push(ZeroTensor {
-                name: name.to_string(),
-                dtype: t.dtype,
-                shape: t.shape.clone(),
-                data: m0.view(t),
-            });
-        }
-    }
-
+    let buffers = buffers(m0)?;
     let param_shapes: Vec<Vec<(String, Vec<u64>)>> = match m0.need_leaf("param_shapes")? {
         Leaf::List(groups) => groups
             .iter()
@@ -386,52 +306,13 @@ fn read_tag(tag_dir: PathBuf, tag: String) -> Result<ZeroCheckpoint> {
             shapes(&Leaf::Dict(d)).ok_or_else(|| m0.err("frozen_param_shapes", "expected a `{name: Size}` dict"))?,
         ),
     };
-    let aliases: Vec<(String, String)> = m0
-        .dict("shared_params")
-        .unwrap_or_default()
-        .into_iter()
-        .map(|(k, v)| match v {
-            Leaf::Str(s) => Ok((k, s)),
-            _ => Err(m0.err("shared_params", format!("alias `{k}` does not name a parameter"))),
-        })
-        .collect::<Result<_>>()?;
-
-    let specs: Vec<(usize, TensorSpec)> = param_shapes
-        .iter()
-        .enumerate()
-        .flat_map(|(g, ps)| ps.iter().map(move |(n, s)| (g, TensorSpec::new(n.clone(), s.clone()))))
-        .collect();
-    let mut params: Vec<ZeroParam> = specs
-        .iter()
-        .map(|(g, s)| ZeroParam {
-            name: s.name.clone(),
-            shape: s.shape.clone(),
-            group: *g,
-            fp32: Vec::new(),
-            exp_avg: Vec::new(),
-            exp_avg_sq: Vec::new(),
-        })
-        .collect();
-    let tensors: Vec<TensorSpec> = specs.iter().map(|(_, s)| s.clone()).collect();
-
+    let aliases = aliases(m0)?;
+    let (mut params, tensors) = new_params(&param_shapes);
     let frozen: Vec<ZeroTensor> = if stage <= 2 {
         place_zero12(&files, &param_shapes, tensors, world, &mut params)?;
         match &frozen_shapes {
             None => Vec::new(),
-            Some(fs) => fs
-                .iter()
-                .map(|(name, shape)| {
-                    let key = format!("frozen_param_fragments.{name}");
-                    let t = m0.need_tensor(&key)?;
-                    let n = numel(shape).ok_or_else(|| m0.err(&key, "shape overflows"))?;
-                    if numel(&t.shape) != Some(n) {
-                        return Err(
-                            m0.err(&key, format!("holds shape {:?}, `frozen_param_shapes` says {shape:?}", t.shape))
-                        );
-                    }
-                    Ok(ZeroTensor { name: name.clone(), dtype: t.dtype, shape: shape.clone(), data: m0.view(t) })
-                })
-                .collect::<Result<_>>()?,
+            Some(fs) => frozen_zero12(m0, fs)?,
         }
     } else {
         place_zero3(&files, tensors, world, &mut params)?;
@@ -456,6 +337,159 @@ fn read_tag(tag_dir: PathBuf, tag: String) -> Result<ZeroCheckpoint> {
         });
     }
     Ok(ZeroCheckpoint { tag, stage, world, files: sources, buffers, frozen, params, aliases })
+}
+
+/// The optimizer rank files, one per rank of the world, in rank order, with the stage and the
+/// world size. Rank 0 says the stage and the world size; every rank file must agree.
+fn read_optim_files(tag_dir: &Path, budget: &Rc<Budget>) -> Result<(Vec<RankFile>, u8, u64)> {
+    let optim = rank_files(tag_dir, "_optim_states.pt")?;
+    let Some((first_rank, first_path)) = optim.first().cloned() else {
+        return Err(bad(tag_dir, 0, "optim_states", "no `*_optim_states.pt` file in the tag folder"));
+    };
+    let mut files: Vec<RankFile> = Vec::new();
+    let r0 = RankFile::read(&first_path, first_rank, 0, OPTIM_CLASSES, budget)?;
+    if first_rank != 0 {
+        let missing = tag_dir.join(file_name(&first_path).replacen(&format!("rank_{first_rank}_"), "rank_0_", 1));
+        return Err(Error::MissingRankFile { path: missing, rank: 0, world: optim.len() as u64 });
+    }
+    let stage_key = "optimizer_state_dict.zero_stage";
+    let stage = zero_stage(r0.need_leaf(stage_key)?)
+        .ok_or_else(|| r0.err(stage_key, "expected a `ZeroStageEnum` of 1, 2 or 3"))?;
+    let world = partition_count(&r0)?;
+    files.push(r0);
+    for r in 0..world {
+        let Some((_, path)) = optim.iter().find(|(rr, _)| *rr == r) else {
+            let missing = tag_dir.join(file_name(&first_path).replacen("rank_0_", &format!("rank_{r}_"), 1));
+            return Err(Error::MissingRankFile { path: missing, rank: r, world });
+        };
+        if r > 0 {
+            let f = RankFile::read(path, r, files.len(), OPTIM_CLASSES, budget)?;
+            if partition_count(&f)? != world {
+                return Err(f.err(
+                    "optimizer_state_dict.partition_count",
+                    format!("says {}, rank 0 says {world}", partition_count(&f)?),
+                ));
+            }
+            let s = f.leaf(stage_key).and_then(zero_stage);
+            if s != Some(stage) {
+                return Err(f.err(stage_key, format!("stage {s:?} differs from rank 0's {stage}")));
+            }
+            files.push(f);
+        }
+    }
+    if let Some((r, path)) = optim.iter().find(|(r, _)| *r >= world) {
+        return Err(bad(
+            path,
+            *r,
+            "optimizer_state_dict.partition_count",
+            format!("rank file beyond the world size {world} given by `partition_count` (a leftover of another run?)"),
+        ));
+    }
+    Ok((files, stage, world))
+}
+
+/// Model states: one file at stage 1/2, one per rank at stage 3, numbered as sources after the
+/// `first` optimizer files.
+fn read_model_files(tag_dir: &Path, stage: u8, world: u64, first: usize, budget: &Rc<Budget>) -> Result<Vec<RankFile>> {
+    let mut models: Vec<RankFile> = Vec::new();
+    if stage <= 2 {
+        let path = tag_dir.join("mp_rank_00_model_states.pt");
+        if !path.is_file() {
+            return Err(Error::MissingRankFile { path, rank: 0, world });
+        }
+        models.push(RankFile::read(&path, 0, first, &[], budget)?);
+    } else {
+        let found = rank_files(tag_dir, "_model_states.pt")?;
+        for r in 0..world {
+            let path = match found.iter().find(|(rr, _)| *rr == r) {
+                Some((_, p)) => p.clone(),
+                None => {
+                    let path = tag_dir.join(format!("zero_pp_rank_{r}_mp_rank_00_model_states.pt"));
+                    return Err(Error::MissingRankFile { path, rank: r, world });
+                }
+            };
+            models.push(RankFile::read(&path, r, first + models.len(), &[], budget)?);
+        }
+    }
+    Ok(models)
+}
+
+/// The buffers `buffer_names` lists, in `module` order, like zero_to_fp32's dict comprehension
+/// over `module`.
+fn buffers(m0: &RankFile) -> Result<Vec<ZeroTensor>> {
+    let buffer_names: Vec<String> = match m0.need_leaf("buffer_names")? {
+        Leaf::List(l) => l
+            .iter()
+            .map(|x| match x {
+                Leaf::Str(s) => Ok(s.clone()),
+                _ => Err(m0.err("buffer_names", "expected a list of names")),
+            })
+            .collect::<Result<_>>()?,
+        _ => return Err(m0.err("buffer_names", "expected a list of names")),
+    };
+    let mut buffers = Vec::new();
+    for t in &m0.f.tensors {
+        let Some(name) = t.name.strip_prefix("module.") else { continue };
+        if buffer_names.iter().any(|b| b == name) {
+            buffers.push(ZeroTensor {
+                name: name.to_string(),
+                dtype: t.dtype,
+                shape: t.shape.clone(),
+                data: m0.view(t),
+            });
+        }
+    }
+    Ok(buffers)
+}
+
+/// `shared_params`: each alias and the parameter it names.
+fn aliases(m0: &RankFile) -> Result<Vec<(String, String)>> {
+    m0.dict("shared_params")
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(k, v)| match v {
+            Leaf::Str(s) => Ok((k, s)),
+            _ => Err(m0.err("shared_params", format!("alias `{k}` does not name a parameter"))),
+        })
+        .collect()
+}
+
+/// The parameters `param_shapes` lists, by group, with no pieces placed yet, and their specs.
+fn new_params(param_shapes: &[Vec<(String, Vec<u64>)>]) -> (Vec<ZeroParam>, Vec<TensorSpec>) {
+    let specs: Vec<(usize, TensorSpec)> = param_shapes
+        .iter()
+        .enumerate()
+        .flat_map(|(g, ps)| ps.iter().map(move |(n, s)| (g, TensorSpec::new(n.clone(), s.clone()))))
+        .collect();
+    let params: Vec<ZeroParam> = specs
+        .iter()
+        .map(|(g, s)| ZeroParam {
+            name: s.name.clone(),
+            shape: s.shape.clone(),
+            group: *g,
+            fp32: Vec::new(),
+            exp_avg: Vec::new(),
+            exp_avg_sq: Vec::new(),
+        })
+        .collect();
+    let tensors: Vec<TensorSpec> = specs.into_iter().map(|(_, s)| s).collect();
+    (params, tensors)
+}
+
+/// Frozen parameters at stage 1/2: whole, in the model states' `frozen_param_fragments`.
+fn frozen_zero12(m0: &RankFile, shapes: &[(String, Vec<u64>)]) -> Result<Vec<ZeroTensor>> {
+    shapes
+        .iter()
+        .map(|(name, shape)| {
+            let key = format!("frozen_param_fragments.{name}");
+            let t = m0.need_tensor(&key)?;
+            let n = numel(shape).ok_or_else(|| m0.err(&key, "shape overflows"))?;
+            if numel(&t.shape) != Some(n) {
+                return Err(m0.err(&key, format!("holds shape {:?}, `frozen_param_shapes` says {shape:?}", t.shape)));
+            }
+            Ok(ZeroTensor { name: name.clone(), dtype: t.dtype, shape: shape.clone(), data: m0.view(t) })
+        })
+        .collect()
 }
 
 fn file_name(p: &Path) -> String {

@@ -151,9 +151,18 @@ pub(crate) fn reshard_zero(
     let r0 = torch::read_with_classes(&r0_path, OPTIM_CLASSES)?;
     let zero = dir.join("zero");
     let mut plan = Plan::default();
-    let mut bytes = 0u64;
+    plan_model_states(ck, &dir, &mut plan);
+    let bytes = plan_param_states(ck, &r0, &r0_path, &zero, &mut plan)?;
+    plan_optimizer_state(ck, &r0, &r0_path, &zero, &mut plan)?;
+    plan.trailers.push((latest.clone(), tag.into_bytes()));
+    crate::execute::execute(&plan, source, opts)?;
+    let mut files: Vec<PathBuf> = plan.targets.iter().map(|t| t.path.clone()).collect();
+    files.push(latest);
+    Ok(Outcome { files, tensors: ck.params.len(), bytes, world_size: Some(world), ..Outcome::default() })
+}
 
-    // Model states, byte for byte.
+/// The model states, copied byte for byte.
+fn plan_model_states(ck: &ZeroCheckpoint, dir: &Path, plan: &mut Plan) {
     for (i, s) in ck.files.iter().enumerate() {
         let Some(name) = s.path.file_name().filter(|n| n.to_string_lossy().ends_with("_model_states.pt")) else {
             continue;
@@ -163,19 +172,16 @@ pub(crate) fn reshard_zero(
         target.copies = copies;
         plan.targets.push(target);
     }
+}
 
-    // Per-param states.
-    let step_key = |g: usize| {
-        if ck.stage <= 2 {
-            format!("optimizer_state_dict.base_optimizer_state.state.{g}.step")
-        } else {
-            "optimizer_state_dict.optimizer_state_dict.state.0.step".to_string()
-        }
-    };
+/// Each parameter's folder under `zero/`: its fp32 weights and Adam moments (with its group's
+/// step at stage 1/2), read from the ranks' pieces. Returns the bytes of state moved.
+fn plan_param_states(ck: &ZeroCheckpoint, r0: &TorchFile, r0_path: &Path, zero: &Path, plan: &mut Plan) -> Result<u64> {
+    let mut bytes = 0u64;
     for p in &ck.params {
         if !crate::io::is_plain_file_name(&p.name) {
             return Err(Error::BadZeroCheckpoint {
-                path: r0_path.clone(),
+                path: r0_path.to_path_buf(),
                 rank: 0,
                 tensor: p.name.clone(),
                 reason: "parameter name cannot be a folder name".into(),
@@ -188,7 +194,7 @@ pub(crate) fn reshard_zero(
             let have: u64 = chunks.iter().map(|c| c.len).sum();
             if Some(have) != want {
                 return Err(Error::BadZeroCheckpoint {
-                    path: r0_path.clone(),
+                    path: r0_path.to_path_buf(),
                     rank: 0,
                     tensor: p.name.clone(),
                     reason: format!("{key}: {have} bytes for {count} fp32 elements"),
@@ -206,21 +212,40 @@ pub(crate) fn reshard_zero(
                 writer::layout_tensor(&prefix, &f32_tensor(vec![count]), f32_storage(count), &path)?
             };
             bytes += have;
-            TorchTarget { path, layout, sources: vec![chunks.clone()] }.push(&mut plan);
+            TorchTarget { path, layout, sources: vec![chunks.clone()] }.push(plan);
         }
         if ck.stage <= 2 {
-            let step = scalar(&r0, &step_key(p.group))?;
+            let step = scalar(r0, &step_key(ck.stage, p.group))?;
             let path = pdir.join("step.pt");
             let layout =
                 writer::layout_tensor(&writer::archive_name(&path), &f32_tensor(Vec::new()), f32_storage(1), &path)?;
-            TorchTarget { path, layout, sources: vec![vec![step]] }.push(&mut plan);
+            TorchTarget { path, layout, sources: vec![vec![step]] }.push(plan);
         }
     }
+    Ok(bytes)
+}
 
-    // Global optimizer state.
+/// The key of the `step` of group `g` in rank 0's optim file (stage 3 keeps one for all).
+fn step_key(stage: u8, g: usize) -> String {
+    if stage <= 2 {
+        format!("optimizer_state_dict.base_optimizer_state.state.{g}.step")
+    } else {
+        "optimizer_state_dict.optimizer_state_dict.state.0.step".to_string()
+    }
+}
+
+/// `zero/optimizer_state.pt`: the global optimizer state (loss scaling, param groups, and at
+/// stage 3 the step), from rank 0's optim file.
+fn plan_optimizer_state(
+    ck: &ZeroCheckpoint,
+    r0: &TorchFile,
+    r0_path: &Path,
+    zero: &Path,
+    plan: &mut Plan,
+) -> Result<()> {
     let need = |key: &str| -> Result<WNode> {
-        leaf(&r0, key).map(|l| node_of(l, "")).ok_or_else(|| Error::BadZeroCheckpoint {
-            path: r0_path.clone(),
+        leaf(r0, key).map(|l| node_of(l, "")).ok_or_else(|| Error::BadZeroCheckpoint {
+            path: r0_path.to_path_buf(),
             rank: 0,
             tensor: key.to_string(),
             reason: "missing".into(),
@@ -242,7 +267,7 @@ pub(crate) fn reshard_zero(
             entries.push((k.into(), WValue::Node(need(&format!("optimizer_state_dict.{k}"))?)));
         }
         let groups = need("optimizer_state_dict.optimizer_state_dict.param_groups")?;
-        sources.push(vec![scalar(&r0, &step_key(0))?]);
+        sources.push(vec![scalar(r0, &step_key(ck.stage, 0))?]);
         storages.push(f32_storage(1));
         let s = |x: &str| WNode::Leaf(Leaf::Str(x.into()));
         let state = WNode::Dict(vec![(
@@ -257,11 +282,6 @@ pub(crate) fn reshard_zero(
     }
     let path = zero.join("optimizer_state.pt");
     let layout = writer::layout(&writer::archive_name(&path), &entries, &storages, &path)?;
-    TorchTarget { path, layout, sources }.push(&mut plan);
-
-    plan.trailers.push((latest.clone(), tag.into_bytes()));
-    crate::execute::execute(&plan, source, opts)?;
-    let mut files: Vec<PathBuf> = plan.targets.iter().map(|t| t.path.clone()).collect();
-    files.push(latest);
-    Ok(Outcome { files, tensors: ck.params.len(), bytes, world_size: Some(world), ..Outcome::default() })
+    TorchTarget { path, layout, sources }.push(plan);
+    Ok(())
 }

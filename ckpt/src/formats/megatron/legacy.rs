@@ -305,14 +305,7 @@ fn read_ranks(dir: &Path) -> Result<Vec<RankFile>> {
             let name = if staged { format!("mp_rank_{t:02}_{stage:03}") } else { format!("mp_rank_{t:02}") };
             let path = dir.join(&name).join(RANK_FILE);
             if !path.is_file() {
-                return Err(Error::BadMegatron {
-                    path,
-                    key: None,
-                    rank: Some(t),
-                    reason: format!(
-                        "missing: the save has {tp} tensor-parallel × {pp} pipeline ranks, but this rank's file is not there"
-                    ),
-                });
+                return Err(Error::MissingMegatronRank { path, rank: t, tp, pp });
             }
             let distrib_path = path.with_file_name(DISTRIB_FILE);
             let scan = torch::catalog(path, Format::Torch, &allow)?;

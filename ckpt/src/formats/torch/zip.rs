@@ -83,105 +83,25 @@ fn u64_at(b: &[u8], at: usize) -> Option<u64> {
 impl Archive {
     /// Reads the central directory of `file` (of length `len`) and locates every payload.
     pub(crate) fn open(file: &(impl ReadAt + ?Sized), len: u64, path: &Path) -> Result<Archive> {
-        let bad = |reason: String| Error::BadZip { path: path.to_path_buf(), reason };
-        let read = |off: u64, n: u64| -> Result<Vec<u8>> {
-            let end = off.checked_add(n).filter(|&e| e <= len).ok_or_else(|| {
-                bad(format!("a record at byte {off} of {n} bytes runs past the end of the {len}-byte file"))
-            })?;
-            let mut buf = vec![0u8; usize::try_from(end - off).map_err(|_| bad("record too large".into()))?];
-            file.read_exact_at(&mut buf, off).at(path)?;
-            Ok(buf)
-        };
-        // The end record is 22 bytes plus a comment of at most 65535 bytes.
-        let tail_len = len.min(22 + 65535);
-        let tail_start = len - tail_len;
-        let tail = read(tail_start, tail_len)?;
-        let eocd_pos = (0..tail.len().saturating_sub(21))
-            .rev()
-            .find(|&i| u32_at(&tail, i) == Some(EOCD_SIG))
-            .ok_or_else(|| bad("no end-of-central-directory record".into()))?;
-        let eocd = tail.get(eocd_pos..).unwrap_or_default();
-        let field = |at| u16_at(eocd, at).ok_or_else(|| bad("truncated end record".into()));
-        let mut count = u64::from(field(10)?);
-        let mut cd_size = u64::from(u32_at(eocd, 12).ok_or_else(|| bad("truncated end record".into()))?);
-        let mut cd_off = u64::from(u32_at(eocd, 16).ok_or_else(|| bad("truncated end record".into()))?);
-        let eocd_abs = tail_start + eocd_pos as u64;
-        if eocd_abs >= 20 {
-            let loc = read(eocd_abs - 20, 20)?;
-            if u32_at(&loc, 0) == Some(LOCATOR_SIG) {
-                let rec_off = u64_at(&loc, 8).unwrap_or(u64::MAX);
-                let rec = read(rec_off, 56)?;
-                if u32_at(&rec, 0) != Some(EOCD64_SIG) {
-                    return Err(bad(format!("zip64 end record expected at byte {rec_off}")));
-                }
-                count = u64_at(&rec, 32).unwrap_or(0);
-                cd_size = u64_at(&rec, 40).unwrap_or(0);
-                cd_off = u64_at(&rec, 48).unwrap_or(0);
-            }
-        }
+        let src = Source { file, len, path };
+        let (count, cd_size, cd_off) = src.directory_bounds()?;
         if count > MAX_ENTRIES || cd_size > MAX_CENTRAL_DIR {
-            return Err(bad(format!("central directory of {count} entries and {cd_size} bytes is over the limit")));
+            return Err(src.bad(format!("central directory of {count} entries and {cd_size} bytes is over the limit")));
         }
-        let cd = read(cd_off, cd_size)?;
+        let cd = src.read(cd_off, cd_size)?;
         let mut entries = Vec::with_capacity(usize::try_from(count).unwrap_or(0));
         let mut at = 0usize;
         for _ in 0..count {
-            let (entry, next) = central_entry(&cd, at).ok_or_else(|| bad(format!("bad central entry at byte {at}")))?;
+            let (entry, next) =
+                central_entry(&cd, at).ok_or_else(|| src.bad(format!("bad central entry at byte {at}")))?;
             at = next;
             entries.push(entry);
         }
-        // Locate each payload from its local header.
         let mut located = Vec::with_capacity(entries.len());
         for c in entries {
-            let local = read(c.header_offset, 30)?;
-            if u32_at(&local, 0) != Some(LOCAL_SIG) {
-                return Err(bad(format!("`{}`: no local header at byte {}", c.name, c.header_offset)));
-            }
-            let name_len = u64::from(u16_at(&local, 26).unwrap_or(0));
-            let extra_len = u64::from(u16_at(&local, 28).unwrap_or(0));
-            let data_offset = c.header_offset + 30 + name_len + extra_len;
-            let method = match c.method {
-                0 => Method::Stored,
-                8 => Method::Deflated,
-                m => return Err(bad(format!("`{}`: unsupported compression method {m}", c.name))),
-            };
-            if method == Method::Stored && c.compressed != c.size {
-                return Err(bad(format!(
-                    "`{}`: stored entry with {} compressed and {} plain bytes",
-                    c.name, c.compressed, c.size
-                )));
-            }
-            if data_offset.checked_add(c.compressed).is_none_or(|end| end > len) {
-                return Err(Error::RecordBeyondFile {
-                    path: path.to_path_buf(),
-                    record: c.name,
-                    offset: data_offset,
-                    len: c.compressed,
-                    file_len: len,
-                });
-            }
-            located.push(Entry {
-                name: c.name,
-                method,
-                compressed: c.compressed,
-                size: c.size,
-                data_offset,
-                crc: c.crc,
-            });
+            located.push(src.locate(c)?);
         }
-        let mut spans: Vec<(u64, u64, &str)> = located
-            .iter()
-            .filter(|e| e.compressed > 0)
-            .map(|e| (e.data_offset, e.compressed, e.name.as_str()))
-            .collect();
-        spans.sort_unstable();
-        for w in spans.windows(2) {
-            if let [(a_off, a_len, a), (b_off, _, b)] = w {
-                if a_off + a_len > *b_off {
-                    return Err(bad(format!("entries `{a}` and `{b}` overlap")));
-                }
-            }
-        }
+        src.check_disjoint(&located)?;
         Ok(Archive { path: path.to_path_buf(), entries: located })
     }
 
@@ -242,6 +162,113 @@ impl Archive {
             });
         }
         Ok(out)
+    }
+}
+
+/// The archive file being opened, for the phases of [`Archive::open`].
+struct Source<'a, F: ReadAt + ?Sized> {
+    file: &'a F,
+    len: u64,
+    path: &'a Path,
+}
+
+impl<F: ReadAt + ?Sized> Source<'_, F> {
+    fn bad(&self, reason: String) -> Error {
+        Error::BadZip { path: self.path.to_path_buf(), reason }
+    }
+
+    /// `n` bytes at `off`, refused where they run past the end of the file.
+    fn read(&self, off: u64, n: u64) -> Result<Vec<u8>> {
+        let len = self.len;
+        let end = off.checked_add(n).filter(|&e| e <= len).ok_or_else(|| {
+            self.bad(format!("a record at byte {off} of {n} bytes runs past the end of the {len}-byte file"))
+        })?;
+        let mut buf = vec![0u8; usize::try_from(end - off).map_err(|_| self.bad("record too large".into()))?];
+        self.file.read_exact_at(&mut buf, off).at(self.path)?;
+        Ok(buf)
+    }
+
+    /// The central directory's entry count, size and offset, from the end record (or the zip64
+    /// end record its locator points at).
+    fn directory_bounds(&self) -> Result<(u64, u64, u64)> {
+        // The end record is 22 bytes plus a comment of at most 65535 bytes.
+        let tail_len = self.len.min(22 + 65535);
+        let tail_start = self.len - tail_len;
+        let tail = self.read(tail_start, tail_len)?;
+        let eocd_pos = (0..tail.len().saturating_sub(21))
+            .rev()
+            .find(|&i| u32_at(&tail, i) == Some(EOCD_SIG))
+            .ok_or_else(|| self.bad("no end-of-central-directory record".into()))?;
+        let eocd = tail.get(eocd_pos..).unwrap_or_default();
+        let field = |at| u16_at(eocd, at).ok_or_else(|| self.bad("truncated end record".into()));
+        let mut count = u64::from(field(10)?);
+        let mut cd_size = u64::from(u32_at(eocd, 12).ok_or_else(|| self.bad("truncated end record".into()))?);
+        let mut cd_off = u64::from(u32_at(eocd, 16).ok_or_else(|| self.bad("truncated end record".into()))?);
+        let eocd_abs = tail_start + eocd_pos as u64;
+        if eocd_abs >= 20 {
+            let loc = self.read(eocd_abs - 20, 20)?;
+            if u32_at(&loc, 0) == Some(LOCATOR_SIG) {
+                let rec_off = u64_at(&loc, 8).unwrap_or(u64::MAX);
+                let rec = self.read(rec_off, 56)?;
+                if u32_at(&rec, 0) != Some(EOCD64_SIG) {
+                    return Err(self.bad(format!("zip64 end record expected at byte {rec_off}")));
+                }
+                count = u64_at(&rec, 32).unwrap_or(0);
+                cd_size = u64_at(&rec, 40).unwrap_or(0);
+                cd_off = u64_at(&rec, 48).unwrap_or(0);
+            }
+        }
+        Ok((count, cd_size, cd_off))
+    }
+
+    /// Locates an entry's payload from its local header, inside the file.
+    fn locate(&self, c: Central) -> Result<Entry> {
+        let local = self.read(c.header_offset, 30)?;
+        if u32_at(&local, 0) != Some(LOCAL_SIG) {
+            return Err(self.bad(format!("`{}`: no local header at byte {}", c.name, c.header_offset)));
+        }
+        let name_len = u64::from(u16_at(&local, 26).unwrap_or(0));
+        let extra_len = u64::from(u16_at(&local, 28).unwrap_or(0));
+        let data_offset = c.header_offset + 30 + name_len + extra_len;
+        let method = match c.method {
+            0 => Method::Stored,
+            8 => Method::Deflated,
+            m => return Err(self.bad(format!("`{}`: unsupported compression method {m}", c.name))),
+        };
+        if method == Method::Stored && c.compressed != c.size {
+            return Err(self.bad(format!(
+                "`{}`: stored entry with {} compressed and {} plain bytes",
+                c.name, c.compressed, c.size
+            )));
+        }
+        if data_offset.checked_add(c.compressed).is_none_or(|end| end > self.len) {
+            return Err(Error::RecordBeyondFile {
+                path: self.path.to_path_buf(),
+                record: c.name,
+                offset: data_offset,
+                len: c.compressed,
+                file_len: self.len,
+            });
+        }
+        Ok(Entry { name: c.name, method, compressed: c.compressed, size: c.size, data_offset, crc: c.crc })
+    }
+
+    /// No two payloads share a byte.
+    fn check_disjoint(&self, located: &[Entry]) -> Result<()> {
+        let mut spans: Vec<(u64, u64, &str)> = located
+            .iter()
+            .filter(|e| e.compressed > 0)
+            .map(|e| (e.data_offset, e.compressed, e.name.as_str()))
+            .collect();
+        spans.sort_unstable();
+        for w in spans.windows(2) {
+            if let [(a_off, a_len, a), (b_off, _, b)] = w {
+                if a_off + a_len > *b_off {
+                    return Err(self.bad(format!("entries `{a}` and `{b}` overlap")));
+                }
+            }
+        }
+        Ok(())
     }
 }
 

@@ -178,6 +178,22 @@ impl Machine<'_> {
         match (g, a.as_slice()) {
             (Global::Class(class), _) => self.instance(class, a),
             (Global::Unreadable(global, what), _) => self.unreadable(global, what),
+            (
+                Global::OrderedDict
+                | Global::Counter
+                | Global::Set
+                | Global::ByteArray
+                | Global::Complex
+                | Global::CodecsEncode,
+                _,
+            ) => self.call_builtin(g, &a),
+            _ => self.call_torch(g, &a),
+        }
+    }
+
+    /// Calls one of Python's own globals (a collection, `complex`, `_codecs.encode`) with `a`.
+    fn call_builtin(&mut self, g: Global, a: &[V]) -> R<V> {
+        match (g, a) {
             (Global::OrderedDict | Global::Counter, []) => self.alloc(Obj::Dict(Vec::new())),
             // `Counter(mapping)`, the way a Counter pickles itself.
             (Global::Counter, [items]) => match self.obj_at(*items) {
@@ -219,15 +235,6 @@ impl Machine<'_> {
                     _ => self.bad("`complex` needs two numbers"),
                 }
             }
-            (Global::GetLayout, [name]) => match self.str_of(*name) {
-                Some(s) => {
-                    let s = s.to_string();
-                    self.alloc(Obj::Str(s))
-                }
-                None => self.bad("layout name must be a string"),
-            },
-            (Global::LegacyTensor(d), []) => self.alloc(Obj::EmptyTensor(d)),
-            (Global::ScriptIdentity, [v, ..]) => Ok(*v),
             (Global::OrderedDict, [items]) => {
                 let all = self.items_of(*items).unwrap_or_default();
                 self.afford(vec_bytes::<(V, V)>(all.len()))?;
@@ -240,6 +247,24 @@ impl Machine<'_> {
                 }
                 self.alloc(Obj::Dict(pairs))
             }
+            (Global::CodecsEncode, [text, enc]) => self.latin1(*text, *enc, "_codecs.encode"),
+            (g, _) => self.bad(format!("cannot call `{g:?}` with {} arguments", a.len())),
+        }
+    }
+
+    /// Calls one of torch's globals (a tensor or parameter rebuild, a size, a device, a layout)
+    /// with `a`.
+    fn call_torch(&mut self, g: Global, a: &[V]) -> R<V> {
+        match (g, a) {
+            (Global::GetLayout, [name]) => match self.str_of(*name) {
+                Some(s) => {
+                    let s = s.to_string();
+                    self.alloc(Obj::Str(s))
+                }
+                None => self.bad("layout name must be a string"),
+            },
+            (Global::LegacyTensor(d), []) => self.alloc(Obj::EmptyTensor(d)),
+            (Global::ScriptIdentity, [v, ..]) => Ok(*v),
             (Global::Size, [dims]) => {
                 let dims = self.ints_of(*dims, "a size")?;
                 self.afford(vec_bytes::<V>(dims.len()))?;
@@ -254,7 +279,6 @@ impl Machine<'_> {
                 };
                 self.alloc(Obj::Str(name))
             }
-            (Global::CodecsEncode, [text, enc]) => self.latin1(*text, *enc, "_codecs.encode"),
             (Global::RebuildTensor, [storage, offset, size, stride]) => {
                 self.tensor(*storage, *offset, *size, *stride, None)
             }

@@ -247,92 +247,98 @@ impl Machine<'_> {
                 let v = self.call(func, args)?;
                 self.push(v)?
             }
-            0x81 => {
-                let args = self.pop()?;
-                let cls = self.pop()?;
-                match self.global_of(cls) {
-                    Some(Global::OrderedDict) if self.items_of(args).is_some_and(<[V]>::is_empty) => {
-                        let v = self.alloc(Obj::Dict(Vec::new()))?;
-                        self.push(v)?
-                    }
-                    Some(Global::Counter) if self.items_of(args).is_some_and(<[V]>::is_empty) => {
-                        let v = self.alloc(Obj::Dict(Vec::new()))?;
-                        self.push(v)?
-                    }
-                    Some(Global::Set) if self.items_of(args).is_some_and(<[V]>::is_empty) => {
-                        let v = self.alloc(Obj::List(Vec::new()))?;
-                        self.push(v)?
-                    }
-                    // torch applies `Parameter(*args)`: the data tensor, requires_grad aside.
-                    Some(Global::ParameterClass) => match self.items_of(args) {
-                        Some(&[t, ..]) => {
-                            let v = self.expect_tensor(t)?;
-                            self.push(v)?
-                        }
-                        _ => return self.bad("NEWOBJ of `Parameter` needs a tensor"),
-                    },
-                    Some(Global::Unreadable(global, what)) => return self.unreadable(global, what),
-                    Some(Global::Class(class)) => {
-                        self.afford(vec_bytes::<V>(self.items_of(args).map_or(0, <[V]>::len)))?;
-                        let Some(args) = self.items_of(args).map(<[V]>::to_vec) else {
-                            return self.bad("NEWOBJ arguments must be a tuple");
-                        };
-                        let v = self.instance(class, args)?;
-                        self.push(v)?
-                    }
-                    Some(Global::Script(class)) if self.items_of(args).is_some_and(<[V]>::is_empty) => {
-                        let v = self.alloc(Obj::Script { class, state: None })?;
-                        self.push(v)?
-                    }
-                    _ => return self.bad(format!("NEWOBJ of {} is not allowed", self.describe(cls))),
-                }
-            }
-            b'b' => {
-                let state = self.pop()?;
-                let target = self.top()?;
-                // torch sets attributes of state dicts (`_metadata`) and of tensors this
-                // way; neither carries tensor data, so the state is dropped. An allow-listed
-                // instance keeps its state: that is where dataclasses keep their fields.
-                let idx = match target {
-                    V::Obj(i) => i,
-                    _ => usize::MAX,
-                };
-                // A legacy tensor gets its storage here: torch calls
-                // `set_(storage, offset, size, stride)` with the state.
-                if let Some(Obj::EmptyTensor(d)) = self.objs.get(idx) {
-                    let d = *d;
-                    let t = match self.items_of(state) {
-                        Some(&[storage, offset, size, stride]) => {
-                            self.tensor_ref(storage, offset, size, stride, Some(d))?
-                        }
-                        _ => return self.bad("a legacy tensor's state must be (storage, offset, size, stride)"),
-                    };
-                    self.charge(tensor_bytes(&t))?;
-                    if let Some(slot) = self.objs.get_mut(idx) {
-                        *slot = Obj::Tensor(t);
-                    }
-                    return Ok(());
-                }
-                let dict_state = matches!(self.obj_at(state), Some(Obj::Dict(_)));
-                let d = self.depth_of(state) + 1;
-                if matches!(self.objs.get(idx), Some(Obj::Instance { state: None, .. })) {
-                    if d > self.limits.max_depth {
-                        return self.bad(format!("nesting deeper than {} levels", self.limits.max_depth));
-                    }
-                    if let Some(slot) = self.depth.get_mut(idx) {
-                        *slot = (*slot).max(d);
-                    }
-                }
-                match self.objs.get_mut(idx) {
-                    Some(Obj::Dict(_) | Obj::Tensor(_)) => {}
-                    Some(Obj::Instance { state: slot @ None, .. }) => *slot = Some(state),
-                    // A TorchScript object's state is its attribute dict, unless its class
-                    // defines `__getstate__`; that state only its own code understands.
-                    Some(Obj::Script { state: slot @ None, .. }) if dict_state => *slot = Some(state),
-                    _ => return self.bad(format!("BUILD on {} is not allowed", self.describe(target))),
-                }
-            }
+            0x81 => self.new_obj()?,
+            b'b' => self.build()?,
             other => return self.bad(format!("unsupported opcode 0x{other:02x}")),
+        }
+        Ok(())
+    }
+
+    /// `NEWOBJ`: `cls.__new__(cls, *args)`, for the few classes that pickle this way.
+    fn new_obj(&mut self) -> R<()> {
+        let args = self.pop()?;
+        let cls = self.pop()?;
+        match self.global_of(cls) {
+            Some(Global::OrderedDict) if self.items_of(args).is_some_and(<[V]>::is_empty) => {
+                let v = self.alloc(Obj::Dict(Vec::new()))?;
+                self.push(v)?
+            }
+            Some(Global::Counter) if self.items_of(args).is_some_and(<[V]>::is_empty) => {
+                let v = self.alloc(Obj::Dict(Vec::new()))?;
+                self.push(v)?
+            }
+            Some(Global::Set) if self.items_of(args).is_some_and(<[V]>::is_empty) => {
+                let v = self.alloc(Obj::List(Vec::new()))?;
+                self.push(v)?
+            }
+            // torch applies `Parameter(*args)`: the data tensor, requires_grad aside.
+            Some(Global::ParameterClass) => match self.items_of(args) {
+                Some(&[t, ..]) => {
+                    let v = self.expect_tensor(t)?;
+                    self.push(v)?
+                }
+                _ => return self.bad("NEWOBJ of `Parameter` needs a tensor"),
+            },
+            Some(Global::Unreadable(global, what)) => return self.unreadable(global, what),
+            Some(Global::Class(class)) => {
+                self.afford(vec_bytes::<V>(self.items_of(args).map_or(0, <[V]>::len)))?;
+                let Some(args) = self.items_of(args).map(<[V]>::to_vec) else {
+                    return self.bad("NEWOBJ arguments must be a tuple");
+                };
+                let v = self.instance(class, args)?;
+                self.push(v)?
+            }
+            Some(Global::Script(class)) if self.items_of(args).is_some_and(<[V]>::is_empty) => {
+                let v = self.alloc(Obj::Script { class, state: None })?;
+                self.push(v)?
+            }
+            _ => return self.bad(format!("NEWOBJ of {} is not allowed", self.describe(cls))),
+        }
+        Ok(())
+    }
+
+    /// `BUILD`: sets the state of the object on top of the stack.
+    fn build(&mut self) -> R<()> {
+        let state = self.pop()?;
+        let target = self.top()?;
+        // torch sets attributes of state dicts (`_metadata`) and of tensors this
+        // way; neither carries tensor data, so the state is dropped. An allow-listed
+        // instance keeps its state: that is where dataclasses keep their fields.
+        let idx = match target {
+            V::Obj(i) => i,
+            _ => usize::MAX,
+        };
+        // A legacy tensor gets its storage here: torch calls
+        // `set_(storage, offset, size, stride)` with the state.
+        if let Some(Obj::EmptyTensor(d)) = self.objs.get(idx) {
+            let d = *d;
+            let t = match self.items_of(state) {
+                Some(&[storage, offset, size, stride]) => self.tensor_ref(storage, offset, size, stride, Some(d))?,
+                _ => return self.bad("a legacy tensor's state must be (storage, offset, size, stride)"),
+            };
+            self.charge(tensor_bytes(&t))?;
+            if let Some(slot) = self.objs.get_mut(idx) {
+                *slot = Obj::Tensor(t);
+            }
+            return Ok(());
+        }
+        let dict_state = matches!(self.obj_at(state), Some(Obj::Dict(_)));
+        let d = self.depth_of(state) + 1;
+        if matches!(self.objs.get(idx), Some(Obj::Instance { state: None, .. })) {
+            if d > self.limits.max_depth {
+                return self.bad(format!("nesting deeper than {} levels", self.limits.max_depth));
+            }
+            if let Some(slot) = self.depth.get_mut(idx) {
+                *slot = (*slot).max(d);
+            }
+        }
+        match self.objs.get_mut(idx) {
+            Some(Obj::Dict(_) | Obj::Tensor(_)) => {}
+            Some(Obj::Instance { state: slot @ None, .. }) => *slot = Some(state),
+            // A TorchScript object's state is its attribute dict, unless its class
+            // defines `__getstate__`; that state only its own code understands.
+            Some(Obj::Script { state: slot @ None, .. }) if dict_state => *slot = Some(state),
+            _ => return self.bad(format!("BUILD on {} is not allowed", self.describe(target))),
         }
         Ok(())
     }
