@@ -61,6 +61,20 @@ pub fn dispatch_slice(
     DispatchSlice { padded, start: at(rank), end: at(rank.saturating_add(1)) }
 }
 
+/// accelerate's `len()` of a `DataLoaderDispatcher` whose underlying loader has `base_batches`
+/// batches: one step per batch with `split_batches`, else one per `world_size` of them, a
+/// last partial group counted unless `drop_last`.
+pub fn dispatch_len(base_batches: u64, world_size: u64, split_batches: bool, drop_last: bool) -> u64 {
+    let p = world_size.max(1);
+    if split_batches {
+        base_batches
+    } else if drop_last {
+        base_batches / p
+    } else {
+        base_batches.div_ceil(p)
+    }
+}
+
 /// Batches of the underlying torch `BatchSampler` over an epoch order: chunks of
 /// `batch_size`, the last one short unless `drop_last`.
 pub fn base_batches(order: EpochOrder, batch_size: u64, drop_last: bool) -> impl Iterator<Item = Vec<u64>> {

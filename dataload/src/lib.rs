@@ -105,6 +105,7 @@ mod fs;
 #[doc(hidden)]
 pub mod fuzz;
 mod iterable_shard;
+mod iterable_state;
 #[cfg(feature = "sources")]
 mod jsonl;
 #[cfg(feature = "sources")]
@@ -132,6 +133,7 @@ mod table;
 #[cfg(feature = "sources")]
 mod tokens;
 mod torch_rng;
+mod torchdata;
 
 /// The largest world size a loader or a saved state may have (a million ranks): larger values
 /// are typos or forgeries that would size per-rank work by the billion.
@@ -146,9 +148,12 @@ pub use arrow_file::{ArrowDataset, ContiguousRows};
 pub use batch_shard::{accelerate_shard_len, shard_batches, ShardParams};
 pub use collective::{Collective, CollectiveError, InProcessCollective, InProcessGroup};
 pub use config::{DataLoaderConfiguration, DatasetKind, LoaderShape, ShardMode};
-pub use dispatch::{base_batches, dispatch_slice, gather_for_metrics, DispatchSlice, DispatchedBatch, Dispatcher};
+pub use dispatch::{
+    base_batches, dispatch_len, dispatch_slice, gather_for_metrics, DispatchSlice, DispatchedBatch, Dispatcher,
+};
 pub use error::{DataloadError, ErrorKind, Result};
-pub use iterable_shard::{IterableDatasetShard, StreamPlan, TailItem};
+pub use iterable_shard::{stream_accelerate_len, IterableDatasetShard, StreamPlan, TailItem};
+pub use iterable_state::{IterableState, ITERABLE_STATE_FORMAT, ITERABLE_STATE_VERSION};
 #[cfg(feature = "sources")]
 pub use jsonl::{IndexPlacement, JsonlDataset, TextBatch, DEFAULT_FRAME_CACHE};
 pub use loader::{ShardedSampler, ShardedSamplerBuilder};
@@ -170,3 +175,4 @@ pub use state::{EpochGenerator, LoaderState, SamplerSpec, STATE_FORMAT, STATE_VE
 #[cfg(feature = "sources")]
 pub use tokens::{TokenBatch, TokenDtype, TokenFile, TokenWindows};
 pub use torch_rng::{TorchGenerator, STATE_BYTES as GENERATOR_STATE_BYTES};
+pub use torchdata::TorchdataPosition;

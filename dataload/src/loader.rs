@@ -349,6 +349,12 @@ impl ShardedSampler {
         EpochPlan::new(EpochOrder::Sequential { len: self.dataset_len }, self.geometry, 0, 0).rank_len(self.rank)
     }
 
+    /// accelerate's `remainder` at the end of a whole epoch (see [`EpochPlan::remainder`]),
+    /// from the dataset length alone: the rows of the last global batch of a dispatched loader.
+    pub fn epoch_remainder(&self) -> Option<u64> {
+        EpochPlan::new(EpochOrder::Sequential { len: self.dataset_len }, self.geometry, 0, 0).remainder()
+    }
+
     /// A `random` sampler whose current epoch is not drawn yet: its generator may still be
     /// replaced ([`ShardedSampler::set_generator`]), as the caller's `torch.Generator` may
     /// have been drawn from since.

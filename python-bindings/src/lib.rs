@@ -15,6 +15,8 @@ mod errors;
 mod mixture;
 mod sampler;
 mod save;
+mod states;
+mod stream;
 
 use pyo3::prelude::*;
 
@@ -28,8 +30,14 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_class::<sampler::Sampler>()?;
     m.add_function(wrap_pyfunction!(sampler::default_config_json, m)?)?;
-    m.add_function(wrap_pyfunction!(sampler::stream_plan, m)?)?;
-    m.add_function(wrap_pyfunction!(sampler::dispatch_slice, m)?)?;
+    m.add_function(wrap_pyfunction!(stream::stream_plan, m)?)?;
+    m.add_function(wrap_pyfunction!(stream::stream_len, m)?)?;
+    m.add_function(wrap_pyfunction!(stream::dispatch_slice, m)?)?;
+    m.add_function(wrap_pyfunction!(stream::dispatch_len, m)?)?;
+    m.add_function(wrap_pyfunction!(states::torchdata_position, m)?)?;
+    m.add_function(wrap_pyfunction!(states::state_epoch, m)?)?;
+    m.add_function(wrap_pyfunction!(states::iterable_state_json, m)?)?;
+    m.add_function(wrap_pyfunction!(states::parse_iterable_state, m)?)?;
     m.add_class::<mixture::Mixture>()?;
     m.add_class::<checkpoint::PyCheckpoint>()?;
     m.add_class::<datasets::TokenSource>()?;

@@ -48,6 +48,7 @@ draw of the running generator).
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any, Callable, Dict, Optional
 
 import torch
@@ -57,6 +58,7 @@ import accelerate.data_loader as _acc
 from accelerate.state import DistributedType, PartialState
 from accelerate.utils import send_to_device
 
+from . import _native
 from . import data as _data
 from .errors import MalformedState
 
@@ -116,18 +118,18 @@ def _statekit_sampler(dataset: Any, batch_sampler: BatchSampler, world: int, ran
     return {"batch_sampler": made.batch_sampler, "collate_fn": made.collate_fn, "generator": made.generator}
 
 
-def _split_of(sampler: Any) -> bool:
-    return bool(sampler.state_dict()["config"]["split_batches"])
-
-
 def _position_epoch(state: Any) -> Optional[int]:
     """The epoch a loader state (torchdata's form, with or without workers) holds statekit's
     position in, else None."""
     main = _main_snapshot(state)
     inner = None if main is None else main.get("_index_sampler_state")
-    if isinstance(inner, dict) and inner.get("format") == "statekit.dataload":
-        return int(inner["epoch"])
-    return None
+    if not isinstance(inner, dict):
+        return None
+    try:
+        text = json.dumps(inner)
+    except (TypeError, ValueError):
+        return None  # not a state of ours: torchdata's load says what it is
+    return _native.state_epoch(text)
 
 
 def _main_snapshot(state: Any) -> Optional[Dict[str, Any]]:
@@ -272,9 +274,8 @@ class _Positioned:
                 variant="MalformedState")
         return _with_main(state, dict(main, _sampler_iter_state={"batches_yielded": k}))
 
-    def _total(self, batch_size: int) -> int:
-        s = self._statekit
-        return batch_size if _split_of(s) else batch_size * s.num_processes
+    def _total(self) -> int:
+        return int(self._statekit._native.global_batch)
 
 
 class DataLoaderShard(_Positioned, _acc.DataLoaderShard):
@@ -377,7 +378,7 @@ class DataLoaderShard(_Positioned, _acc.DataLoaderShard):
     def total_batch_size(self) -> int:
         if self._statekit is None:
             return super().total_batch_size
-        return self._total(self._statekit.batch_size)
+        return self._total()
 
 
 class DataLoaderDispatcher(_Positioned, _acc.DataLoaderDispatcher):
@@ -450,16 +451,9 @@ class DataLoaderDispatcher(_Positioned, _acc.DataLoaderDispatcher):
 
     def _last_rows(self) -> int:
         """The rows of the last global batch rank 0 would have read (accelerate's dispatcher sets
-        ``remainder`` to them): one underlying batch with ``split_batches``, else up to
-        ``num_processes`` of them, the last short unless ``drop_last``."""
-        s = self._statekit
-        n, bs, world = s.length, s.batch_size, s.num_processes
-        if s.drop_last:
-            return bs if _split_of(s) else bs * world
-        if _split_of(s):
-            return n - (-(-n // bs) - 1) * bs
-        step = bs * world
-        return n - (-(-n // step) - 1) * step
+        ``remainder`` to them; -1 where there is none)."""
+        rows = self._statekit._native.epoch_remainder()
+        return -1 if rows is None else rows
 
     def adjust_state_dict_for_prefetch(self) -> None:
         # accelerate's correction is for rank 0 reading `num_processes` batches a step; here each
@@ -483,7 +477,7 @@ class DataLoaderDispatcher(_Positioned, _acc.DataLoaderDispatcher):
         if self._statekit is None:
             bs = self.base_dataloader.batch_size
             return bs if self.split_batches else bs * self.state.num_processes
-        return self._total(self._statekit.batch_size)
+        return self._total()
 
 
 def _convert(dataset: Any, kwargs: Dict[str, Any], config: "_data.DataLoaderConfiguration", world: int,

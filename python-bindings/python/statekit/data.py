@@ -21,7 +21,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from . import _native
 from ._datasets import ArrowDataset, JsonlDataset, ParquetDataset, TokenDataset
-from .errors import MalformedState, StateMismatch, UsageError
+from .errors import MalformedState, UsageError
 from .mixture import Mixture
 
 __all__ = [
@@ -140,17 +140,14 @@ def _torchdata_iter_state(state: Dict[str, Any]) -> Optional[Dict[str, Any]]:
     """A one-process position as torchdata's own ``BatchSampler`` iterator records it:
     ``samples_yielded``, and for a shuffle drawn from a generator the ``RandomSampler``
     iterator's ``yielded`` and ``generator`` (the state the epoch's permutation was drawn from).
-    None where that does not say it all: more than one process (the world size is not in it),
-    the seedable sampler (nor its seed and epoch), an epoch not drawn yet."""
-    kind = state["sampler"]["kind"]
-    if state["world_size"] != 1 or kind not in ("sequential", "random"):
+    None where that does not say it all (``dataload``'s ``LoaderState::to_torchdata``)."""
+    words = _native.torchdata_position(json.dumps(state))
+    if words is None:
         return None
-    out: Dict[str, Any] = {"samples_yielded": state["cursor"]}
-    if kind == "random":
-        gen = state.get("generator")
-        if gen is None or not gen["drawn"]:
-            return None
-        out["sampler_iter_state"] = {"yielded": state["cursor"], "generator": _state_tensor(bytes.fromhex(gen["state"]))}
+    n, generator = words
+    out: Dict[str, Any] = {"samples_yielded": n}
+    if generator is not None:
+        out["sampler_iter_state"] = {"yielded": n, "generator": _state_tensor(generator)}
     return out
 
 
@@ -434,23 +431,13 @@ class ShardedBatchSampler:
         """statekit's state for a position torchdata's ``BatchSampler`` iterator recorded (one
         process: ``samples_yielded`` of this sampler's order in the current epoch, and for a
         shuffle the generator state its permutation was drawn from), with this sampler's
-        settings; the epoch is the one the sampler is in, as torchdata's record has none."""
+        settings (``dataload``'s ``LoaderState::with_torchdata``)."""
         n = state["samples_yielded"]
         if isinstance(n, bool) or not isinstance(n, int) or n < 0:
             raise MalformedState(f"torchdata's `samples_yielded` is {n!r}, not a sample count", variant="MalformedState")
         inner = state.get("sampler_iter_state")
         drawn_from = inner.get("generator") if isinstance(inner, dict) else None
-        mine = self.state_dict()
-        if self._random != (drawn_from is not None):
-            saved = "a RandomSampler's generator" if drawn_from is not None else "no generator"
-            current = "a shuffle drawn from a generator" if self._random else f"the {mine['sampler']['kind']} sampler"
-            raise StateMismatch(f"the torchdata state holds {saved}, this loader's order is {current}",
-                                variant="StateMismatch", field="sampler", saved=json.dumps(saved),
-                                current=json.dumps(current))
-        out = dict(mine, cursor=n, padding_origin=0, world_size=1)
-        if drawn_from is not None:
-            out["generator"] = {"state": drawn_from.numpy().tobytes().hex(), "drawn": True}
-        return out
+        return json.loads(self._native.torchdata_state(n, None if drawn_from is None else drawn_from.numpy().tobytes()))
 
 
 def _state_bytes(generator: Any) -> bytes:
@@ -548,9 +535,7 @@ def _iterable_shard_class() -> Any:
                     self.dataset.set_epoch(epoch)
 
             def __len__(self) -> int:
-                if self.drop_last:
-                    return (len(self.dataset) // (self.batch_size * self.num_processes)) * self.batch_size
-                return -(-len(self.dataset) // (self.batch_size * self.num_processes)) * self.batch_size
+                return _native.stream_len(len(self.dataset), self.batch_size, self.drop_last, self.num_processes)
 
             def __iter__(self) -> Iterator[Any]:
                 if (not hasattr(self.dataset, "set_epoch") and isinstance(getattr(self.dataset, "generator", None), torch.Generator)):
@@ -705,13 +690,16 @@ def _iterable_loader_class(base: type, dispatch: bool) -> type:
             if not dispatch and self.num_workers == 0 and self._st_yielded and callable(getattr(stream, "state_dict", None)):
                 state = {"stream": stream.state_dict(), "first": None if shard is None else shard._st_first,
                          "batches": self._st_yielded}
-            return {"format": "statekit.iterable", "epoch": self.iteration, "batches": self._st_yielded, "stream": state}
+            return dict(json.loads(_native.iterable_state_json(self.iteration, self._st_yielded)), stream=state)
 
         def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
-            if not isinstance(state_dict, dict) or state_dict.get("format") != "statekit.iterable":
-                raise MalformedState("not an iterable loader state (its `format` is not `statekit.iterable`)")
-            self.iteration = _check_int("epoch", state_dict.get("epoch"), 0, _MAX_LEN)
-            batches = _check_int("batches", state_dict.get("batches"), 0, _MAX_LEN)
+            # dataload reads the header (`IterableState`); the stream's own state stays here.
+            header = {k: v for k, v in state_dict.items() if k != "stream"} if isinstance(state_dict, dict) else None
+            try:
+                text = json.dumps(header)
+            except (TypeError, ValueError) as e:
+                raise MalformedState(f"malformed loader state: {e}", variant="MalformedState") from None
+            self.iteration, batches = _native.parse_iterable_state(text)
             stream = state_dict.get("stream")
             if stream is not None and callable(getattr(self._st_stream()[0], "load_state_dict", None)):
                 self._st_restore, self._st_skip = stream, 0
@@ -720,12 +708,7 @@ def _iterable_loader_class(base: type, dispatch: bool) -> type:
 
         if dispatch:
             def __len__(self) -> int:
-                whole = super().__len__()
-                if self._st_split:
-                    return whole
-                if self.drop_last:
-                    return whole // self._st_world
-                return -(-whole // self._st_world)
+                return _native.dispatch_len(super().__len__(), self._st_world, self._st_split, self.drop_last)
 
             def _dispatch(self, it: Iterator[Any]) -> Iterator[Any]:
                 P, p, split, drop_last = self._st_world, self._st_rank, self._st_split, self.drop_last
