@@ -29,6 +29,7 @@ use pyo3::prelude::*;
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_class::<sampler::Sampler>()?;
+    m.add_function(wrap_pyfunction!(args::check_int, m)?)?;
     m.add_function(wrap_pyfunction!(sampler::default_config_json, m)?)?;
     m.add_function(wrap_pyfunction!(stream::stream_plan, m)?)?;
     m.add_function(wrap_pyfunction!(stream::stream_len, m)?)?;

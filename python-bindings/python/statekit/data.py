@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import operator
 import os
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
@@ -42,22 +41,9 @@ _MAX_LEN = 2**63 - 1
 _MAX_U64 = 2**64 - 1
 
 
-def _bound(v: int) -> str:
-    return {_MAX_LEN: "2^63 - 1", _MAX_U64: "2^64 - 1", -(2**63): "-2^63"}.get(v, str(v))
-
-
-def _check_int(name: str, v: Any, lo: int, hi: int) -> int:
-    """``v`` when it is an int in ``[lo, hi]``, else a ``UsageError`` naming ``name`` and the
-    range (never the bare ``OverflowError`` of a conversion to a Rust integer)."""
-    try:
-        if isinstance(v, bool):
-            raise TypeError
-        i = operator.index(v)  # ints and numpy's integers; not floats, strings or bools
-    except TypeError:
-        i = None
-    if i is None or not lo <= i <= hi:
-        raise UsageError(f"`{name}` must be an int in [{_bound(lo)}, {_bound(hi)}], not {v!r}")
-    return i
+# `v` when it is an int in `[lo, hi]`, else a `UsageError` naming `name` and the range (never
+# the bare `OverflowError` of a conversion to a Rust integer): the native calls' own check.
+_check_int = _native.check_int
 
 
 @dataclasses.dataclass
