@@ -99,6 +99,7 @@ mod arrow_file;
 mod batch_shard;
 mod config;
 mod dispatch;
+mod dispatch_steps;
 mod error;
 #[cfg(feature = "sources")]
 mod fs;
@@ -151,6 +152,7 @@ pub use config::{DataLoaderConfiguration, DatasetKind, LoaderShape, ShardMode};
 pub use dispatch::{
     base_batches, dispatch_len, dispatch_slice, gather_for_metrics, DispatchSlice, DispatchedBatch, Dispatcher,
 };
+pub use dispatch_steps::{DispatchAction, DispatchCut, DispatchSteps, Fetched};
 pub use error::{DataloadError, ErrorKind, Result};
 pub use iterable_shard::{stream_accelerate_len, IterableDatasetShard, StreamPlan, TailItem};
 pub use iterable_state::{IterableState, ITERABLE_STATE_FORMAT, ITERABLE_STATE_VERSION};

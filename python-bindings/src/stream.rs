@@ -3,6 +3,7 @@
 //! positions, lengths and cuts; Python moves the objects.
 
 use pyo3::prelude::*;
+use pyo3::types::{PyString, PyTuple};
 
 use crate::args::{self, MAX_LEN};
 use crate::errors;
@@ -77,4 +78,67 @@ pub(crate) fn dispatch_len(
     let base_batches = args::uint(base_batches, "base_batches", 0, MAX_LEN)?;
     let world_size = args::uint(world_size, "num_processes", 1, dataload::MAX_WORLD_SIZE)?;
     Ok(dataload::dispatch_len(base_batches, world_size, split_batches, drop_last))
+}
+
+/// accelerate's dispatcher as decisions (`dataload::DispatchSteps`): the Python dispatcher
+/// fetches, broadcasts, joins and slices the batches it says.
+#[pyclass(module = "statekit._native", name = "DispatchSteps")]
+#[derive(Debug)]
+pub(crate) struct DispatchSteps {
+    inner: dataload::DispatchSteps,
+}
+
+#[pymethods]
+impl DispatchSteps {
+    #[new]
+    fn new(
+        world_size: &Bound<'_, PyAny>,
+        rank: &Bound<'_, PyAny>,
+        split_batches: bool,
+        drop_last: bool,
+    ) -> PyResult<Self> {
+        let world_size = args::uint(world_size, "num_processes", 1, dataload::MAX_WORLD_SIZE)?;
+        let rank = args::uint(rank, "process_index", 0, world_size - 1)?;
+        Ok(Self { inner: dataload::DispatchSteps::new(world_size, rank, split_batches, drop_last) })
+    }
+
+    /// Underlying batches rank 0 reads per fetch.
+    #[getter]
+    fn group(&self) -> u64 {
+        self.inner.group()
+    }
+
+    /// For a fetch that read `taken` underlying batches: `(kept, exhausted)`, whether they are
+    /// sent as a global batch and whether the loader ran out.
+    fn fetch_result(&self, taken: u64) -> (bool, bool) {
+        let f = self.inner.fetch_result(taken, 0);
+        (f.rows.is_some(), f.exhausted)
+    }
+
+    /// What the fetch brought: the global batch's rows (`None`: no batch), and whether the
+    /// loader ran out.
+    fn fetched(&mut self, rows: Option<u64>, exhausted: bool) {
+        self.inner.fetched(dataload::Fetched { rows, exhausted });
+    }
+
+    /// `"fetch"`; a cut of the oldest batch fetched, `(keep_first, padded, start, end)`; or
+    /// `None` once the pass is over.
+    fn next_action<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
+        Ok(match self.inner.next_action() {
+            dataload::DispatchAction::Fetch => Some(PyString::new(py, "fetch").into_any()),
+            dataload::DispatchAction::Cut(c) => Some(
+                PyTuple::new(
+                    py,
+                    [
+                        c.keep_first.into_pyobject(py)?.into_any(),
+                        pyo3::types::PyBool::new(py, c.slice.padded).to_owned().into_any(),
+                        c.slice.start.into_pyobject(py)?.into_any(),
+                        c.slice.end.into_pyobject(py)?.into_any(),
+                    ],
+                )?
+                .into_any(),
+            ),
+            dataload::DispatchAction::Stop => None,
+        })
+    }
 }

@@ -14,6 +14,7 @@ bools), so it survives ``torch.save(weights_only=True)``, ``pickle`` and JSON; t
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import os
 from typing import Any, Dict, Iterator, List, Optional, Tuple
@@ -697,52 +698,30 @@ def _iterable_loader_class(base: type, dispatch: bool) -> type:
                 return _native.dispatch_len(super().__len__(), self._st_world, self._st_split, self.drop_last)
 
             def _dispatch(self, it: Iterator[Any]) -> Iterator[Any]:
-                P, p, split, drop_last = self._st_world, self._st_rank, self._st_split, self.drop_last
+                # dataload's steps say when to fetch, stop, pad and cut; the batches stay here.
                 coll = self._st_collective
-                reader = coll is None or p == 0
-                bcast = (lambda obj: obj) if coll is None else (lambda obj: _broadcast_object(obj, coll))
-                stopped = [False]
-
-                def fetch() -> List[Any]:
-                    batches: Optional[List[Any]] = None
-                    if reader:
-                        try:
-                            if split:
-                                info = [next(it), False]
-                            else:
-                                batches = []
-                                for _ in range(P):
-                                    batches.append(next(it))
-                                info = [_concat(batches), False]
-                        except StopIteration:
-                            info = [None, True]
-                    else:
-                        info = [None, stopped[0]]
-                    info = bcast(info)
-                    stopped[0] = info[1]
-                    if stopped[0] and not split and not drop_last:
-                        info = [_concat(batches), False] if reader and batches else [None, True]
-                        info = bcast(info)
-                    return info
-
+                reader = coll is None or self._st_rank == 0
+                steps = _native.DispatchSteps(self._st_world, self._st_rank, self._st_split, self.drop_last)
+                held: List[Any] = []  # global batches fetched and not cut yet, oldest first
                 first = None
-                nxt = fetch()
-                stop = False
-                while not stop:
-                    batch = nxt[0]
-                    if batch is None:
-                        return  # an empty stream (accelerate fails on it with a ValueError)
-                    if not drop_last and first is None:
-                        first = _slice(batch, slice(0, P))
-                        first_rows = _find_batch_size(first)
-                    obs = _find_batch_size(batch)
-                    stop = stopped[0]
-                    if not stop:
-                        nxt = fetch()
-                        if stopped[0] and nxt[0] is None:
-                            stop = True
-                    # dataload's cut: this rank's rows, and whether the last step is padded first.
-                    padded, lo, hi = _native.dispatch_slice(obs, 0 if first is None else first_rows, P, p, stop, drop_last)
+                while True:
+                    action = steps.next_action()
+                    if action is None:
+                        return  # an empty stream ends at once (accelerate fails on it with a ValueError)
+                    if action == "fetch":
+                        info: Any = None
+                        if reader:  # rank 0 reads the underlying batches of one global batch
+                            got = list(itertools.islice(it, steps.group))
+                            kept, exhausted = steps.fetch_result(len(got))
+                            info = [(got[0] if self._st_split else _concat(got)) if kept else None, exhausted]
+                        batch, exhausted = info if coll is None else _broadcast_object(info, coll)
+                        held.append(batch)
+                        steps.fetched(None if batch is None else _find_batch_size(batch), exhausted)
+                        continue
+                    keep_first, padded, lo, hi = action
+                    batch = held.pop(0)
+                    if keep_first:
+                        first = _slice(batch, slice(0, keep_first))
                     yield _slice(_concat([batch, first]) if padded else batch, slice(lo, hi))
 
     _Iterable.__name__ = _Iterable.__qualname__ = ("Dispatched" if dispatch else "Sharded") + base.__name__
