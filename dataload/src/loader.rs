@@ -362,6 +362,24 @@ impl ShardedSampler {
         self.sampler == SamplerSpec::Random && !self.drawn
     }
 
+    /// `generator` moved on as on a rank that does not read a dispatched loader but makes its
+    /// iterator anyway, with torch's workers prefetching `prefetched` underlying batches at once
+    /// (accelerate's other ranks): their `RandomSampler` draws one permutation, and a second
+    /// when the prefetch runs into the pull that finds the sampler empty (the one after the
+    /// last batch, unless a short last batch already emptied it).
+    pub fn prefetch_advanced(&self, generator: &TorchGenerator, prefetched: u64) -> TorchGenerator {
+        let (n, b) = (self.dataset_len, self.geometry.batch_size.max(1));
+        let mut g = generator.clone();
+        if prefetched == 0 {
+            return g;
+        }
+        let batches = if self.geometry.drop_last { n / b } else { n.div_ceil(b) };
+        let emptying = batches + u64::from(self.geometry.drop_last || n.is_multiple_of(b));
+        let perms = if prefetched >= emptying { 2 } else { 1 };
+        g.discard(perms * crate::randperm::randperm_draws(n, self.torch));
+        g
+    }
+
     /// Sets the generator the current epoch of a `random` sampler is drawn from (the running
     /// state of the caller's `torch.Generator`). Refused once the epoch is drawn, and for other
     /// samplers.

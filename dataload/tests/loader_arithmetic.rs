@@ -4,7 +4,10 @@
 //! `test_statekit_accelerate.py` compare with accelerate).
 #![allow(clippy::unwrap_used)]
 
-use dataload::{dispatch_len, stream_accelerate_len, DataLoaderConfiguration, ShardedSampler};
+use dataload::{
+    dispatch_len, randperm, stream_accelerate_len, DataLoaderConfiguration, ShardedSampler, TorchGenerator,
+    TorchVersion,
+};
 
 fn dispatched(n: u64, batch_size: u64, world: u64, split: bool, drop_last: bool) -> ShardedSampler {
     ShardedSampler::builder()
@@ -83,4 +86,53 @@ fn epoch_remainder_is_the_last_global_batchs_rows() {
 fn global_batch_is_accelerates_total_batch_size() {
     assert_eq!(dispatched(48, 4, 3, false, false).geometry().global_batch(), 12);
     assert_eq!(dispatched(48, 4, 2, true, false).geometry().global_batch(), 4);
+}
+
+fn random_dispatched(n: u64, batch_size: u64, drop_last: bool) -> ShardedSampler {
+    ShardedSampler::builder()
+        .dataset_len(n)
+        .batch_size(batch_size)
+        .world_size(2)
+        .rank(1)
+        .shuffle(true)
+        .drop_last(drop_last)
+        .generator(TorchGenerator::manual_seed(0))
+        .config(DataLoaderConfiguration { dispatch_batches: Some(true), ..DataLoaderConfiguration::default() })
+        .build()
+        .unwrap()
+}
+
+/// The generator after `perms` calls of `torch.randperm(n, generator=g)`.
+fn after_randperms(g: &TorchGenerator, n: u64, perms: u32) -> TorchGenerator {
+    let mut g = g.clone();
+    for _ in 0..perms {
+        randperm(n, &mut g, TorchVersion::default()).unwrap();
+    }
+    g
+}
+
+#[test]
+fn prefetching_workers_draw_one_permutation_or_two() {
+    let g = TorchGenerator::manual_seed(42);
+    // (n, batch_size, drop_last, prefetched) -> permutations drawn. The pull that finds the
+    // sampler empty draws the second: the third for 10 samples in batches of 4 (its short last
+    // batch), for 8 (the pull after the 2 batches) and for 10 with drop_last (likewise).
+    for (n, bs, drop_last, prefetched, perms) in [
+        (10, 4, false, 0, 0),
+        (10, 4, false, 2, 1),
+        (10, 4, false, 3, 2),
+        (8, 4, false, 2, 1),
+        (8, 4, false, 3, 2),
+        (10, 4, true, 2, 1),
+        (10, 4, true, 3, 2),
+        (10, 4, false, 4, 2),
+        (1000, 4, false, 4, 1),
+    ] {
+        let s = random_dispatched(n, bs, drop_last);
+        assert_eq!(
+            s.prefetch_advanced(&g, prefetched),
+            after_randperms(&g, n, perms),
+            "{n} {bs} {drop_last} {prefetched}"
+        );
+    }
 }

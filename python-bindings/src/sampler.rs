@@ -208,6 +208,21 @@ impl Sampler {
         Ok(g.map(|g| PyBytes::new(py, &g.state_bytes())))
     }
 
+    /// `generator` (`get_state()` bytes) moved on as a rank that does not read a dispatched
+    /// loader moves it when torch's workers prefetch `prefetched` batches at once.
+    fn prefetch_advanced<'py>(
+        &self,
+        py: Python<'py>,
+        generator: &Bound<'py, PyBytes>,
+        prefetched: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyBytes>> {
+        let g = TorchGenerator::from_state_bytes(generator.as_bytes()).map_err(errors::dataload)?;
+        let prefetched = args::uint(prefetched, "prefetched", 0, u64::MAX)?;
+        let inner = &self.inner;
+        let after = py.detach(|| inner.prefetch_advanced(&g, prefetched));
+        Ok(PyBytes::new(py, &after.state_bytes()))
+    }
+
     /// A new pass over the current epoch from its start (a random sampler draws a new order
     /// from its running generator), as torch's loaders make after a pass that was broken off.
     fn restart_epoch(&mut self, py: Python<'_>) -> PyResult<()> {

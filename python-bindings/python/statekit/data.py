@@ -345,19 +345,10 @@ class ShardedBatchSampler:
     def _shadow_prefetch(self) -> None:
         """accelerate's other ranks make the underlying loader's iterator too, and with workers
         torch prefetches ``prefetch_factor * num_workers`` batches from it at once: their
-        RandomSampler draws one permutation from their own generator, and a second when the
-        prefetch runs past the epoch's last batch. Their generators move on the same way here."""
-        if not self._prefetched:
-            return
-        import torch
-
-        n, b = self.length, self.batch_size
-        batches = n // b if self.drop_last else -(-n // b)
-        # the pull that finds the sampler empty: the one after the last batch, unless a short
-        # last batch (drop_last=False) already emptied it
-        emptying = batches + (1 if self.drop_last or n % b == 0 else 0)
-        for _ in range(2 if self._prefetched >= emptying else 1):
-            torch.randperm(n, generator=self._generator)
+        RandomSampler draws one permutation from their own generator, or two (dataload counts
+        the draws). Their generators move on the same way here."""
+        if self._prefetched:
+            _set_state(self._generator, self._native.prefetch_advanced(_state_bytes(self._generator), self._prefetched))
 
     def _write_back(self) -> None:
         """The generator advances as torch's RandomSampler advances it: by the epoch's draw."""
