@@ -7,7 +7,7 @@
 //! # Exact accelerate semantics
 //!
 //! * [`TorchGenerator`] is torch's CPU MT19937 and [`randperm`] is `torch.randperm` on the
-//!   CPU, both algorithms and the switch between them at [`INSIDE_OUT_THRESHOLD`].
+//!   CPU, both algorithms and the switch between them ([`RandpermAlgorithm::for_len`]).
 //! * [`SequentialSampler`] and [`SeedableRandomSampler`] order an epoch; the seedable sampler
 //!   draws `randperm(n, manual_seed(seed + epoch))`. Without `use_seedable_sampler`
 //!   (accelerate's default) a shuffled loader is torch's `RandomSampler` with the generator
@@ -167,9 +167,7 @@ pub use parquet_rows::{ParquetDataset, DEFAULT_ROW_GROUP_CACHE};
 pub use plan::{BatchGeometry, EpochPlan};
 #[cfg(feature = "sources")]
 pub use prefetch::{DataLoader, DataLoaderBuilder};
-pub use randperm::{
-    randperm, randperm_draws, randperm_with, Permutation, RandpermAlgorithm, TorchVersion, INSIDE_OUT_THRESHOLD,
-};
+pub use randperm::{randperm, randperm_with, Permutation, RandpermAlgorithm, TorchVersion};
 pub use sampler::{EpochOrder, IndexSampler, SeedableRandomSampler, SequentialSampler, MAX_SEED, MIN_SEED};
 #[cfg(feature = "sources")]
 pub use source::{FileFingerprint, Fingerprint, Source};
