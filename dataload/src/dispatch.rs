@@ -12,8 +12,11 @@
 //! [`crate::EpochPlan`] computes the same slices without communication; tests check that both
 //! agree with each other and with real accelerate.
 
+use std::collections::VecDeque;
+
 use collective::Collective;
 
+use crate::dispatch_steps::{DispatchAction, DispatchSteps, Fetched};
 use crate::error::{DataloadError, Result};
 use crate::sampler::EpochOrder;
 
@@ -61,6 +64,20 @@ pub fn dispatch_slice(
     DispatchSlice { padded, start: at(rank), end: at(rank.saturating_add(1)) }
 }
 
+/// accelerate's `len()` of a `DataLoaderDispatcher` whose underlying loader has `base_batches`
+/// batches: one step per batch with `split_batches`, else one per `world_size` of them, a
+/// last partial group counted unless `drop_last`.
+pub fn dispatch_len(base_batches: u64, world_size: u64, split_batches: bool, drop_last: bool) -> u64 {
+    let p = world_size.max(1);
+    if split_batches {
+        base_batches
+    } else if drop_last {
+        base_batches / p
+    } else {
+        base_batches.div_ceil(p)
+    }
+}
+
 /// Batches of the underlying torch `BatchSampler` over an epoch order: chunks of
 /// `batch_size`, the last one short unless `drop_last`.
 pub fn base_batches(order: EpochOrder, batch_size: u64, drop_last: bool) -> impl Iterator<Item = Vec<u64>> {
@@ -70,17 +87,17 @@ pub fn base_batches(order: EpochOrder, batch_size: u64, drop_last: bool) -> impl
     (0..count).map(move |i| order.range(i * bs, (i + 1) * bs))
 }
 
-/// The dispatcher of one rank.
+/// The dispatcher of one rank: [`DispatchSteps`] over index batches, rank 0's broadcast
+/// through a [`Collective`].
 pub struct Dispatcher<'a, C: Collective + ?Sized> {
     comm: &'a C,
     source: Option<Box<dyn Iterator<Item = Vec<u64>> + 'a>>,
-    split_batches: bool,
-    drop_last: bool,
+    steps: DispatchSteps,
     skip_batches: u64,
-    first_keep: Option<Vec<u64>>,
-    next: Option<Fetched>,
+    /// The global batches fetched and not cut yet (as many as `steps` holds).
+    held: VecDeque<Vec<u64>>,
+    first_keep: Vec<u64>,
     step: u64,
-    done: bool,
 }
 
 impl<C: Collective + ?Sized> std::fmt::Debug for Dispatcher<'_, C> {
@@ -88,18 +105,19 @@ impl<C: Collective + ?Sized> std::fmt::Debug for Dispatcher<'_, C> {
         f.debug_struct("Dispatcher")
             .field("rank", &self.comm.rank())
             .field("step", &self.step)
-            .field("done", &self.done)
+            .field("steps", &self.steps)
             .finish_non_exhaustive()
     }
 }
 
+/// What rank 0 broadcasts for one fetch.
 #[derive(Debug, Clone)]
-struct Fetched {
+struct Message {
     batch: Option<Vec<u64>>,
     exhausted: bool,
 }
 
-impl Fetched {
+impl Message {
     fn encode(&self) -> Vec<u8> {
         let mut out = vec![u8::from(self.batch.is_some()), u8::from(self.exhausted)];
         for x in self.batch.iter().flatten() {
@@ -142,20 +160,12 @@ impl<'a, C: Collective + ?Sized> Dispatcher<'a, C> {
         drop_last: bool,
         skip_batches: u64,
     ) -> Self {
-        Self {
-            comm,
-            source,
-            split_batches,
-            drop_last,
-            skip_batches,
-            first_keep: None,
-            next: None,
-            step: 0,
-            done: false,
-        }
+        let steps = DispatchSteps::new(comm.world_size(), comm.rank(), split_batches, drop_last);
+        Self { comm, source, steps, skip_batches, held: VecDeque::new(), first_keep: Vec::new(), step: 0 }
     }
 
-    fn fetch(&mut self) -> Result<Fetched> {
+    /// Fetches the next global batch: rank 0 reads it and broadcasts it; every rank holds it.
+    fn fetch(&mut self) -> Result<()> {
         let rank = self.comm.rank();
         let msg = if rank == 0 {
             let source = self.source.as_mut().ok_or(DataloadError::Dispatch {
@@ -163,78 +173,49 @@ impl<'a, C: Collective + ?Sized> Dispatcher<'a, C> {
                 rank,
                 reason: "rank 0 needs the underlying batches".into(),
             })?;
-            let fetched = if self.split_batches {
-                let batch = source.next();
-                Fetched { exhausted: batch.is_none(), batch }
-            } else {
-                let mut rows = Vec::new();
-                let mut taken = 0;
-                let mut exhausted = false;
-                for _ in 0..self.comm.world_size() {
-                    match source.next() {
-                        Some(b) => {
-                            rows.extend(b);
-                            taken += 1;
-                        }
-                        None => {
-                            exhausted = true;
-                            break;
-                        }
-                    }
-                }
-                // A partial group is only kept without drop_last (accelerate's second
-                // broadcast).
-                let keep = taken > 0 && (!exhausted || !self.drop_last);
-                Fetched { batch: keep.then_some(rows), exhausted }
-            };
-            Some(fetched.encode())
+            let mut rows = Vec::new();
+            let mut taken = 0;
+            for b in source.by_ref().take(usize::try_from(self.steps.group()).unwrap_or(usize::MAX)) {
+                rows.extend(b);
+                taken += 1;
+            }
+            let fetched = self.steps.fetch_result(taken, rows.len() as u64);
+            Some(Message { batch: fetched.rows.map(|_| rows), exhausted: fetched.exhausted }.encode())
         } else {
             None
         };
-        let bytes = self.comm.broadcast(0, msg)?;
-        Fetched::decode(&bytes, rank)
+        let msg = Message::decode(&self.comm.broadcast(0, msg)?, rank)?;
+        self.steps.fetched(Fetched { rows: msg.batch.as_ref().map(|b| b.len() as u64), exhausted: msg.exhausted });
+        self.held.push_back(msg.batch.unwrap_or_default());
+        Ok(())
     }
 
     /// This rank's next batch, or `None` once the underlying loader is exhausted.
     pub fn next_batch(&mut self) -> Result<Option<DispatchedBatch>> {
         loop {
-            if self.done {
-                return Ok(None);
-            }
-            let current = match self.next.take() {
-                Some(f) => f,
-                None => self.fetch()?,
-            };
-            let Some(mut batch) = current.batch else {
-                // accelerate raises on an empty underlying loader; there is nothing to yield.
-                self.done = true;
-                return Ok(None);
-            };
-            let p = self.comm.world_size();
-            if !self.drop_last && self.first_keep.is_none() {
-                self.first_keep = Some(batch.iter().take(usize::try_from(p).unwrap_or(usize::MAX)).copied().collect());
-            }
-            let obs = batch.len() as u64;
-            let mut last = current.exhausted;
-            if !last {
-                let ahead = self.fetch()?;
-                if ahead.exhausted && ahead.batch.is_none() {
-                    last = true;
+            let cut = match self.steps.next_action() {
+                DispatchAction::Fetch => {
+                    self.fetch()?;
+                    continue;
                 }
-                self.next = Some(ahead);
+                DispatchAction::Stop => return Ok(None),
+                DispatchAction::Cut(cut) => cut,
+            };
+            let mut batch = self.held.pop_front().unwrap_or_default();
+            if cut.keep_first > 0 {
+                self.first_keep =
+                    batch.iter().take(usize::try_from(cut.keep_first).unwrap_or(usize::MAX)).copied().collect();
             }
-            let padding = self.first_keep.as_ref().map_or(0, |f| f.len() as u64);
-            let cut = dispatch_slice(obs, padding, p, self.comm.rank(), last, self.drop_last);
-            if cut.padded {
-                batch.extend(self.first_keep.iter().flatten().copied());
+            if cut.slice.padded {
+                batch.extend(self.first_keep.iter().copied());
             }
             // Both are at most the batch's length, which is a usize.
+            let (start, end) = (cut.slice.start as usize, cut.slice.end as usize);
             let out = DispatchedBatch {
-                rows: batch[cut.start as usize..cut.end as usize].to_vec(),
-                end_of_dataloader: last,
-                remainder: last.then_some(obs),
+                rows: batch.get(start..end).map(<[u64]>::to_vec).unwrap_or_default(),
+                end_of_dataloader: cut.last,
+                remainder: cut.remainder,
             };
-            self.done = last;
             let step = self.step;
             self.step += 1;
             if step >= self.skip_batches {

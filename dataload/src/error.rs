@@ -108,6 +108,15 @@ pub enum DataloadError {
         /// Its value in the loader.
         current: String,
     },
+    /// A position torchdata recorded is of another order than the loader's (a generator for
+    /// a loader that does not shuffle from one, or none for one that does).
+    #[error("the torchdata state holds {saved}, this loader's order is {current}")]
+    TorchdataMismatch {
+        /// What the record holds.
+        saved: &'static str,
+        /// The loader's order.
+        current: &'static str,
+    },
     /// A saved state is internally inconsistent.
     #[error("inconsistent loader state: {reason}")]
     InconsistentState {
@@ -355,7 +364,7 @@ impl DataloadError {
             Self::MalformedState { .. } | Self::UnsupportedVersion { .. } | Self::InconsistentState { .. } => {
                 ErrorKind::State
             }
-            Self::StateMismatch { .. } => ErrorKind::StateMismatch,
+            Self::StateMismatch { .. } | Self::TorchdataMismatch { .. } => ErrorKind::StateMismatch,
             Self::Collective { .. } | Self::Dispatch { .. } => ErrorKind::Collective,
             Self::Io { .. } => ErrorKind::Io,
             Self::NotARegularFile { .. }
@@ -395,6 +404,7 @@ impl DataloadError {
             Self::MalformedState { .. } => "MalformedState",
             Self::UnsupportedVersion { .. } => "UnsupportedVersion",
             Self::StateMismatch { .. } => "StateMismatch",
+            Self::TorchdataMismatch { .. } => "TorchdataMismatch",
             Self::InconsistentState { .. } => "InconsistentState",
             Self::Collective { .. } => "Collective",
             Self::Dispatch { .. } => "Dispatch",

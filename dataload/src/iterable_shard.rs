@@ -75,6 +75,15 @@ impl StreamPlan {
     }
 }
 
+/// accelerate's `IterableDatasetShard.__len__` over a stream of `n` items: whole chunks of
+/// `batch_size × world_size` (a short last one counted unless `drop_last`), `batch_size` items
+/// each. It ignores `split_batches`, as accelerate's does (too large in split mode).
+pub fn stream_accelerate_len(n: usize, batch_size: usize, drop_last: bool, world_size: usize) -> usize {
+    let global = batch_size.saturating_mul(world_size).max(1);
+    let chunks = if drop_last { n / global } else { n.div_ceil(global) };
+    chunks.saturating_mul(batch_size)
+}
+
 /// Wraps a stream of items; iterate it to get this rank's items.
 #[derive(Debug, Clone)]
 pub struct IterableDatasetShard<I: Iterator> {
@@ -148,11 +157,9 @@ where
         Ok(chunks * (hi - lo))
     }
 
-    /// What accelerate's `len()` says (ignores `split_batches`).
+    /// What accelerate's `len()` says (ignores `split_batches`): [`stream_accelerate_len`].
     pub fn accelerate_len(n: usize, batch_size: usize, drop_last: bool, world_size: usize) -> usize {
-        let global = batch_size.saturating_mul(world_size).max(1);
-        let chunks = if drop_last { n / global } else { n.div_ceil(global) };
-        chunks * batch_size
+        stream_accelerate_len(n, batch_size, drop_last, world_size)
     }
 }
 

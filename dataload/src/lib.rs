@@ -7,7 +7,7 @@
 //! # Exact accelerate semantics
 //!
 //! * [`TorchGenerator`] is torch's CPU MT19937 and [`randperm`] is `torch.randperm` on the
-//!   CPU, both algorithms and the switch between them at [`INSIDE_OUT_THRESHOLD`].
+//!   CPU, both algorithms and the switch between them ([`RandpermAlgorithm::for_len`]).
 //! * [`SequentialSampler`] and [`SeedableRandomSampler`] order an epoch; the seedable sampler
 //!   draws `randperm(n, manual_seed(seed + epoch))`. Without `use_seedable_sampler`
 //!   (accelerate's default) a shuffled loader is torch's `RandomSampler` with the generator
@@ -99,12 +99,14 @@ mod arrow_file;
 mod batch_shard;
 mod config;
 mod dispatch;
+mod dispatch_steps;
 mod error;
 #[cfg(feature = "sources")]
 mod fs;
 #[doc(hidden)]
 pub mod fuzz;
 mod iterable_shard;
+mod iterable_state;
 #[cfg(feature = "sources")]
 mod jsonl;
 #[cfg(feature = "sources")]
@@ -132,6 +134,7 @@ mod table;
 #[cfg(feature = "sources")]
 mod tokens;
 mod torch_rng;
+mod torchdata;
 
 /// The largest world size a loader or a saved state may have (a million ranks): larger values
 /// are typos or forgeries that would size per-rank work by the billion.
@@ -146,11 +149,15 @@ pub use arrow_file::{ArrowDataset, ContiguousRows};
 pub use batch_shard::{accelerate_shard_len, shard_batches, ShardParams};
 pub use collective::{Collective, CollectiveError, InProcessCollective, InProcessGroup};
 pub use config::{DataLoaderConfiguration, DatasetKind, LoaderShape, ShardMode};
-pub use dispatch::{base_batches, dispatch_slice, gather_for_metrics, DispatchSlice, DispatchedBatch, Dispatcher};
+pub use dispatch::{
+    base_batches, dispatch_len, dispatch_slice, gather_for_metrics, DispatchSlice, DispatchedBatch, Dispatcher,
+};
+pub use dispatch_steps::{DispatchAction, DispatchCut, DispatchSteps, Fetched};
 pub use error::{DataloadError, ErrorKind, Result};
 #[cfg(feature = "sources")]
 pub use fs::open_regular;
-pub use iterable_shard::{IterableDatasetShard, StreamPlan, TailItem};
+pub use iterable_shard::{stream_accelerate_len, IterableDatasetShard, StreamPlan, TailItem};
+pub use iterable_state::{IterableState, ITERABLE_STATE_FORMAT, ITERABLE_STATE_VERSION};
 #[cfg(feature = "sources")]
 pub use jsonl::{IndexPlacement, JsonlDataset, TextBatch, DEFAULT_FRAME_CACHE};
 pub use loader::{ShardedSampler, ShardedSamplerBuilder};
@@ -162,9 +169,7 @@ pub use parquet_rows::{ParquetDataset, DEFAULT_ROW_GROUP_CACHE};
 pub use plan::{BatchGeometry, EpochPlan};
 #[cfg(feature = "sources")]
 pub use prefetch::{DataLoader, DataLoaderBuilder};
-pub use randperm::{
-    randperm, randperm_draws, randperm_with, Permutation, RandpermAlgorithm, TorchVersion, INSIDE_OUT_THRESHOLD,
-};
+pub use randperm::{randperm, randperm_with, Permutation, RandpermAlgorithm, TorchVersion};
 pub use sampler::{EpochOrder, IndexSampler, SeedableRandomSampler, SequentialSampler, MAX_SEED, MIN_SEED};
 #[cfg(feature = "sources")]
 pub use source::{FileFingerprint, Fingerprint, Source};
@@ -172,3 +177,4 @@ pub use state::{EpochGenerator, LoaderState, SamplerSpec, STATE_FORMAT, STATE_VE
 #[cfg(feature = "sources")]
 pub use tokens::{TokenBatch, TokenDtype, TokenFile, TokenWindows};
 pub use torch_rng::{TorchGenerator, STATE_BYTES as GENERATOR_STATE_BYTES};
+pub use torchdata::TorchdataPosition;

@@ -349,11 +349,35 @@ impl ShardedSampler {
         EpochPlan::new(EpochOrder::Sequential { len: self.dataset_len }, self.geometry, 0, 0).rank_len(self.rank)
     }
 
+    /// accelerate's `remainder` at the end of a whole epoch (see [`EpochPlan::remainder`]),
+    /// from the dataset length alone: the rows of the last global batch of a dispatched loader.
+    pub fn epoch_remainder(&self) -> Option<u64> {
+        EpochPlan::new(EpochOrder::Sequential { len: self.dataset_len }, self.geometry, 0, 0).remainder()
+    }
+
     /// A `random` sampler whose current epoch is not drawn yet: its generator may still be
     /// replaced ([`ShardedSampler::set_generator`]), as the caller's `torch.Generator` may
     /// have been drawn from since.
     pub fn needs_generator(&self) -> bool {
         self.sampler == SamplerSpec::Random && !self.drawn
+    }
+
+    /// `generator` moved on as on a rank that does not read a dispatched loader but makes its
+    /// iterator anyway, with torch's workers prefetching `prefetched` underlying batches at once
+    /// (accelerate's other ranks): their `RandomSampler` draws one permutation, and a second
+    /// when the prefetch runs into the pull that finds the sampler empty (the one after the
+    /// last batch, unless a short last batch already emptied it).
+    pub fn prefetch_advanced(&self, generator: &TorchGenerator, prefetched: u64) -> TorchGenerator {
+        let (n, b) = (self.dataset_len, self.geometry.batch_size.max(1));
+        let mut g = generator.clone();
+        if prefetched == 0 {
+            return g;
+        }
+        let batches = if self.geometry.drop_last { n / b } else { n.div_ceil(b) };
+        let emptying = batches + u64::from(self.geometry.drop_last || n.is_multiple_of(b));
+        let perms = if prefetched >= emptying { 2 } else { 1 };
+        g.discard(perms * crate::randperm::randperm_draws(n, self.torch));
+        g
     }
 
     /// Sets the generator the current epoch of a `random` sampler is drawn from (the running

@@ -220,15 +220,7 @@ impl EpochPlan {
         let p = geo.world_size.max(1);
         let inner = if geo.drop_last { n / bs } else { n.div_ceil(bs) };
         match geo.mode {
-            ShardMode::Dispatch => {
-                if geo.split_batches {
-                    inner
-                } else if geo.drop_last {
-                    inner / p
-                } else {
-                    inner.div_ceil(p)
-                }
-            }
+            ShardMode::Dispatch => crate::dispatch::dispatch_len(inner, p, geo.split_batches, geo.drop_last),
             ShardMode::PerRank => {
                 if geo.split_batches {
                     inner
@@ -248,8 +240,9 @@ impl EpochPlan {
     pub fn remainder(&self) -> Option<u64> {
         match self.geometry.mode {
             ShardMode::Dispatch => {
-                let t = self.num_steps();
-                (t > 0).then(|| self.global_rows(t - 1).len() as u64)
+                // The rows `global_rows(t - 1)` would hold, counted rather than listed.
+                let (t, g) = (self.num_steps(), self.geometry.global_batch());
+                (t > 0).then(|| g.min(self.remaining() - (t - 1) * g))
             }
             ShardMode::PerRank => (!self.geometry.drop_last).then(|| self.len() % self.geometry.global_batch().max(1)),
         }

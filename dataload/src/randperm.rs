@@ -23,14 +23,14 @@ use crate::torch_rng::TorchGenerator;
 
 /// Smallest `n` for which torch ≥ 2.6 switches to the inside-out algorithm
 /// (`u32::MAX / 20` in integer division).
-pub const INSIDE_OUT_THRESHOLD: u64 = (u32::MAX / 20) as u64;
+pub(crate) const INSIDE_OUT_THRESHOLD: u64 = (u32::MAX / 20) as u64;
 
 /// Which torch the permutations must equal.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum TorchVersion {
-    /// torch 2.6 and later (2.13 included): the algorithm switch at [`INSIDE_OUT_THRESHOLD`].
+    /// torch 2.6 and later (2.13 included): the algorithm switch at `n ≥ u32::MAX / 20`.
     #[default]
     Torch2_6Plus,
     /// torch 2.5 and earlier: the classic algorithm for every `n`.
@@ -127,7 +127,7 @@ impl Slot for u64 {
 
 /// How many 32-bit draws `torch.randperm(n)` takes from its generator: `n - 1` (classic) or
 /// `2n` (inside-out, two per 64-bit draw), none for `n ≤ 1`.
-pub fn randperm_draws(n: u64, torch: TorchVersion) -> u64 {
+pub(crate) fn randperm_draws(n: u64, torch: TorchVersion) -> u64 {
     if n < 2 {
         return 0;
     }

@@ -157,6 +157,12 @@ pub(crate) fn dataload_worded(e: dataload::DataloadError, message: String) -> Py
                 d.set_item("saved", saved)?;
                 d.set_item("current", current)?;
             }
+            // Named by the field a loader state holds the order in, its values as JSON.
+            dataload::DataloadError::TorchdataMismatch { saved, current } => {
+                d.set_item("field", "sampler")?;
+                d.set_item("saved", format!("{saved:?}"))?;
+                d.set_item("current", format!("{current:?}"))?;
+            }
             dataload::DataloadError::Io { path, source } => {
                 let (kind, errno) = io_kind(source);
                 d.set_item("path", path.display().to_string())?;

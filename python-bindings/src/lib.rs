@@ -15,11 +15,13 @@ mod errors;
 mod mixture;
 mod sampler;
 mod save;
+mod states;
+mod stream;
 
 use pyo3::prelude::*;
 
 // Free-threaded CPython may run this module without the GIL: nothing here relies on it. Every
-// class is `frozen` (immutable, `Sync`) except `Sampler`, whose `&mut self` methods go through
+// class is `frozen` (immutable, `Sync`) except `Sampler` and `DispatchSteps`, whose `&mut self` methods go through
 // pyo3's borrow flag (atomic where there is no GIL: a second thread gets a `RuntimeError`, never
 // a data race); buffers are held as exports for the whole call, which is what keeps them alive
 // and sized, with or without the GIL (every call that touches their bytes releases it anyway).
@@ -27,9 +29,17 @@ use pyo3::prelude::*;
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_class::<sampler::Sampler>()?;
+    m.add_function(wrap_pyfunction!(args::check_int, m)?)?;
     m.add_function(wrap_pyfunction!(sampler::default_config_json, m)?)?;
-    m.add_function(wrap_pyfunction!(sampler::stream_plan, m)?)?;
-    m.add_function(wrap_pyfunction!(sampler::dispatch_slice, m)?)?;
+    m.add_function(wrap_pyfunction!(stream::stream_plan, m)?)?;
+    m.add_function(wrap_pyfunction!(stream::stream_len, m)?)?;
+    m.add_function(wrap_pyfunction!(stream::dispatch_slice, m)?)?;
+    m.add_function(wrap_pyfunction!(stream::dispatch_len, m)?)?;
+    m.add_class::<stream::DispatchSteps>()?;
+    m.add_function(wrap_pyfunction!(states::torchdata_position, m)?)?;
+    m.add_function(wrap_pyfunction!(states::state_epoch, m)?)?;
+    m.add_function(wrap_pyfunction!(states::iterable_state_json, m)?)?;
+    m.add_function(wrap_pyfunction!(states::parse_iterable_state, m)?)?;
     m.add_class::<mixture::Mixture>()?;
     m.add_class::<checkpoint::PyCheckpoint>()?;
     m.add_class::<datasets::TokenSource>()?;

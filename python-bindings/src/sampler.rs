@@ -170,6 +170,23 @@ impl Sampler {
         self.inner.epoch_len()
     }
 
+    /// accelerate's `remainder` after a whole epoch (the rows of a dispatched loader's last
+    /// global batch), `None` for accelerate's -1.
+    fn epoch_remainder(&self) -> Option<u64> {
+        self.inner.epoch_remainder()
+    }
+
+    /// Samples all ranks read per step (accelerate's `total_batch_size`).
+    #[getter]
+    fn global_batch(&self) -> u64 {
+        self.inner.geometry().global_batch()
+    }
+
+    #[getter]
+    fn split_batches(&self) -> bool {
+        self.inner.geometry().split_batches
+    }
+
     /// Whether the current epoch is drawn from a generator not drawn from yet (then
     /// `set_generator` may still give its running state).
     #[getter]
@@ -191,6 +208,21 @@ impl Sampler {
         Ok(g.map(|g| PyBytes::new(py, &g.state_bytes())))
     }
 
+    /// `generator` (`get_state()` bytes) moved on as a rank that does not read a dispatched
+    /// loader moves it when torch's workers prefetch `prefetched` batches at once.
+    fn prefetch_advanced<'py>(
+        &self,
+        py: Python<'py>,
+        generator: &Bound<'py, PyBytes>,
+        prefetched: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyBytes>> {
+        let g = TorchGenerator::from_state_bytes(generator.as_bytes()).map_err(errors::dataload)?;
+        let prefetched = args::uint(prefetched, "prefetched", 0, u64::MAX)?;
+        let inner = &self.inner;
+        let after = py.detach(|| inner.prefetch_advanced(&g, prefetched));
+        Ok(PyBytes::new(py, &after.state_bytes()))
+    }
+
     /// A new pass over the current epoch from its start (a random sampler draws a new order
     /// from its running generator), as torch's loaders make after a pass that was broken off.
     fn restart_epoch(&mut self, py: Python<'_>) -> PyResult<()> {
@@ -209,6 +241,18 @@ impl Sampler {
         self.inner.state_dict().to_json().map_err(errors::dataload)
     }
 
+    /// The `LoaderState` (JSON) of this sampler's settings at a position torchdata's own
+    /// `BatchSampler` recorded (`samples_yielded`, and the generator state a shuffle was drawn
+    /// from as `get_state()` bytes): one process, the current epoch.
+    #[pyo3(signature = (samples_yielded, generator=None))]
+    fn torchdata_state(
+        &self,
+        samples_yielded: &Bound<'_, PyAny>,
+        generator: Option<&Bound<'_, PyBytes>>,
+    ) -> PyResult<String> {
+        crate::states::from_torchdata(&self.inner.state_dict(), samples_yielded, generator)
+    }
+
     /// Continues from a `LoaderState` given as JSON (elastic across world sizes).
     fn load_state_json(&mut self, state: &str) -> PyResult<()> {
         let state = state_from_json(state)?;
@@ -220,47 +264,4 @@ impl Sampler {
 #[pyfunction]
 pub(crate) fn default_config_json() -> PyResult<String> {
     serde_json::to_string(&DataLoaderConfiguration::default()).map_err(|e| errors::usage(e.to_string()))
-}
-
-/// accelerate's `IterableDatasetShard` as positions (`dataload::StreamPlan`), for the Python
-/// shard that holds the items: `(chunk_len, start, end)` of this rank in each full chunk, and
-/// what it yields from a short last chunk of `last_len` items, as `(from_first, position)`
-/// (`from_first`: a position in the first full chunk, of `first_len` items).
-#[pyfunction]
-#[pyo3(signature = (batch_size, drop_last, world_size, rank, split_batches, last_len=0, first_len=None))]
-#[allow(clippy::type_complexity)]
-pub(crate) fn stream_plan(
-    batch_size: &Bound<'_, PyAny>,
-    drop_last: bool,
-    world_size: &Bound<'_, PyAny>,
-    rank: &Bound<'_, PyAny>,
-    split_batches: bool,
-    last_len: usize,
-    first_len: Option<usize>,
-) -> PyResult<((usize, usize, usize), Vec<(bool, usize)>)> {
-    let batch_size = args::size(batch_size, "batch_size", 0, dataload::MAX_BATCH_SIZE)?;
-    let world_size = args::size(world_size, "num_processes", 0, dataload::MAX_WORLD_SIZE)?;
-    let rank = args::size(rank, "process_index", 0, u64::MAX)?;
-    let plan =
-        dataload::StreamPlan::new(batch_size, drop_last, world_size, rank, split_batches).map_err(errors::dataload)?;
-    let tail = plan.tail(last_len.min(plan.chunk_len() - 1), first_len).into_iter().map(|t| match t {
-        dataload::TailItem::Last(i) => (false, i),
-        dataload::TailItem::First(i) => (true, i),
-    });
-    Ok(((plan.chunk_len(), plan.slice().start, plan.slice().end), tail.collect()))
-}
-
-/// accelerate's dispatcher cut of a global batch of `rows` rows (`dataload::dispatch_slice`):
-/// `(padded, start, end)`.
-#[pyfunction]
-pub(crate) fn dispatch_slice(
-    rows: u64,
-    padding: u64,
-    world_size: u64,
-    rank: u64,
-    last: bool,
-    drop_last: bool,
-) -> (bool, u64, u64) {
-    let cut = dataload::dispatch_slice(rows, padding, world_size, rank, last, drop_last);
-    (cut.padded, cut.start, cut.end)
 }

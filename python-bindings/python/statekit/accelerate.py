@@ -51,14 +51,15 @@ import copy
 from typing import Any, Callable, Dict, Optional
 
 import torch
-from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, SequentialSampler
+from torch.utils.data import BatchSampler, DataLoader, IterableDataset
 
 import accelerate.data_loader as _acc
 from accelerate.state import DistributedType, PartialState
 from accelerate.utils import send_to_device
 
 from . import data as _data
-from .errors import MalformedState
+from ._batching import _IGNORED, BatchSamplerShard, _convert, _modelled, _statekit_sampler
+from ._positioned import _bare, _Positioned
 
 __all__ = [
     "BatchSamplerShard",
@@ -72,209 +73,12 @@ __all__ = [
 
 # accelerate's own table of the DataLoader arguments it forwards (with their defaults).
 _KWARGS = _acc._PYTORCH_DATALOADER_KWARGS
-_IGNORED = ("batch_size", "shuffle", "sampler", "batch_sampler", "drop_last")
 
 
 def __getattr__(name: str) -> Any:
     if name == "IterableDatasetShard":
         return _data.IterableDatasetShard
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def _stateful_loader() -> Optional[type]:
-    try:
-        from torchdata.stateful_dataloader import StatefulDataLoader
-    except ImportError:
-        return None
-    return StatefulDataLoader
-
-
-def _plain_batch_sampler(bs: Any) -> bool:
-    """torch's ``BatchSampler``, or a subclass that batches the same way: one with its own
-    ``__iter__`` decides batches statekit cannot compute."""
-    return isinstance(bs, BatchSampler) and type(bs).__iter__ is BatchSampler.__iter__
-
-
-def _modelled(bs: Any) -> bool:
-    """Whether statekit computes the batches of ``bs``: a plain batch sampler over a sequential
-    sampler or a ``RandomSampler`` without replacement or ``num_samples``."""
-    if not _plain_batch_sampler(bs) or bs.batch_size is None:
-        return False
-    s = bs.sampler
-    if isinstance(s, RandomSampler):
-        return not s.replacement and s._num_samples is None
-    return type(s) is SequentialSampler or (isinstance(s, range) and s.start == 0 and s.step == 1)
-
-
-def _statekit_sampler(dataset: Any, batch_sampler: BatchSampler, world: int, rank: int,
-                      config: "_data.DataLoaderConfiguration", collate_fn: Any, generator: Any) -> Dict[str, Any]:
-    """statekit's batch sampler (and the collate function and generator its loader uses) for a
-    map-style ``dataset`` batched by ``batch_sampler``, on rank ``rank`` of ``world``:
-    ``statekit.data.prepare_data_loader`` decides it, as it does for its own loaders."""
-    template = DataLoader(dataset, batch_sampler=batch_sampler, collate_fn=collate_fn, generator=generator)
-    made = _data.prepare_data_loader(template, num_processes=world, process_index=rank, dataloader_config=config)
-    return {"batch_sampler": made.batch_sampler, "collate_fn": made.collate_fn, "generator": made.generator}
-
-
-def _split_of(sampler: Any) -> bool:
-    return bool(sampler.state_dict()["config"]["split_batches"])
-
-
-def _position_epoch(state: Any) -> Optional[int]:
-    """The epoch a loader state (torchdata's form, with or without workers) holds statekit's
-    position in, else None."""
-    main = _main_snapshot(state)
-    inner = None if main is None else main.get("_index_sampler_state")
-    if isinstance(inner, dict) and inner.get("format") == "statekit.dataload":
-        return int(inner["epoch"])
-    return None
-
-
-def _main_snapshot(state: Any) -> Optional[Dict[str, Any]]:
-    """The part of a torchdata loader state that holds the samplers' states: the state itself,
-    or with workers its ``_snapshot._main_snapshot``."""
-    if not isinstance(state, dict):
-        return None
-    main = (state.get("_snapshot") or {}).get("_main_snapshot") if "_snapshot" in state else state
-    return main if isinstance(main, dict) else None
-
-
-def _torchdata_form(state: Any) -> Any:
-    """``state`` with statekit's position in torchdata's own words where they say all of it
-    (one process, see ``statekit.data._torchdata_iter_state``): the iterator's state as
-    torchdata's ``BatchSampler`` iterator records it, and None for the batch sampler, which
-    torchdata's keeps no state of. Else ``state`` itself."""
-    main = _main_snapshot(state)
-    inner = None if main is None else main.get("_sampler_iter_state")
-    words = _data._torchdata_iter_state(inner) if isinstance(inner, dict) and "format" in inner else None
-    if words is None:
-        return state
-    return _with_main(state, dict(main, _index_sampler_state=None, _sampler_iter_state=words))
-
-
-def _with_main(state: Dict[str, Any], main: Dict[str, Any]) -> Dict[str, Any]:
-    """``state`` with ``main`` in place of the part ``_main_snapshot`` finds."""
-    if "_snapshot" in state:
-        return dict(state, _snapshot=dict(state["_snapshot"], _main_snapshot=main))
-    return main
-
-
-def _bare(cls: type) -> Any:
-    """An instance of ``cls`` not yet initialized, which unpickling fills with its attributes
-    (accelerate's ``__reduce__`` calls the class on placeholder arguments, which ours would
-    build a sampler from)."""
-    return cls.__new__(cls)
-
-
-class _Positioned:
-    """What the two loaders share: the base loader built over statekit's sampler (torchdata's
-    ``StatefulDataLoader`` where torchdata is installed, so that a state can be taken, else
-    torch's ``DataLoader``), and a position that survives ``iter()`` only when it was set."""
-
-    _statekit: Any = None
-    _positioned = False
-    _abandoned = False
-    _skip = 0
-
-    def _build_base(self, dataset: Any, use_stateful_dataloader: bool, kwargs: Dict[str, Any], iteration: int,
-                    skip_batches: int) -> int:
-        """Makes the base loader; returns the ``skip_batches`` left for accelerate's replay."""
-        self.use_stateful_dataloader = use_stateful_dataloader
-        bs = kwargs.get("batch_sampler")
-        self._statekit = bs if isinstance(bs, _data.ShardedBatchSampler) else None
-        if self._statekit is not None and skip_batches:
-            # accelerate's `skip_batches` (every pass skips them): here a position, set before
-            # the base loader exists (a stateful one makes its iterator, and prefetches, now)
-            self._skip = skip_batches
-            self._statekit.set_epoch(iteration)
-            self._statekit.skip_first_batches(skip_batches)
-            self._positioned = True
-            skip_batches = 0
-        stateful = _stateful_loader()
-        if use_stateful_dataloader and stateful is None:
-            raise ImportError("StatefulDataLoader is not available. Please install torchdata version 0.8.0 or higher to use it.")
-        if use_stateful_dataloader or (self._statekit is not None and stateful is not None):
-            self.base_dataloader = stateful(dataset, **kwargs)
-        else:
-            self.base_dataloader = DataLoader(dataset, **kwargs)
-        # accelerate takes a snapshot when the loader is made only for stateful loaders (it makes
-        # the base iterator, and its workers); ours is taken on the first `state_dict()`.
-        if use_stateful_dataloader:
-            self.dl_state_dict = self.base_dataloader.state_dict()
-        return skip_batches
-
-    def _pickled(self) -> Dict[str, Any]:
-        # torchdata's loader keeps its last iterator, which does not pickle (torch's keeps none
-        # without persistent workers): the copy goes without it, its sampler keeps the position
-        state = self.__dict__.copy()
-        base = state.get("base_dataloader")
-        if getattr(base, "_iterator", None) is not None:
-            base = state["base_dataloader"] = copy.copy(base)
-            base._iterator = None
-        return state
-
-    def _start_pass(self) -> None:
-        s = self._statekit
-        if s is not None and not self._positioned and (self._abandoned or self._skip):
-            # accelerate's samplers start every pass at the start of the epoch (after the skipped
-            # batches; the default shuffle from a new draw of its running generator): a pass
-            # broken off (a `break`) starts again here, and the skip is a position set anew.
-            s.set_epoch(self.iteration)
-            s._new_pass()
-            s.skip_first_batches(self._skip)
-        self._positioned = False
-        self._abandoned = True
-
-    def __len__(self) -> int:
-        if self._statekit is None:
-            return super().__len__()  # type: ignore[misc]
-        return max(len(self.base_dataloader) - self._skip, 0)
-
-    def state_dict(self) -> Dict[str, Any]:
-        """torchdata's ``StatefulDataLoader`` state after the batches handed out so far. On one
-        process, sequential or shuffled from a generator, it is key for key the state
-        torchdata's loader (and accelerate's) saves for the same batches, whose own fields hold
-        the whole position; elsewhere statekit's position is ``_index_sampler_state`` (the
-        same on every rank), which holds the world size and the seed and epoch too."""
-        if "dl_state_dict" not in self.__dict__:
-            if not hasattr(self.base_dataloader, "state_dict"):
-                raise AttributeError("state_dict needs torchdata's StatefulDataLoader (pip install torchdata)")
-            self.dl_state_dict = self.base_dataloader.state_dict()
-        return _torchdata_form(self.dl_state_dict)
-
-    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
-        """Continues from ``state_dict``. statekit's position, and torchdata's record of one
-        process, load on any number of processes. accelerate's own record of a batch sampler
-        that keeps no state (only ``_sampler_iter_yielded``, the batches this rank had handed
-        out) skips that many of the batches of the epoch the next pass reads, as torchdata's
-        fast-forward would, in O(1)."""
-        epoch = _position_epoch(state_dict)
-        if epoch is not None:
-            self.iteration = epoch  # accelerate's `iteration` is not in the state; its epoch is
-        if self._statekit is not None:
-            state_dict = self._with_skip(state_dict)
-        self._positioned = True
-        self.base_dataloader.load_state_dict(state_dict)
-
-    def _with_skip(self, state: Any) -> Any:
-        """``state`` with accelerate's bare batch count made a skip the sampler's iterator
-        loads (torchdata loads the iterator's state when the pass starts, after ``set_epoch``)."""
-        main = _main_snapshot(state)
-        if main is None or main.get("_index_sampler_state") is not None or main.get("_sampler_iter_state") is not None:
-            return state
-        k = main.get("_sampler_iter_yielded")
-        if isinstance(self, DataLoaderDispatcher):
-            # accelerate's dispatcher reads the underlying loader on rank 0 only: the other
-            # ranks' records hold no count to continue from
-            raise MalformedState(
-                "statekit.accelerate: this loader state holds no position a dispatched loader can continue from "
-                "(accelerate's own record of a batch sampler without state); save it from statekit's loader",
-                variant="MalformedState")
-        return _with_main(state, dict(main, _sampler_iter_state={"batches_yielded": k}))
-
-    def _total(self, batch_size: int) -> int:
-        s = self._statekit
-        return batch_size if _split_of(s) else batch_size * s.num_processes
 
 
 class DataLoaderShard(_Positioned, _acc.DataLoaderShard):
@@ -377,7 +181,7 @@ class DataLoaderShard(_Positioned, _acc.DataLoaderShard):
     def total_batch_size(self) -> int:
         if self._statekit is None:
             return super().total_batch_size
-        return self._total(self._statekit.batch_size)
+        return self._total()
 
 
 class DataLoaderDispatcher(_Positioned, _acc.DataLoaderDispatcher):
@@ -389,6 +193,8 @@ class DataLoaderDispatcher(_Positioned, _acc.DataLoaderDispatcher):
     ``gather_for_metrics`` keeps) are accelerate's. An iterable dataset: accelerate's dispatcher
     itself (rank 0 reads the stream and broadcasts each global batch).
     """
+
+    _dispatched = True
 
     def __init__(self, dataset: Any, split_batches: bool = False, skip_batches: int = 0,
                  use_stateful_dataloader: bool = False, _drop_last: bool = False, _non_blocking: bool = False,
@@ -450,16 +256,9 @@ class DataLoaderDispatcher(_Positioned, _acc.DataLoaderDispatcher):
 
     def _last_rows(self) -> int:
         """The rows of the last global batch rank 0 would have read (accelerate's dispatcher sets
-        ``remainder`` to them): one underlying batch with ``split_batches``, else up to
-        ``num_processes`` of them, the last short unless ``drop_last``."""
-        s = self._statekit
-        n, bs, world = s.length, s.batch_size, s.num_processes
-        if s.drop_last:
-            return bs if _split_of(s) else bs * world
-        if _split_of(s):
-            return n - (-(-n // bs) - 1) * bs
-        step = bs * world
-        return n - (-(-n // step) - 1) * step
+        ``remainder`` to them; -1 where there is none)."""
+        rows = self._statekit._native.epoch_remainder()
+        return -1 if rows is None else rows
 
     def adjust_state_dict_for_prefetch(self) -> None:
         # accelerate's correction is for rank 0 reading `num_processes` batches a step; here each
@@ -483,65 +282,7 @@ class DataLoaderDispatcher(_Positioned, _acc.DataLoaderDispatcher):
         if self._statekit is None:
             bs = self.base_dataloader.batch_size
             return bs if self.split_batches else bs * self.state.num_processes
-        return self._total(self._statekit.batch_size)
-
-
-def _convert(dataset: Any, kwargs: Dict[str, Any], config: "_data.DataLoaderConfiguration", world: int,
-             rank: int, use_stateful: bool) -> Dict[str, Any]:
-    """The DataLoader arguments with torch's batching (``batch_size``/``shuffle``/``sampler``/
-    ``drop_last``, or a ``batch_sampler``) replaced by statekit's batch sampler where statekit
-    computes those batches; else unchanged."""
-    if isinstance(dataset, IterableDataset) or isinstance(kwargs.get("batch_sampler"), _data.ShardedBatchSampler):
-        return kwargs
-    if isinstance(kwargs.get("sampler"), BatchSampler):
-        return kwargs  # accelerate's `sampler_is_batch_sampler` form
-    try:
-        template = DataLoader(dataset, **{k: kwargs[k] for k in ("batch_size", "shuffle", "sampler", "batch_sampler",
-                                                                  "drop_last", "generator") if k in kwargs})
-    except (TypeError, ValueError):
-        return kwargs  # torch refuses the combination: let accelerate's path say so
-    if not _modelled(template.batch_sampler):
-        return kwargs
-    # torchdata's StatefulDataLoader makes its own RandomSampler from `shuffle=True`: one that
-    # draws each epoch when its iterator is made, and (no generator given) seeds a generator of
-    # its own from torch's global one when it is made.
-    torchdata_shuffle = use_stateful and kwargs.get("shuffle") and kwargs.get("sampler") is None
-    if torchdata_shuffle and template.batch_sampler.sampler.generator is None:
-        template.batch_sampler.sampler.generator = torch.Generator().manual_seed(
-            int(torch.empty((), dtype=torch.int64).random_().item()))
-    made = _statekit_sampler(dataset, template.batch_sampler, world, rank, config,
-                             kwargs.get("collate_fn"), kwargs.get("generator"))
-    made["batch_sampler"]._draw_at_iter = bool(torchdata_shuffle)
-    out = {k: v for k, v in kwargs.items() if k not in _IGNORED}
-    out["batch_sampler"] = made["batch_sampler"]
-    if kwargs.get("collate_fn") is not None or config.dispatch_batches:
-        out["collate_fn"] = made["collate_fn"]
-    return out
-
-
-class BatchSamplerShard(_acc.BatchSamplerShard):
-    """accelerate's ``BatchSamplerShard`` (same arguments and checks); over a plain batch
-    sampler of a sequential sampler (or ``range(n)``), its batches are statekit's, else
-    accelerate's."""
-
-    def __init__(self, batch_sampler: Any, num_processes: int = 1, process_index: int = 0,
-                 split_batches: bool = False, even_batches: bool = True) -> None:
-        super().__init__(batch_sampler, num_processes, process_index, split_batches, even_batches)
-        self._statekit = None
-        if _modelled(batch_sampler) and not isinstance(batch_sampler.sampler, RandomSampler):
-            self._statekit = _data.ShardedBatchSampler(
-                len(batch_sampler.sampler), batch_sampler.batch_size, num_processes=num_processes,
-                process_index=process_index, drop_last=self.drop_last, split_batches=split_batches,
-                even_batches=even_batches)
-
-    def __len__(self) -> int:
-        return super().__len__() if self._statekit is None else len(self._statekit)
-
-    def __iter__(self) -> Any:
-        if self._statekit is None:
-            return super().__iter__()
-        self._statekit.skip_first_batches(0)  # every pass from the start, as accelerate's
-        return iter(self._statekit)
+        return self._total()
 
 
 # --- prepare_data_loader, skip_first_batches, patch ------------------------------------------
