@@ -7,10 +7,9 @@ from __future__ import annotations
 
 from typing import Any, Dict
 
+import accelerate.data_loader as _acc
 import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, SequentialSampler
-
-import accelerate.data_loader as _acc
 
 from . import data as _data
 

@@ -12,6 +12,7 @@ from . import _native
 from ._sampler import _MAX_LEN, DataLoaderConfiguration, _check_int
 from .errors import MalformedState, UsageError
 
+
 def _iterable_shard_class() -> Any:
     global _IterableDatasetShard
     if _IterableDatasetShard is None:
@@ -78,8 +79,9 @@ _LOADERS: Dict[Tuple[type, bool], type] = {}
 
 
 def _concat(data: List[Any]) -> Any:
-    import torch
     from collections.abc import Mapping
+
+    import torch
 
     if isinstance(data[0], (tuple, list)):
         items = [_concat([d[i] for d in data]) for i in range(len(data[0]))]
@@ -101,8 +103,9 @@ def _concat(data: List[Any]) -> Any:
 
 
 def _slice(data: Any, sl: slice) -> Any:
-    import torch
     from collections.abc import Mapping
+
+    import torch
 
     if isinstance(data, (tuple, list)):
         items = [_slice(d, sl) for d in data]
@@ -129,8 +132,9 @@ class _CollateEmpty:
 
 
 def _find_batch_size(data: Any) -> int:
-    import torch
     from collections.abc import Mapping
+
+    import torch
 
     if isinstance(data, (tuple, list, Mapping)) and len(data) == 0:
         raise ValueError(f"a batch that is an empty {type(data).__name__} has no batch size")

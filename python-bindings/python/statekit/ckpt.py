@@ -619,10 +619,8 @@ def save_sharded(state_dict: Mapping[str, Any], dir: PathLike, *, rank: int, wor
     and written by rank 0 alone, as are plain values. The collective is torch.distributed's
     default group (or ``group``); with ``world_size=1`` no process group is needed.
     """
-    from .data import _check_int
-
-    world_size = _check_int("world_size", world_size, 1, 2**20)
-    rank = _check_int("rank", rank, 0, world_size - 1)
+    world_size = _native.check_int("world_size", world_size, 1, 2**20)
+    rank = _native.check_int("rank", rank, 0, world_size - 1)
     torch = _torch_module()
     if world_size == 1 and rank == 0:
         comm: Any = LocalCollective()

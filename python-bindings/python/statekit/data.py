@@ -19,10 +19,9 @@ from typing import Any, Dict, Optional, Tuple
 
 from ._datasets import ArrowDataset, JsonlDataset, ParquetDataset, TokenDataset
 from ._iterable import _CollateEmpty, _iterable_shard_class, _prepare_iterable
-from ._sampler import (  # noqa: F401  (_check_int, _torchdata_iter_state: for ckpt.py and statekit.accelerate)
+from ._sampler import (  # noqa: F401  (_torchdata_iter_state: for statekit.accelerate)
     DataLoaderConfiguration,
     ShardedBatchSampler,
-    _check_int,
     _torchdata_iter_state,
     _world,
 )
