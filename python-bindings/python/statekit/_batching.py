@@ -5,11 +5,11 @@ and accelerate's ``BatchSamplerShard`` over it."""
 
 from __future__ import annotations
 
-from typing import Any, Dict
+from typing import Any, Dict, Iterable, List, Optional, TypeGuard, Union
 
 import accelerate.data_loader as _acc
 import torch
-from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, SequentialSampler
+from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, Sampler, SequentialSampler
 
 from . import data as _data
 
@@ -22,7 +22,7 @@ def _plain_batch_sampler(bs: Any) -> bool:
     return isinstance(bs, BatchSampler) and type(bs).__iter__ is BatchSampler.__iter__
 
 
-def _modelled(bs: Any) -> bool:
+def _modelled(bs: Any) -> TypeGuard[BatchSampler]:
     """Whether statekit computes the batches of ``bs``: a plain batch sampler over a sequential
     sampler or a ``RandomSampler`` without replacement or ``num_samples``."""
     if not _plain_batch_sampler(bs) or bs.batch_size is None:
@@ -33,8 +33,9 @@ def _modelled(bs: Any) -> bool:
     return type(s) is SequentialSampler or (isinstance(s, range) and s.start == 0 and s.step == 1)
 
 
-def _statekit_sampler(dataset: Any, batch_sampler: BatchSampler, world: int, rank: int,
-                      config: "_data.DataLoaderConfiguration", collate_fn: Any, generator: Any) -> Dict[str, Any]:
+def _statekit_sampler(dataset: Any, batch_sampler: Optional[Union[Sampler[List[Any]], Iterable[List[Any]]]],
+                      world: int, rank: int, config: "_data.DataLoaderConfiguration", collate_fn: Any,
+                      generator: Any) -> Dict[str, Any]:
     """statekit's batch sampler (and the collate function and generator its loader uses) for a
     map-style ``dataset`` batched by ``batch_sampler``, on rank ``rank`` of ``world``:
     ``statekit.data.prepare_data_loader`` decides it, as it does for its own loaders."""
@@ -57,16 +58,19 @@ def _convert(dataset: Any, kwargs: Dict[str, Any], config: "_data.DataLoaderConf
                                                                   "drop_last", "generator") if k in kwargs})
     except (TypeError, ValueError):
         return kwargs  # torch refuses the combination: let accelerate's path say so
-    if not _modelled(template.batch_sampler):
+    batches = template.batch_sampler
+    if not _modelled(batches):
         return kwargs
     # torchdata's StatefulDataLoader makes its own RandomSampler from `shuffle=True`: one that
     # draws each epoch when its iterator is made, and (no generator given) seeds a generator of
     # its own from torch's global one when it is made.
     torchdata_shuffle = use_stateful and kwargs.get("shuffle") and kwargs.get("sampler") is None
-    if torchdata_shuffle and template.batch_sampler.sampler.generator is None:
-        template.batch_sampler.sampler.generator = torch.Generator().manual_seed(
+    sampler = batches.sampler
+    # (torchdata's shuffle: `shuffle=True` without a sampler, for which the template made a RandomSampler)
+    if torchdata_shuffle and isinstance(sampler, RandomSampler) and sampler.generator is None:
+        sampler.generator = torch.Generator().manual_seed(
             int(torch.empty((), dtype=torch.int64).random_().item()))
-    made = _statekit_sampler(dataset, template.batch_sampler, world, rank, config,
+    made = _statekit_sampler(dataset, batches, world, rank, config,
                              kwargs.get("collate_fn"), kwargs.get("generator"))
     made["batch_sampler"]._draw_at_iter = bool(torchdata_shuffle)
     out = {k: v for k, v in kwargs.items() if k not in _IGNORED}
@@ -76,7 +80,7 @@ def _convert(dataset: Any, kwargs: Dict[str, Any], config: "_data.DataLoaderConf
     return out
 
 
-class BatchSamplerShard(_acc.BatchSamplerShard):
+class BatchSamplerShard(_acc.BatchSamplerShard):  # type: ignore[misc]  # accelerate is untyped
     """accelerate's ``BatchSamplerShard`` (same arguments and checks); over a plain batch
     sampler of a sequential sampler (or ``range(n)``), its batches are statekit's, else
     accelerate's."""
@@ -85,7 +89,8 @@ class BatchSamplerShard(_acc.BatchSamplerShard):
                  split_batches: bool = False, even_batches: bool = True) -> None:
         super().__init__(batch_sampler, num_processes, process_index, split_batches, even_batches)
         self._statekit = None
-        if _modelled(batch_sampler) and not isinstance(batch_sampler.sampler, RandomSampler):
+        # modelled and not random: a SequentialSampler or a range(n)
+        if _modelled(batch_sampler) and isinstance(batch_sampler.sampler, (SequentialSampler, range)):
             self._statekit = _data.ShardedBatchSampler(
                 len(batch_sampler.sampler), batch_sampler.batch_size, num_processes=num_processes,
                 process_index=process_index, drop_last=self.drop_last, split_batches=split_batches,

@@ -13,12 +13,14 @@ from __future__ import annotations
 import json
 import mmap
 import os
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple, Union, cast
 
 import numpy as np
 
 from . import _native
-from .errors import UsageError
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -56,6 +58,9 @@ def _whole(m: mmap.mmap, path: str) -> mmap.mmap:
 class _Base:
     _args: Tuple[Any, ...]
 
+    if TYPE_CHECKING:
+        def _item(self, i: int) -> Any: ...  # each dataset's own
+
     def __len__(self) -> int:
         return len(self._src)  # type: ignore[attr-defined]
 
@@ -74,7 +79,7 @@ class _Base:
         return {"args": self._args}
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
-        self.__init__(*state["args"])  # type: ignore[misc]
+        self.__init__(*state["args"])  # type: ignore[misc]  # unpickling re-initializes
 
 
 class TokenDataset(_Base):
@@ -96,7 +101,7 @@ class TokenDataset(_Base):
         return {"args": self._args, "dtype": self._dtype_name}
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
-        self.__init__(*state["args"], dtype=state["dtype"])
+        self.__init__(*state["args"], dtype=state["dtype"])  # type: ignore[misc]  # unpickling re-initializes
 
     def _map(self, k: int) -> mmap.mmap:
         m = self._maps.get(k)
@@ -113,7 +118,8 @@ class TokenDataset(_Base):
         idx = _indices(indices, len(self))
         inputs = np.empty((len(idx), self.block_size), np.int64)
         targets = np.empty((len(idx), self.block_size), np.int64)
-        self._src.read_batch_into(idx, inputs, targets)
+        # numpy's stubs give arrays `__buffer__` only from Python 3.12 on
+        self._src.read_batch_into(idx, cast("Buffer", inputs), cast("Buffer", targets))
         return inputs, targets
 
 
@@ -149,9 +155,9 @@ class _TableDataset(_Base):
         return {"args": self._args, "columns": self._columns}
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
-        self.__init__(*state["args"], columns=state["columns"])
+        self.__init__(*state["args"], columns=state["columns"])  # type: ignore[misc]  # unpickling re-initializes
 
-    def __getitem__(self, i: Union[int, slice]) -> Any:  # type: ignore[override]
+    def __getitem__(self, i: Union[int, slice]) -> Any:
         """Row ``i`` (a dict of scalars), or for a slice the rows it selects as ``get_batch``
         gives them (a slice with step 1 of an Arrow dataset: views of the map, see there)."""
         if isinstance(i, slice):
@@ -169,7 +175,7 @@ class _TableDataset(_Base):
         columns without nulls whose values lie in the (uncompressed) file are numpy views of a private memory map of the file (``mmap.ACCESS_COPY``: no copy, and
         writes never reach the file). Other columns and other index lists are copied."""
         idx = _indices(indices, len(self))
-        if idx and self._files and all(b == a + 1 for a, b in zip(idx, idx[1:])):
+        if idx and self._files and all(b == a + 1 for a, b in zip(idx, idx[1:], strict=False)):
             raw = self._src.read_range(idx[0], len(idx))
             if raw is not None:
                 return self._viewed(raw, len(idx))
@@ -211,7 +217,7 @@ class JsonlDataset(_Base):
         return {"args": self._args, "raw": self._raw}
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
-        self.__init__(*state["args"], raw=state["raw"])
+        self.__init__(*state["args"], raw=state["raw"])  # type: ignore[misc]  # unpickling re-initializes
 
     def _item(self, i: int) -> Any:
         return self.get_batch([i])[0]
@@ -222,7 +228,7 @@ class JsonlDataset(_Base):
         if self._raw:
             return texts
         out = []
-        for i, t in zip(idx, texts):
+        for i, t in zip(idx, texts, strict=False):
             try:
                 out.append(json.loads(t))
             except (ValueError, RecursionError) as e:

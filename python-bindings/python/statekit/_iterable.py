@@ -19,7 +19,7 @@ def _iterable_shard_class() -> Any:
         import torch
         from torch.utils.data import IterableDataset
 
-        class IterableDatasetShard(IterableDataset):
+        class IterableDatasetShard(IterableDataset[Any]):
             """accelerate 1.15's ``IterableDatasetShard``: every rank reads the whole stream, cuts
             it into global batches (``batch_size`` with ``split_batches``, else ``batch_size *
             num_processes``) and keeps its slice of each; unless ``drop_last``, the last short
@@ -65,7 +65,8 @@ def _iterable_shard_class() -> Any:
                         first = self._st_first = first or cur  # before yielding: a state may be taken then
                         yield from cur[lo:hi]
                         cur = []
-                for from_first, i in _native.stream_plan(*args, len(cur), first and len(first))[1] if cur else ():
+                first_len = None if first is None else len(first)
+                for from_first, i in _native.stream_plan(*args, len(cur), first_len)[1] if cur else ():
                     yield (first if from_first else cur)[i]  # type: ignore[index]
 
         IterableDatasetShard.__module__ = "statekit.data"
@@ -87,7 +88,8 @@ def _concat(data: List[Any]) -> Any:
         items = [_concat([d[i] for d in data]) for i in range(len(data[0]))]
         return type(data[0])(*items) if hasattr(data[0], "_fields") else type(data[0])(items)
     if isinstance(data[0], Mapping):
-        return type(data[0])({k: _concat([d[k] for d in data]) for k in data[0].keys()})
+        mapping: Any = type(data[0])  # made from a dict, as torch's collate makes it
+        return mapping({k: _concat([d[k] for d in data]) for k in data[0].keys()})
     if isinstance(data[0], torch.Tensor):
         try:
             return torch.cat(data, dim=0)
@@ -111,7 +113,8 @@ def _slice(data: Any, sl: slice) -> Any:
         items = [_slice(d, sl) for d in data]
         return type(data)(*items) if hasattr(data, "_fields") else type(data)(items)
     if isinstance(data, Mapping):
-        return type(data)({k: _slice(v, sl) for k, v in data.items()})
+        mapping: Any = type(data)  # made from a dict, as torch's collate makes it
+        return mapping({k: _slice(v, sl) for k, v in data.items()})
     return data[sl] if isinstance(data, torch.Tensor) else data
 
 
@@ -156,13 +159,16 @@ def _iterable_loader_class(base: type, dispatch: bool) -> type:
     if key in _LOADERS:
         return _LOADERS[key]
 
-    class _Iterable(base):  # type: ignore[misc, valid-type]
+    class _Iterable(base):  # type: ignore[misc]  # a loader class given at run time
+        _st_restore: Optional[Dict[str, Any]]  # set by `_prepare_iterable` and `load_state_dict`
+        _st_skip: int
+
         def set_epoch(self, epoch: int) -> None:
             self.iteration = epoch
             if hasattr(self.dataset, "set_epoch"):
                 self.dataset.set_epoch(epoch)
 
-        def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+        def __iter__(self) -> Iterator[Any]:
             self.set_epoch(self.iteration)
             restore, self._st_restore = self._st_restore, None
             skip, self._st_skip = self._st_skip, 0
@@ -230,7 +236,7 @@ def _iterable_loader_class(base: type, dispatch: bool) -> type:
                     action = steps.next_action()
                     if action is None:
                         return  # an empty stream ends at once (accelerate fails on it with a ValueError)
-                    if action == "fetch":
+                    if isinstance(action, str):  # "fetch", the one word
                         info: Any = None
                         if reader:  # rank 0 reads the underlying batches of one global batch
                             got = list(itertools.islice(it, steps.group))

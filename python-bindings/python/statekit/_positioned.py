@@ -6,21 +6,23 @@ from __future__ import annotations
 
 import copy
 import json
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Type, TypeVar
 
 from torch.utils.data import DataLoader
 
 from . import _native
 from . import data as _data
+from ._sampler import _torchdata_iter_state
 from .errors import MalformedState
 
 
-def _stateful_loader() -> Optional[type]:
+def _stateful_loader() -> Optional[Type[Any]]:
     try:
         from torchdata.stateful_dataloader import StatefulDataLoader
     except ImportError:
         return None
-    return StatefulDataLoader
+    loader: Type[Any] = StatefulDataLoader
+    return loader
 
 
 def _position_epoch(state: Any) -> Optional[int]:
@@ -48,13 +50,13 @@ def _main_snapshot(state: Any) -> Optional[Dict[str, Any]]:
 
 def _torchdata_form(state: Any) -> Any:
     """``state`` with statekit's position in torchdata's own words where they say all of it
-    (one process, see ``statekit.data._torchdata_iter_state``): the iterator's state as
+    (one process, see ``statekit._sampler._torchdata_iter_state``): the iterator's state as
     torchdata's ``BatchSampler`` iterator records it, and None for the batch sampler, which
     torchdata's keeps no state of. Else ``state`` itself."""
     main = _main_snapshot(state)
     inner = None if main is None else main.get("_sampler_iter_state")
-    words = _data._torchdata_iter_state(inner) if isinstance(inner, dict) and "format" in inner else None
-    if words is None:
+    words = _torchdata_iter_state(inner) if isinstance(inner, dict) and "format" in inner else None
+    if words is None or main is None:  # (no `main`, no words)
         return state
     return _with_main(state, dict(main, _index_sampler_state=None, _sampler_iter_state=words))
 
@@ -66,7 +68,10 @@ def _with_main(state: Dict[str, Any], main: Dict[str, Any]) -> Dict[str, Any]:
     return main
 
 
-def _bare(cls: type) -> Any:
+_T = TypeVar("_T")
+
+
+def _bare(cls: Type[_T]) -> _T:
     """An instance of ``cls`` not yet initialized, which unpickling fills with its attributes
     (accelerate's ``__reduce__`` calls the class on placeholder arguments, which ours would
     build a sampler from)."""
@@ -101,7 +106,8 @@ class _Positioned:
         stateful = _stateful_loader()
         if use_stateful_dataloader and stateful is None:
             raise ImportError("StatefulDataLoader is not available. Please install torchdata version 0.8.0 or higher to use it.")
-        if use_stateful_dataloader or (self._statekit is not None and stateful is not None):
+        # (stateful is None here only where it is not needed: raised above otherwise)
+        if stateful is not None and (use_stateful_dataloader or self._statekit is not None):
             self.base_dataloader = stateful(dataset, **kwargs)
         else:
             self.base_dataloader = DataLoader(dataset, **kwargs)
@@ -115,7 +121,7 @@ class _Positioned:
         # torchdata's loader keeps its last iterator, which does not pickle (torch's keeps none
         # without persistent workers): the copy goes without it, its sampler keeps the position
         state = self.__dict__.copy()
-        base = state.get("base_dataloader")
+        base: Any = state.get("base_dataloader")
         if getattr(base, "_iterator", None) is not None:
             base = state["base_dataloader"] = copy.copy(base)
             base._iterator = None
@@ -135,7 +141,8 @@ class _Positioned:
 
     def __len__(self) -> int:
         if self._statekit is None:
-            return super().__len__()  # type: ignore[misc]
+            n: int = super().__len__()  # type: ignore[misc]  # the loader class mixed in after this one
+            return n
         return max(len(self.base_dataloader) - self._skip, 0)
 
     def state_dict(self) -> Dict[str, Any]:
@@ -148,7 +155,8 @@ class _Positioned:
             if not hasattr(self.base_dataloader, "state_dict"):
                 raise AttributeError("state_dict needs torchdata's StatefulDataLoader (pip install torchdata)")
             self.dl_state_dict = self.base_dataloader.state_dict()
-        return _torchdata_form(self.dl_state_dict)
+        state: Dict[str, Any] = _torchdata_form(self.dl_state_dict)
+        return state
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
         """Continues from ``state_dict``. statekit's position, and torchdata's record of one

@@ -357,7 +357,8 @@ class ShardedBatchSampler:
 
     def state_dict(self) -> Dict[str, Any]:
         """The position and the settings it is valid with (``dataload``'s ``LoaderState``)."""
-        return json.loads(self._native.state_json())
+        state: Dict[str, Any] = json.loads(self._native.state_json())
+        return state
 
     def load_state_dict(self, state_dict: Optional[Dict[str, Any]]) -> None:
         """Continues from ``state_dict``, saved on any world size; settings that differ are
@@ -375,7 +376,9 @@ class ShardedBatchSampler:
             if self._native.needs_generator:
                 # The epoch has not started: its permutation is drawn from the saved running
                 # state, after whatever the DataLoader draws first.
-                _set_state(self._generator, self._native.running_generator())
+                running = self._native.running_generator()
+                assert running is not None  # the loader shuffles from a generator
+                _set_state(self._generator, running)
             else:
                 self._pending = True
 
@@ -390,11 +393,14 @@ class ShardedBatchSampler:
             raise MalformedState(f"torchdata's `samples_yielded` is {n!r}, not a sample count", variant="MalformedState")
         inner = state.get("sampler_iter_state")
         drawn_from = inner.get("generator") if isinstance(inner, dict) else None
-        return json.loads(self._native.torchdata_state(n, None if drawn_from is None else drawn_from.numpy().tobytes()))
+        ours: Dict[str, Any] = json.loads(
+            self._native.torchdata_state(n, None if drawn_from is None else drawn_from.numpy().tobytes()))
+        return ours
 
 
 def _state_bytes(generator: Any) -> bytes:
-    return generator.get_state().numpy().tobytes()
+    state: bytes = generator.get_state().numpy().tobytes()
+    return state
 
 
 def _state_tensor(state: bytes) -> Any:

@@ -48,14 +48,13 @@ draw of the running generator).
 from __future__ import annotations
 
 import copy
-from typing import Any, Callable, Dict, Optional
-
-import torch
-from torch.utils.data import BatchSampler, DataLoader, IterableDataset
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
 
 import accelerate.data_loader as _acc
+import torch
 from accelerate.state import DistributedType, PartialState
 from accelerate.utils import send_to_device
+from torch.utils.data import BatchSampler, DataLoader, IterableDataset
 
 from . import data as _data
 from ._batching import _IGNORED, BatchSamplerShard, _convert, _modelled, _statekit_sampler
@@ -75,13 +74,17 @@ __all__ = [
 _KWARGS = _acc._PYTORCH_DATALOADER_KWARGS
 
 
+# Made by `__getattr__` below (statekit.data's, defined on first use).
+IterableDatasetShard: Any
+
+
 def __getattr__(name: str) -> Any:
     if name == "IterableDatasetShard":
         return _data.IterableDatasetShard
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-class DataLoaderShard(_Positioned, _acc.DataLoaderShard):
+class DataLoaderShard(_Positioned, _acc.DataLoaderShard):  # type: ignore[misc]  # accelerate is untyped
     """accelerate's ``DataLoaderShard`` (same arguments) over statekit's batch sampler.
 
     Made by ``prepare_data_loader``, its batch sampler is this rank's ``ShardedBatchSampler``.
@@ -180,11 +183,12 @@ class DataLoaderShard(_Positioned, _acc.DataLoaderShard):
     @property
     def total_batch_size(self) -> int:
         if self._statekit is None:
-            return super().total_batch_size
+            total: int = super().total_batch_size
+            return total
         return self._total()
 
 
-class DataLoaderDispatcher(_Positioned, _acc.DataLoaderDispatcher):
+class DataLoaderDispatcher(_Positioned, _acc.DataLoaderDispatcher):  # type: ignore[misc]  # accelerate is untyped
     """accelerate's ``DataLoaderDispatcher`` (same arguments).
 
     A map-style dataset: every rank reads its own slice of rank 0's global batches, which
@@ -198,7 +202,7 @@ class DataLoaderDispatcher(_Positioned, _acc.DataLoaderDispatcher):
 
     def __init__(self, dataset: Any, split_batches: bool = False, skip_batches: int = 0,
                  use_stateful_dataloader: bool = False, _drop_last: bool = False, _non_blocking: bool = False,
-                 slice_fn: Optional[Callable] = None, torch_device_mesh: Any = None, iteration: int = 0,
+                 slice_fn: Optional[Callable[..., Any]] = None, torch_device_mesh: Any = None, iteration: int = 0,
                  **kwargs: Any) -> None:
         self.state = PartialState()
         config = _data.DataLoaderConfiguration(dispatch_batches=True, split_batches=split_batches)
@@ -268,7 +272,8 @@ class DataLoaderDispatcher(_Positioned, _acc.DataLoaderDispatcher):
 
     def set_epoch(self, epoch: int) -> None:
         if self._statekit is None:
-            return super().set_epoch(epoch)
+            super().set_epoch(epoch)
+            return
         self.iteration = epoch
         self._statekit.set_epoch(epoch)
         if hasattr(self.dataset, "set_epoch"):  # as accelerate does where the sampler has no set_epoch chain
@@ -280,7 +285,7 @@ class DataLoaderDispatcher(_Positioned, _acc.DataLoaderDispatcher):
     @property
     def total_batch_size(self) -> int:
         if self._statekit is None:
-            bs = self.base_dataloader.batch_size
+            bs: int = self.base_dataloader.batch_size
             return bs if self.split_batches else bs * self.state.num_processes
         return self._total()
 
@@ -288,26 +293,26 @@ class DataLoaderDispatcher(_Positioned, _acc.DataLoaderDispatcher):
 # --- prepare_data_loader, skip_first_batches, patch ------------------------------------------
 
 def prepare_data_loader(
-    dataloader: DataLoader,
+    dataloader: DataLoader[Any],
     device: Optional[torch.device] = None,
     num_processes: Optional[int] = None,
     process_index: Optional[int] = None,
     split_batches: bool = False,
     put_on_device: bool = False,
-    rng_types: Optional[list] = None,
+    rng_types: Optional[List[Any]] = None,
     dispatch_batches: Optional[bool] = None,
     even_batches: bool = True,
-    slice_fn_for_dispatch: Optional[Callable] = None,
+    slice_fn_for_dispatch: Optional[Callable[..., Any]] = None,
     use_seedable_sampler: bool = False,
     data_seed: Optional[int] = None,
     non_blocking: bool = False,
     use_stateful_dataloader: bool = False,
     torch_device_mesh: Any = None,
-) -> DataLoader:
+) -> DataLoader[Any]:
     """accelerate 1.15's ``prepare_data_loader`` (same arguments, same checks and defaults),
     giving this module's loaders. Inputs statekit does not model go to accelerate's own."""
     state = PartialState()
-    dataset = dataloader.dataset
+    dataset: Any = dataloader.dataset  # (becomes statekit's IterableDatasetShard around it)
     iterable = isinstance(dataset, IterableDataset)
     sampler_is_batch_sampler = isinstance(dataloader.sampler, BatchSampler)
     accelerate_only = (
@@ -316,10 +321,11 @@ def prepare_data_loader(
         or (not iterable and (sampler_is_batch_sampler or not _modelled(dataloader.batch_sampler)))
     )
     if accelerate_only:
-        return _acc.prepare_data_loader(
+        theirs: DataLoader[Any] = _acc.prepare_data_loader(
             dataloader, device, num_processes, process_index, split_batches, put_on_device, rng_types,
             dispatch_batches, even_batches, slice_fn_for_dispatch, use_seedable_sampler, data_seed, non_blocking,
             use_stateful_dataloader, torch_device_mesh)
+        return theirs
     if dispatch_batches is None:
         dispatch_batches = False if not put_on_device else iterable
     if dispatch_batches and not put_on_device:
@@ -340,8 +346,8 @@ def prepare_data_loader(
             dataset = _data.IterableDatasetShard(dataset, batch_size=dataloader.batch_size, drop_last=dataloader.drop_last,
                                                  num_processes=world, process_index=rank, split_batches=split_batches)
         kwargs["drop_last"] = dataloader.drop_last
-        kwargs["batch_size"] = (dataloader.batch_size // world if split_batches and not dispatch_batches
-                                else dataloader.batch_size)
+        batch_size: Any = dataloader.batch_size  # None (unbatched) fails in split mode, as in accelerate
+        kwargs["batch_size"] = batch_size // world if split_batches and not dispatch_batches else batch_size
     else:
         config = _data.DataLoaderConfiguration(
             split_batches=split_batches, dispatch_batches=bool(dispatch_batches), even_batches=even_batches,
@@ -394,8 +400,26 @@ class _Patched:
     class, not bound methods stored on the instance, so that the accelerator holds no reference
     to itself and is freed as soon as it is dropped (accelerate's tests check that)."""
 
-    def prepare_data_loader(self, data_loader: DataLoader, device_placement: Optional[bool] = None,
-                            slice_fn_for_dispatch: Optional[Callable] = None) -> Any:
+    if TYPE_CHECKING:  # what the methods read of the accelerator (accelerate's `Accelerator`)
+        _dataloaders: List[Any]
+        device_placement: bool
+        distributed_type: Any
+        device: Any
+        num_processes: int
+        process_index: int
+        split_batches: bool
+        rng_types: List[Any]
+        dispatch_batches: Optional[bool]
+        even_batches: bool
+        use_seedable_sampler: bool
+        dataloader_config: Any
+        non_blocking: bool
+        use_stateful_dataloader: bool
+
+        def _prepare_device_mesh(self) -> Any: ...
+
+    def prepare_data_loader(self, data_loader: DataLoader[Any], device_placement: Optional[bool] = None,
+                            slice_fn_for_dispatch: Optional[Callable[..., Any]] = None) -> Any:
         if getattr(data_loader, "_is_accelerate_prepared", False):
             if data_loader not in self._dataloaders:
                 self._dataloaders.append(data_loader)

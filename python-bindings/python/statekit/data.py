@@ -19,12 +19,7 @@ from typing import Any, Dict, Optional, Tuple
 
 from ._datasets import ArrowDataset, JsonlDataset, ParquetDataset, TokenDataset
 from ._iterable import _CollateEmpty, _iterable_shard_class, _prepare_iterable
-from ._sampler import (  # noqa: F401  (_torchdata_iter_state: for statekit.accelerate)
-    DataLoaderConfiguration,
-    ShardedBatchSampler,
-    _torchdata_iter_state,
-    _world,
-)
+from ._sampler import DataLoaderConfiguration, ShardedBatchSampler, _world
 from .errors import UsageError
 from .mixture import Mixture
 
@@ -70,6 +65,10 @@ def _rank0_settings(mine: Tuple[int, int, bool, bool, DataLoaderConfiguration], 
             length, batch_size, drop_last, shuffle = theirs[0], theirs[1], theirs[2], theirs[3]
             config = DataLoaderConfiguration(**theirs[4])
     return length, batch_size, drop_last, shuffle, config
+
+
+# Made by `__getattr__` below (a class, defined on first use).
+IterableDatasetShard: Any
 
 
 def __getattr__(name: str) -> Any:
@@ -138,7 +137,7 @@ def prepare_data_loader(
     if shuffle and config.use_seedable_sampler and config.data_seed is None:
         config = dataclasses.replace(config, data_seed=torch.initial_seed())
     generator = None
-    if shuffle and not config.use_seedable_sampler:
+    if shuffle and not config.use_seedable_sampler and isinstance(sampler, RandomSampler):  # (a shuffle's is)
         # accelerate's default: the RandomSampler keeps its generator (the DataLoader's), or
         # on more than one rank, not dispatched, gets a fresh one seeded from torch's global
         # generator (on the user's sampler itself, as accelerate does); with one rank or
