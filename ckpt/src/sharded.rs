@@ -27,8 +27,7 @@
 //! has a name no reader takes for a checkpoint. `dir` must not exist yet.
 
 use std::collections::BTreeMap;
-use std::fs::OpenOptions;
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::unix::fs::FileExt;
 use std::path::Path;
 
 use collective::Collective;
@@ -41,6 +40,7 @@ use crate::formats::dcp::metadata::PathElem;
 use crate::formats::dcp::plan::RankFile;
 use crate::formats::dcp::METADATA_NAME;
 use crate::formats::torch::writer;
+use crate::io::fs_error;
 use crate::job::agree_with;
 use crate::outcome::Outcome;
 use crate::shape::numel;
@@ -293,13 +293,7 @@ fn lay_out_tensor(file: &mut RankFile, t: &LocalTensor<'_>) -> Result<Option<(De
 /// fsync.
 fn write_file(file: &RankFile, payloads: &[Option<(u64, &[u8])>], opts: &WriteOptions<'_>) -> Result<()> {
     let path = &file.path;
-    let f = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create_new(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(path)
-        .at(path)?;
+    let f = durable::create_temp(path).map_err(fs_error)?;
     f.set_len(file.len).at(path)?;
     for (at, bytes) in payloads.iter().flatten() {
         f.write_all_at(bytes, *at).at(path)?;

@@ -9,7 +9,7 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, IoContext, Result};
-use crate::write::{random_hex, sync_dir};
+use crate::write::{random_hex, sync_dir, temp_name};
 
 /// A folder being built under a temporary name beside `target`; removed with everything in it
 /// when dropped uncommitted.
@@ -64,7 +64,7 @@ impl StagedFolder {
         };
         let parent = parent_of(&target);
         std::fs::create_dir_all(parent).at(parent)?;
-        let tmp = parent.join(format!(".{name}.{}.tmp", random_hex()));
+        let tmp = fresh_temp(parent, &name);
         std::fs::create_dir(&tmp).at(&tmp)?;
         Ok(StagedFolder { target, tmp: Some(tmp) })
     }
@@ -118,7 +118,7 @@ impl StagedFolder {
     /// leaves it for [`StagedFolder::sweep`]).
     pub(crate) fn can_swap(&self) -> bool {
         let Some(tmp) = &self.tmp else { return false };
-        let probe = parent_of(&self.target).join(format!(".{}.{}.tmp", file_name(&self.target), random_hex()));
+        let probe = fresh_temp(parent_of(&self.target), &file_name(&self.target));
         if std::fs::create_dir(&probe).is_err() {
             return false;
         }
@@ -184,7 +184,7 @@ impl StagedFolder {
                 point(parent, link, interim)?;
             }
         }
-        let old = parent.join(format!(".{name}.{}.tmp", random_hex()));
+        let old = fresh_temp(parent, &name);
         std::fs::rename(&self.target, &old).at(&self.target)?;
         if let Err(e) = std::fs::rename(tmp, &self.target) {
             // Put the old folder back rather than leave the name empty.
@@ -198,7 +198,7 @@ impl StagedFolder {
     /// renamed to a temporary name first (one step), then deleted.
     pub fn discard(dir: impl AsRef<Path>) -> Result<()> {
         let dir = dir.as_ref();
-        let trash = parent_of(dir).join(format!(".{}.{}.tmp", file_name(dir), random_hex()));
+        let trash = fresh_temp(parent_of(dir), &file_name(dir));
         std::fs::rename(dir, &trash).at(dir)?;
         sync_dir(parent_of(dir))?;
         std::fs::remove_dir_all(&trash).at(&trash)
@@ -235,7 +235,7 @@ impl Drop for StagedFolder {
 /// Points the link `parent/link` at `target`: a new link under a temporary name, renamed over
 /// the old one, then the folder fsynced.
 fn point(parent: &Path, link: &str, target: &str) -> Result<()> {
-    let tmp = parent.join(format!(".{link}.{}.tmp", random_hex()));
+    let tmp = fresh_temp(parent, link);
     std::os::unix::fs::symlink(target, &tmp).at(&tmp)?;
     if let Err(e) = std::fs::rename(&tmp, parent.join(link)) {
         let _ = std::fs::remove_file(&tmp);
@@ -265,6 +265,12 @@ pub(crate) fn is_temp_of(name: &str, target: &str) -> bool {
     let Some(rest) = name.strip_prefix('.').and_then(|n| n.strip_prefix(target)) else { return false };
     let Some(hex) = rest.strip_prefix('.').and_then(|r| r.strip_suffix(".tmp")) else { return false };
     hex.len() == 16 && hex.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+/// A new temporary name for `name` in `parent`, in `temp_name`'s form with a fresh token: what
+/// `is_temp_of` and [`StagedFolder::sweep`] recognise.
+fn fresh_temp(parent: &Path, name: &str) -> PathBuf {
+    temp_name(&parent.join(name), &random_hex())
 }
 
 fn parent_of(p: &Path) -> &Path {
