@@ -2,14 +2,17 @@
 current `ckpt` (which checks every record it reads) and by a `ckpt` without the checks, paired and
 alternated on the same inputs as bench/vs_cp.py.
 
-    /opt/statekit-venv/bin/python bench/crc_cost.py --baseline PATH/TO/OLD/ckpt [--pairs 7]
+    /opt/statekit-venv/bin/python bench/crc_cost.py --baseline bench/work/crc-base/target/release/ckpt [--pairs 7]
         [--ops convert,dcp,zero,dcp_tp] [--ckpt target/release/ckpt] [--no-write]
 
-The baseline binary is the same tree with the checks turned off: a copy of it in which
-`Sources::check_extents` and `Sources::check` (ckpt/src/io.rs) return `Ok(())` at once, built with
-`cargo build --release -p statekit-cli` (copying `target/release` there first saves rebuilding
-the dependencies). Runs before 2026-12-03 used `ckpt` built at the commit before the checks
-landed (f1f2783), which differs in more than the checks.
+The baseline binary is the same tree with the checks turned off, the `bench-unchecked` feature
+(bench/all.sh builds it so):
+
+    CARGO_TARGET_DIR=bench/work/crc-base/target cargo build --release -p statekit-cli --features bench-unchecked
+
+(copying `target/release` there first saves rebuilding the dependencies). Runs before 2026-12-04
+used `ckpt` built at the commit before the checks landed (f1f2783), which differs in more than
+the checks, or a copy of the tree with the checks edited out by hand.
 Both sides read the same files, warm in the page cache, and write to a fresh folder, as in
 vs_cp.py (whose inputs, timing and fresh-folder rules this reuses). The table gives the medians
 of wall time and of CPU time (user + system, from `/usr/bin/time -v`): the check's cost is the
@@ -100,7 +103,7 @@ def report(results, pairs, warmup, baseline, loads):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--baseline", required=True, help="ckpt built at the commit before the CRC checks")
+    ap.add_argument("--baseline", required=True, help="ckpt built with --features bench-unchecked")
     ap.add_argument("--pairs", type=int, default=7)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--ops", default=",".join(OPS))

@@ -3,13 +3,14 @@
 //! A check on its own reads every byte of a record from memory once more than the copy does,
 //! which on a machine whose memory bandwidth is the limit costs nearly as much as the copy
 //! (bench/RESULTS-crc.md). So a range copy whose source bytes belong to records not yet checked
-//! goes through the memory map in small chunks instead of `copy_file_range`: each chunk is
-//! hashed while it sits in the cache, then written from there, so the bytes are read once for
-//! both. Each copy keeps the CRC of every stretch of a record it passed; once all copies are
-//! done, [`PassCheck::finish`] joins each record's stretches in order (CRC32s combine), hashes
-//! from the map the bytes no copy passed (the part of a record outside the tensor, or what a
-//! gather reads), and compares. A damaged record is refused with the error the up-front check
-//! gives, before anything is committed.
+//! does not use `copy_file_range`: it reads the source into a small buffer (`pread`), hashes the
+//! buffer while it sits in the cache, and writes it from there, so the bytes are read from memory
+//! once for both. A buffer and not the memory map: faulting the map in and releasing it chunk by
+//! chunk costs more system time than the copy itself. Each copy keeps the CRC of every stretch of
+//! a record it passed; once all copies are done, [`PassCheck::finish`] joins each record's
+//! stretches in order (CRC32s combine), hashes from the map the bytes no copy passed (the part of
+//! a record outside the tensor, or what a gather reads), and compares. A damaged record is
+//! refused with the error the up-front check gives, before anything is committed.
 //!
 //! Records no copy touches (those only gathers read) are checked beside the copies as before,
 //! in parallel pieces (`Sources::check_extents`).
@@ -26,17 +27,20 @@ use crate::error::{short_source, Error, IoContext, Result};
 use crate::io::Sources;
 use crate::write::RangeCopy;
 
-/// A copy hashes and writes this many bytes at a time: small enough that the bytes it hashed
-/// are still in the cache when it writes them.
-const CHUNK: u64 = 256 << 10;
+/// A copy reads, hashes and writes this many bytes at a time: small enough that the bytes it
+/// hashed are still in the cache when it writes them.
+const CHUNK: usize = 256 << 10;
 
-/// The largest page-cache folio a fault maps at once (a PMD): touching a chunk's first byte maps
-/// the whole folio around it, bytes of the chunks before included, so each release reaches back
-/// this far (within the copy) for the resident pages to stay about a chunk's worth.
-const FOLIO: u64 = 2 << 20;
+thread_local! {
+    /// Each copying thread's chunk buffer, allocated once: an allocation this size per copy
+    /// would be a fresh mapping (and its page faults) each time.
+    static BUFFER: std::cell::RefCell<Vec<u8>> = std::cell::RefCell::new(vec![0; CHUNK]);
+}
 
 /// The records an operation's range copies read, each hashed as the copies pass it.
 pub(crate) struct PassCheck<'s> {
+    /// The files the copies read.
+    srcs: &'s Sources<'s>,
     /// Each file as the checks see it (none: nothing to check in it).
     sources: Vec<Option<Source<'s>>>,
     /// Per file, the sorted indices of the records the copies touch and that were not checked.
@@ -55,7 +59,7 @@ struct Stretch {
 impl<'s> PassCheck<'s> {
     /// The unchecked records that the `(file, offset, len)` extents of the range copies touch.
     /// Extents of bytes held in memory are not in a file and have no records.
-    pub(crate) fn new(srcs: &'s Sources<'_>, copies: &[(usize, u64, u64)]) -> Result<PassCheck<'s>> {
+    pub(crate) fn new(srcs: &'s Sources<'s>, copies: &[(usize, u64, u64)]) -> Result<PassCheck<'s>> {
         let sources = srcs.checked()?;
         let mut passed: Vec<Vec<usize>> = sources.iter().map(|_| Vec::new()).collect();
         for &(s, off, len) in copies {
@@ -69,7 +73,7 @@ impl<'s> PassCheck<'s> {
             p.sort_unstable();
             p.dedup();
         }
-        Ok(PassCheck { sources, passed, stretches: Mutex::new(Vec::new()) })
+        Ok(PassCheck { srcs, sources, passed, stretches: Mutex::new(Vec::new()) })
     }
 
     /// The extents of the records `extents` touch that no copy passes: what is left for the
@@ -94,7 +98,7 @@ impl<'s> PassCheck<'s> {
         todo
     }
 
-    /// Copies `c` into `dst` through the map, hashing the records it passes, when its source
+    /// Copies `c` into `dst` through a buffer, hashing the records it passes, when its source
     /// bytes hold any; false (nothing done) otherwise, for the caller's own copy.
     pub(crate) fn copy(
         &self,
@@ -113,29 +117,37 @@ impl<'s> PassCheck<'s> {
         if !touched.iter().any(|i| passed.binary_search(i).is_ok()) || src.map.get(c.src_off, c.len).is_none() {
             return Ok(false);
         }
-        let mut open: Vec<(usize, Stretch)> = Vec::new();
-        let mut done = 0u64;
-        while done < c.len {
-            let (at, n) = (c.src_off + done, (c.len - done).min(CHUNK));
-            let bytes = src.map.get(at, n).ok_or_else(|| short_source(src.path, at))?;
-            touched.clear();
-            src.checks.pending(at, n, &mut touched);
-            for &i in touched.iter().filter(|i| passed.binary_search(i).is_ok()) {
-                let Some(r) = src.checks.record(i) else { continue };
-                let lo = r.offset.max(at);
-                let hi = r.offset.saturating_add(r.len).min(at + n);
-                if let Some(part) = bytes.get((lo - at) as usize..(hi - at) as usize) {
-                    hash_into(&mut open, i, lo, part);
+        let (file, src_path) = self.srcs.file(c.src)?;
+        let open = BUFFER.with(|buffer| -> Result<Vec<(usize, Stretch)>> {
+            let mut buffer = buffer.borrow_mut();
+            let mut open: Vec<(usize, Stretch)> = Vec::new();
+            let mut done = 0u64;
+            while done < c.len {
+                let at = c.src_off + done;
+                let n = (c.len - done).min(CHUNK as u64);
+                let bytes = &mut buffer[..n as usize];
+                match file.read_exact_at(bytes, at) {
+                    Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Err(short_source(src_path, at)),
+                    read => read.at(src_path)?,
+                }
+                touched.clear();
+                src.checks.pending(at, n, &mut touched);
+                for &i in touched.iter().filter(|i| passed.binary_search(i).is_ok()) {
+                    let Some(r) = src.checks.record(i) else { continue };
+                    let lo = r.offset.max(at);
+                    let hi = r.offset.saturating_add(r.len).min(at + n);
+                    if let Some(part) = bytes.get((lo - at) as usize..(hi - at) as usize) {
+                        hash_into(&mut open, i, lo, part);
+                    }
+                }
+                dst.write_all_at(bytes, c.dst_off + done).at(dst_path)?;
+                done += n;
+                if let Some(p) = progress {
+                    p(n);
                 }
             }
-            dst.write_all_at(bytes, c.dst_off + done).at(dst_path)?;
-            let from = (at - at % FOLIO).max(c.src_off);
-            src.map.release(from, at + n - from);
-            done += n;
-            if let Some(p) = progress {
-                p(n);
-            }
-        }
+            Ok(open)
+        })?;
         let mut all = self.stretches.lock().unwrap_or_else(|e| e.into_inner());
         all.extend(open.into_iter().map(|(i, s)| (c.src, i, s)));
         Ok(true)

@@ -17,6 +17,8 @@ from accelerate import Accelerator
 from accelerate.utils import DataLoaderConfiguration, InitProcessGroupKwargs
 from torch.utils.data import DataLoader
 
+from job_workers import workers
+
 
 def main():
     out, configs = sys.argv[1], json.loads(sys.argv[2])
@@ -24,7 +26,7 @@ def main():
         cfg = DataLoaderConfiguration(use_stateful_dataloader=True, use_seedable_sampler=True, data_seed=c["seed"])
         acc = Accelerator(cpu=True, dataloader_config=cfg, kwargs_handlers=[InitProcessGroupKwargs(backend="gloo")])
         base = DataLoader(list(range(c["len"])), batch_size=c["batch_size"], shuffle=True, drop_last=c["drop_last"],
-                          num_workers=c.get("workers", 0))
+                          **workers(c.get("workers", 0)))
         dl = acc.prepare(base)
         for _ in range(c["epoch"]):
             for _ in dl:

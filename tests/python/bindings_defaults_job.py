@@ -26,6 +26,8 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from statekit.data import DataLoaderConfiguration, prepare_data_loader
 
+from job_workers import workers
+
 EPOCHS = 3
 # world None: torchrun's; 1: a one-process loader on each rank (no generator given: torch's
 # RandomSampler draws each epoch's seed from the global generator)
@@ -64,7 +66,7 @@ def fresh(c, rank, salt=0):
     torch.manual_seed(1000 + 17 * rank + salt)
     g = torch.Generator().manual_seed(77 + 5 * rank + salt) if c["user_gen"] else None
     dl = DataLoader(range(c["n"]), batch_size=c["bs"], shuffle=True, drop_last=c["drop_last"], generator=g,
-                    num_workers=c["workers"])
+                    **workers(c["workers"]))
     return dl, g
 
 

@@ -19,6 +19,8 @@ from torch.utils.data import DataLoader
 
 from statekit.data import DataLoaderConfiguration, prepare_data_loader
 
+from job_workers import workers
+
 # n, batch size, split_batches, shuffle, drop_last, even_batches, seed (per rank: seed + rank *
 # seed_step, which only rank 0's counts in accelerate), workers
 CONFIGS = [
@@ -41,7 +43,8 @@ TINY = [
 
 
 def loader(c):
-    return DataLoader(range(c["n"]), batch_size=c["bs"], shuffle=c["shuffle"], drop_last=c["drop_last"], num_workers=c["workers"])
+    return DataLoader(range(c["n"]), batch_size=c["bs"], shuffle=c["shuffle"], drop_last=c["drop_last"],
+                      **workers(c["workers"]))
 
 
 def main(out, configs):

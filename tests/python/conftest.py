@@ -2,6 +2,7 @@
 Python tools (torch, safetensors, huggingface_hub) and compare bytes."""
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -40,7 +41,17 @@ def torchrun(nproc: int, script, *args, env=None, timeout: int = 300, cwd=None) 
     full = {**os.environ, "PATH": f"{VENV_BIN}:{os.environ.get('PATH', '')}", "OMP_NUM_THREADS": "1", **(env or {})}
     cmd = [str(VENV_BIN / "torchrun"), "--nproc_per_node", str(nproc), "--master_addr", "127.0.0.1",
            "--master_port", str(port), str(script), *map(str, args)]
-    return subprocess.run(cmd, capture_output=True, text=True, env=full, timeout=timeout, cwd=cwd)
+    # A session of its own, so that a job past its timeout is killed whole: killing torchrun
+    # alone would leave its ranks running (and holding their port) after the test failed.
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full, cwd=cwd,
+                          start_new_session=True) as proc:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, err = proc.communicate()
+            raise subprocess.TimeoutExpired(cmd, timeout, out, err) from None
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
 def files_of(d: Path) -> dict:
