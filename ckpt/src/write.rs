@@ -1,19 +1,19 @@
 //! Executing a copy plan: streaming, parallel, atomic.
 //!
-//! A plan is a list of target files, each an encoded header followed by range copies from
-//! source files. Every target is written under a temporary name in its own folder, filled by
-//! kernel copies (`copy_file_range`) or, where the kernel refuses, from a memory map in windows
-//! whose pages are dropped once written; bytes whose CRC32 is still to be checked go through a
-//! buffer that is hashed on the way (`crc_pass.rs`). Then each target is fsynced. Only when every
-//! target is complete are the temporaries renamed into place, and the index written last with
-//! the same temp-fsync-rename dance; a previous checkpoint's files that nothing replaced are
-//! removed after that. A `kill -9` at any point leaves the previous checkpoint or the new one (plus at worst
-//! `.tmp` files and the old set's unreferenced shards, which no reader mistakes for a
-//! checkpoint). One case cannot be atomic without replacing the whole folder: when new files
-//! take old files' names (or a sharded set becomes one file), the old index is removed before
-//! the renames, so a kill in between leaves no index, never an index that describes a mixed
-//! set. That is the path for a folder that also holds files of others: a folder holding only
-//! the previous checkpoint is replaced whole instead, by a swap (`stage.rs`).
+//! A plan is a list of target files, each an encoded header followed by range copies from source
+//! files. Every target is written under a temporary name in its own folder, filled by kernel copies
+//! (`copy_file_range`) or, where the kernel refuses, from a memory map in windows whose pages are
+//! dropped once written; bytes whose CRC32 is still to be checked go through a buffer that is
+//! hashed on the way (`crc_pass.rs`). Then each target is fsynced. Only when every target is
+//! complete are the temporaries renamed into place, and the index written last with the same
+//! temp-fsync-rename dance; a previous checkpoint's files that nothing replaced are removed after
+//! that. A `kill -9` at any point leaves the previous checkpoint or the new one (plus at worst
+//! `.tmp` files and the old set's unreferenced shards, which no reader mistakes for a checkpoint).
+//! One case cannot be atomic without replacing the whole folder: when new files take old files'
+//! names (or a sharded set becomes one file), the old index is removed before the renames, so a
+//! kill in between leaves no index, never an index that describes a mixed set. That is the path for
+//! a folder that also holds files of others: a folder holding only the previous checkpoint is
+//! replaced whole instead, by a swap (`stage.rs`).
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
