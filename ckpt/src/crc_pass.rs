@@ -23,7 +23,7 @@ use std::sync::Mutex;
 use rayon::prelude::*;
 
 use crate::checksum::{crc_of, Source};
-use crate::error::{short_source, Error, IoContext, Result};
+use crate::error::{Error, IoContext, Result};
 use crate::io::Sources;
 use crate::write::RangeCopy;
 
@@ -117,7 +117,6 @@ impl<'s> PassCheck<'s> {
         if !touched.iter().any(|i| passed.binary_search(i).is_ok()) || src.map.get(c.src_off, c.len).is_none() {
             return Ok(false);
         }
-        let (file, src_path) = self.srcs.file(c.src)?;
         let open = BUFFER.with(|buffer| -> Result<Vec<(usize, Stretch)>> {
             let mut buffer = buffer.borrow_mut();
             let mut open: Vec<(usize, Stretch)> = Vec::new();
@@ -126,10 +125,7 @@ impl<'s> PassCheck<'s> {
                 let at = c.src_off + done;
                 let n = (c.len - done).min(CHUNK as u64);
                 let bytes = &mut buffer[..n as usize];
-                match file.read_exact_at(bytes, at) {
-                    Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Err(short_source(src_path, at)),
-                    read => read.at(src_path)?,
-                }
+                self.srcs.read_unchecked(c.src, at, bytes)?;
                 touched.clear();
                 src.checks.pending(at, n, &mut touched);
                 for &i in touched.iter().filter(|i| passed.binary_search(i).is_ok()) {
