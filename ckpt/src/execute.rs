@@ -344,8 +344,10 @@ fn sweep_leftovers(plan: &Plan, stage: &Stage) {
         outs.push(dir.clone());
     }
     // The folder a previous run swapped out may be left beside the targets' folder even when
-    // this run writes in place (something unmanaged appeared in it since).
+    // this run writes in place (something unmanaged appeared in it since). Not for a named
+    // file: nothing outside its own folder is ours to touch.
     let folder = plan.targets.first().and_then(|t| t.path.parent()).filter(|d| !d.as_os_str().is_empty());
+    let folder = folder.filter(|_| !plan.writes_named_file());
     if let Some(folder) = folder.filter(|f| plan.targets.iter().all(|t| t.path.parent() == Some(*f))) {
         if !outs.iter().any(|o| o == folder) && folder.file_name().is_some() {
             outs.push(folder.to_path_buf());
@@ -497,5 +499,29 @@ mod tests {
         let mut names: Vec<_> = std::fs::read_dir(&out).unwrap().map(|e| e.unwrap().file_name()).collect();
         names.sort();
         assert_eq!(names, ["a.bin", "index.json"].map(std::ffi::OsString::from));
+    }
+
+    #[test]
+    fn a_named_file_lands_by_one_rename_and_a_failure_takes_back_the_folders_it_made() {
+        let tmp = tempfile::tempdir().unwrap();
+        let ck = source(tmp.path());
+        let out = tmp.path().join("new/deeper/m.bin");
+        let (_, at) = ck.tensors()[0].location().unwrap();
+        let file = |src_off: u64| {
+            let mut t = TargetFile::new(out.clone(), Vec::new(), 64);
+            t.copies.push(RangeCopy { src: 0, src_off, dst_off: 0, len: 64 });
+            Plan { targets: vec![t], named: vec![out.clone()], ..Plan::default() }
+        };
+        // Reading past the end of the source fails midway: the folders made for it go too.
+        let err = execute(&file(1 << 20), &ck, &WriteOptions::default()).unwrap_err();
+        assert!(err.to_string().contains("while copying"), "{err}");
+        let left: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(left, vec![std::ffi::OsString::from("src.safetensors")], "no folder, no temporary left");
+
+        execute(&file(at), &ck, &WriteOptions::default()).unwrap();
+        assert_eq!(std::fs::read(&out).unwrap(), [7u8; 64]);
+        let mut left: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+        left.sort();
+        assert_eq!(left, ["new", "src.safetensors"].map(std::ffi::OsString::from), "nothing staged beside");
     }
 }

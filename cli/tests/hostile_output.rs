@@ -388,3 +388,69 @@ fn shards_without_their_index_are_not_a_checkpoint() {
     let out = bounded(&["verify", s(&tmp.path().join(shard))]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
 }
+
+// A file output changes nothing but its own folder's entries.
+
+/// The entries of `dir` (names only, sorted) and its inode.
+fn entries_and_inode(dir: &Path) -> (Vec<String>, u64) {
+    use std::os::unix::fs::MetadataExt;
+    let mut names: Vec<String> =
+        std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    names.sort();
+    (names, std::fs::metadata(dir).unwrap().ino())
+}
+
+#[test]
+fn a_file_output_is_renamed_into_its_own_folder_which_keeps_its_inode() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src.safetensors");
+    let new = write_checkpoint(&src, 3, 64, 7);
+    // The folder holds only the previous output: once swapped whole, now replaced by one rename.
+    let o3 = tmp.path().join("o3");
+    std::fs::create_dir(&o3).unwrap();
+    let out = o3.join("merged.safetensors");
+    write_checkpoint(&out, 2, 16, 1);
+    let (above, _) = entries_and_inode(tmp.path());
+    let (_, ino) = entries_and_inode(&o3);
+    for op in ["merge", "convert"] {
+        let done = run(&[op, s(&src), s(&out)]);
+        assert!(done.status.success(), "{op}: {}", stderr(&done));
+        assert_eq!(std::fs::read(&out).unwrap(), new, "{op}");
+        assert_eq!(
+            entries_and_inode(&o3),
+            (vec!["merged.safetensors".to_string()], ino),
+            "{op}: same folder, one file"
+        );
+        assert_eq!(entries_and_inode(tmp.path()).0, above, "{op}: nothing created or left beside the folder");
+    }
+}
+
+#[test]
+fn merge_with_the_optimizer_writes_both_files_inside_the_named_folder_only() {
+    let tmp = tempfile::tempdir().unwrap();
+    let o3 = tmp.path().join("o3");
+    std::fs::create_dir(&o3).unwrap();
+    let out = o3.join("model.safetensors");
+    let src = fixtures().join("accelerate/bin");
+    for round in 0..2 {
+        let (_, ino) = entries_and_inode(&o3);
+        let done = run(&["merge", "--optimizer", s(&src), s(&out)]);
+        assert!(done.status.success(), "round {round}: {}", stderr(&done));
+        let want = vec!["model.safetensors".to_string(), "optimizer.safetensors".to_string()];
+        assert_eq!(entries_and_inode(&o3), (want, ino), "round {round}");
+        assert_eq!(entries_and_inode(tmp.path()).0, ["o3"], "round {round}: nothing beside the folder");
+    }
+}
+
+#[test]
+fn a_file_output_makes_its_missing_folders_in_place_and_nothing_beside_them() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src.safetensors");
+    let new = write_checkpoint(&src, 2, 32, 3);
+    let out = tmp.path().join("new/deeper/m.safetensors");
+    let done = run(&["merge", s(&src), s(&out)]);
+    assert!(done.status.success(), "{}", stderr(&done));
+    assert_eq!(std::fs::read(&out).unwrap(), new);
+    assert_eq!(entries_and_inode(tmp.path()).0, ["new", "src.safetensors"]);
+    assert_eq!(entries_and_inode(&tmp.path().join("new/deeper")).0, ["m.safetensors"]);
+}

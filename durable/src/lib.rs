@@ -20,6 +20,8 @@
 //! * [`create_new`], [`write_new`] and [`copy_new`] make a file that must not exist yet (inside
 //!   a folder that is itself staged and renamed into place); [`sync_dir`], [`remove_if_there`],
 //!   [`temp_name`] and [`random_hex`] are the steps the callers' own protocols share.
+//! * [`NewFolders`] makes the folders a new file needs where they are missing, and takes them
+//!   back (while empty) when the file never lands.
 //!
 //! Every error names the file it is about; callers map [`Error`] into their own error enum at
 //! their edge.
@@ -27,10 +29,12 @@
 #![warn(missing_docs, unreachable_pub)]
 
 mod error;
+mod folders;
 mod open;
 mod write;
 
 pub use error::{Error, FileKind, Result};
+pub use folders::NewFolders;
 pub use open::{open_regular, read_capped};
 pub use write::{
     copy_new, create_new, create_temp, random_hex, remove_if_there, sync_dir, temp_name, write_atomic, write_new,
