@@ -454,3 +454,74 @@ fn a_file_output_makes_its_missing_folders_in_place_and_nothing_beside_them() {
     assert_eq!(entries_and_inode(tmp.path()).0, ["new", "src.safetensors"]);
     assert_eq!(entries_and_inode(&tmp.path().join("new/deeper")).0, ["m.safetensors"]);
 }
+
+/// Every hostile input of the earlier rounds, merged and converted into a file whose folder
+/// holds only a previous output (the case that was once swapped whole): whether the command
+/// succeeds or is refused, the folder keeps its inode, nothing appears or is left beside it,
+/// and a refusal leaves the previous output as it was.
+#[test]
+fn no_hostile_input_makes_a_file_output_touch_anything_beside_its_folder() {
+    let mut inputs: Vec<PathBuf> = Vec::new();
+    for corpus in std::fs::read_dir(fixtures().join("hostile")).unwrap() {
+        let corpus = corpus.unwrap().path();
+        // Data files, not checkpoints: the loaders' own hostile tests cover them.
+        if ["dataload", "package"].iter().any(|d| corpus.ends_with(d)) {
+            continue;
+        }
+        inputs.extend(std::fs::read_dir(&corpus).unwrap().map(|e| e.unwrap().path()));
+    }
+    inputs.sort();
+    assert!(inputs.len() >= 70, "the corpora are there: {}", inputs.len());
+    // Each input in a folder of its own, four at a time: a few hundred runs of the binary.
+    let refused = std::sync::atomic::AtomicUsize::new(0);
+    let runs = std::sync::atomic::AtomicUsize::new(0);
+    std::thread::scope(|scope| {
+        for part in inputs.chunks(inputs.len().div_ceil(4)) {
+            let (refused, runs) = (&refused, &runs);
+            scope.spawn(move || {
+                for input in part {
+                    let n = nothing_beside_a_file_output(input);
+                    refused.fetch_add(n.0, std::sync::atomic::Ordering::Relaxed);
+                    runs.fetch_add(n.1, std::sync::atomic::Ordering::Relaxed);
+                }
+            });
+        }
+    });
+    let (refused, runs) = (refused.into_inner(), runs.into_inner());
+    assert!(2 * refused > runs, "most hostile inputs are refused: {refused} of {runs}");
+}
+
+/// The check above for one input; returns how many of its runs were refused, of how many.
+fn nothing_beside_a_file_output(input: &Path) -> (usize, usize) {
+    let tmp = tempfile::tempdir().unwrap();
+    let out_dir = tmp.path().join("o3");
+    std::fs::create_dir(&out_dir).unwrap();
+    let out = out_dir.join("merged.safetensors");
+    let previous = write_checkpoint(&out, 1, 8, 9);
+    let (_, ino) = entries_and_inode(&out_dir);
+    // `--optimizer` writes a second file beside the first, from the formats that have one.
+    let with_optimizer = ["accelerate", "deepspeed", "round2"].iter().any(|c| input.parent().unwrap().ends_with(c));
+    let ops: &[&[&str]] = match with_optimizer {
+        true => &[&["merge"], &["merge", "--optimizer"], &["convert"]],
+        false => &[&["merge"], &["convert"]],
+    };
+    let mut refused = 0;
+    for op in ops {
+        let what = format!("{} {}", op.join(" "), input.display());
+        let done = bounded(&[op, &[s(input), s(&out)][..]].concat());
+        let (names, now) = entries_and_inode(&out_dir);
+        assert_eq!(now, ino, "{what}: the output's folder was replaced");
+        assert_eq!(entries_and_inode(tmp.path()).0, ["o3"], "{what}: something beside the folder");
+        let ours = ["merged.safetensors", "optimizer.safetensors"];
+        assert!(names.iter().all(|n| ours.contains(&n.as_str())), "{what}: left {names:?}");
+        if done.status.success() {
+            // Back to the previous output, so that every refusal is checked against it.
+            std::fs::write(&out, &previous).unwrap();
+            let _ = std::fs::remove_file(out_dir.join("optimizer.safetensors"));
+        } else {
+            refused += 1;
+            assert_eq!(std::fs::read(&out).unwrap(), previous, "{what}: a refusal changed the output");
+        }
+    }
+    (refused, ops.len())
+}
