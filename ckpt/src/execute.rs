@@ -16,9 +16,10 @@ use rayon::prelude::*;
 use crate::catalog::Checkpoint;
 use crate::crc_pass::PassCheck;
 use crate::error::{Error, IoContext, Result};
+use crate::fault::{self, Phase};
 use crate::io::Sources;
 use crate::job::{agree, Job};
-use crate::shares::{Part, Share};
+use crate::shares::Share;
 use crate::stage::Stage;
 use crate::staged::is_temp_of;
 use crate::sys;
@@ -66,6 +67,7 @@ pub(crate) fn execute_from(
     }
     let mine = &shares[rank as usize];
     let at = plan.outputs().first().cloned().unwrap_or_default();
+    fault::at(Phase::Plan, rank, &at)?;
     let manifest = plan.targets.first().and_then(|t| t.path.parent()).map(|d| d.join(crate::manifest::MANIFEST_NAME));
     let manifest = manifest.filter(|_| opts.checksums);
     let gathered =
@@ -73,12 +75,13 @@ pub(crate) fn execute_from(
 
     // 1. Checks on every rank (cheap, and the same everywhere); the stage from rank 0.
     let fingerprints = gathered(fingerprint(plan).to_le_bytes().to_vec())?;
-    let checked = check(plan, members, manifest.as_ref()).and_then(|()| {
-        match fingerprints.iter().all(|f| *f == fingerprints[0]) || fingerprints[rank as usize] == fingerprints[0] {
-            true => Ok(()),
-            false => Err(Error::PlanMismatch { path: at.clone(), rank }),
-        }
-    });
+    let checked =
+        check(plan, members, manifest.as_ref()).and_then(|()| fault::at(Phase::Stage, rank, &at)).and_then(|()| {
+            match fingerprints.iter().all(|f| *f == fingerprints[0]) || fingerprints[rank as usize] == fingerprints[0] {
+                true => Ok(()),
+                false => Err(Error::PlanMismatch { path: at.clone(), rank }),
+            }
+        });
     // A folder the plan creates (or replaces whole) is built under a temporary name and put in
     // place once everything in it is complete, so a failure or a kill never leaves half of one
     // behind (see `stage.rs`).
@@ -95,7 +98,8 @@ pub(crate) fn execute_from(
     let temp = |t: &TargetFile| temp_name(&stage.place(&t.path), &stage.token);
 
     // 2. Owners create their targets' temporaries: sized, with the header.
-    let mut owned = agree(comm, &at, create_owned(plan, mine, &temp))?;
+    let created = create_owned(plan, mine, &temp).and_then(|t| fault::at(Phase::Create, rank, &at).map(|()| t));
+    let mut owned = agree(comm, &at, created)?;
 
     // 3. Every rank fills its parts and makes them durable. One rank shows the whole job's
     // progress, from the blocks the temporaries hold, until every rank is done.
@@ -107,13 +111,14 @@ pub(crate) fn execute_from(
     })?;
 
     // 4. Owners seal, make durable and hash their targets.
-    let sums = agree(comm, &at, seal_owned(plan, &owned, opts.checksums))?;
+    let sealed = seal_owned(plan, &owned, opts.checksums).and_then(|s| fault::at(Phase::Seal, rank, &at).map(|()| s));
+    let sums = agree(comm, &at, sealed)?;
     let sums = gathered(sums.iter().flat_map(|(ti, s)| format!("{ti} {s}\n").into_bytes()).collect())?;
 
     // 5. Rank 0 commits; every rank keeps its temporaries until it has renamed them (after a
     // failed commit, each removes those of its own still there).
     let committed = match rank {
-        0 => commit(plan, &stage, opts, manifest, &sums),
+        0 => fault::at(Phase::Commit, rank, &at).and_then(|()| commit(plan, &stage, opts, manifest, &sums)),
         _ => Ok(()),
     };
     let committed = agree(comm, &at, committed);
@@ -182,11 +187,14 @@ fn fill_share(
     let pass = PassCheck::new(srcs, &copies)?;
     let rest = pass.rest(copies.iter().copied().chain(gathered));
     let (checked, copied) =
-        rayon::join(|| srcs.check_extents(rest), || fill(&mine.parts, srcs, &files, copy, &pass, progress));
+        rayon::join(|| srcs.check_extents(rest), || fill(mine, srcs, &files, copy, &pass, progress));
     checked?;
     pass.finish()?;
     copied?;
-    files.par_iter().flatten().try_for_each(|(p, f)| f.sync_all().at(p))
+    files
+        .par_iter()
+        .flatten()
+        .try_for_each(|(p, f)| f.sync_all().at(p).and_then(|()| fault::at(Phase::Fsync, mine.rank, p)))
 }
 
 /// Step 4: the owned targets sealed (torch's CRCs, from the bytes every rank wrote) and made
@@ -205,10 +213,10 @@ fn seal_owned(plan: &Plan, owned: &TempSet, checksums: bool) -> Result<Vec<(usiz
     owned.files.par_iter().map(|(p, _, ti)| Ok((*ti, crate::manifest::sha256_file(p)?))).collect()
 }
 
-/// Fills this rank's `parts` of the plan's targets (open in `files`, by target): the range
+/// Fills this rank's parts of the plan's targets (open in `files`, by target): the range
 /// copies, then the gathers, each in parallel pieces.
 fn fill(
-    parts: &[Part],
+    mine: &Share,
     srcs: &Sources<'_>,
     files: &[Option<(PathBuf, File)>],
     copy: CopyMethod,
@@ -220,6 +228,7 @@ fn fill(
             .as_ref()
             .ok_or_else(|| Error::Io { path: PathBuf::new(), source: std::io::ErrorKind::NotFound.into() })
     };
+    let parts = &mine.parts;
     let mut pieces = Vec::new();
     for p in parts {
         for c in &p.copies {
@@ -237,6 +246,7 @@ fn fill(
     let kernel_ok = AtomicBool::new(copy == CopyMethod::Auto);
     pieces.par_iter().try_for_each(|(ti, c)| {
         let (dst_path, dst) = file(*ti)?;
+        fault::at(Phase::Copy, mine.rank, dst_path)?;
         if pass.copy(dst, dst_path, c, progress)? {
             sys::start_writeback(dst, c.dst_off, c.len);
             return Ok(());

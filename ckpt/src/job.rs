@@ -104,6 +104,13 @@ impl<'a> Job<'a> {
         agree_with(self.comm, at, mine, say, |rank, _| lift(Error::OtherRank { rank }), &lift)
     }
 
+    /// The fault switch's `open` point, for an edge to call once this rank has opened its
+    /// source `src`: in a test build, the error `STATEKIT_FAULT=RANK:open` asks this rank for;
+    /// `Ok` otherwise, and always in a release build (see `ckpt/src/fault.rs`).
+    pub fn fault_at_open(&self, src: &Path) -> Result<()> {
+        crate::fault::at(crate::fault::Phase::Open, self.rank(), src)
+    }
+
     pub(crate) fn comm(&self) -> &dyn Collective {
         self.comm
     }
