@@ -58,8 +58,7 @@ pub(crate) fn execute_from(
 ) -> Result<()> {
     let solo = Job::solo();
     let job = opts.job.unwrap_or(&solo);
-    let comm = job.comm();
-    let (rank, n) = (comm.rank(), comm.world_size());
+    let (rank, n) = (job.rank(), job.world_size());
     let shares = crate::shares::deal(plan, n);
     job.record(plan, &shares);
     if job.is_dry_run() {
@@ -70,8 +69,7 @@ pub(crate) fn execute_from(
     fault::at(Phase::Plan, rank, &at)?;
     let manifest = plan.targets.first().and_then(|t| t.path.parent()).map(|d| d.join(crate::manifest::MANIFEST_NAME));
     let manifest = manifest.filter(|_| opts.checksums);
-    let gathered =
-        |bytes: Vec<u8>| comm.all_gather(bytes).map_err(|source| Error::Collective { dir: at.clone(), source });
+    let gathered = |bytes: Vec<u8>| job.exchange(&at, bytes);
 
     // 1. Checks on every rank (cheap, and the same everywhere); the stage from rank 0.
     let fingerprints = gathered(fingerprint(plan).to_le_bytes().to_vec())?;
@@ -90,16 +88,14 @@ pub(crate) fn execute_from(
         _ => Ok(Stage::default()),
     };
     let said = staged.as_ref().map(Stage::said).unwrap_or_default();
-    let said = comm
-        .broadcast(0, (rank == 0).then_some(said))
-        .map_err(|source| Error::Collective { dir: at.clone(), source })?;
-    let staged = agree(comm, &at, checked.and(staged))?;
+    let said = from_root(job, &at, said)?;
+    let staged = agree(job, &at, checked.and(staged))?;
     let stage = if rank == 0 { staged } else { Stage::heard(&said) };
     let temp = |t: &TargetFile| temp_name(&stage.place(&t.path), &stage.token);
 
     // 2. Owners create their targets' temporaries: sized, with the header.
     let created = create_owned(plan, mine, &temp).and_then(|t| fault::at(Phase::Create, rank, &at).map(|()| t));
-    let mut owned = agree(comm, &at, created)?;
+    let mut owned = agree(job, &at, created)?;
 
     // 3. Every rank fills its parts and makes them durable. One rank shows the whole job's
     // progress, from the blocks the temporaries hold, until every rank is done.
@@ -107,12 +103,12 @@ pub(crate) fn execute_from(
     let progress = if n == 1 { opts.progress } else { None };
     watch_progress(n > 1 && rank == 0, opts.progress, &watched, plan, || {
         let filled = fill_share(plan, mine, &owned, &temp, srcs, opts.copy, progress);
-        agree(comm, &at, filled)
+        agree(job, &at, filled)
     })?;
 
     // 4. Owners seal, make durable and hash their targets.
     let sealed = seal_owned(plan, &owned, opts.checksums).and_then(|s| fault::at(Phase::Seal, rank, &at).map(|()| s));
-    let sums = agree(comm, &at, sealed)?;
+    let sums = agree(job, &at, sealed)?;
     let sums = gathered(sums.iter().flat_map(|(ti, s)| format!("{ti} {s}\n").into_bytes()).collect())?;
 
     // 5. Rank 0 commits; every rank keeps its temporaries until it has renamed them (after a
@@ -121,7 +117,7 @@ pub(crate) fn execute_from(
         0 => fault::at(Phase::Commit, rank, &at).and_then(|()| commit(plan, &stage, opts, manifest, &sums)),
         _ => Ok(()),
     };
-    let committed = agree(comm, &at, committed);
+    let committed = agree(job, &at, committed);
     if committed.is_ok() {
         owned.forget();
     }
@@ -448,14 +444,18 @@ pub(crate) fn fingerprint(plan: &Plan) -> u64 {
 /// other ranks are told its name (only rank 0 removes or commits it).
 pub(crate) fn stage_folder(job: Option<&Job<'_>>, dir: &Path) -> Result<Stage> {
     let Some(job) = job.filter(|j| j.world_size() > 1) else { return Stage::folder(dir) };
-    let comm = job.comm();
-    let made = if comm.rank() == 0 { Stage::folder(dir) } else { Ok(Stage::default()) };
+    let made = if job.rank() == 0 { Stage::folder(dir) } else { Ok(Stage::default()) };
     let said = made.as_ref().map(Stage::said).unwrap_or_default();
-    let said = comm
-        .broadcast(0, (comm.rank() == 0).then_some(said))
-        .map_err(|source| Error::Collective { dir: dir.to_path_buf(), source })?;
-    let made = agree(comm, dir, made)?;
-    Ok(if comm.rank() == 0 { made } else { Stage::heard(&said) })
+    let said = from_root(job, dir, said)?;
+    let made = agree(job, dir, made)?;
+    Ok(if job.rank() == 0 { made } else { Stage::heard(&said) })
+}
+
+/// Rank 0's `said` on every rank (the others' is not read). An exchange rather than a broadcast,
+/// so that a rank that left the operation instead is heard ([`Job::exchange`]).
+fn from_root(job: &Job<'_>, at: &Path, said: Vec<u8>) -> Result<Vec<u8>> {
+    let said = if job.rank() == 0 { said } else { Vec::new() };
+    Ok(job.exchange(at, said)?.swap_remove(0))
 }
 
 /// Runs `f` on rank 0 only (one process's file work between two plans: renames, small files,
@@ -463,7 +463,7 @@ pub(crate) fn stage_folder(job: Option<&Job<'_>>, dir: &Path) -> Result<Stage> {
 pub(crate) fn on_root(job: Option<&Job<'_>>, at: &Path, f: impl FnOnce() -> Result<()>) -> Result<()> {
     let Some(job) = job.filter(|j| j.world_size() > 1) else { return f() };
     let done = if job.rank() == 0 { f() } else { Ok(()) };
-    agree(job.comm(), at, done)
+    agree(job, at, done)
 }
 
 #[cfg(test)]
