@@ -50,6 +50,10 @@ pub(crate) fn execute(plan: &Plan, source: &Checkpoint, opts: &WriteOptions<'_>)
 /// 3. every rank fills its parts (checking the CRCs of what it reads) and fsyncs them;
 /// 4. owners seal their targets (torch's CRCs), fsync them, and hash them for a manifest;
 /// 5. rank 0 renames everything into place, the index last, exactly as one process does.
+///
+/// A rank that fails before it gets here (while planning) is heard in step 1's first exchange:
+/// it ended the operation instead ([`Job::operation`]), and the others return
+/// [`Error::OtherRank`].
 pub(crate) fn execute_from(
     plan: &Plan,
     srcs: &Sources<'_>,
@@ -455,7 +459,7 @@ pub(crate) fn stage_folder(job: Option<&Job<'_>>, dir: &Path) -> Result<Stage> {
 /// so that a rank that left the operation instead is heard ([`Job::exchange`]).
 fn from_root(job: &Job<'_>, at: &Path, said: Vec<u8>) -> Result<Vec<u8>> {
     let said = if job.rank() == 0 { said } else { Vec::new() };
-    Ok(job.exchange(at, said)?.swap_remove(0))
+    Ok(job.exchange(at, said)?.into_iter().next().unwrap_or_default())
 }
 
 /// Runs `f` on rank 0 only (one process's file work between two plans: renames, small files,
