@@ -59,7 +59,7 @@ test-python:
 
 # The kill soak in full: 200 SIGKILLs at random moments over split, merge, convert and reshard,
 # in place, swapped and new, of one process, a 2-rank job or one of its ranks (`make test` runs
-# 30 of them; STATEKIT_SOAK_SEED=N replays a run).
+# 24 of them; STATEKIT_SOAK_SEED=N replays a run).
 SOAK_ROUNDS ?= 200
 soak: setup
 	STATEKIT_SOAK_ROUNDS=$(SOAK_ROUNDS) $(CARGO) test -p statekit-cli --features mpi --test kill_soak --locked -- --nocapture

@@ -13,11 +13,13 @@
 //! The previous set's extra shards cannot go before the index rename (the old checkpoint must stay
 //! whole until then), and no single call removes several files, so a kill just after the rename
 //! leaves some of them beside the committed set. That window is made as short as the filesystem
-//! allows and harmless: each is first renamed to a temporary of ours (a metadata update of
-//! microseconds, where an unlink frees the file's blocks and can take long), and only then
-//! removed; a shard still under its own name is one the committed index does not reference, so
-//! `verify` and every reader that goes by the index see only the new set, and the next run into
-//! the folder counts it (and our temporaries of such names) as the previous set's ([`stale_files`]).
+//! allows and harmless: once the index's rename is durable (its folder fsynced: a power loss must
+//! not keep a shard's retirement and lose the index that stopped naming it), each is renamed to a
+//! temporary of ours (a metadata update of microseconds, where an unlink frees the file's blocks
+//! and can take long), and only then removed; a shard still under its own name is one the committed
+//! index does not reference, so `verify` and every reader that goes by the index see only the new
+//! set, and the next run into the folder counts it (and our temporaries of such names) as the
+//! previous set's ([`stale_files`]).
 //! One case cannot be atomic without replacing the whole folder: when new files take old files'
 //! names (or a sharded set becomes one file), the old index is removed before the renames, so a
 //! kill in between leaves no index, never an index that describes a mixed set. That is the path for

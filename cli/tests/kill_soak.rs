@@ -3,9 +3,9 @@
 //!
 //! Each round takes one case of {split, merge, convert into a file, convert into a folder,
 //! reshard} × {in place: the destination folder also holds a user's file, so it is written in
-//! place; swapped: it holds only the previous checkpoint, so it is replaced whole; new: there
-//! is none} × {a single process, every rank of an `mpirun -np 2` job, one rank of it (the
-//! `mpi` feature)}, puts the previous checkpoint back, starts the command and kills it at a
+//! place; swapped: it holds only the previous checkpoint, so a folder output replaces it whole;
+//! new: there is none} × {a single process, every rank of an `mpirun -np 2` job, one rank of it
+//! (the `mpi` feature)}, puts the previous checkpoint back, starts the command and kills it at a
 //! random moment: a fraction in [0, 1.2) of the fastest undisturbed run of that command so far
 //! (for a job, counted from when its ranks have started). Then:
 //!
@@ -24,7 +24,7 @@
 //!   nothing else: no temporary, no staging folder, inside the destination or beside it.
 //!
 //! The seed is printed (`STATEKIT_SOAK_SEED` replays it); `STATEKIT_SOAK_ROUNDS` sets the count
-//! (`make soak` runs 200; `make test` the default, a few seconds of kills per case).
+//! (`make soak` runs 200; `make test` [`DEFAULT_ROUNDS`]).
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -37,9 +37,10 @@ use std::time::{Duration, Instant};
 
 use common::*;
 
-/// Rounds in `make test` (about a minute on a quiet 2-core runner; a job's round costs two
-/// `mpirun` starts): two thirds of the 45 cases, a different two thirds with every seed.
-const DEFAULT_ROUNDS: usize = 30;
+/// Rounds in `make test`: about half of the 45 cases, another half with every seed. A job's
+/// round costs two `mpirun` starts and, when killed, Open MPI's one-second wait before it
+/// SIGKILLs the ranks left (`odls_base_sigkill_timeout`; 0 crashes `mpirun` 4.1).
+const DEFAULT_ROUNDS: usize = 24;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Op {
@@ -565,12 +566,12 @@ fn a_checkpoint_killed_at_random_moments_is_the_old_one_or_the_new_one() {
         }
         let (op, dest, who) = order.pop().unwrap();
         let args = &soak.cases[&op].args;
-        if !fastest.contains_key(&(op, who)) {
+        // The first round of a command times one undisturbed run of it first.
+        let full = *fastest.entry((op, who)).or_insert_with(|| {
             soak.put_back(op, dest);
-            fastest.insert((op, who), timed_run(who, args));
-        }
+            timed_run(who, args)
+        });
         soak.put_back(op, dest);
-        let full = fastest[&(op, who)];
         let delay = full.mul_f64(rng.unit() * 1.2);
         let victim = rng.next() as usize % 2;
         let what = format!("round {round} ({op:?}, {dest:?}, {who:?}, killed after {delay:?} of {full:?})");
