@@ -12,8 +12,8 @@ except the control files at its top: `.gated` (the repository is gated: reading 
 `Authorization: Bearer TOKEN`; none gives 401, another token 403, both with huggingface_hub's
 `X-Error-Code: GatedRepo`) and `.refs.json` (`{"v1": "."}` names the tree as it is `v1`;
 `{"v0": "old"}` makes the subfolder `old/` the tree of revision `v0`, and leaves it out of
-`main`). Folders whose name starts with a dot at ROOT (`ROOT/.lfs-uploads/`, where pushed LFS
-objects wait for their commit) are no repositories. A revision's commit is a SHA-1 over its
+`main`). Folders whose name starts with a dot at ROOT (`ROOT/.lfs-uploads/ORG/NAME/`, where
+pushed LFS objects wait for their commit) are no repositories. A revision's commit is a SHA-1 over its
 files' paths and git object ids, so it is stable while the files stay, and changes when they
 do; a 40-hex revision equal to a commit of the repository names that commit's tree.
 
@@ -39,8 +39,11 @@ _commit_api.py, lfs.py and utils/_http.py):
     GET  /api/models/{org}/{name}/tree/{rev}[/{path}] the tree listing (?recursive=true), which
                                                      snapshot_download reads
     POST /api/models/{org}/{name}/preupload/{rev}    regular or lfs per file, and the remote oid
-    POST /{org}/{name}.git/info/lfs/objects/batch    basic transfer: PUT /_lfs_upload/{sha256}
-    PUT  /_lfs_upload/{sha256}                       the object, checked against its SHA-256
+    POST /{org}/{name}.git/info/lfs/objects/batch    basic transfer: an upload action for each
+                                                     object the repository lacks, none for one
+                                                     it has (the client then skips it)
+    PUT  /_lfs_upload/{sha256}?repo={org}/{name}     the object (the action's href, on the
+                                                     second port), checked against its SHA-256
     POST /api/models/{org}/{name}/commit/{rev}       NDJSON: header, file, lfsFile,
                                                      deletedFile, deletedFolder; writes ROOT
     POST /api/repos/create                           an empty repository (409 if it exists)
@@ -334,28 +337,41 @@ class Hub:
                     return commit, files
         raise HubError(404, f"Invalid rev id: {rev}", "RevisionNotFound")
 
-    def find_lfs(self, sha256):
-        """The path of a file whose SHA-256 is `sha256`: a file of some repository, or an
-        uploaded object waiting for its commit."""
-        staged = os.path.join(self.root, UPLOADS, sha256)
-        with self._hash_lock:
-            known = self._by_sha256.get(sha256)
-        if known is not None and os.path.exists(known):
-            return known
-        if os.path.exists(staged):
-            return staged
-        # Not seen since the server started (or moved since): hash every repository once.
-        for org in sorted(os.listdir(self.root)):
-            org_dir = os.path.join(self.root, org)
-            if org.startswith(".") or not os.path.isdir(org_dir):
-                continue
-            for name in sorted(os.listdir(org_dir)):
-                repo = os.path.join(org_dir, name)
-                if os.path.isdir(repo):
-                    for _, files in self.revisions(repo).values():
-                        for info in files.values():
-                            if info.sha256 == sha256:
-                                return info.abspath
+    def staged(self, org, name, sha256):
+        return os.path.join(self.root, UPLOADS, org, name, sha256)
+
+    def find_lfs(self, sha256, org=None, name=None):
+        """The path of a file whose SHA-256 is `sha256`. For a repository (`org`, `name`): one
+        of its files or an object uploaded to it and waiting for its commit, as an LFS store
+        keeps objects per repository. Without: any repository's or upload's (what `/_lfs/`
+        serves, as a CDN would)."""
+        if org is not None:
+            staged = self.staged(org, name, sha256)
+            if os.path.exists(staged):
+                return staged
+            repos = [os.path.join(self.root, org, name)]
+        else:
+            with self._hash_lock:
+                known = self._by_sha256.get(sha256)
+            if known is not None and os.path.exists(known):
+                return known
+            uploads = os.path.join(self.root, UPLOADS)
+            if os.path.isdir(uploads):
+                for o in sorted(os.listdir(uploads)):
+                    for n in sorted(os.listdir(os.path.join(uploads, o))):
+                        if os.path.exists(self.staged(o, n, sha256)):
+                            return self.staged(o, n, sha256)
+            # Not seen since the server started (or moved since): hash every repository once.
+            repos = [os.path.join(self.root, o, n)
+                     for o in sorted(os.listdir(self.root)) if not o.startswith(".")
+                     and os.path.isdir(os.path.join(self.root, o))
+                     for n in sorted(os.listdir(os.path.join(self.root, o)))]
+        for repo in repos:
+            if os.path.isdir(repo):
+                for _, files in self.revisions(repo).values():
+                    for info in files.values():
+                        if info.sha256 == sha256:
+                            return info.abspath
         return None
 
 
@@ -702,10 +718,10 @@ class Handler(BaseHTTPRequestHandler):
                     and isinstance(o.get("size"), int) and o["size"] >= 0):
                 raise HubError(400, "each LFS object needs a 64-hex `oid` and an integer `size`")
             entry = {"oid": o["oid"], "size": o["size"], "authenticated": True}
-            # An object the server already holds gets no actions: the client skips its upload.
-            if self.hub.find_lfs(o["oid"]) is None:
-                entry["actions"] = {"upload": {"href": f"{self.hub.lfs_url}/_lfs_upload/{o['oid']}",
-                                               "header": {}, "expires_in": 3600}}
+            # An object the repository already holds gets no actions: the client skips its upload.
+            if self.hub.find_lfs(o["oid"], org, name) is None:
+                href = f"{self.hub.lfs_url}/_lfs_upload/{o['oid']}?repo={org}/{name}"
+                entry["actions"] = {"upload": {"href": href, "header": {}, "expires_in": 3600}}
             objects.append(entry)
         self.send_bytes(200, json.dumps({"transfer": "basic", "objects": objects, "hash_algo": "sha256"}).encode(),
                         {"Content-Type": "application/vnd.git-lfs+json"})
@@ -713,7 +729,10 @@ class Handler(BaseHTTPRequestHandler):
     def lfs_upload(self, sha256):
         if not SHA256.match(sha256):
             raise HubError(400, "an LFS upload is named by its 64-hex SHA-256")
-        folder = os.path.join(self.hub.root, UPLOADS)
+        # The batch answer's href names the repository, as a signed storage URL would.
+        org, _, name = self._query.get("repo", [""])[0].partition("/")
+        self.hub.repo_dir(org, name)
+        folder = os.path.dirname(self.hub.staged(org, name, sha256))
         os.makedirs(folder, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX, dir=folder)
         h = hashlib.sha256()
@@ -766,7 +785,8 @@ class Handler(BaseHTTPRequestHandler):
                     plan.append(("write", dest, [data]))
                 elif key == "lfsFile":
                     oid = value.get("oid")
-                    src = self.hub.find_lfs(oid) if isinstance(oid, str) and SHA256.match(oid) else None
+                    ok = isinstance(oid, str) and SHA256.match(oid)
+                    src = self.hub.find_lfs(oid, org, name) if ok else None
                     if src is None:
                         raise HubError(400, f"lfsFile `{path}`: no uploaded object with SHA-256 {oid}")
                     if value.get("size") is not None and os.path.getsize(src) != value["size"]:
