@@ -2,7 +2,7 @@
 huggingface_hub's `save_torch_state_dict`, which shards with `split_torch_state_dict_into_shards`),
 into `OUT_ROOT/statekit-test/`, the layout tests/hub/server.py serves:
 
-    tiny/      model.safetensors (one file, no index) and config.json
+    tiny/      model.safetensors (one file, no index) and config.json; tag `v1` (`.refs.json`)
     sharded5/  model-0000{1..5}-of-00005.safetensors, model.safetensors.index.json, config.json:
                float32, bfloat16, float16 and int64 tensors, about 3 MB in all
     gated/     tiny's files and `.gated`
@@ -104,6 +104,8 @@ def build(root, name, fill):
 def fill_tiny(folder):
     save(tiny_state_dict(), folder, "1GB", 1)
     write_config(folder)
+    # A tag on the same tree, for `@v1` and `--revision v1`.
+    (folder / ".refs.json").write_text(json.dumps({"v1": "."}) + "\n")
 
 
 def fill_sharded5(folder):
@@ -112,7 +114,8 @@ def fill_sharded5(folder):
 
 
 def fill_gated(folder):
-    fill_tiny(folder)
+    save(tiny_state_dict(), folder, "1GB", 1)
+    write_config(folder)
     (folder / ".gated").write_text("")
 
 

@@ -158,6 +158,33 @@ def test_a_gated_repository_wants_hf_token(hub, hub_root, env_for):
     assert client(code, env_for(HF_TOKEN=DEFAULT_TOKEN)) == {"ok": config}
 
 
+def test_a_tag_and_a_commit_name_revisions_as_on_the_hub(hub, hub_root, env_for, tmp_path):
+    commit = hub.commit("tiny")
+    out = client(f"""
+        import json
+        from huggingface_hub import hf_hub_download
+        print(json.dumps([hf_hub_download("statekit-test/tiny", "config.json", revision=rev)
+                          for rev in ("v1", {commit!r})]))
+    """, env_for())
+    repo = tmp_path / "cache" / f"models--{ORG}--tiny"
+    assert out == [str(repo / "snapshots" / commit / "config.json")] * 2
+    # A tag gets its ref file, as a branch does; a commit needs none.
+    assert sorted(p.name for p in (repo / "refs").iterdir()) == ["v1"]
+    assert (repo / "refs" / "v1").read_text() == commit
+
+    # A tag naming a subfolder has that folder's tree, and `main` leaves the folder out.
+    tagged = hub_root / ORG / "tagged"
+    (tagged / "old").mkdir(parents=True)
+    (tagged / "config.json").write_text('{"new": true}')
+    (tagged / "old" / "config.json").write_text('{"old": true}')
+    (tagged / ".refs.json").write_text('{"v0": "old"}')
+    files = {rev: [s["rfilename"] for s in json.loads(hub.request("GET", f"/api/models/{ORG}/tagged/revision/{rev}"))
+                   ["siblings"]] for rev in ("main", "v0")}
+    assert files == {"main": ["config.json"], "v0": ["config.json"]}
+    assert hub.request("GET", f"/{ORG}/tagged/resolve/v0/config.json") == b'{"old": true}'
+    assert hub.commit("tagged", "v0") != hub.commit("tagged")
+
+
 def test_missing_repositories_files_and_revisions_are_the_hub_errors(hub, env_for):
     out = client("""
         import json
