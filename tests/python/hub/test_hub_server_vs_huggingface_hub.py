@@ -15,6 +15,8 @@ import subprocess
 import sys
 import textwrap
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -324,3 +326,38 @@ def test_faults_are_one_shot_but_delay_stays_until_cleared(hub, hub_root):
     assert time.monotonic() - t0 < 0.3
     last = hub.log()[-1]
     assert last == {"method": "GET", "path": path, "range": None, "status": 200, "bytes": len(want)}
+
+
+def answer(hub, method, path, headers=None, body=None):
+    """(status, headers, body) of one request, errors included."""
+    req = urllib.request.Request(hub.url + path, method=method, headers=headers or {}, data=body)
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, r.headers, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.headers, e.read()
+
+
+def test_ranges_and_paths_that_leave_the_repository(hub, hub_root):
+    path = f"/{ORG}/tiny/resolve/main/config.json"
+    data = (hub_root / ORG / "tiny" / "config.json").read_bytes()
+    status, headers, body = answer(hub, "GET", path, {"Range": "bytes=10-19"})
+    assert (status, headers["Content-Range"], body) == (206, f"bytes 10-19/{len(data)}", data[10:20])
+    status, headers, body = answer(hub, "GET", path, {"Range": "bytes=-5"})
+    assert (status, body) == (206, data[-5:])
+    status, headers, _ = answer(hub, "GET", path, {"Range": f"bytes={len(data)}-"})
+    assert (status, headers["Content-Range"]) == (416, f"bytes */{len(data)}")
+
+    # A path is looked up in the revision's file list, never joined onto the disk.
+    status, headers, _ = answer(hub, "GET", f"/{ORG}/tiny/resolve/main/..%2F..%2F{ORG}%2Fgated%2Fconfig.json")
+    assert (status, headers["X-Error-Code"]) == (404, "EntryNotFound")
+    # A commit that would write outside the repository, or over its control files, writes nothing.
+    auth = {"Authorization": f"Bearer {DEFAULT_TOKEN}", "Content-Type": "application/x-ndjson"}
+    for bad in ["../escaped.txt", ".gated", "a/../../escaped.txt"]:
+        lines = [{"key": "header", "value": {"summary": "x"}},
+                 {"key": "file", "value": {"path": bad, "content": "eA==", "encoding": "base64"}}]
+        payload = "".join(json.dumps(line) + "\n" for line in lines).encode()
+        status, _, body = answer(hub, "POST", f"/api/models/{ORG}/tiny/commit/main", auth, payload)
+        assert (status, json.loads(body)["error"]) == (400, f"invalid path in repository: `{bad}`")
+    assert not (hub_root / ORG / "escaped.txt").exists() and not (hub_root / "escaped.txt").exists()
+    assert (hub_root / ORG / "tiny" / ".refs.json").exists() and not (hub_root / ORG / "tiny" / ".gated").exists()
