@@ -50,6 +50,7 @@ impl OpenArgs {
             tag,
             allow_globals: ckpt::AllowGlobals::new(&self.allow_global)?,
             as_stored: self.as_stored,
+            ..Default::default()
         })
     }
 }
@@ -68,6 +69,9 @@ pub enum Command {
         cmd: data::DataCommand,
     },
     /// Show a checkpoint's format, tensors and totals.
+    ///
+    /// An `hf://` model that is not in the Hugging Face cache is read on the Hub: its index,
+    /// then each shard's header by range requests; nothing is downloaded.
     Inspect {
         /// A `.safetensors` file, an index, a folder, or `hf://ORG/NAME[@REV][/PATH]`.
         path: String,
@@ -214,6 +218,10 @@ pub enum Command {
         /// Print JSON (schema in the README).
         #[arg(long)]
         json: bool,
+        /// Check the headers and indexes only (no CRC32s, no checksum manifest): an `hf://`
+        /// model not in the cache is then read by range requests, not downloaded.
+        #[arg(long)]
+        headers_only: bool,
         #[command(flatten)]
         open: OpenArgs,
     },

@@ -112,7 +112,9 @@ fn run(cli: &Cli, job: &ckpt::Job<'_>) -> anyhow::Result<ExitCode> {
     match &cli.command {
         Command::Data { cmd } => return data::run(cmd.clone()),
         Command::Inspect { path, json, open } => {
-            let ck = ckpt::Checkpoint::open_with(path, &open.options(None)?)?;
+            // The catalog alone: an `hf://` model is read by its headers, not downloaded.
+            let options = ckpt::OpenOptions { headers_only: true, ..open.options(None)? };
+            let ck = ckpt::Checkpoint::open_with(path, &options)?;
             if *json {
                 output::json(&mut out, &ck)?;
             } else {
@@ -122,8 +124,12 @@ fn run(cli: &Cli, job: &ckpt::Job<'_>) -> anyhow::Result<ExitCode> {
                 }
             }
         }
-        Command::Verify { path, json, open } => {
-            let report = ckpt::verify_with(path, &open.options(None)?)?;
+        Command::Verify { path, json, headers_only, open } => {
+            let quiet = cli.quiet || *json;
+            let options = ckpt::OpenOptions { headers_only: *headers_only, ..open.options(None)? };
+            let report = progress::downloading(quiet, |p| {
+                ckpt::verify_with(path, &ckpt::OpenOptions { progress: p, ..options.clone() })
+            })?;
             if *json {
                 output::json(&mut out, &report)?;
             } else {
@@ -187,7 +193,11 @@ fn operate<'a>(
     // ranks agree that all of them could before any goes on, so one that could not reports
     // it alone and none waits for it in the operation.
     let open = |src: &str, open: &OpenArgs, tag: Option<String>, verb: &str| {
-        let ck = open.options(tag).and_then(|o| ckpt::Checkpoint::open_with(src, &o).or_else(|e| named(e, verb, src)));
+        // An `hf://` source is downloaded first, under a bar of its own.
+        let ck = open.options(tag).and_then(|o| {
+            progress::downloading(quiet, |p| ckpt::Checkpoint::open_with(src, &ckpt::OpenOptions { progress: p, ..o }))
+                .or_else(|e| named(e, verb, src))
+        });
         settle(job, src, ck.inspect(|ck| bar.set_total(ck.total_bytes())))
     };
     let size = |s: &Option<String>| s.as_deref().map(ckpt::parse_size).transpose();

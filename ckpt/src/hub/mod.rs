@@ -1,16 +1,65 @@
-//! `hf://ORG/NAME[@REV][/PATH]` addresses, resolved in the local Hugging Face cache.
+//! `hf://ORG/NAME[@REV][/PATH]` addresses: resolved in the local Hugging Face cache, read on
+//! the Hub by range requests, or downloaded into the cache.
 //!
 //! The cache is the folder huggingface_hub downloads into: `HF_HUB_CACHE`, else `$HF_HOME/hub`,
 //! else `~/.cache/huggingface/hub`. A repo lives in `models--ORG--NAME/`, with `refs/<rev>`
-//! holding a commit hash and `snapshots/<commit>/` holding the files (symlinks into `blobs/`).
-//! We only read the cache and never go online, so this works the same with `HF_HUB_OFFLINE=1`.
+//! holding a commit hash, `blobs/<etag>` holding the files' bytes and `snapshots/<commit>/`
+//! holding the files as relative symlinks into `blobs/`. We read and write it exactly as
+//! huggingface_hub does, so each finds what the other downloaded.
+//!
+//! How an address is found, in huggingface_hub's order:
+//! 1. `HF_HUB_OFFLINE=1`: the cache only (`refs/<rev>`, or a commit's snapshot folder);
+//! 2. a revision that is a commit whose files are all in the cache: no request at all;
+//! 3. otherwise the Hub names the revision's commit and files (one listing request); files
+//!    already in that commit's snapshot are used from there. When the Hub cannot be reached at
+//!    all, the cache answers as in 1.
+//!
+//! Then what is missing depends on what the caller reads ([`Need`]): for the catalog alone (a
+//! safetensors file or a sharded index with its shards), each header is read by two range
+//! requests and nothing is written; for tensor bytes, the files the checkpoint consists of (the
+//! index and its shards, one file, or every file under a folder) are downloaded ([`remote`]).
+
+mod remote;
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use hf_hub::{Cache, Repo, RepoType};
 
+use crate::catalog::Scan;
 use crate::error::{Error, Result};
-use crate::formats::hf_index;
+use crate::formats::hf_index::{self, Index};
+use crate::formats::safetensors as st;
+
+pub(crate) use remote::Progress;
+use remote::{Hub, Listing, Reached};
+
+/// Reports the bytes an `hf://` download fetches: called with `(bytes just fetched, bytes the
+/// whole download fetches)`, from several threads. One report covers every file of the job.
+#[derive(Clone)]
+pub struct DownloadProgress(pub Arc<dyn Fn(u64, u64) + Send + Sync>);
+
+impl std::fmt::Debug for DownloadProgress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("DownloadProgress")
+    }
+}
+
+/// What the caller reads of an `hf://` source.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Need {
+    /// The catalog only: headers may be read remotely, nothing downloaded.
+    Headers,
+    /// Tensor bytes: the files are downloaded into the cache.
+    Bytes,
+}
+
+/// Where a source is: a local path (a cache snapshot for `hf://`), or a catalog read remotely.
+#[derive(Debug)]
+pub(crate) enum Located {
+    Path(PathBuf),
+    Remote(Scan),
+}
 
 /// A parsed `hf://` address.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -54,11 +103,217 @@ pub(crate) fn cache_dir() -> PathBuf {
     Cache::from_env().path().clone()
 }
 
-/// Turns `src` into a local path: `hf://` addresses through the cache, anything else as is.
-pub(crate) fn resolve(src: &str) -> Result<PathBuf> {
-    match HubAddress::parse(src) {
-        None => Ok(PathBuf::from(src)),
-        Some(addr) => resolve_in(&addr?, &cache_dir()),
+/// Finds `src`: a plain path as it is; an `hf://` address in the cache, on the Hub, or
+/// downloaded into the cache, as [`Need`] asks (see the module's documentation).
+pub(crate) fn locate(src: &str, need: Need, progress: Option<&Progress>) -> Result<Located> {
+    let Some(addr) = HubAddress::parse(src) else {
+        return Ok(Located::Path(PathBuf::from(src)));
+    };
+    let addr = addr?;
+    let cache = cache_dir();
+    if remote::env_true("HF_HUB_OFFLINE") {
+        return resolve_in(&addr, &cache).map(Located::Path);
+    }
+    // huggingface_hub's shortcut: a commit already in the cache needs no request.
+    if remote::is_commit(&addr.revision) {
+        if let Ok(path) = resolve_in(&addr, &cache) {
+            if complete(&path) {
+                return Ok(Located::Path(path));
+            }
+        }
+    }
+    let hub = Hub::from_env()?;
+    let listing = match hub.listing(&addr.repo, &addr.revision)? {
+        Reached::Yes(listing) => listing,
+        // As huggingface_hub does when the Hub cannot be reached: what the cache holds.
+        Reached::No(e) => return resolve_in(&addr, &cache).map(Located::Path).map_err(|_| e),
+    };
+    let pick = pick(&addr, &listing, hub.endpoint())?;
+    let repo_dir = cache.join(Repo::model(addr.repo.clone()).folder_name());
+    let snapshot = repo_dir.join("snapshots").join(&listing.commit);
+    let root = snapshot.join(pick.root());
+    if pick.cached(&snapshot) {
+        // Best effort, as huggingface_hub: a read-only cache still serves what it holds.
+        let _ = remote::write_ref(&repo_dir, &addr.revision, &listing.commit);
+        return Ok(Located::Path(root));
+    }
+    let at = Remote { hub: &hub, repo: &addr.repo, commit: &listing.commit, listing: &listing };
+    match (need, &pick) {
+        (Need::Headers, Pick::File(f)) if f.ends_with(".safetensors") => {
+            let (file, header) = at.header(f)?;
+            Ok(Located::Remote(st::catalog_of(file, header)?))
+        }
+        (Need::Headers, Pick::Index(f)) if f.ends_with(".safetensors.index.json") => {
+            at.sharded(f, &snapshot).map(Located::Remote)
+        }
+        _ => {
+            let mut fetched = Vec::new();
+            let files = match &pick {
+                Pick::Index(f) => {
+                    // The index first, into `blobs/` only, for the names of its shards.
+                    let index = hub.fetch(&cache, &addr.repo, &listing.commit, std::slice::from_ref(f), None)?;
+                    let blob = index.first().map(|i| remote::blob_path(&repo_dir, &i.meta.etag)).unwrap_or_default();
+                    let parsed = Index::read(&blob).map_err(|e| rename_path(e, &blob, &snapshot.join(f)))?;
+                    fetched.extend(index);
+                    let dir = folder_of(f);
+                    parsed
+                        .shard_names()
+                        .into_iter()
+                        .map(|n| format!("{dir}{n}"))
+                        .filter(|n| listing.files.contains(n))
+                        .collect()
+                }
+                Pick::File(f) => vec![f.clone()],
+                Pick::Folder(_, files) => files.clone(),
+            };
+            fetched.extend(hub.fetch(&cache, &addr.repo, &listing.commit, &files, progress)?);
+            remote::commit_snapshot(&cache, &addr.repo, &addr.revision, &listing.commit, &fetched)?;
+            Ok(Located::Path(root))
+        }
+    }
+}
+
+/// `"sub/"` for `"sub/model.safetensors.index.json"`, `""` at the top.
+fn folder_of(file: &str) -> String {
+    file.rsplit_once('/').map(|(d, _)| format!("{d}/")).unwrap_or_default()
+}
+
+/// An error about the blob `from` as one about the snapshot's file `to`, the name users know.
+fn rename_path(e: Error, from: &Path, to: &Path) -> Error {
+    match e {
+        Error::BadIndex { path, reason } if path == from => Error::BadIndex { path: to.to_path_buf(), reason },
+        Error::UnsafeShardPath { index, tensor, file } if index == from => {
+            Error::UnsafeShardPath { index: to.to_path_buf(), tensor, file }
+        }
+        other => other,
+    }
+}
+
+/// What of a repository a source is.
+#[derive(Debug)]
+enum Pick {
+    /// An index (safetensors or torch): it and its shards.
+    Index(String),
+    /// One file.
+    File(String),
+    /// Every file under a folder (`""`: the repository), for layouts without an index.
+    Folder(String, Vec<String>),
+}
+
+impl Pick {
+    /// The path in a snapshot that detection is given.
+    fn root(&self) -> &str {
+        match self {
+            Pick::Index(f) | Pick::File(f) => f,
+            Pick::Folder(dir, _) => dir,
+        }
+    }
+
+    /// Whether the snapshot holds every file of the pick.
+    fn cached(&self, snapshot: &Path) -> bool {
+        match self {
+            Pick::Index(f) | Pick::File(f) => complete(&snapshot.join(f)),
+            Pick::Folder(_, files) => files.iter().all(|f| snapshot.join(f).exists()),
+        }
+    }
+}
+
+/// Whether the cached `path` is all a checkpoint needs: a file, or an index with its shards.
+fn complete(path: &Path) -> bool {
+    if !path.exists() {
+        return false;
+    }
+    if !path.to_string_lossy().ends_with(".index.json") {
+        return true;
+    }
+    // An index that does not parse is complete as far as the cache goes: reading it says why.
+    Index::read(path).map_or(true, |index| index.shard_names().iter().all(|n| index.dir().join(n).exists()))
+}
+
+/// Which files of the listing `addr` names: its path (a file, or a folder's checkpoint), or
+/// the repository's checkpoint: the safetensors index, `model.safetensors`, then the torch ones.
+fn pick(addr: &HubAddress, listing: &Listing, endpoint: &str) -> Result<Pick> {
+    let has = |f: &str| listing.files.iter().any(|x| x == f);
+    let prefix = match &addr.path {
+        Some(p) if has(p) => {
+            return Ok(if p.ends_with(".index.json") { Pick::Index(p.clone()) } else { Pick::File(p.clone()) })
+        }
+        Some(p) => format!("{}/", p.trim_end_matches('/')),
+        None => String::new(),
+    };
+    let known = [
+        (hf_index::INDEX_NAME, true),
+        (hf_index::SINGLE_NAME, false),
+        ("pytorch_model.bin.index.json", true),
+        ("pytorch_model.bin", false),
+    ];
+    for (name, index) in known {
+        let f = format!("{prefix}{name}");
+        if has(&f) {
+            return Ok(if index { Pick::Index(f) } else { Pick::File(f) });
+        }
+    }
+    let under: Vec<String> = listing.files.iter().filter(|f| f.starts_with(&prefix)).cloned().collect();
+    if under.is_empty() || addr.path.is_none() {
+        let file =
+            addr.path.clone().unwrap_or_else(|| format!("{}` or `{}", hf_index::INDEX_NAME, hf_index::SINGLE_NAME));
+        return Err(Error::HubNotFound {
+            repo: addr.repo.clone(),
+            revision: addr.revision.clone(),
+            file: Some(file),
+            endpoint: endpoint.to_string(),
+        });
+    }
+    Ok(Pick::Folder(prefix.trim_end_matches('/').to_string(), under))
+}
+
+/// A commit of a repository on the Hub, read by range requests.
+struct Remote<'a> {
+    hub: &'a Hub,
+    repo: &'a str,
+    commit: &'a str,
+    listing: &'a Listing,
+}
+
+impl Remote<'_> {
+    /// How a remote file is named in a catalog and its errors: `hf://ORG/NAME@COMMIT/FILE`,
+    /// an address that opens the same bytes again.
+    fn path(&self, file: &str) -> PathBuf {
+        PathBuf::from(format!("hf://{}@{}/{file}", self.repo, self.commit))
+    }
+
+    /// A safetensors file's header by two range requests (its 8-byte length, then the header,
+    /// which the local reader's cap and checks apply to), and the file as a source.
+    fn header(&self, file: &str) -> Result<(crate::catalog::SourceFile, st::Header)> {
+        let path = self.path(file);
+        let (first, len) = self.hub.range(self.repo, self.commit, file, 0, 8)?;
+        let header = st::read_header_with(len, &path, |offset, n| match offset {
+            0 => Ok(first.clone()),
+            _ => self.hub.range(self.repo, self.commit, file, offset, n).map(|(bytes, _)| bytes),
+        })?;
+        Ok(st::source_of(&path, len, header))
+    }
+
+    /// A sharded checkpoint's catalog: the index (from the snapshot when cached there, else
+    /// fetched into memory), then every shard's header, in parallel.
+    fn sharded(&self, index_file: &str, snapshot: &Path) -> Result<Scan> {
+        let cached = snapshot.join(index_file);
+        let path = self.path(index_file);
+        let text = match cached.exists() {
+            true => crate::io::read_capped(&cached, hf_index::MAX_INDEX_LEN)?,
+            false => self.hub.get_small(self.repo, self.commit, index_file)?,
+        };
+        let index = Index::parse(&text, &path)?;
+        let dir = folder_of(index_file);
+        let names: Vec<String> = index
+            .shard_names()
+            .into_iter()
+            .map(str::to_string)
+            .filter(|n| self.listing.files.contains(&format!("{dir}{n}")))
+            .collect();
+        let headers = remote::parallel(&names, |n| self.header(&format!("{dir}{n}")));
+        let mut read: std::collections::HashMap<String, Result<_>> = names.into_iter().zip(headers).collect();
+        hf_index::catalog_of(&index, |name| read.remove(name))
     }
 }
 
