@@ -33,10 +33,13 @@ def make_repos(root: Path, timeout: float = 300) -> Path:
 
 
 class HubServer:
-    def __init__(self, root, token: str = DEFAULT_TOKEN, log=None, start_timeout: float = 60):
+    def __init__(self, root, token: str = DEFAULT_TOKEN, log=None, resolve_cache: bool = False,
+                 start_timeout: float = 60):
         cmd = [sys.executable, str(SERVER), "--root", str(root), "--port", "0", "--token", token]
         if log is not None:
             cmd += ["--log", str(log)]
+        if resolve_cache:
+            cmd.append("--resolve-cache")
         self.token = token
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         line = self._first_line(start_timeout)

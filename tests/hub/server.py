@@ -29,11 +29,20 @@ the real Hub. `/_lfs/<sha256>` is served on the main port too. Other files are s
 `/resolve` itself, with their git blob SHA-1 as the quoted `ETag`. Both honour one `Range`
 (`206` with `Content-Range`, `416` with `Content-Range: bytes */SIZE`).
 
+`--resolve-cache` serves regular files as huggingface.co does today for public repositories:
+`/resolve` answers `307` with `X-Repo-Commit` and a relative `Location` to
+`/api/resolve-cache/models/{org}/{name}/{commit}/{path}?...&etag=...`, which serves the bytes
+with the `ETag` (gated repositories and empty files are served directly, as on the Hub). A
+client that reads the `ETag` from the first answer, or does not follow a relative redirect,
+fails there as it would on the Hub. Off by default, the layout above being the fixed interface.
+
 Endpoints (as the Hub speaks them; see huggingface_hub's file_download.py, hf_api.py,
 _commit_api.py, lfs.py and utils/_http.py):
 
     HEAD|GET /{org}/{name}/resolve/{rev}/{path}      file bytes, or 302 for an LFS file
     HEAD|GET /_lfs/{sha256}                          LFS bytes (both ports)
+    HEAD|GET /api/resolve-cache/models/{org}/{name}/{commit}/{path}
+                                                     a regular file (--resolve-cache)
     GET  /api/models/{org}/{name}[/revision/{rev}]   {"id", "sha", "siblings", ...}; ?blobs=true
                                                      adds "size", "blobId" and "lfs"
     GET  /api/models/{org}/{name}/tree/{rev}[/{path}] the tree listing (?recursive=true), which
@@ -67,8 +76,8 @@ Test control (not logged):
     GET  /_log                         the request log, JSON lines of {"method", "path",
                                        "range", "status", "bytes"}
 
-A data response is a GET that sends file bytes (`/resolve` of a regular file, `/_lfs/`), never
-a HEAD, a redirect or a JSON answer. `path` is the request path without its query; `bytes`
+A data response is a GET that sends file bytes (`/resolve` of a regular file, `/_lfs/`,
+`/api/resolve-cache/`), never a HEAD, a redirect or a JSON answer. `path` is the request path without its query; `bytes`
 counts the body bytes actually sent. `--log` appends the same lines to a file as they happen.
 
 Every write into ROOT is a temporary file in the target's folder, fsynced, then renamed.
@@ -87,7 +96,7 @@ import tempfile
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import parse_qs, unquote, urlsplit
+from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 DEFAULT_TOKEN = "hf_statekit_test_token"
 LFS_SUFFIXES = (".safetensors", ".bin", ".pt")
@@ -190,9 +199,10 @@ def file_chunks(path):
 class Hub:
     """The state the handlers share: ROOT, the hash cache, the faults and the log."""
 
-    def __init__(self, root, token, log_path):
+    def __init__(self, root, token, log_path, resolve_cache=False):
         self.root = os.path.abspath(root)
         self.token = token
+        self.resolve_cache = resolve_cache
         self.base_url = ""
         self.lfs_url = ""
         self.write_lock = threading.Lock()
@@ -546,6 +556,8 @@ class Handler(BaseHTTPRequestHandler):
             return self.lfs_upload(parts[1])
         if parts[:3] == ["api", "repos", "create"] and n == 3 and method == "POST":
             return self.create_repo()
+        if n >= 7 and parts[:3] == ["api", "resolve-cache", "models"] and method in ("GET", "HEAD"):
+            return self.resolve_cached(parts[3], parts[4], parts[5], parts[6:])
         if n >= 4 and parts[:2] == ["api", "models"]:
             org, name, rest = parts[2], parts[3], parts[4:]
             repo = self.hub.repo_dir(org, name)
@@ -573,6 +585,14 @@ class Handler(BaseHTTPRequestHandler):
         info = files.get(path)
         if info is None:
             raise HubError(404, "Entry not found", "EntryNotFound", {"X-Repo-Commit": commit})
+        gated = os.path.exists(os.path.join(repo, ".gated"))
+        if self.hub.resolve_cache and not info.lfs and not gated and info.size > 0:
+            # The Hub's answer for a regular file of a public repository: a relative redirect to
+            # a commit-pinned URL, whose response carries the ETag (the 307 only the commit).
+            original = quote(f"/{org}/{name}/resolve/{rev}/{path}", safe="")
+            location = (f"/api/resolve-cache/models/{org}/{name}/{commit}/{quote(path)}"
+                        f"?{original}=&etag=%22{info.blob_sha1}%22")
+            return self.send_bytes(307, b"", {"Location": location, "X-Repo-Commit": commit})
         if info.lfs:
             headers = {
                 "Location": f"{self.hub.lfs_url}/_lfs/{info.sha256}",
@@ -582,6 +602,17 @@ class Handler(BaseHTTPRequestHandler):
                 "X-Repo-Commit": commit,
             }
             return self.send_bytes(302, b"", headers)
+        self.send_file(info.abspath, info.size, f'"{info.blob_sha1}"', {"X-Repo-Commit": commit})
+
+    def resolve_cached(self, org, name, commit, path_parts):
+        repo = self.hub.repo_dir(org, name)
+        self.check_read(repo, org, name)
+        if not SHA1.match(commit):
+            raise HubError(400, f"resolve-cache takes a commit, not `{commit}`")
+        commit, files = self.hub.revision(repo, commit)
+        info = files.get("/".join(path_parts))
+        if info is None or info.lfs:
+            raise HubError(404, "Entry not found", "EntryNotFound", {"X-Repo-Commit": commit})
         self.send_file(info.abspath, info.size, f'"{info.blob_sha1}"', {"X-Repo-Commit": commit})
 
     def serve_lfs(self, sha256):
@@ -858,10 +889,12 @@ def main(argv=None):
     ap.add_argument("--port", type=int, default=0, help="port on 127.0.0.1 (0: any free one)")
     ap.add_argument("--log", help="append the request log (JSON lines) to this file")
     ap.add_argument("--token", default=DEFAULT_TOKEN, help="the token gated reads and all writes take")
+    ap.add_argument("--resolve-cache", action="store_true",
+                    help="redirect regular files of public repositories to /api/resolve-cache/ (the Hub's way)")
     args = ap.parse_args(argv)
     if not os.path.isdir(args.root):
         sys.exit(f"server.py: --root {args.root}: not a folder")
-    hub = Hub(args.root, args.token, args.log)
+    hub = Hub(args.root, args.token, args.log, args.resolve_cache)
     handler = type("BoundHandler", (Handler,), {"hub": hub})
     main_server = ThreadingHTTPServer(("127.0.0.1", args.port), handler)
     lfs_server = ThreadingHTTPServer(("127.0.0.1", 0), handler)

@@ -72,6 +72,25 @@ def git_blob_sha1(path: Path) -> str:
     return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
 
 
+def assert_cached(cache, hub, hub_root, name, files):
+    """`cache` holds `files` of ORG/name at the server's commit, laid out as huggingface_hub
+    lays out what it downloads from huggingface.co."""
+    repo = cache / f"models--{ORG}--{name}"
+    commit = hub.commit(name)
+    assert (repo / "refs" / "main").read_text() == commit
+    snapshot = repo / "snapshots" / commit
+    assert sorted(p.name for p in snapshot.iterdir()) == sorted(files)
+    for f in files:
+        source = hub_root / ORG / name / f
+        # An LFS file's blob is named by its SHA-256, a regular file's by its git blob id: the
+        # ETag each gets from the server, as on the Hub.
+        etag = sha256_of(source) if f.endswith(".safetensors") else git_blob_sha1(source)
+        link = snapshot / f
+        assert link.is_symlink() and os.readlink(link) == f"../../blobs/{etag}"
+        assert link.read_bytes() == source.read_bytes()
+    assert not list(repo.rglob("*.incomplete"))
+
+
 def test_snapshot_and_file_downloads_lay_out_the_cache_as_on_the_hub(hub, hub_root, env_for, tmp_path):
     out = client("""
         import json
@@ -81,22 +100,8 @@ def test_snapshot_and_file_downloads_lay_out_the_cache_as_on_the_hub(hub, hub_ro
         print(json.dumps({"snapshot": snap, "file": one}))
     """, env_for())
     cache = tmp_path / "cache"
-    for name, files in [("sharded5", [*SHARDS, "model.safetensors.index.json", "config.json"]),
-                        ("tiny", ["model.safetensors"])]:
-        repo = cache / f"models--{ORG}--{name}"
-        commit = hub.commit(name)
-        assert (repo / "refs" / "main").read_text() == commit
-        snapshot = repo / "snapshots" / commit
-        assert sorted(p.name for p in snapshot.iterdir()) == sorted(files)
-        for f in files:
-            source = hub_root / ORG / name / f
-            # An LFS file's blob is named by its SHA-256, a regular file's by its git blob id:
-            # the ETag each gets from the server, as on the Hub.
-            etag = sha256_of(source) if f.endswith(".safetensors") else git_blob_sha1(source)
-            link = snapshot / f
-            assert link.is_symlink() and os.readlink(link) == f"../../blobs/{etag}"
-            assert link.read_bytes() == source.read_bytes()
-        assert not list(repo.rglob("*.incomplete"))
+    assert_cached(cache, hub, hub_root, "sharded5", [*SHARDS, "model.safetensors.index.json", "config.json"])
+    assert_cached(cache, hub, hub_root, "tiny", ["model.safetensors"])
     assert out["snapshot"] == str(cache / f"models--{ORG}--sharded5" / "snapshots" / hub.commit("sharded5"))
     assert out["file"] == str(cache / f"models--{ORG}--tiny" / "snapshots" / hub.commit("tiny") / "model.safetensors")
 
@@ -109,6 +114,21 @@ def test_snapshot_and_file_downloads_lay_out_the_cache_as_on_the_hub(hub, hub_ro
     """, env_for(HF_HUB_OFFLINE=1))
     assert offline == out["snapshot"]
     assert new_entries(hub, before) == []
+
+
+def test_the_hubs_resolve_cache_redirect_leaves_the_same_cache(hub_root, tmp_path):
+    with HubServer(hub_root, resolve_cache=True) as hub:
+        env = client_env(hub, tmp_path / "cache", tmp_path / "home")
+        client("""
+            import json
+            from huggingface_hub import snapshot_download
+            print(json.dumps(snapshot_download("statekit-test/tiny")))
+        """, env)
+        assert_cached(tmp_path / "cache", hub, hub_root, "tiny", ["config.json", "model.safetensors"])
+        config = [(e["method"], e["path"].split("/")[1:3], e["status"]) for e in hub.log() if "config.json" in e["path"]]
+    # huggingface_hub follows the relative 307 for the metadata, then fetches the pinned URL.
+    assert config == [("HEAD", [ORG, "tiny"], 307), ("HEAD", ["api", "resolve-cache"], 200),
+                      ("GET", ["api", "resolve-cache"], 200)]
 
 
 def test_safetensors_metadata_comes_from_range_reads_of_each_shard(hub, hub_root, env_for, tmp_path):
