@@ -157,10 +157,6 @@ class FileInfo:
             return hashlib.sha1(b"blob %d\0" % len(p) + p).hexdigest()
         return self.blob_sha1
 
-    @property
-    def etag(self):
-        return self.sha256 if self.lfs else self.blob_sha1
-
 
 def fsync_dir(path):
     fd = os.open(path, os.O_RDONLY)
@@ -809,6 +805,10 @@ class Handler(BaseHTTPRequestHandler):
                     raise HubError(400, f"commit line `{key}` needs a `value` with a `path`")
                 path = checked_repo_path(value["path"].rstrip("/") if key == "deletedFolder" else value["path"])
                 dest = os.path.join(repo, *path.split("/"))
+                parts = path.split("/")
+                if key in ("file", "lfsFile") and (os.path.isdir(dest) or any(
+                        os.path.isfile(os.path.join(repo, *parts[:i])) for i in range(1, len(parts)))):
+                    raise HubError(400, f"`{path}` would put a file where a folder is, or a folder where a file is")
                 if key == "file":
                     if value.get("encoding", "base64") != "base64" or not isinstance(value.get("content"), str):
                         raise HubError(400, f"file `{path}`: inline content must be base64")
