@@ -13,8 +13,9 @@ the same many-shard model, each client in a fresh cache.
    log the requests and the bytes served; both tensor lists checked equal.
 3. Download: `ckpt DOWNLOAD` (by default a merge, which downloads every shard and then writes the
    merged file; `--download` names another command, `{address}` and `{out}` filled in) against
-   `snapshot_download`: wall time, peak RSS, bytes served and MB/s of model bytes; both caches
-   checked to hold the same snapshot (same paths, link targets and blob bytes).
+   `snapshot_download` of the same files (the shards and the index): wall time, peak RSS, bytes
+   served and MB/s of model bytes; both caches checked to hold the same snapshot (same paths,
+   link targets and blob bytes).
 
 Both clients talk to one Python server on 127.0.0.1, so the numbers measure the clients' request
 patterns and the server's pace, not a network; `--delay S` makes the server sleep S seconds
@@ -52,7 +53,8 @@ def client(mode, repo):
         m = get_safetensors_metadata(repo)
         out = {t: [i.dtype, i.shape] for fm in m.files_metadata.values() for t, i in fm.tensors.items()}
     else:
-        out = snapshot_download(repo)
+        # The files a merge reads (the shards and their index), not config.json.
+        out = snapshot_download(repo, allow_patterns=["*.safetensors", "*.safetensors.index.json"])
     print(json.dumps({"seconds": time.perf_counter() - t0, "result": out}))
 
 
@@ -115,7 +117,7 @@ def main():
     root = os.path.join(WORK, "root")
     name = f"many{args.shards}x{args.shard_mb:g}mb"
     model = many_shards(root, name, args.shards, int(args.shard_mb * 1e6))
-    model_bytes = sum(os.path.getsize(os.path.join(model, f)) for f in os.listdir(model))
+    model_bytes = sum(os.path.getsize(os.path.join(model, f)) for f in os.listdir(model) if ".safetensors" in f)
     repo = f"{ORG}/{name}"
     address = f"hf://{repo}"
     rows = []
@@ -158,8 +160,10 @@ def main():
         (f"Model: {args.shards} safetensors shards, {model_bytes / 1e6:.0f} MB in all (float32 and bfloat16, "
         "written by huggingface_hub's `save_torch_state_dict`), served by the test Hub (`tests/hub/server.py`, "
         f"one Python process on 127.0.0.1{f', {args.delay} s before each 64 KiB' if args.delay else ''}). "
-        "Each command in a fresh cache; requests and bytes from the server's log. Both tensor lists checked equal, "
-        "and both downloads checked to leave the same snapshot (paths, link targets, blob bytes)."),
+        "Each command in a fresh cache; requests (the 302s to the LFS origin among them) and bytes from the "
+        "server's log. Both tensor lists checked equal, and both downloads checked to leave the same snapshot "
+        "(paths, link targets, blob bytes). MB/s: the shards' and index's bytes over the wall time"
+        f"{'; a merge also writes the merged file, so its rate is a floor of its download rate' if args.download.startswith('merge') else ''}."),
         (f"Machine: {platform.machine()}, {os.cpu_count()} CPUs. One run each; the wall time is the whole process "
         "(for huggingface_hub, Python's start and imports included; the call alone in the last column)."),
         f"Files in ckpt's cache after its remote inspect: {ckpt_cached}.",
