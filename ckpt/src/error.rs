@@ -267,7 +267,7 @@ pub enum Error {
     },
     /// The Hub refused a request for want of a token (401), or refused the token given (403).
     /// The token itself is never part of the message.
-    #[error("`{repo}`: the Hub answered {status} for `{file}`; {}", auth_advice(.token_source.as_deref()))]
+    #[error("`{repo}`: the Hub answered {status} for `{file}`; {}", auth_advice(.token_source.as_deref(), *.write))]
     HubAuth {
         /// The repository (`ORG/NAME`).
         repo: String,
@@ -277,6 +277,8 @@ pub enum Error {
         status: u16,
         /// Where the token sent came from (`HF_TOKEN`, the token file), `None` when none was sent.
         token_source: Option<String>,
+        /// Whether the request was a write (`ckpt push`), which takes a token with write access.
+        write: bool,
     },
     /// The Hub has no such repository or revision (`file` is `None`), or no such file in it.
     #[error("{}", not_found_text(.repo, .revision, .file.as_deref(), .endpoint))]
@@ -883,12 +885,14 @@ fn globals_refusal(globals: &[String], allowing: bool) -> String {
 
 /// Attaches a path to an `io::Error`; every I/O error of this crate names its file.
 /// What to do about a refused token, for [`Error::HubAuth`].
-fn auth_advice(token_source: Option<&str>) -> String {
-    match token_source {
-        None => "the repository is gated or private: set `HF_TOKEN` (or save a token in `$HF_HOME/token`) to a token that may read it".into(),
-        Some(from) => format!(
+fn auth_advice(token_source: Option<&str>, write: bool) -> String {
+    match (token_source, write) {
+        (None, false) => "the repository is gated or private: set `HF_TOKEN` (or save a token in `$HF_HOME/token`) to a token that may read it".into(),
+        (None, true) => "pushing takes a token: set `HF_TOKEN` (or save a token in `$HF_HOME/token`) to a token with write access".into(),
+        (Some(from), false) => format!(
             "the token from {from} may not read it (a gated repository: accept its conditions on the Hub with that account; a private one: use a token of an account that has access)"
         ),
+        (Some(from), true) => format!("the token from {from} may not write to it (it needs write access to the repository)"),
     }
 }
 

@@ -212,6 +212,23 @@ pub enum Command {
         #[command(flatten)]
         write: WriteArgs,
     },
+    /// Push a folder (a converted model, a split) to a Hub repository as one commit.
+    ///
+    /// Large files go by LFS; files the branch already holds with the same bytes are skipped; a
+    /// repository that does not exist is created. Takes a token with write access (`HF_TOKEN`,
+    /// or the token file under `HF_HOME`); `HF_ENDPOINT` names the Hub. Prints the commit's URL.
+    Push {
+        /// The folder to push (hidden files, a name starting with `.`, stay behind).
+        local_dir: PathBuf,
+        /// `hf://ORG/NAME[@BRANCH][/PATH]`: the repository, and the folder in it to push into.
+        dst: String,
+        /// The branch to commit to (default: the address's, else `main`).
+        #[arg(long)]
+        revision: Option<String>,
+        /// The commit message (default: `Upload ORG/NAME with ckpt`).
+        #[arg(long)]
+        message: Option<String>,
+    },
     /// Check headers, offsets, indexes, CRC32s and checksums. Exit 0 valid, 1 problems, 2 error.
     Verify {
         path: String,
@@ -251,7 +268,7 @@ impl Command {
             | Command::Merge { write, .. }
             | Command::Convert { write, .. }
             | Command::Reshard { write, .. } => Some(*write),
-            Command::Data { .. } | Command::Inspect { .. } | Command::Verify { .. } => None,
+            Command::Data { .. } | Command::Inspect { .. } | Command::Verify { .. } | Command::Push { .. } => None,
         }
     }
 

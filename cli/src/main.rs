@@ -124,6 +124,23 @@ fn run(cli: &Cli, job: &ckpt::Job<'_>) -> anyhow::Result<ExitCode> {
                 }
             }
         }
+        Command::Push { local_dir, dst, revision, message } => {
+            let done = ckpt::push(local_dir, dst, revision.as_deref(), message.as_deref())?;
+            let at = format!("{}@{}", done.repo, done.revision);
+            if let Some(url) = &done.url {
+                writeln!(out, "{url}")?;
+            }
+            if !cli.quiet {
+                match done.commit {
+                    Some(_) => eprintln!(
+                        "pushed {} file(s) to {at} ({} already there)",
+                        done.uploaded.len(),
+                        done.skipped.len()
+                    ),
+                    None => eprintln!("nothing to push: {at} holds all {} file(s) already", done.skipped.len()),
+                }
+            }
+        }
         Command::Verify { path, json, headers_only, open } => {
             let quiet = cli.quiet || *json;
             let options = ckpt::OpenOptions { headers_only: *headers_only, ..open.options(None)? };
@@ -263,8 +280,8 @@ fn operate<'a>(
             let done = settle(job, src, done)?;
             (ck, done, "resharded")
         }
-        Command::Data { .. } | Command::Inspect { .. } | Command::Verify { .. } => {
-            unreachable!("`run` handles the commands that write nothing")
+        Command::Data { .. } | Command::Inspect { .. } | Command::Verify { .. } | Command::Push { .. } => {
+            unreachable!("`run` handles the commands that write no checkpoint")
         }
     })
 }

@@ -56,9 +56,14 @@ struct Hub {
 
 impl Hub {
     fn start() -> Hub {
+        Hub::start_at(repos())
+    }
+
+    /// A server over the repositories under `root` (a copy, for a test that writes).
+    fn start_at(root: &Path) -> Hub {
         let mut child = Command::new(python())
             .arg(repo_root().join("tests/hub/server.py"))
-            .args(["--root".as_ref(), repos().as_os_str(), "--port".as_ref(), "0".as_ref()])
+            .args(["--root".as_ref(), root.as_os_str(), "--port".as_ref(), "0".as_ref()])
             .args(["--token", TOKEN])
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
@@ -380,4 +385,47 @@ fn a_stalled_download_times_out_naming_the_file() {
     assert_eq!(failed.status.code(), Some(2));
     let err = stderr(&failed);
     assert!(err.contains("no data for 1 s (`HF_HUB_DOWNLOAD_TIMEOUT`") && err.contains("`model.safetensors`"), "{err}");
+}
+
+#[test]
+fn push_commits_a_split_once_and_skips_what_the_hub_holds() {
+    let dir = tempfile::tempdir().unwrap();
+    // A root of its own: the push writes into it.
+    let root = dir.path().join("root");
+    std::fs::create_dir_all(root.join(ORG)).unwrap();
+    let hub = Hub::start_at(&root);
+    let split = dir.path().join("split");
+    let src = repos().join(ORG).join("sharded5");
+    ok(run(ckpt(), &["split", src.to_str().unwrap(), split.to_str().unwrap(), "--max-shard-size", "1MB"]));
+
+    let anonymous = run(client(&hub, dir.path()), &["push", split.to_str().unwrap(), "hf://statekit-test/pushed"]);
+    assert_eq!(anonymous.status.code(), Some(2));
+    assert!(stderr(&anonymous).contains("pushing takes a token: set `HF_TOKEN`"), "{}", stderr(&anonymous));
+
+    let mut push = client(&hub, dir.path());
+    push.env("HF_TOKEN", TOKEN);
+    let pushed = ok(run(push, &["push", split.to_str().unwrap(), "hf://statekit-test/pushed", "--message", "a split"]));
+    assert!(stdout(&pushed).starts_with(&format!("{}/statekit-test/pushed/commit/", hub.url)), "{}", stdout(&pushed));
+    assert_eq!(stderr(&pushed), "pushed 5 file(s) to statekit-test/pushed@main (0 already there)\n");
+    for e in std::fs::read_dir(&split).unwrap() {
+        let p = e.unwrap().path();
+        let theirs = root.join(ORG).join("pushed").join(p.file_name().unwrap());
+        assert_eq!(std::fs::read(&p).unwrap(), std::fs::read(theirs).unwrap(), "{}", p.display());
+    }
+    // The shards went by LFS (a PUT each), the index inline in the commit.
+    let puts = hub.log().iter().filter(|e| e["method"] == "PUT").count();
+    assert_eq!(puts, 4);
+
+    // Again: the Hub holds every file, so nothing is uploaded and no commit is made.
+    let asked = hub.log().len();
+    let mut again = client(&hub, dir.path());
+    again.env("HF_TOKEN", TOKEN);
+    let again = ok(run(again, &["push", split.to_str().unwrap(), "hf://statekit-test/pushed"]));
+    assert_eq!(stderr(&again), "nothing to push: statekit-test/pushed@main holds all 5 file(s) already\n");
+    assert!(hub.log()[asked..].iter().all(|e| e["path"].as_str().unwrap().ends_with("/preupload/main")));
+
+    // And what was pushed reads back as the split does.
+    let json = |o: Output| without_paths(serde_json::from_slice(&o.stdout).unwrap());
+    let remote = json(ok(run(client(&hub, dir.path()), &["inspect", "--json", "hf://statekit-test/pushed"])));
+    assert_eq!(remote, json(ok(run(ckpt(), &["inspect", "--json", split.to_str().unwrap()]))));
 }

@@ -173,6 +173,89 @@ pub(crate) fn locate(src: &str, need: Need, progress: Option<&Progress>) -> Resu
     }
 }
 
+/// What [`push`] did.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct Pushed {
+    /// The repository (`ORG/NAME`) and the branch pushed to.
+    pub repo: String,
+    /// The branch.
+    pub revision: String,
+    /// The new commit; `None` when the branch held every file already, and nothing was committed.
+    pub commit: Option<String>,
+    /// The commit's URL, as the Hub gives it.
+    pub url: Option<String>,
+    /// The files uploaded, by their path in the repository.
+    pub uploaded: Vec<String>,
+    /// The files the branch already held with the same bytes (same SHA-256, or git blob id).
+    pub skipped: Vec<String>,
+}
+
+/// Pushes the files under `local` (a folder `ckpt` wrote: a converted model, a split) to the
+/// Hub repository `dst` (`hf://ORG/NAME[@BRANCH][/PATH]`; `revision` overrides the branch,
+/// `PATH` is the folder in the repository) as one commit with `message`. Large files go by
+/// LFS; files the branch already holds with the same bytes are skipped; a repository that does
+/// not exist is created. Hidden files (a name starting with `.`) stay behind. Takes a token
+/// with write access (`HF_TOKEN`, or the token file).
+pub fn push(local: &Path, dst: &str, revision: Option<&str>, message: Option<&str>) -> Result<Pushed> {
+    let addr = HubAddress::parse(dst).unwrap_or_else(|| {
+        Err(Error::BadHubUrl { input: dst.into(), reason: "a push goes to `hf://ORG/NAME[@BRANCH][/PATH]`".into() })
+    })?;
+    let revision = revision.unwrap_or(&addr.revision).to_string();
+    let prefix = addr.path.as_deref().map(|p| format!("{}/", p.trim_end_matches('/'))).unwrap_or_default();
+    let mut found = Vec::new();
+    walk(local, local, &mut found)?;
+    if found.is_empty() {
+        return Err(Error::BadOption { option: "push", reason: format!("{} holds no file to push", local.display()) });
+    }
+    let files = found
+        .into_iter()
+        .map(|(rel, path)| {
+            let size = std::fs::metadata(&path).map_err(|e| Error::Io { path: path.clone(), source: e })?.len();
+            let sha256 = remote::sha256_of(&path)?;
+            Ok(remote::Upload { path: format!("{prefix}{rel}"), local: path, size, sha256 })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let message = message.map_or_else(|| format!("Upload {} with ckpt", addr.repo), str::to_string);
+    let done = Hub::from_env()?.push(&addr.repo, &revision, &files, &message)?;
+    Ok(Pushed {
+        repo: addr.repo,
+        revision,
+        commit: done.commit,
+        url: done.url,
+        uploaded: done.uploaded,
+        skipped: done.skipped,
+    })
+}
+
+/// The regular files under `dir`, hidden ones left out, with their `/`-separated paths
+/// relative to `root`, sorted.
+fn walk(root: &Path, dir: &Path, out: &mut Vec<(String, PathBuf)>) -> Result<()> {
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| Error::Io { path, source }
+    };
+    let mut entries: Vec<_> =
+        std::fs::read_dir(dir).map_err(io(dir))?.collect::<std::io::Result<_>>().map_err(io(dir))?;
+    entries.sort_by_key(|e| e.file_name());
+    for e in entries {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name.starts_with('.') {
+            continue;
+        }
+        let path = e.path();
+        let meta = std::fs::metadata(&path).map_err(io(&path))?;
+        if meta.is_dir() {
+            walk(root, &path, out)?;
+        } else if meta.is_file() {
+            let rel = path.strip_prefix(root).unwrap_or(&path);
+            let rel: Vec<String> = rel.iter().map(|c| c.to_string_lossy().into_owned()).collect();
+            out.push((rel.join("/"), path));
+        }
+    }
+    Ok(())
+}
+
 /// `"sub/"` for `"sub/model.safetensors.index.json"`, `""` at the top.
 fn folder_of(file: &str) -> String {
     file.rsplit_once('/').map(|(d, _)| format!("{d}/")).unwrap_or_default()
