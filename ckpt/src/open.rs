@@ -76,7 +76,7 @@ impl Checkpoint {
             Source::Local(format, root) => scan(format, root, options)?,
             Source::Remote(scan) => {
                 options.check(scan.checkpoint.format(), scan.checkpoint.root())?;
-                scan
+                *scan
             }
         };
         match scan.problems.into_iter().next() {
@@ -92,7 +92,7 @@ pub(crate) enum Source {
     /// A local file or folder, its format and root decided, not yet read.
     Local(Format, PathBuf),
     /// An `hf://` checkpoint read on the Hub by its headers ([`OpenOptions::headers_only`]).
-    Remote(Scan),
+    Remote(Box<Scan>),
 }
 
 /// Resolves `src` (downloading an `hf://` source's files unless only its headers are asked

@@ -73,7 +73,7 @@ pub fn verify_with(src: &str, options: &OpenOptions) -> Result<Report> {
         Source::Remote(scanned) => {
             report.format = Some(scanned.checkpoint.format());
             report.path = scanned.checkpoint.root().to_path_buf();
-            scanned
+            *scanned
         }
     };
     let ck = scanned.checkpoint;

@@ -58,7 +58,7 @@ pub(crate) enum Need {
 #[derive(Debug)]
 pub(crate) enum Located {
     Path(PathBuf),
-    Remote(Scan),
+    Remote(Box<Scan>),
 }
 
 /// A parsed `hf://` address.
@@ -141,10 +141,10 @@ pub(crate) fn locate(src: &str, need: Need, progress: Option<&Progress>) -> Resu
     match (need, &pick) {
         (Need::Headers, Pick::File(f)) if f.ends_with(".safetensors") => {
             let (file, header) = at.header(f)?;
-            Ok(Located::Remote(st::catalog_of(file, header)?))
+            Ok(Located::Remote(Box::new(st::catalog_of(file, header)?)))
         }
         (Need::Headers, Pick::Index(f)) if f.ends_with(".safetensors.index.json") => {
-            at.sharded(f, &snapshot).map(Located::Remote)
+            at.sharded(f, &snapshot).map(|scan| Located::Remote(Box::new(scan)))
         }
         _ => {
             let mut fetched = Vec::new();
