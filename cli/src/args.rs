@@ -69,11 +69,9 @@ pub enum Command {
         cmd: data::DataCommand,
     },
     /// Show a checkpoint's format, tensors and totals.
-    ///
-    /// An `hf://` model that is not in the Hugging Face cache is read on the Hub: its index,
-    /// then each shard's header by range requests; nothing is downloaded.
     Inspect {
-        /// A `.safetensors` file, an index, a folder, or `hf://ORG/NAME[@REV][/PATH]`.
+        /// A `.safetensors` file, an index, a folder, or `hf://ORG/NAME[@REV][/PATH]` (read on
+        /// the Hub by its headers when not in the cache, not downloaded).
         path: String,
         /// Print JSON (schema in the README).
         #[arg(long)]
