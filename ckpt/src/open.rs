@@ -25,6 +25,9 @@ pub struct OpenOptions {
     /// cannot be read then. Otherwise the files a source consists of are downloaded into the
     /// Hugging Face cache unless they are there already.
     pub headers_only: bool,
+    /// `hf://` sources: the branch, tag or commit to read (an `@REV` in the address must say
+    /// the same); refused for a local path.
+    pub revision: Option<String>,
     /// `hf://` downloads: called as bytes arrive, for one progress bar over the whole download.
     pub progress: Option<crate::hub::DownloadProgress>,
 }
@@ -99,7 +102,7 @@ pub(crate) enum Source {
 /// for) and, for a local one, decides its format and root without reading it.
 pub(crate) fn locate(src: &str, options: &OpenOptions) -> Result<Source> {
     let need = if options.headers_only { hub::Need::Headers } else { hub::Need::Bytes };
-    match hub::locate(src, need, options.progress.as_ref().map(|p| &*p.0))? {
+    match hub::locate(src, options.revision.as_deref(), need, options.progress.as_ref().map(|p| &*p.0))? {
         hub::Located::Path(path) => detect_path(&path).map(|(format, root)| Source::Local(format, root)),
         hub::Located::Remote(scan) => Ok(Source::Remote(scan)),
     }

@@ -41,6 +41,10 @@ pub struct OpenArgs {
     /// instead of the model megatron holds on one rank.
     #[arg(long)]
     pub as_stored: bool,
+    /// `hf://` sources: the branch, tag or commit to read (as `@REV` does; this one may hold
+    /// a `/`, as `refs/pr/1` does).
+    #[arg(long)]
+    pub revision: Option<String>,
 }
 
 impl OpenArgs {
@@ -50,6 +54,7 @@ impl OpenArgs {
             tag,
             allow_globals: ckpt::AllowGlobals::new(&self.allow_global)?,
             as_stored: self.as_stored,
+            revision: self.revision.clone(),
             ..Default::default()
         })
     }

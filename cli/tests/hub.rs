@@ -429,3 +429,59 @@ fn push_commits_a_split_once_and_skips_what_the_hub_holds() {
     let remote = json(ok(run(client(&hub, dir.path()), &["inspect", "--json", "hf://statekit-test/pushed"])));
     assert_eq!(remote, json(ok(run(ckpt(), &["inspect", "--json", split.to_str().unwrap()]))));
 }
+
+#[test]
+fn revisions_come_from_the_address_or_the_option_and_a_cached_commit_needs_no_request() {
+    let hub = Hub::start();
+    let dir = tempfile::tempdir().unwrap();
+    let by_tag = ok(run(client(&hub, dir.path()), &["inspect", "--json", "hf://statekit-test/tiny@v1"]));
+    let by_option =
+        ok(run(client(&hub, dir.path()), &["inspect", "--json", "--revision", "v1", "hf://statekit-test/tiny"]));
+    assert_eq!(stdout(&by_tag), stdout(&by_option));
+    let both = run(client(&hub, dir.path()), &["inspect", "--revision", "v2", "hf://statekit-test/tiny@v1"]);
+    assert_eq!(
+        stderr(&both),
+        "error: invalid hub address `hf://statekit-test/tiny@v1`: names revision `v1` and the revision option `v2`\n"
+    );
+
+    // A download by tag leaves `refs/v1`, as huggingface_hub does...
+    let out = dir.path().join("tiny.safetensors");
+    ok(run(client(&hub, dir.path()), &["merge", "hf://statekit-test/tiny@v1", out.to_str().unwrap()]));
+    let commit = std::fs::read_to_string(dir.path().join("cache/models--statekit-test--tiny/refs/v1")).unwrap();
+    let listing = hub.request("GET", "/api/models/statekit-test/tiny/revision/v1", "");
+    assert_eq!(serde_json::from_str::<serde_json::Value>(&listing).unwrap()["sha"], commit.as_str());
+    // ...and that commit, asked for by its hash, is read from the cache without a request.
+    let asked = hub.log().len();
+    let again = dir.path().join("again.safetensors");
+    ok(run(
+        client(&hub, dir.path()),
+        &["merge", &format!("hf://statekit-test/tiny@{commit}"), again.to_str().unwrap()],
+    ));
+    assert_eq!(hub.log().len(), asked);
+    assert_eq!(std::fs::read(&again).unwrap(), std::fs::read(&out).unwrap());
+}
+
+#[test]
+fn two_processes_download_a_blob_once() {
+    let hub = Hub::start();
+    let dir = tempfile::tempdir().unwrap();
+    // Slow data, so that the two downloads overlap: the second waits on the first's lock.
+    hub.fault(r#"{"delay": 0.5}"#);
+    let spawn = |name: &str| {
+        let mut cmd = client(&hub, dir.path());
+        cmd.args(["merge", "hf://statekit-test/tiny", dir.path().join(name).to_str().unwrap()]);
+        cmd.stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap()
+    };
+    let (a, b) = (spawn("a.safetensors"), spawn("b.safetensors"));
+    for child in [a, b] {
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    }
+    let fetched =
+        hub.log().iter().filter(|e| e["path"].as_str().unwrap().starts_with("/_lfs/") && e["status"] == 200).count();
+    assert_eq!(fetched, 1, "one download of the blob: {:?}", hub.log());
+    assert_eq!(
+        std::fs::read(dir.path().join("a.safetensors")).unwrap(),
+        std::fs::read(dir.path().join("b.safetensors")).unwrap()
+    );
+}

@@ -88,10 +88,32 @@ impl HubAddress {
         if revision.is_empty() {
             return Some(Err(bad("empty revision after `@`")));
         }
+        if revision == "." || revision == ".." {
+            return Some(Err(bad("`.` and `..` are no revision")));
+        }
         if path.as_deref().is_some_and(|p| p.split('/').any(|c| c == "..")) {
             return Some(Err(bad("`..` is not allowed in the path")));
         }
         Some(Ok(HubAddress { repo: format!("{org}/{name}"), revision, path }))
+    }
+
+    /// `src` parsed, its revision replaced by `revision` (`--revision`, which may hold a `/`,
+    /// as `refs/pr/1` does, where `@REV` cannot); an `@REV` that says otherwise is refused.
+    pub(crate) fn parse_with(src: &str, revision: Option<&str>) -> Option<Result<HubAddress>> {
+        let parsed = HubAddress::parse(src)?;
+        let Some(rev) = revision else { return Some(parsed) };
+        let bad = |reason: String| Error::BadHubUrl { input: src.to_string(), reason };
+        Some(parsed.and_then(|mut addr| {
+            let named = src.trim_start_matches("hf://").split('/').nth(1).is_some_and(|n| n.contains('@'));
+            if named && addr.revision != rev {
+                return Err(bad(format!("names revision `{}` and the revision option `{rev}`", addr.revision)));
+            }
+            if !remote::is_safe_relative(rev) {
+                return Err(bad(format!("revision `{rev}` is not a branch, tag or commit name")));
+            }
+            addr.revision = rev.to_string();
+            Ok(addr)
+        }))
     }
 }
 
@@ -105,8 +127,14 @@ pub(crate) fn cache_dir() -> PathBuf {
 
 /// Finds `src`: a plain path as it is; an `hf://` address in the cache, on the Hub, or
 /// downloaded into the cache, as [`Need`] asks (see the module's documentation).
-pub(crate) fn locate(src: &str, need: Need, progress: Option<&Progress>) -> Result<Located> {
-    let Some(addr) = HubAddress::parse(src) else {
+pub(crate) fn locate(src: &str, revision: Option<&str>, need: Need, progress: Option<&Progress>) -> Result<Located> {
+    let Some(addr) = HubAddress::parse_with(src, revision) else {
+        if revision.is_some() {
+            return Err(Error::BadOption {
+                option: "revision",
+                reason: format!("applies to `hf://` sources only; {} is a path", crate::escape_controls(src)),
+            });
+        }
         return Ok(Located::Path(PathBuf::from(src)));
     };
     let addr = addr?;
@@ -198,10 +226,10 @@ pub struct Pushed {
 /// not exist is created. Hidden files (a name starting with `.`) stay behind. Takes a token
 /// with write access (`HF_TOKEN`, or the token file).
 pub fn push(local: &Path, dst: &str, revision: Option<&str>, message: Option<&str>) -> Result<Pushed> {
-    let addr = HubAddress::parse(dst).unwrap_or_else(|| {
+    let addr = HubAddress::parse_with(dst, revision).unwrap_or_else(|| {
         Err(Error::BadHubUrl { input: dst.into(), reason: "a push goes to `hf://ORG/NAME[@BRANCH][/PATH]`".into() })
     })?;
-    let revision = revision.unwrap_or(&addr.revision).to_string();
+    let revision = addr.revision.clone();
     let prefix = addr.path.as_deref().map(|p| format!("{}/", p.trim_end_matches('/'))).unwrap_or_default();
     let mut found = Vec::new();
     walk(local, local, &mut found)?;
@@ -451,9 +479,18 @@ mod tests {
     }
 
     #[test]
+    fn the_revision_option_replaces_the_default_and_agrees_with_an_explicit_one() {
+        let with = |s: &str, r: &str| HubAddress::parse_with(s, Some(r)).map(|a| a.map(|a| a.revision));
+        assert_eq!(with("hf://org/name", "refs/pr/1").and_then(Result::ok).as_deref(), Some("refs/pr/1"));
+        assert_eq!(with("hf://org/name@v1/sub", "v1").and_then(Result::ok).as_deref(), Some("v1"));
+        assert!(matches!(with("hf://org/name@v1", "v2"), Some(Err(_))));
+        assert!(matches!(with("hf://org/name", "../x"), Some(Err(_))));
+    }
+
+    #[test]
     fn refuses_bad_addresses() {
         assert!(HubAddress::parse("model.safetensors").is_none());
-        for bad in ["hf://org", "hf://org/@x", "hf://org/name@", "hf://org/name/../../etc/passwd"] {
+        for bad in ["hf://org", "hf://org/@x", "hf://org/name@", "hf://org/name@..", "hf://org/name/../../etc/passwd"] {
             assert!(matches!(HubAddress::parse(bad), Some(Err(_))), "{bad}");
         }
     }
