@@ -230,6 +230,12 @@ pub fn push(local: &Path, dst: &str, revision: Option<&str>, message: Option<&st
         Err(Error::BadHubUrl { input: dst.into(), reason: "a push goes to `hf://ORG/NAME[@BRANCH][/PATH]`".into() })
     })?;
     let revision = addr.revision.clone();
+    if remote::env_true("HF_HUB_OFFLINE") {
+        return Err(Error::BadOption {
+            option: "push",
+            reason: "`HF_HUB_OFFLINE` is set, and a push needs the Hub".into(),
+        });
+    }
     let prefix = addr.path.as_deref().map(|p| format!("{}/", p.trim_end_matches('/'))).unwrap_or_default();
     let mut found = Vec::new();
     walk(local, local, &mut found)?;
