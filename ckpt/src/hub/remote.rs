@@ -519,6 +519,17 @@ impl Hub {
             have += n as u64;
             report(n as u64);
         }
+        if have < f.meta.size {
+            // An answer without a length that ended early: kept, like a broken connection.
+            let _ = out.sync_data();
+            let reason = format!(
+                "the answer ended after {have} of {} bytes of `{}`; they are kept in {} and the next run resumes from there",
+                f.meta.size,
+                f.file,
+                part.display()
+            );
+            return Err(Error::HubRequest { url, reason });
+        }
         Ok(have)
     }
 }
