@@ -61,10 +61,16 @@ impl Hub {
 
     /// A server over the repositories under `root` (a copy, for a test that writes).
     fn start_at(root: &Path) -> Hub {
+        Hub::start_with(root, &[])
+    }
+
+    /// A server with server.py's `flags` too.
+    fn start_with(root: &Path, flags: &[&str]) -> Hub {
         let mut child = Command::new(python())
             .arg(repo_root().join("tests/hub/server.py"))
             .args(["--root".as_ref(), root.as_os_str(), "--port".as_ref(), "0".as_ref()])
             .args(["--token", TOKEN])
+            .args(flags)
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
@@ -484,4 +490,20 @@ fn two_processes_download_a_blob_once() {
         std::fs::read(dir.path().join("a.safetensors")).unwrap(),
         std::fs::read(dir.path().join("b.safetensors")).unwrap()
     );
+}
+
+#[test]
+fn files_served_through_a_relative_redirect_land_under_the_same_blob_names() {
+    // `--resolve-cache`: regular files answer 307 to another path of the Hub, whose answer
+    // alone carries the ETag, as huggingface.co serves public repositories today.
+    let redirecting = Hub::start_with(repos(), &["--resolve-cache"]);
+    let plain = Hub::start();
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    for (hub, dir) in [(&redirecting, &a), (&plain, &b)] {
+        let out = dir.path().join("merged.safetensors");
+        ok(run(client(hub, dir.path()), &["merge", "hf://statekit-test/sharded5", out.to_str().unwrap()]));
+    }
+    let repo = "cache/models--statekit-test--sharded5";
+    assert_eq!(tree(&a.path().join(repo)), tree(&b.path().join(repo)));
+    assert!(redirecting.log().iter().any(|e| e["status"] == 307));
 }
