@@ -205,7 +205,7 @@ pub(crate) fn locate(src: &str, revision: Option<&str>, need: Need, progress: Op
 #[derive(Clone, Debug)]
 #[non_exhaustive]
 pub struct Pushed {
-    /// The repository (`ORG/NAME`) and the branch pushed to.
+    /// The repository (`ORG/NAME`).
     pub repo: String,
     /// The branch.
     pub revision: String,
