@@ -377,6 +377,15 @@ fn missing_repositories_files_and_offline_misses_are_named() {
     assert!(stderr(&miss)
         .contains("has no `model.safetensors.index.json` or `model.safetensors` in the local Hugging Face cache"));
     assert_eq!(hub.log().len(), asked, "offline asks nothing");
+
+    // A Hub that cannot be reached, and nothing cached: the message says where it looked.
+    let mut nowhere = client(&hub, dir.path());
+    nowhere.env("HF_ENDPOINT", "http://127.0.0.1:1");
+    let unreachable = run(nowhere, &["inspect", "hf://statekit-test/tiny"]);
+    assert_eq!(unreachable.status.code(), Some(2));
+    let err = stderr(&unreachable);
+    assert!(err.starts_with("error: http://127.0.0.1:1/api/models/statekit-test/tiny/revision/main"), "{err}");
+    assert!(err.ends_with("(`HF_ENDPOINT` names the Hub; with `HF_HUB_OFFLINE=1` only the cache is read)\n"), "{err}");
 }
 
 #[test]

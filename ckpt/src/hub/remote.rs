@@ -802,10 +802,20 @@ fn unreachable(t: &ureq::Transport) -> bool {
     matches!(t.kind(), ureq::ErrorKind::Dns | ureq::ErrorKind::ConnectionFailed | ureq::ErrorKind::ProxyConnect)
 }
 
+/// What went wrong on the way, without the URL (the error names it once).
 fn transport_reason(t: &ureq::Transport) -> String {
-    let detail = t.to_string();
+    let mut detail = t.kind().to_string();
+    for part in
+        [t.message().map(str::to_string), std::error::Error::source(t).map(|s| s.to_string())].into_iter().flatten()
+    {
+        detail.push_str(": ");
+        detail.push_str(&part);
+    }
     if detail.contains("timed out") || detail.contains("WouldBlock") {
         return "no answer in time (`HF_HUB_ETAG_TIMEOUT`, `HF_HUB_DOWNLOAD_TIMEOUT` set the limits in seconds)".into();
+    }
+    if unreachable(t) {
+        detail.push_str(" (`HF_ENDPOINT` names the Hub; with `HF_HUB_OFFLINE=1` only the cache is read)");
     }
     detail
 }
