@@ -301,9 +301,9 @@ fn read_ranks(dir: &Path) -> Result<Vec<RankFile>> {
 
 /// The rank files of the folders `names` of `dir`, by pipeline stage then tensor-parallel
 /// rank: `(tp, stage, file)`, each file the one its folder names, checked to form a whole grid
-/// before anything is read (the files are looked for by the caller). The ranks in the names are inputs: the grid is walked only as far
-/// as the folders that are there, so a name claiming rank 2^64 - 1 costs one step, not a loop
-/// or an allocation of that size.
+/// before anything is read (the caller looks for the files). The ranks in the names are inputs:
+/// none sizes a loop or an allocation before it is checked against the number of folders (a
+/// name claiming rank 2^64 - 1 once overflowed the grid's size).
 pub(super) fn rank_grid(dir: &Path, names: &[String]) -> Result<Vec<(u64, u64, PathBuf)>> {
     let mut found: BTreeMap<(u64, u64), &str> = BTreeMap::new();
     let (mut staged, mut unstaged) = (false, false);
@@ -343,26 +343,32 @@ pub(super) fn rank_grid(dir: &Path, names: &[String]) -> Result<Vec<(u64, u64, P
             reason: "some rank folders name a pipeline stage and others do not".into(),
         });
     }
-    let Some(tp) = found.keys().map(|k| k.1).max() else {
+    if found.is_empty() {
         return Err(Error::NotACheckpoint { path: dir.to_path_buf() });
-    };
-    let pp = found.keys().map(|k| k.0).max().unwrap_or(0);
-    // The grid is whole when it holds exactly the folders found; otherwise the first rank
-    // missing in grid order is named, found within `found.len() + 1` steps (each step before it
-    // is a folder that is there).
-    let whole = (tp.checked_add(1)).and_then(|t| t.checked_mul(pp.checked_add(1)?)) == Some(found.len() as u64);
-    if !whole {
-        let (t, stage) = (0..=pp)
-            .flat_map(|stage| (0..=tp).map(move |t| (t, stage)))
+    }
+    // A whole grid of `n` folders numbers its ranks and stages below `n`: a name past that
+    // cannot be part of one, and is refused before it sizes anything.
+    let n = found.len() as u64;
+    if let Some((&(stage, t), name)) = found.iter().find(|(&(stage, t), _)| stage >= n || t >= n) {
+        let what = if t >= n { format!("tensor-parallel rank {t}") } else { format!("pipeline stage {stage}") };
+        return Err(Error::BadMegatron {
+            path: dir.join(name),
+            key: None,
+            rank: Some(t),
+            reason: format!("the folder's name gives {what}, but the iteration holds {n} rank folders"),
+        });
+    }
+    let tp = found.keys().map(|k| k.1).max().unwrap_or(0) + 1;
+    let pp = found.keys().map(|k| k.0).max().unwrap_or(0) + 1;
+    if tp.checked_mul(pp) != Some(n) {
+        // The first rank missing in grid order: within `n + 1` steps, each step before it a
+        // folder that is there.
+        let (t, stage) = (0..pp)
+            .flat_map(|stage| (0..tp).map(move |t| (t, stage)))
             .find(|&(t, stage)| !found.contains_key(&(stage, t)))
             .unwrap_or((0, 0));
         let name = if staged { format!("mp_rank_{t:02}_{stage:03}") } else { format!("mp_rank_{t:02}") };
-        return Err(Error::MissingMegatronRank {
-            path: dir.join(name).join(RANK_FILE),
-            rank: t,
-            tp: tp.saturating_add(1),
-            pp: pp.saturating_add(1),
-        });
+        return Err(Error::MissingMegatronRank { path: dir.join(name).join(RANK_FILE), rank: t, tp, pp });
     }
     Ok(found.into_iter().map(|((stage, t), name)| (t, stage, dir.join(name).join(RANK_FILE))).collect())
 }
