@@ -138,10 +138,16 @@ PY
     esac
 }
 
+# Megatron's tracker, `metadata.json` and rank folder names are a few lines of parsing each,
+# which the fuzzer covers within seconds (half a million runs in 20 s): a quarter of the time.
+quick="megatron_tracker megatron_config megatron_rank_folders"
+
 for target in unpickle torch_zip dcp_metadata hf_index safetensors_header tiling \
     megatron_tracker megatron_config megatron_rank_folders megatron_saved_state json_documents; do
     seed "$target"
+    time="$seconds"
+    case " $quick " in *" $target "*) time=$(( (seconds + 3) / 4 )) ;; esac
     cargo fuzz build --release "$target"
     cargo fuzz run --release "$target" "corpus/$target" -- \
-        -max_total_time="$seconds" -max_len=65536 -rss_limit_mb=512 -malloc_limit_mb=512 -timeout=10 -print_final_stats=1
+        -max_total_time="$time" -max_len=65536 -rss_limit_mb=512 -malloc_limit_mb=512 -timeout=10 -print_final_stats=1
 done
