@@ -151,3 +151,40 @@ fn a_legacy_stage_missing_disagrees_with_the_layer_count() {
         ),
     );
 }
+
+/// Found writing the `megatron_rank_folders` fuzz target: a rank folder's name claiming the
+/// last rank a `u64` holds sized the grid of ranks as that rank + 1, which overflowed (a panic
+/// in a debug build; in a release build the save was "not a checkpoint"). A name is an input:
+/// it is checked against the number of rank folders first.
+#[test]
+fn a_legacy_rank_folder_naming_rank_2_pow_64_minus_1() {
+    let (_tmp, save) = legacy_copy();
+    let iter = save.join("iter_0000001");
+    let forged = iter.join("mp_rank_18446744073709551615_000");
+    common::copy_tree(&iter.join("mp_rank_00_000"), &forged);
+    refused_legacy(
+        &save,
+        &format!(
+            "{} (rank 18446744073709551615): the folder's name gives tensor-parallel rank 18446744073709551615, but \
+             the iteration holds 5 rank folders",
+            forged.display()
+        ),
+    );
+}
+
+/// Found writing the `megatron_rank_folders` fuzz target: `mp_rank_1_000` and `mp_rank_01_000`
+/// are both rank 1 of stage 0. Which one Megatron wrote is not ours to guess; it used to be
+/// the one spelled as the reader spells it, the other ignored.
+#[test]
+fn two_legacy_rank_folders_naming_the_same_rank() {
+    let (_tmp, save) = legacy_copy();
+    let iter = save.join("iter_0000001");
+    common::copy_tree(&iter.join("mp_rank_01_000"), &iter.join("mp_rank_1_000"));
+    refused_legacy(
+        &save,
+        &format!(
+            "{} (rank 1): the rank folders `mp_rank_01_000` and `mp_rank_1_000` name the same rank",
+            iter.display()
+        ),
+    );
+}

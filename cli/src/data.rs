@@ -6,7 +6,8 @@
 //! `ckpt data state --from-accelerate DIR --len N --batch-size B --json` prints the
 //! `LoaderState` itself (see `dataload::LoaderState`).
 //!
-//! JSON output of `ckpt data state FILE --json` (and of `--mixture MIX.json --cursor K`):
+//! JSON output of `ckpt data state FILE --json` (and of `--mixture MIX.json --cursor K`),
+//! `dataload::StateReport`:
 //! `{"epoch", "cursor", "dataset_len", "world_size", "global_batch_size", "steps_done",
 //!   "steps_left", "mode", "sampler", "ranks": [{"rank", "next_batch": [...] | null,
 //!   "batches_left", "next_samples": [[source, index], ...] (mixtures only)}],
@@ -227,42 +228,6 @@ fn plan(args: &PlanArgs) -> anyhow::Result<String> {
     Ok(out)
 }
 
-#[derive(Serialize, Debug)]
-struct RankNext {
-    rank: u64,
-    next_batch: Option<Vec<u64>>,
-    batches_left: u64,
-    /// A mixture's `(source, index)` of each sample of `next_batch`.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    next_samples: Option<Vec<(usize, u64)>>,
-}
-
-/// Where a mixture's sources are at the cursor.
-#[derive(Serialize, Debug)]
-struct MixtureOut {
-    sources: usize,
-    /// The block size in force at the cursor: proportions hold to within one block.
-    block: u64,
-    /// Samples each source has given before the cursor.
-    positions: Vec<u64>,
-}
-
-#[derive(Serialize, Debug)]
-struct StateOut {
-    epoch: u64,
-    cursor: u64,
-    dataset_len: u64,
-    world_size: u64,
-    global_batch_size: u64,
-    steps_done: u64,
-    steps_left: u64,
-    mode: dataload::ShardMode,
-    sampler: String,
-    ranks: Vec<RankNext>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    mixture: Option<MixtureOut>,
-}
-
 fn state(args: &StateArgs) -> anyhow::Result<String> {
     let st = match (&args.file, &args.from_accelerate, &args.loader) {
         (Some(_), _, l) if l.len.is_some() || l.batch_size.is_some() => {
@@ -293,65 +258,12 @@ fn state(args: &StateArgs) -> anyhow::Result<String> {
             "give a state FILE, `--from-accelerate DIR` or `--from-trainer DIR`, with `--len N --batch-size B`"
         ),
     };
-    let mixture = st.mixture.clone().map(dataload::Mixture::new).transpose()?;
-    let mut ranks = Vec::new();
-    let mut geometry = None;
-    let mut steps_left = 0;
-    for rank in 0..st.world_size {
-        let mut l = ShardedSampler::from_state(&st, st.world_size, rank)?;
-        geometry.get_or_insert(*l.geometry());
-        steps_left = l.current_plan()?.num_steps();
-        let batches_left = l.remaining()?;
-        let next_batch = l.clone().next_batch()?;
-        let next_samples = match (&mixture, &next_batch) {
-            (Some(m), Some(b)) => Some(m.locate_many(b)?),
-            _ => None,
-        };
-        ranks.push(RankNext { rank, next_batch, batches_left, next_samples });
-    }
-    let mixture = match mixture {
-        Some(m) => {
-            Some(MixtureOut { sources: m.sources(), block: m.block_at(st.cursor), positions: m.positions(st.cursor)? })
-        }
-        None => None,
-    };
-    let g = geometry.map(|g| g.global_batch()).unwrap_or(0);
-    let out = StateOut {
-        epoch: st.epoch,
-        cursor: st.cursor,
-        dataset_len: st.dataset_len,
-        world_size: st.world_size,
-        global_batch_size: g,
-        steps_done: st.cursor.checked_div(g).unwrap_or(0),
-        steps_left,
-        mode: st.mode,
-        sampler: st.sampler.to_string(),
-        ranks,
-        mixture,
-    };
+    // The document and the text are dataload's own, one rendering for every caller.
+    let report = dataload::StateReport::new(&st)?;
     if args.json {
-        return Ok(serde_json::to_string_pretty(&out)? + "\n");
+        return Ok(serde_json::to_string_pretty(&report)? + "\n");
     }
-    let mut s = format!(
-        "epoch {}: {} of {} samples consumed ({} sampler, {} ranks, global batch {})\n",
-        out.epoch, out.cursor, out.dataset_len, out.sampler, out.world_size, g
-    );
-    s += &format!("{} global steps left in this epoch\n", out.steps_left);
-    if let Some(m) = &out.mixture {
-        let given: Vec<String> = m.positions.iter().enumerate().map(|(i, p)| format!("source {i}: {p}")).collect();
-        s += &format!("mixture of {} sources, samples given before the cursor: {}\n", m.sources, given.join(", "));
-    }
-    for r in &out.ranks {
-        match (&r.next_batch, &r.next_samples) {
-            (Some(_), Some(samples)) => {
-                let shown: Vec<String> = samples.iter().map(|(src, j)| format!("{src}:{j}")).collect();
-                s += &format!("rank {}: next [{}] ({} batches left)\n", r.rank, shown.join(", "), r.batches_left)
-            }
-            (Some(b), None) => s += &format!("rank {}: next {} ({} batches left)\n", r.rank, list(b), r.batches_left),
-            (None, _) => s += &format!("rank {}: epoch done, next batch starts epoch {}\n", r.rank, out.epoch + 1),
-        }
-    }
-    Ok(s)
+    Ok(report.to_string())
 }
 
 /// The state of the loader of `loader` reading the mixture of `file` in order on

@@ -20,15 +20,17 @@ seed() { # seed TARGET: write a starting corpus from the fixtures
         line_index)
             seeds lines "$corpus" "$fixtures"/dataload_sources/*.jsonl "$fixtures"/dataload_sources/*.jsonl.zst \
                 "$fixtures"/hostile/dataload/*.jsonl "$fixtures"/hostile/dataload/*.jsonl.zst ;;
-        loader_state)
+        loader_state | data_state)
             seeds states "$corpus" ;;
+        mixture_spec)
+            seeds mixtures "$corpus" ;;
         arrow_ipc)
             # The Arrow fixtures as they are: IPC files (plain, LZ4, zstd) and a stream.
             cp "$fixtures"/dataload_sources/*.arrow "$fixtures"/dataload_sources/*.arrows "$corpus"/ ;;
     esac
 }
 
-targets=(line_index loader_state arrow_ipc)
+targets=(line_index loader_state arrow_ipc mixture_spec data_state)
 for target in "${targets[@]}"; do
     seed "$target"
 done

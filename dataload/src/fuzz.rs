@@ -60,6 +60,60 @@ pub fn loader_state(input: &[u8]) {
     }
 }
 
+/// A mixture's definition, as `ckpt data state --mixture MIX.json` and a loader state carry it:
+/// parsed, and when accepted written back and parsed again (the same definition), compiled, and
+/// when it compiles located at a few positions, its sources' counts checked against the
+/// positions, then read by a loader as the tool reads it, whose state survives its own JSON.
+pub fn mixture_spec(input: &[u8]) {
+    let Ok(spec) = serde_json::from_slice::<crate::MixtureSpec>(input) else { return };
+    let text = serde_json::to_string(&spec).expect("a definition renders");
+    assert_eq!(serde_json::from_str::<crate::MixtureSpec>(&text).ok().as_ref(), Some(&spec), "{text}");
+    let Ok(m) = crate::Mixture::new(spec.clone()) else { return };
+    let len = m.len();
+    let probes: Vec<u64> = [0, 1, len / 2, len.saturating_sub(1)].into_iter().filter(|&p| p < len).collect();
+    let located: Vec<(usize, u64)> =
+        probes.iter().map(|&p| m.locate(p).expect("a position of the mixture locates")).collect();
+    assert_eq!(m.locate_many(&probes).ok().as_ref(), Some(&located));
+    for &(src, i) in &located {
+        assert!(i < spec.sizes[src], "sample {i} of source {src}, which has {}", spec.sizes[src]);
+    }
+    for p in probes.iter().copied().chain([len]) {
+        let given = m.positions(p).expect("a position up to the end has counts");
+        assert_eq!(given.iter().try_fold(0u64, |t, &c| t.checked_add(c)), Some(p), "counts at {p}: {given:?}");
+    }
+    assert!(m.locate(len).is_err(), "position {len} is past the end");
+    if let Some(past) = len.checked_add(1) {
+        assert!(m.positions(past).is_err(), "position {past} is past the end");
+    }
+    let Ok(loader) =
+        crate::ShardedSampler::builder().dataset_len(len).batch_size(4).world_size(2).mixture(spec).build()
+    else {
+        return;
+    };
+    let state = loader.state_dict();
+    let again = state.to_json().map(|t| crate::LoaderState::from_json(&t));
+    assert!(matches!(&again, Ok(Ok(s)) if *s == state), "a state does not survive its own JSON: {again:?}");
+}
+
+/// The document `ckpt data state --json` prints, of a loader state JSON (with or without a
+/// mixture): built by [`crate::StateReport`], printed as the tool prints it, it parses back as
+/// the same JSON; its text form renders too.
+pub fn data_state(input: &[u8]) {
+    let Ok(text) = std::str::from_utf8(input) else { return };
+    let Ok(state) = crate::LoaderState::from_json(text) else { return };
+    // The report resumes the state on each of its ranks: a world and a dataset of a size a
+    // fuzzer can afford.
+    if state.dataset_len > 1 << 16 || state.world_size > 8 {
+        return;
+    }
+    let Ok(report) = crate::StateReport::new(&state) else { return };
+    let printed = serde_json::to_string_pretty(&report).expect("the report renders");
+    let parsed: serde_json::Value = serde_json::from_str(&printed).expect("the printed report is JSON");
+    assert_eq!(parsed, serde_json::to_value(&report).expect("the report renders"), "{printed}");
+    assert_eq!(parsed["ranks"].as_array().map(Vec::len), Some(report.ranks.len()));
+    let _ = report.to_string();
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -110,6 +164,39 @@ mod tests {
                 edited[at] = if at % 2 == 0 { 0xff } else { data[at] ^ 0x5a };
                 survives(&edited);
             }
+        }
+    }
+
+    /// A mixture definition of each kind, and each with a field edited: refused, or compiled and
+    /// located consistently (what the fuzz target checks, here on every `cargo test`); and the
+    /// `ckpt data state` document of a loader part way into each.
+    #[test]
+    fn mixtures_and_their_states_survive_edits() {
+        let specs = [
+            r#"{"sizes": [1000, 200, 5000], "weights": [0.6, 0.3, 0.1], "seed": 3, "once": [1], "length": 4000}"#,
+            r#"{"sizes": [13, 29], "weights": [1.0, 3.0], "seed": 0, "once": [0, 1]}"#,
+            r#"{"sizes": [50, 70], "weights": [0.5, 0.5], "seed": 9, "length": 500,
+                "changes": [{"at": 100, "weights": [0.1, 0.9]}, {"at": 300, "weights": [1.0, 1.0]}]}"#,
+        ];
+        let edits = [("0.6", "1e-300"), ("3", "18446744073709551615"), ("[1]", "[7]"), ("4000", "0"), ("500", "99")];
+        for spec in specs {
+            mixture_spec(spec.as_bytes());
+            for (from, to) in edits {
+                mixture_spec(spec.replacen(from, to, 1).as_bytes());
+            }
+            let spec: crate::MixtureSpec = serde_json::from_str(spec).unwrap();
+            let len = crate::Mixture::new(spec.clone()).unwrap().len();
+            let mut l = crate::ShardedSampler::builder()
+                .dataset_len(len)
+                .batch_size(4)
+                .world_size(3)
+                .mixture(spec)
+                .build()
+                .unwrap();
+            l.next_batch().unwrap();
+            let state = l.state_dict().to_json().unwrap();
+            data_state(state.as_bytes());
+            loader_state(state.as_bytes());
         }
     }
 

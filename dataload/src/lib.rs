@@ -129,6 +129,7 @@ mod sampler;
 #[cfg(feature = "sources")]
 mod source;
 mod state;
+mod state_report;
 #[cfg(feature = "sources")]
 mod table;
 #[cfg(feature = "sources")]
@@ -174,6 +175,7 @@ pub use sampler::{EpochOrder, IndexSampler, SeedableRandomSampler, SequentialSam
 #[cfg(feature = "sources")]
 pub use source::{FileFingerprint, Fingerprint, Source};
 pub use state::{EpochGenerator, LoaderState, SamplerSpec, STATE_FORMAT, STATE_VERSION};
+pub use state_report::{MixtureReport, RankReport, StateReport};
 #[cfg(feature = "sources")]
 pub use tokens::{TokenBatch, TokenDtype, TokenFile, TokenWindows};
 pub use torch_rng::{TorchGenerator, STATE_BYTES as GENERATOR_STATE_BYTES};

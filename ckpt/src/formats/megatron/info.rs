@@ -78,10 +78,33 @@ fn flag(leaf: Option<&Leaf>) -> Option<bool> {
 /// versions).
 fn common(dcp: &DcpSource) -> Option<&Leaf> {
     let v = &dcp.bytes.iter().find(|b| b.key.split('/').next() == Some("common_state"))?.value;
+    Some(saved_dict(v))
+}
+
+/// The saved dict of a `common_state` value: the value, or the one item of a one-item list.
+pub(crate) fn saved_dict(v: &Leaf) -> &Leaf {
     match v {
-        Leaf::List(items) if items.len() == 1 => items.first(),
-        other => Some(other),
+        Leaf::List(items) => match items.as_slice() {
+            [only] => only,
+            _ => v,
+        },
+        other => other,
     }
+}
+
+/// What a `torch_dist` checkpoint's saved dict (`common_state`) says of the run: its `args`,
+/// its iteration, and its distributed optimizer's form.
+pub(crate) fn from_saved(common: Option<&Leaf>) -> MegatronInfo {
+    let mut m = from_args("torch_dist", common.and_then(|c| lookup(c, &["args"])));
+    m.iteration = uint(common.and_then(|c| lookup(c, &["iteration"])));
+    m.optimizer = common.and_then(|c| lookup(c, &["optimizer", "param_state_sharding_type"])).and_then(|v| {
+        if let Leaf::Str(s) = v {
+            Some(s.clone())
+        } else {
+            None
+        }
+    });
+    m
 }
 
 /// What Megatron-LM's saved `args` (an `argparse.Namespace` record) say of the run and model.
@@ -116,25 +139,20 @@ pub(crate) fn arg<'a>(dcp: &'a DcpSource, name: &str) -> Option<&'a Leaf> {
 /// The summary of a `torch_dist` checkpoint: the saved `args` where Megatron-LM saved them,
 /// the rest from the tensors.
 pub(crate) fn describe(loc: &Location, dcp: &DcpSource) -> MegatronInfo {
-    let common = common(dcp);
     let key_shape = |key: &str| dcp.tensors.iter().find(|t| t.key == key).map(|t| t.shape.clone());
     let stacked_layers = dcp
         .tensors
         .iter()
         .find(|t| names::stacked(&t.key).is_some_and(|s| s.block == "decoder.layers."))
         .and_then(|t| t.shape.first().copied());
-    let optimizer = common
-        .and_then(|c| lookup(c, &["optimizer", "param_state_sharding_type"]))
-        .and_then(|v| if let Leaf::Str(s) = v { Some(s.clone()) } else { None })
-        .or_else(|| {
-            dcp.tensors.iter().any(|t| t.key.starts_with("optimizer.state.")).then(|| "fully_reshardable".to_string())
-        });
-    let mut m = from_args("torch_dist", common.and_then(|c| lookup(c, &["args"])));
-    m.iteration = uint(common.and_then(|c| lookup(c, &["iteration"]))).or(loc.iteration);
+    let mut m = from_saved(common(dcp));
+    m.optimizer = m.optimizer.or_else(|| {
+        dcp.tensors.iter().any(|t| t.key.starts_with("optimizer.state.")).then(|| "fully_reshardable".to_string())
+    });
+    m.iteration = m.iteration.or(loc.iteration);
     m.num_layers = m.num_layers.or(stacked_layers);
     m.hidden_size =
         m.hidden_size.or_else(|| key_shape("embedding.word_embeddings.weight").and_then(|s| s.get(1).copied()));
     m.tied_embeddings = m.tied_embeddings.or_else(|| Some(key_shape("output_layer.weight").is_none()));
-    m.optimizer = optimizer;
     m
 }

@@ -35,7 +35,7 @@ pub(crate) const RANK_FILE: &str = "model_optim_rng.pt";
 const DISTRIB_FILE: &str = "distrib_optim.pt";
 
 /// A rank folder's name: `mp_rank_TT`, `mp_rank_TT_PPP`, or with an expert rank `_EEE`.
-fn ranks_of(name: &str) -> Option<(u64, Option<u64>, Option<u64>)> {
+pub(super) fn ranks_of(name: &str) -> Option<(u64, Option<u64>, Option<u64>)> {
     let rest = name.strip_prefix("mp_rank_")?;
     let mut parts = rest.split('_').map(|p| p.parse::<u64>().ok().filter(|_| p.bytes().all(|b| b.is_ascii_digit())));
     let tp = parts.next()??;
@@ -194,7 +194,7 @@ fn stage_offsets(ranks: &[RankFile], pp: u64) -> Result<(Vec<u64>, u64)> {
 }
 
 /// `decoder.layers.3.mlp.linear_fc1.weight` → (`decoder.layers.`, 3, `mlp.linear_fc1.weight`).
-fn local_layer(name: &str) -> Option<(&str, u64, &str)> {
+pub(super) fn local_layer(name: &str) -> Option<(&str, u64, &str)> {
     let name = name.strip_prefix("model.").unwrap_or(name);
     let at = name.find("layers.")? + "layers.".len();
     let (block, rest) = name.split_at(at);
@@ -272,26 +272,70 @@ fn stitch(
 /// Every rank's file, each read once, checked to form a whole grid of tensor × pipeline ranks.
 fn read_ranks(dir: &Path) -> Result<Vec<RankFile>> {
     let allow = AllowGlobals::new(super::SAVE_GLOBALS.iter().copied())?;
-    let mut found = Vec::new();
+    let mut names = Vec::new();
     for entry in std::fs::read_dir(dir).map_err(|e| Error::Io { path: dir.to_path_buf(), source: e })? {
         let entry = entry.map_err(|e| Error::Io { path: dir.to_path_buf(), source: e })?;
-        let Some((tp, pp, ep)) = entry.file_name().to_str().and_then(ranks_of) else { continue };
-        let path = entry.path().join(RANK_FILE);
+        // A name that is not UTF-8 is no rank folder, as `ranks_of` would say of it.
+        if let Ok(name) = entry.file_name().into_string() {
+            names.push(name);
+        }
+    }
+    let grid = rank_grid(dir, &names)?;
+    let (tp, pp) = grid.last().map_or((0, 0), |&(t, stage, _)| (t + 1, stage + 1));
+    let mut ranks = Vec::with_capacity(grid.len());
+    for (rank, stage, path) in grid {
+        if !path.is_file() {
+            return Err(Error::MissingMegatronRank { path, rank, tp, pp });
+        }
+        let distrib_path = path.with_file_name(DISTRIB_FILE);
+        let scan = torch::catalog(path, Format::Torch, &allow)?;
+        let distrib = if distrib_path.is_file() {
+            Some(torch::catalog(distrib_path, Format::Torch, &allow)?.checkpoint)
+        } else {
+            None
+        };
+        ranks.push(RankFile { tp: rank, pp: stage, ck: scan.checkpoint, distrib });
+    }
+    Ok(ranks)
+}
+
+/// The rank files of the folders `names` of `dir`, by pipeline stage then tensor-parallel
+/// rank: `(tp, stage, file)`, each file the one its folder names, checked to form a whole grid
+/// before anything is read (the caller looks for the files). The ranks in the names are inputs:
+/// none sizes a loop or an allocation before it is checked against the number of folders (a
+/// name claiming rank 2^64 - 1 once overflowed the grid's size).
+pub(super) fn rank_grid(dir: &Path, names: &[String]) -> Result<Vec<(u64, u64, PathBuf)>> {
+    let mut found: BTreeMap<(u64, u64), &str> = BTreeMap::new();
+    let (mut staged, mut unstaged) = (false, false);
+    for name in names {
+        let Some((tp, pp, ep)) = ranks_of(name) else { continue };
         if ep.is_some() {
             return Err(Error::BadMegatron {
-                path,
+                path: dir.join(name).join(RANK_FILE),
                 key: None,
                 rank: Some(tp),
                 reason: "expert-parallel saves are not read yet".into(),
             });
         }
-        found.push((tp, pp, path));
+        staged |= pp.is_some();
+        unstaged |= pp.is_none();
+        // `mp_rank_1` and `mp_rank_01` name the same rank: which one megatron wrote is not ours
+        // to guess.
+        if let Some(first) = found.insert((pp.unwrap_or(0), tp), name) {
+            let (a, b) = if first < name.as_str() { (first, name.as_str()) } else { (name.as_str(), first) };
+            return Err(Error::BadMegatron {
+                path: dir.to_path_buf(),
+                key: None,
+                rank: Some(tp),
+                reason: format!(
+                    "the rank folders `{}` and `{}` name the same rank",
+                    a.escape_debug(),
+                    b.escape_debug()
+                ),
+            });
+        }
     }
-    found.sort();
-    let tp = found.iter().map(|f| f.0).max().map_or(0, |m| m + 1);
-    let pp = found.iter().map(|f| f.1.unwrap_or(0)).max().map_or(0, |m| m + 1);
-    let staged = found.iter().any(|f| f.1.is_some());
-    if staged && found.iter().any(|f| f.1.is_none()) {
+    if staged && unstaged {
         return Err(Error::BadMegatron {
             path: dir.to_path_buf(),
             key: None,
@@ -299,28 +343,34 @@ fn read_ranks(dir: &Path) -> Result<Vec<RankFile>> {
             reason: "some rank folders name a pipeline stage and others do not".into(),
         });
     }
-    let mut ranks = Vec::with_capacity(found.len());
-    for stage in 0..pp {
-        for t in 0..tp {
-            let name = if staged { format!("mp_rank_{t:02}_{stage:03}") } else { format!("mp_rank_{t:02}") };
-            let path = dir.join(&name).join(RANK_FILE);
-            if !path.is_file() {
-                return Err(Error::MissingMegatronRank { path, rank: t, tp, pp });
-            }
-            let distrib_path = path.with_file_name(DISTRIB_FILE);
-            let scan = torch::catalog(path, Format::Torch, &allow)?;
-            let distrib = if distrib_path.is_file() {
-                Some(torch::catalog(distrib_path, Format::Torch, &allow)?.checkpoint)
-            } else {
-                None
-            };
-            ranks.push(RankFile { tp: t, pp: stage, ck: scan.checkpoint, distrib });
-        }
-    }
-    if ranks.is_empty() {
+    if found.is_empty() {
         return Err(Error::NotACheckpoint { path: dir.to_path_buf() });
     }
-    Ok(ranks)
+    // A whole grid of `n` folders numbers its ranks and stages below `n`: a name past that
+    // cannot be part of one, and is refused before it sizes anything.
+    let n = found.len() as u64;
+    if let Some((&(stage, t), name)) = found.iter().find(|(&(stage, t), _)| stage >= n || t >= n) {
+        let what = if t >= n { format!("tensor-parallel rank {t}") } else { format!("pipeline stage {stage}") };
+        return Err(Error::BadMegatron {
+            path: dir.join(name),
+            key: None,
+            rank: Some(t),
+            reason: format!("the folder's name gives {what}, but the iteration holds {n} rank folders"),
+        });
+    }
+    let tp = found.keys().map(|k| k.1).max().unwrap_or(0) + 1;
+    let pp = found.keys().map(|k| k.0).max().unwrap_or(0) + 1;
+    if tp.checked_mul(pp) != Some(n) {
+        // The first rank missing in grid order: within `n + 1` steps, each step before it a
+        // folder that is there.
+        let (t, stage) = (0..pp)
+            .flat_map(|stage| (0..tp).map(move |t| (t, stage)))
+            .find(|&(t, stage)| !found.contains_key(&(stage, t)))
+            .unwrap_or((0, 0));
+        let name = if staged { format!("mp_rank_{t:02}_{stage:03}") } else { format!("mp_rank_{t:02}") };
+        return Err(Error::MissingMegatronRank { path: dir.join(name).join(RANK_FILE), rank: t, tp, pp });
+    }
+    Ok(found.into_iter().map(|((stage, t), name)| (t, stage, dir.join(name).join(RANK_FILE))).collect())
 }
 
 impl Ranks {
@@ -541,7 +591,7 @@ impl Ranks {
 /// The bucket size of a first stage's grad buffers, as Megatron-LM resolves it from its
 /// arguments (`resolve_ddp_bucket_size`): none without `overlap_grad_reduce`, else
 /// `ddp_bucket_size`, by default the larger of 40M and 1M × the data-and-context-parallel size.
-fn bucket_size(args: Option<&Leaf>) -> std::result::Result<Option<u64>, String> {
+pub(super) fn bucket_size(args: Option<&Leaf>) -> std::result::Result<Option<u64>, String> {
     let arg = |name: &str| args.and_then(|a| info::lookup(a, &[name]));
     let int = |name: &str| info::uint(arg(name));
     if args.is_none() {

@@ -36,6 +36,8 @@
 //! torch's `dcp_to_torch_save` gives them.
 
 mod buckets;
+#[doc(hidden)]
+pub(crate) mod fuzz;
 mod info;
 mod legacy;
 pub(crate) mod names;
@@ -139,29 +141,43 @@ pub(crate) fn locate(path: &Path) -> Result<Option<Location>> {
         return Ok(Some(Location { dir: path.to_path_buf(), tracker: None, iteration }));
     }
     let text = crate::io::read_capped(&tracker, MAX_TRACKER_LEN)?;
-    let bad = |reason: String| Error::BadMegatron { path: tracker.clone(), key: None, rank: None, reason };
-    let text = std::str::from_utf8(&text).map_err(|_| bad("the tracker is not text".into()))?.trim();
-    let (folder, iteration) = match text {
-        "release" => ("release".to_string(), None),
-        n => match n.parse::<u64>() {
-            Ok(i) => (format!("iter_{i:07}"), Some(i)),
-            Err(_) => {
-                return Err(bad(format!(
-                    "the tracker holds `{}`, not an iteration number or `release`",
-                    n.escape_debug()
-                )))
-            }
-        },
-    };
+    let Tracked { named, folder, iteration } = parse_tracker(&text, &tracker)?;
     let dir = path.join(&folder);
     if !dir.is_dir() {
-        return Err(bad(format!("the tracker names iteration `{text}`, but `{folder}` is not there")));
+        let reason = format!("the tracker names iteration `{named}`, but `{folder}` is not there");
+        return Err(Error::BadMegatron { path: tracker, key: None, rank: None, reason });
     }
     Ok(Some(Location { dir, tracker: Some(tracker), iteration }))
 }
 
+/// What a tracker names.
+#[derive(Debug)]
+pub(super) struct Tracked {
+    /// The iteration as the tracker writes it (`7`, `release`).
+    pub named: String,
+    /// The folder it names: `iter_NNNNNNN` or `release`.
+    pub folder: String,
+    pub iteration: Option<u64>,
+}
+
+/// The tracker's text read: an iteration number or `release`, around which only whitespace.
+pub(super) fn parse_tracker(text: &[u8], tracker: &Path) -> Result<Tracked> {
+    let bad = |reason: String| Error::BadMegatron { path: tracker.to_path_buf(), key: None, rank: None, reason };
+    let text = std::str::from_utf8(text).map_err(|_| bad("the tracker is not text".into()))?.trim();
+    let named = text.to_string();
+    match text {
+        "release" => Ok(Tracked { named, folder: "release".to_string(), iteration: None }),
+        n => match n.parse::<u64>() {
+            Ok(i) => Ok(Tracked { named, folder: format!("iter_{i:07}"), iteration: Some(i) }),
+            Err(_) => {
+                Err(bad(format!("the tracker holds `{}`, not an iteration number or `release`", n.escape_debug())))
+            }
+        },
+    }
+}
+
 /// The iteration of a folder named `iter_NNNNNNN`.
-fn iteration_of(name: &str) -> Option<u64> {
+pub(super) fn iteration_of(name: &str) -> Option<u64> {
     name.strip_prefix("iter_").filter(|d| !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit()))?.parse().ok()
 }
 
@@ -172,8 +188,13 @@ fn is_torch_dist(dir: &Path) -> Result<bool> {
         return Ok(false);
     }
     let data = crate::io::read_capped(&config, MAX_CONFIG_LEN)?;
-    let bad = |reason: String| Error::BadMegatron { path: config.clone(), key: None, rank: None, reason };
-    let json: serde_json::Value = serde_json::from_slice(&data).map_err(|e| bad(format!("not JSON: {e}")))?;
+    parse_config(&data, &config)
+}
+
+/// True when megatron's `metadata.json` (read from `config`) names the `torch_dist` backend.
+pub(super) fn parse_config(data: &[u8], config: &Path) -> Result<bool> {
+    let bad = |reason: String| Error::BadMegatron { path: config.to_path_buf(), key: None, rank: None, reason };
+    let json: serde_json::Value = serde_json::from_slice(data).map_err(|e| bad(format!("not JSON: {e}")))?;
     match json.get("sharded_backend").and_then(|b| b.as_str()) {
         Some("torch_dist") => Ok(true),
         // A DCP folder with someone else's `metadata.json` is still a DCP folder.

@@ -554,6 +554,14 @@ pub(crate) mod fuzz {
         let _ = pickle::globals_named(data, Limits::default());
     }
 
+    /// The values a torch file's pickle holds besides its tensors, as the catalog keeps them
+    /// (every global admitted as a record); none when it is refused.
+    pub(crate) fn values(data: &[u8]) -> Vec<(String, crate::value::Leaf)> {
+        let any = AllowGlobals::any();
+        let Ok(p) = pickle::load(data, Load::default().allowing(&any)) else { return Vec::new() };
+        flatten::flatten(&p).map(|f| f.leaves).unwrap_or_default()
+    }
+
     /// The reader of a TorchScript code record's `__parameters__`/`__buffers__` declarations.
     pub(crate) fn torchscript_code(data: &[u8]) {
         if let Ok(text) = std::str::from_utf8(data) {
