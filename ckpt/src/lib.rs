@@ -33,6 +33,7 @@ mod blockscale;
 mod cast;
 mod catalog;
 mod checksum;
+mod claim;
 mod crc_pass;
 mod dtype;
 mod error;

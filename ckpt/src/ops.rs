@@ -9,6 +9,9 @@
 //! - `reshard` writes a sharded checkpoint for another world size: DCP in FSDP2's layout, ZeRO as
 //!   DeepSpeed's universal checkpoint.
 //!
+//! Each claims its destination first (`claim.rs`): a second writer of it is refused, and the
+//! ranks of a job must all name it.
+//!
 //! An accelerate `save_state` folder is its parts: `merge` merges one of its models (and its
 //! optimizer) as that model's own format merges, `reshard` rewrites the whole folder.
 
@@ -17,6 +20,7 @@ use std::path::{Path, PathBuf};
 
 use crate::blockscale::{self, BlockScaling, Compute};
 use crate::catalog::{Checkpoint, TensorInfo};
+use crate::claim::claim;
 use crate::dtype::Dtype;
 use crate::error::{Error, IoContext, Result};
 use crate::formats::accelerate::{OptimizerState, SaveState};
@@ -211,6 +215,7 @@ fn with_ranks(done: Result<Outcome>, opts: &WriteOptions<'_>) -> Result<Outcome>
 /// `huggingface_hub.save_torch_state_dict(load_file(src), out_dir, max_shard_size=…)` writes,
 /// and so is every shard's content.
 pub fn split(ck: &Checkpoint, out_dir: &Path, max_shard_size: u64, opts: &WriteOptions<'_>) -> Result<Outcome> {
+    let _held = claim(out_dir, opts)?;
     with_ranks(split_here(ck, out_dir, max_shard_size, opts), opts)
 }
 
@@ -230,6 +235,18 @@ fn split_here(ck: &Checkpoint, out_dir: &Path, max_shard_size: u64, opts: &Write
 /// `safetensors.torch.save_file` writes for its tensors, `__metadata__` kept and index metadata
 /// folded into it.
 pub fn merge(ck: &Checkpoint, out: &Path, options: &MergeOptions, opts: &WriteOptions<'_>) -> Result<Outcome> {
+    let _held = claim(out, opts)?;
+    // The optimizer's states beside a merged file are a second destination of the operation.
+    let beside = out.parent().unwrap_or(Path::new("")).join(OPTIMIZER_NAME);
+    let _beside = match options.optimizer && options.max_shard_size.is_none() && beside != out {
+        true => Some(claim(&beside, opts)?),
+        false => None,
+    };
+    merge_claimed(ck, out, options, opts)
+}
+
+/// [`merge`] into a destination already claimed (a `save_state` folder's model and optimizer).
+fn merge_claimed(ck: &Checkpoint, out: &Path, options: &MergeOptions, opts: &WriteOptions<'_>) -> Result<Outcome> {
     with_ranks(merge_here(ck, out, options, opts), opts)
 }
 
@@ -353,6 +370,7 @@ fn write_state_dict(
 /// Non-tensor values go into safetensors metadata as JSON text (into the index metadata, as
 /// JSON values, when sharded), and into the pickle of a torch target (of its first shard).
 pub fn convert(ck: &Checkpoint, dst: &Path, options: &ConvertOptions, opts: &WriteOptions<'_>) -> Result<Outcome> {
+    let _held = claim(dst, opts)?;
     with_ranks(convert_here(ck, dst, options, opts), opts)
 }
 
@@ -513,6 +531,7 @@ fn block_plan(ck: &Checkpoint, scaling: BlockScaling, dst: &Path) -> Result<Bloc
 /// shards come out as such a folder too), or a ZeRO checkpoint as DeepSpeed's
 /// universal checkpoint, which DeepSpeed loads with `load_universal` on any world size.
 pub fn reshard(ck: &Checkpoint, out: &Path, world_size: u64, opts: &WriteOptions<'_>) -> Result<Outcome> {
+    let _held = claim(out, opts)?;
     with_ranks(reshard_here(ck, out, world_size, opts), opts)
 }
 
@@ -549,7 +568,7 @@ fn merge_save_state(state: &SaveState, out: &Path, options: &MergeOptions, opts:
     };
     let in_model = matches!(state.optimizer(n).map(|o| &o.state), Some(OptimizerState::InModel));
     let inner = MergeOptions { optimizer: options.optimizer && in_model, model: None, ..options.clone() };
-    let mut done = merge(&model.checkpoint, out, &inner, opts)?;
+    let mut done = merge_claimed(&model.checkpoint, out, &inner, opts)?;
     if !options.optimizer || in_model {
         return Ok(done);
     }
@@ -569,7 +588,7 @@ fn merge_save_state(state: &SaveState, out: &Path, options: &MergeOptions, opts:
     if done.files.contains(&path) {
         return Err(bad(&path, format!("the weights and the optimizer states would both be `{OPTIMIZER_NAME}`")));
     }
-    let o = merge(ock, &path, &MergeOptions::default(), opts)?;
+    let o = merge_claimed(ock, &path, &MergeOptions::default(), opts)?;
     done.files.extend(o.files);
     done.tensors += o.tensors;
     done.bytes += o.bytes;
