@@ -113,7 +113,11 @@ fn a_merge_into_a_file_being_written_is_refused_and_a_killed_writers_lock_is_tak
     write_checkpoint(&other, 2, 16, 2);
     let second = run(&["merge", other.to_str().unwrap(), m]);
     assert_eq!(second.status.code(), Some(2), "{}", stderr(&second));
-    assert!(stderr(&second).contains(&format!(": another process (pid {pid}) is writing it now")), "{}", stderr(&second));
+    assert!(
+        stderr(&second).contains(&format!(": another process (pid {pid}) is writing it now")),
+        "{}",
+        stderr(&second)
+    );
     assert!(!merged.exists(), "the refused merge wrote nothing");
 
     // Killed while holding it: the lock file stays, naming a process that is gone.
@@ -143,7 +147,8 @@ fn a_build_without_mpi_refuses_to_write_as_one_of_several_ranks() {
     write_checkpoint(&src, 2, 16, 1);
     let out = tmp.path().join("out");
     let split = ["split", src.to_str().unwrap(), out.to_str().unwrap()];
-    let launched = [("OMPI_COMM_WORLD_SIZE", "2"), ("PMI_SIZE", "4"), ("SLURM_STEP_NUM_TASKS", "2"), ("PMIX_RANK", "1")];
+    let launched =
+        [("OMPI_COMM_WORLD_SIZE", "2"), ("PMI_SIZE", "4"), ("SLURM_STEP_NUM_TASKS", "2"), ("PMIX_RANK", "1")];
     for (var, value) in launched {
         let o = ckpt().args(split).env(var, value).output().unwrap();
         assert_eq!(o.status.code(), Some(2), "{var}={value}: {}", stderr(&o));
@@ -179,6 +184,10 @@ fn a_build_without_mpi_refuses_to_write_as_one_of_several_ranks() {
     };
     let said = stderr(&o);
     assert_eq!(o.status.code(), Some(2), "mpirun passes on the ranks' exit status: {said}");
-    assert_eq!(said.matches("error: started by a launcher as one of 2 ranks (`OMPI_COMM_WORLD_SIZE=2`)").count(), 2, "{said}");
+    assert_eq!(
+        said.matches("error: started by a launcher as one of 2 ranks (`OMPI_COMM_WORLD_SIZE=2`)").count(),
+        2,
+        "{said}"
+    );
     assert!(!out.exists(), "neither rank wrote anything");
 }

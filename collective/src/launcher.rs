@@ -54,6 +54,7 @@ fn launched_ranks_in(env: impl Fn(&str) -> Option<String>) -> Option<Launched> {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
     use super::*;
 
     fn from(vars: &[(&str, &str)]) -> Option<Launched> {
