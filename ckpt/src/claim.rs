@@ -32,21 +32,19 @@ pub(crate) struct Claim {
 }
 
 /// Claims `dst` for the operation `opts` describes (see the module docs). Every rank of the
-/// job must call it, in the same place of the same operation.
+/// job must call it, in the same place of the same operation (inside [`crate::Job::operation`],
+/// so that a rank failing here alone ends the others' wait too).
 pub(crate) fn claim(dst: &Path, opts: &WriteOptions<'_>) -> Result<Claim> {
     let job = opts.job.filter(|j| j.world_size() > 1);
     if let Some(job) = job {
-        let comm = job.comm();
         let mine = as_named(dst);
-        let all = comm
-            .all_gather(mine.as_os_str().as_bytes().to_vec())
-            .map_err(|source| Error::Collective { dir: dst.to_path_buf(), source })?;
+        let all = job.exchange(dst, mine.as_os_str().as_bytes().to_vec())?;
         let first = all.first().map(|b| PathBuf::from(std::ffi::OsStr::from_bytes(b))).unwrap_or_default();
         let same = match first == mine {
             true => Ok(()),
             false => Err(Error::DestinationsDiffer { dst: first, rank: job.rank(), other: dst.to_path_buf() }),
         };
-        agree(comm, dst, same)?;
+        agree(job, dst, same)?;
     }
     if opts.job.is_some_and(crate::Job::is_dry_run) {
         return Ok(Claim { _lock: None });
@@ -57,7 +55,7 @@ pub(crate) fn claim(dst: &Path, opts: &WriteOptions<'_>) -> Result<Claim> {
         false => Ok(None),
     };
     let lock = match job {
-        Some(job) => agree(job.comm(), dst, lock)?,
+        Some(job) => agree(job, dst, lock)?,
         None => lock?,
     };
     Ok(Claim { _lock: lock })

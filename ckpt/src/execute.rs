@@ -16,9 +16,10 @@ use rayon::prelude::*;
 use crate::catalog::Checkpoint;
 use crate::crc_pass::PassCheck;
 use crate::error::{Error, IoContext, Result};
+use crate::fault::{self, Phase};
 use crate::io::Sources;
 use crate::job::{agree, Job};
-use crate::shares::{Part, Share};
+use crate::shares::Share;
 use crate::stage::Stage;
 use crate::staged::is_temp_of;
 use crate::sys;
@@ -49,6 +50,10 @@ pub(crate) fn execute(plan: &Plan, source: &Checkpoint, opts: &WriteOptions<'_>)
 /// 3. every rank fills its parts (checking the CRCs of what it reads) and fsyncs them;
 /// 4. owners seal their targets (torch's CRCs), fsync them, and hash them for a manifest;
 /// 5. rank 0 renames everything into place, the index last, exactly as one process does.
+///
+/// A rank that fails before it gets here (while planning) is heard in step 1's first exchange:
+/// it ended the operation instead ([`Job::operation`]), and the others return
+/// [`Error::OtherRank`].
 pub(crate) fn execute_from(
     plan: &Plan,
     srcs: &Sources<'_>,
@@ -57,8 +62,7 @@ pub(crate) fn execute_from(
 ) -> Result<()> {
     let solo = Job::solo();
     let job = opts.job.unwrap_or(&solo);
-    let comm = job.comm();
-    let (rank, n) = (comm.rank(), comm.world_size());
+    let (rank, n) = (job.rank(), job.world_size());
     let shares = crate::shares::deal(plan, n);
     job.record(plan, &shares);
     if job.is_dry_run() {
@@ -66,19 +70,20 @@ pub(crate) fn execute_from(
     }
     let mine = &shares[rank as usize];
     let at = plan.outputs().first().cloned().unwrap_or_default();
+    fault::at(Phase::Plan, rank, &at)?;
     let manifest = plan.targets.first().and_then(|t| t.path.parent()).map(|d| d.join(crate::manifest::MANIFEST_NAME));
     let manifest = manifest.filter(|_| opts.checksums);
-    let gathered =
-        |bytes: Vec<u8>| comm.all_gather(bytes).map_err(|source| Error::Collective { dir: at.clone(), source });
+    let gathered = |bytes: Vec<u8>| job.exchange(&at, bytes);
 
     // 1. Checks on every rank (cheap, and the same everywhere); the stage from rank 0.
     let fingerprints = gathered(fingerprint(plan).to_le_bytes().to_vec())?;
-    let checked = check(plan, members, manifest.as_ref()).and_then(|()| {
-        match fingerprints.iter().all(|f| *f == fingerprints[0]) || fingerprints[rank as usize] == fingerprints[0] {
-            true => Ok(()),
-            false => Err(Error::PlanMismatch { path: at.clone(), rank }),
-        }
-    });
+    let checked =
+        check(plan, members, manifest.as_ref()).and_then(|()| fault::at(Phase::Stage, rank, &at)).and_then(|()| {
+            match fingerprints.iter().all(|f| *f == fingerprints[0]) || fingerprints[rank as usize] == fingerprints[0] {
+                true => Ok(()),
+                false => Err(Error::PlanMismatch { path: at.clone(), rank }),
+            }
+        });
     // A folder the plan creates (or replaces whole) is built under a temporary name and put in
     // place once everything in it is complete, so a failure or a kill never leaves half of one
     // behind (see `stage.rs`).
@@ -87,15 +92,14 @@ pub(crate) fn execute_from(
         _ => Ok(Stage::default()),
     };
     let said = staged.as_ref().map(Stage::said).unwrap_or_default();
-    let said = comm
-        .broadcast(0, (rank == 0).then_some(said))
-        .map_err(|source| Error::Collective { dir: at.clone(), source })?;
-    let staged = agree(comm, &at, checked.and(staged))?;
+    let said = from_root(job, &at, said)?;
+    let staged = agree(job, &at, checked.and(staged))?;
     let stage = if rank == 0 { staged } else { Stage::heard(&said) };
     let temp = |t: &TargetFile| temp_name(&stage.place(&t.path), &stage.token);
 
     // 2. Owners create their targets' temporaries: sized, with the header.
-    let mut owned = agree(comm, &at, create_owned(plan, mine, &temp))?;
+    let created = create_owned(plan, mine, &temp).and_then(|t| fault::at(Phase::Create, rank, &at).map(|()| t));
+    let mut owned = agree(job, &at, created)?;
 
     // 3. Every rank fills its parts and makes them durable. One rank shows the whole job's
     // progress, from the blocks the temporaries hold, until every rank is done.
@@ -103,20 +107,21 @@ pub(crate) fn execute_from(
     let progress = if n == 1 { opts.progress } else { None };
     watch_progress(n > 1 && rank == 0, opts.progress, &watched, plan, || {
         let filled = fill_share(plan, mine, &owned, &temp, srcs, opts.copy, progress);
-        agree(comm, &at, filled)
+        agree(job, &at, filled)
     })?;
 
     // 4. Owners seal, make durable and hash their targets.
-    let sums = agree(comm, &at, seal_owned(plan, &owned, opts.checksums))?;
+    let sealed = seal_owned(plan, &owned, opts.checksums).and_then(|s| fault::at(Phase::Seal, rank, &at).map(|()| s));
+    let sums = agree(job, &at, sealed)?;
     let sums = gathered(sums.iter().flat_map(|(ti, s)| format!("{ti} {s}\n").into_bytes()).collect())?;
 
     // 5. Rank 0 commits; every rank keeps its temporaries until it has renamed them (after a
     // failed commit, each removes those of its own still there).
     let committed = match rank {
-        0 => commit(plan, &stage, opts, manifest, &sums),
+        0 => fault::at(Phase::Commit, rank, &at).and_then(|()| commit(plan, &stage, opts, manifest, &sums)),
         _ => Ok(()),
     };
-    let committed = agree(comm, &at, committed);
+    let committed = agree(job, &at, committed);
     if committed.is_ok() {
         owned.forget();
     }
@@ -182,11 +187,14 @@ fn fill_share(
     let pass = PassCheck::new(srcs, &copies)?;
     let rest = pass.rest(copies.iter().copied().chain(gathered));
     let (checked, copied) =
-        rayon::join(|| srcs.check_extents(rest), || fill(&mine.parts, srcs, &files, copy, &pass, progress));
+        rayon::join(|| srcs.check_extents(rest), || fill(mine, srcs, &files, copy, &pass, progress));
     checked?;
     pass.finish()?;
     copied?;
-    files.par_iter().flatten().try_for_each(|(p, f)| f.sync_all().at(p))
+    files
+        .par_iter()
+        .flatten()
+        .try_for_each(|(p, f)| f.sync_all().at(p).and_then(|()| fault::at(Phase::Fsync, mine.rank, p)))
 }
 
 /// Step 4: the owned targets sealed (torch's CRCs, from the bytes every rank wrote) and made
@@ -205,10 +213,10 @@ fn seal_owned(plan: &Plan, owned: &TempSet, checksums: bool) -> Result<Vec<(usiz
     owned.files.par_iter().map(|(p, _, ti)| Ok((*ti, crate::manifest::sha256_file(p)?))).collect()
 }
 
-/// Fills this rank's `parts` of the plan's targets (open in `files`, by target): the range
+/// Fills this rank's parts of the plan's targets (open in `files`, by target): the range
 /// copies, then the gathers, each in parallel pieces.
 fn fill(
-    parts: &[Part],
+    mine: &Share,
     srcs: &Sources<'_>,
     files: &[Option<(PathBuf, File)>],
     copy: CopyMethod,
@@ -220,6 +228,7 @@ fn fill(
             .as_ref()
             .ok_or_else(|| Error::Io { path: PathBuf::new(), source: std::io::ErrorKind::NotFound.into() })
     };
+    let parts = &mine.parts;
     let mut pieces = Vec::new();
     for p in parts {
         for c in &p.copies {
@@ -237,6 +246,7 @@ fn fill(
     let kernel_ok = AtomicBool::new(copy == CopyMethod::Auto);
     pieces.par_iter().try_for_each(|(ti, c)| {
         let (dst_path, dst) = file(*ti)?;
+        fault::at(Phase::Copy, mine.rank, dst_path)?;
         if pass.copy(dst, dst_path, c, progress)? {
             sys::start_writeback(dst, c.dst_off, c.len);
             return Ok(());
@@ -344,8 +354,10 @@ fn sweep_leftovers(plan: &Plan, stage: &Stage) {
         outs.push(dir.clone());
     }
     // The folder a previous run swapped out may be left beside the targets' folder even when
-    // this run writes in place (something unmanaged appeared in it since).
+    // this run writes in place (something unmanaged appeared in it since). Not for a named
+    // file: nothing outside its own folder is ours to touch.
     let folder = plan.targets.first().and_then(|t| t.path.parent()).filter(|d| !d.as_os_str().is_empty());
+    let folder = folder.filter(|_| !plan.writes_named_file());
     if let Some(folder) = folder.filter(|f| plan.targets.iter().all(|t| t.path.parent() == Some(*f))) {
         if !outs.iter().any(|o| o == folder) && folder.file_name().is_some() {
             outs.push(folder.to_path_buf());
@@ -438,14 +450,18 @@ pub(crate) fn fingerprint(plan: &Plan) -> u64 {
 /// other ranks are told its name (only rank 0 removes or commits it).
 pub(crate) fn stage_folder(job: Option<&Job<'_>>, dir: &Path) -> Result<Stage> {
     let Some(job) = job.filter(|j| j.world_size() > 1) else { return Stage::folder(dir) };
-    let comm = job.comm();
-    let made = if comm.rank() == 0 { Stage::folder(dir) } else { Ok(Stage::default()) };
+    let made = if job.rank() == 0 { Stage::folder(dir) } else { Ok(Stage::default()) };
     let said = made.as_ref().map(Stage::said).unwrap_or_default();
-    let said = comm
-        .broadcast(0, (comm.rank() == 0).then_some(said))
-        .map_err(|source| Error::Collective { dir: dir.to_path_buf(), source })?;
-    let made = agree(comm, dir, made)?;
-    Ok(if comm.rank() == 0 { made } else { Stage::heard(&said) })
+    let said = from_root(job, dir, said)?;
+    let made = agree(job, dir, made)?;
+    Ok(if job.rank() == 0 { made } else { Stage::heard(&said) })
+}
+
+/// Rank 0's `said` on every rank (the others' is not read). An exchange rather than a broadcast,
+/// so that a rank that left the operation instead is heard ([`Job::exchange`]).
+fn from_root(job: &Job<'_>, at: &Path, said: Vec<u8>) -> Result<Vec<u8>> {
+    let said = if job.rank() == 0 { said } else { Vec::new() };
+    Ok(job.exchange(at, said)?.into_iter().next().unwrap_or_default())
 }
 
 /// Runs `f` on rank 0 only (one process's file work between two plans: renames, small files,
@@ -453,7 +469,7 @@ pub(crate) fn stage_folder(job: Option<&Job<'_>>, dir: &Path) -> Result<Stage> {
 pub(crate) fn on_root(job: Option<&Job<'_>>, at: &Path, f: impl FnOnce() -> Result<()>) -> Result<()> {
     let Some(job) = job.filter(|j| j.world_size() > 1) else { return f() };
     let done = if job.rank() == 0 { f() } else { Ok(()) };
-    agree(job.comm(), at, done)
+    agree(job, at, done)
 }
 
 #[cfg(test)]
@@ -497,5 +513,29 @@ mod tests {
         let mut names: Vec<_> = std::fs::read_dir(&out).unwrap().map(|e| e.unwrap().file_name()).collect();
         names.sort();
         assert_eq!(names, ["a.bin", "index.json"].map(std::ffi::OsString::from));
+    }
+
+    #[test]
+    fn a_named_file_lands_by_one_rename_and_a_failure_takes_back_the_folders_it_made() {
+        let tmp = tempfile::tempdir().unwrap();
+        let ck = source(tmp.path());
+        let out = tmp.path().join("new/deeper/m.bin");
+        let (_, at) = ck.tensors()[0].location().unwrap();
+        let file = |src_off: u64| {
+            let mut t = TargetFile::new(out.clone(), Vec::new(), 64);
+            t.copies.push(RangeCopy { src: 0, src_off, dst_off: 0, len: 64 });
+            Plan { targets: vec![t], named: vec![out.clone()], ..Plan::default() }
+        };
+        // Reading past the end of the source fails midway: the folders made for it go too.
+        let err = execute(&file(1 << 20), &ck, &WriteOptions::default()).unwrap_err();
+        assert!(err.to_string().contains("while copying"), "{err}");
+        let left: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(left, vec![std::ffi::OsString::from("src.safetensors")], "no folder, no temporary left");
+
+        execute(&file(at), &ck, &WriteOptions::default()).unwrap();
+        assert_eq!(std::fs::read(&out).unwrap(), [7u8; 64]);
+        let mut left: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+        left.sort();
+        assert_eq!(left, ["new", "src.safetensors"].map(std::ffi::OsString::from), "nothing staged beside");
     }
 }

@@ -6,8 +6,20 @@
 //! of each rank's plan, and after each step whether every rank managed it ([`agree`]). A step
 //! that failed anywhere ends the operation everywhere before the commit; the rank that saw the
 //! error returns it and the others return [`Error::OtherRank`], so it is reported once.
+//!
+//! A rank can also fail alone between two agreements, outside any step: while planning (an I/O
+//! error on one node), or in an operation's own work between two plans. It then leaves the
+//! operation while the others wait in their next exchange, which no rank would ever join. So
+//! every exchange of an operation goes through [`Job::exchange`], each message tagged: a step's
+//! message, or the last one a rank sends as it leaves the operation ([`Job::operation`], once,
+//! at the outermost operation: ok, failed, or failed because another rank did). A rank that
+//! hears another leave while it is still inside returns [`Error::OtherRank`] from that exchange
+//! and exchanges nothing more until it has left the operation too (it does not say it leaves:
+//! the other has heard it already, in the one exchange they shared). Every rank so makes the
+//! same number of exchanges, whoever fails where.
 
 use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use collective::{Collective, Solo};
@@ -25,7 +37,22 @@ pub struct Job<'a> {
     comm: &'a dyn Collective,
     dry_run: bool,
     shares: Mutex<Vec<RankShare>>,
+    /// How many operations this rank is inside (one calls another: a `save_state` folder's
+    /// merge merges its model); only the outermost says it leaves.
+    depth: AtomicUsize,
+    /// A rank heard leaving the current operation while this one was inside it: the rank whose
+    /// error is reported.
+    left: Mutex<Option<u64>>,
 }
+
+/// The tag of a step's message in an exchange.
+const STEP: u8 = 0;
+/// The tag of the message a rank sends as it leaves an operation, followed by one of the three
+/// states below.
+const LEAVES: u8 = 1;
+const LEFT_OK: u8 = 0;
+const LEFT_FAILED: u8 = 1;
+const LEFT_AFTER_OTHER: u8 = 2;
 
 impl std::fmt::Debug for Job<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -42,7 +69,7 @@ static SOLO: Solo = Solo;
 impl<'a> Job<'a> {
     /// The job of the ranks of `comm`.
     pub fn new(comm: &'a dyn Collective) -> Job<'a> {
-        Job { comm, dry_run: false, shares: Mutex::new(Vec::new()) }
+        Job { comm, dry_run: false, shares: Mutex::new(Vec::new()), depth: AtomicUsize::new(0), left: Mutex::new(None) }
     }
 
     /// A job of one rank: this process alone.
@@ -83,7 +110,7 @@ impl<'a> Job<'a> {
     /// every rank, so that only that rank reports its error and none goes on alone into an
     /// operation the others left. `at` names the job's output in an error of the collective.
     pub fn first_failure(&self, at: &Path, failed: bool) -> Result<Option<u64>> {
-        Ok(first_said(self.comm, at, failed.then(Vec::new))?.map(|(rank, _)| rank))
+        Ok(first_said(self, at, failed.then(Vec::new))?.map(|(rank, _)| rank))
     }
 
     /// `mine` on every rank once all have settled it: its own error on the lowest rank that
@@ -101,11 +128,78 @@ impl<'a> Job<'a> {
         lift: impl Fn(Error) -> E,
     ) -> std::result::Result<T, E> {
         let say = |e: &E| (!only_other(e)).then(Vec::new);
-        agree_with(self.comm, at, mine, say, |rank, _| lift(Error::OtherRank { rank }), &lift)
+        agree_with(self, at, mine, say, |rank, _| lift(Error::OtherRank { rank }), &lift)
     }
 
-    pub(crate) fn comm(&self) -> &dyn Collective {
-        self.comm
+    /// Runs one operation of the library (`f`) on this rank. The outermost operation ends with
+    /// every rank saying how it left it, so that all return the same way: a rank that failed
+    /// alone (while planning, or between two plans) reports its error, and the others, wherever
+    /// they were waiting for it, return [`Error::OtherRank`] (see the module docs). `at` names
+    /// the output in an error of the collective.
+    pub(crate) fn operation<T>(&self, at: &Path, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        self.depth.fetch_add(1, Ordering::SeqCst);
+        let done = f();
+        if self.depth.fetch_sub(1, Ordering::SeqCst) > 1 || self.world_size() == 1 {
+            return done;
+        }
+        // Another rank left while this one was inside: they have already shared the exchange
+        // that ends the operation.
+        if let Some(rank) = self.left.lock().ok().and_then(|mut l| l.take()) {
+            return Err(Error::OtherRank { rank });
+        }
+        let state = match &done {
+            Ok(_) => LEFT_OK,
+            Err(Error::OtherRank { .. }) => LEFT_AFTER_OTHER,
+            Err(_) => LEFT_FAILED,
+        };
+        let all = self
+            .comm
+            .all_gather(vec![LEAVES, state])
+            .map_err(|source| Error::Collective { dir: at.to_path_buf(), source })?;
+        let me = self.rank();
+        let still_inside = all.iter().any(|m| m.first() != Some(&LEAVES));
+        match first_leaving(&all) {
+            // A rank that leaves with its own error reports it, the lowest if several do.
+            Some(rank) if rank == me => done,
+            Some(rank) => match done {
+                Err(e @ Error::OtherRank { .. }) => Err(e),
+                _ => Err(Error::OtherRank { rank }),
+            },
+            // This rank finished while others are still inside the operation: they planned
+            // another one (it reports that; they hear it leave).
+            None if still_inside && state == LEFT_OK => Err(Error::PlanMismatch { path: at.to_path_buf(), rank: me }),
+            None => done,
+        }
+    }
+
+    /// Every rank's `payload` (indexed by rank), within an operation: [`Error::OtherRank`]
+    /// instead where another rank left the operation meanwhile, and at once, without a word,
+    /// once one has (see the module docs). Every exchange of an operation's steps goes through it.
+    pub(crate) fn exchange(&self, at: &Path, payload: Vec<u8>) -> Result<Vec<Vec<u8>>> {
+        if let Some(rank) = self.left.lock().ok().and_then(|l| *l) {
+            return Err(Error::OtherRank { rank });
+        }
+        let all = self
+            .comm
+            .all_gather([vec![STEP], payload].concat())
+            .map_err(|source| Error::Collective { dir: at.to_path_buf(), source })?;
+        let Some(first) = all.iter().position(|m| m.first() == Some(&LEAVES)) else {
+            return Ok(all.into_iter().map(|m| m.get(1..).unwrap_or_default().to_vec()).collect());
+        };
+        // The lowest rank that left with its own error reports it; else the lowest that left
+        // (one that finished where this rank had not reports the mismatch).
+        let rank = first_leaving(&all).unwrap_or(first as u64);
+        if let Ok(mut left) = self.left.lock() {
+            *left = Some(rank);
+        }
+        Err(Error::OtherRank { rank })
+    }
+
+    /// The fault switch's `open` point, for an edge to call once this rank has opened its
+    /// source `src`: in a test build, the error `STATEKIT_FAULT=RANK:open` asks this rank for;
+    /// `Ok` otherwise, and always in a release build (see `ckpt/src/fault.rs`).
+    pub fn fault_at_open(&self, src: &Path) -> Result<()> {
+        crate::fault::at(crate::fault::Phase::Open, self.rank(), src)
     }
 
     /// Adds one plan's shares to the record.
@@ -124,8 +218,8 @@ impl<'a> Job<'a> {
 /// own error when it is the lowest rank that failed, and [`Error::OtherRank`] naming that rank
 /// otherwise (an `Ok` is dropped then, which removes what it held: temporaries). `at` names the
 /// output in an error of the collective itself.
-pub(crate) fn agree<T>(comm: &dyn Collective, at: &Path, mine: Result<T>) -> Result<T> {
-    agree_with(comm, at, mine, |_| Some(Vec::new()), |rank, _| Error::OtherRank { rank }, |e| e)
+pub(crate) fn agree<T>(job: &Job<'_>, at: &Path, mine: Result<T>) -> Result<T> {
+    agree_with(job, at, mine, |_| Some(Vec::new()), |rank, _| Error::OtherRank { rank }, |e| e)
 }
 
 /// The one agreement every other is made of. Every rank says whether its step failed on its
@@ -134,7 +228,7 @@ pub(crate) fn agree<T>(comm: &dyn Collective, at: &Path, mine: Result<T>) -> Res
 /// other rank returns `other(that rank, its note)`, and a rank whose step succeeded alone keeps
 /// its result. An error of the collective itself goes through `lift`.
 pub(crate) fn agree_with<T, E>(
-    comm: &dyn Collective,
+    job: &Job<'_>,
     at: &Path,
     mine: std::result::Result<T, E>,
     say: impl FnOnce(&E) -> Option<Vec<u8>>,
@@ -142,23 +236,28 @@ pub(crate) fn agree_with<T, E>(
     lift: impl FnOnce(Error) -> E,
 ) -> std::result::Result<T, E> {
     let note = mine.as_ref().err().and_then(say);
-    let first = match first_said(comm, at, note) {
+    let first = match first_said(job, at, note) {
         Ok(first) => first,
         Err(e) => return Err(lift(e)),
     };
     match first {
-        Some((rank, note)) if rank != comm.rank() => Err(other(rank, &note)),
+        Some((rank, note)) if rank != job.rank() => Err(other(rank, &note)),
         _ => mine,
     }
 }
 
+/// The lowest rank whose message in `all` says it left the operation with its own error.
+fn first_leaving(all: &[Vec<u8>]) -> Option<u64> {
+    all.iter().position(|m| m[..] == [LEAVES, LEFT_FAILED]).map(|r| r as u64)
+}
+
 /// The lowest rank that says it failed, and its note, if any (every rank must call it). A rank
 /// sends one byte when it did not fail, and a marker byte and its note when it did.
-fn first_said(comm: &dyn Collective, at: &Path, note: Option<Vec<u8>>) -> Result<Option<(u64, Vec<u8>)>> {
+fn first_said(job: &Job<'_>, at: &Path, note: Option<Vec<u8>>) -> Result<Option<(u64, Vec<u8>)>> {
     let mine = match note {
         None => vec![0],
         Some(note) => [vec![1], note].concat(),
     };
-    let all = comm.all_gather(mine).map_err(|source| Error::Collective { dir: at.to_path_buf(), source })?;
+    let all = job.exchange(at, mine)?;
     Ok(all.into_iter().enumerate().find(|(_, s)| s.first() == Some(&1)).map(|(r, s)| (r as u64, s[1..].to_vec())))
 }

@@ -41,6 +41,7 @@ mod crc_pass;
 mod dtype;
 mod error;
 mod execute;
+mod fault;
 mod formats;
 mod hub;
 mod io;

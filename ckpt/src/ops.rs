@@ -199,13 +199,23 @@ fn as_stored(ck: &Checkpoint) -> Vec<Out<'_>> {
         .collect()
 }
 
-/// What an operation returns, with every rank's share when it ran as a [`crate::Job`].
-fn with_ranks(done: Result<Outcome>, opts: &WriteOptions<'_>) -> Result<Outcome> {
-    let mut done = done?;
-    if let Some(job) = opts.job {
-        done.ranks = job.shares();
-        done.dry_run = job.is_dry_run();
-    }
+/// Runs operation `f` writing `out` as [`in_operation`] does, with `out` claimed for it first
+/// and held until it is done (`claim.rs`).
+fn with_ranks(opts: &WriteOptions<'_>, out: &Path, f: impl FnOnce() -> Result<Outcome>) -> Result<Outcome> {
+    in_operation(opts, out, || {
+        let _held = claim(out, opts)?;
+        f()
+    })
+}
+
+/// Runs operation `f` writing `out`, as one operation of the job when it runs as a
+/// [`crate::Job`] (a rank that fails alone in it ends every rank's: [`crate::Job::operation`]),
+/// and returns it with every rank's share.
+fn in_operation(opts: &WriteOptions<'_>, out: &Path, f: impl FnOnce() -> Result<Outcome>) -> Result<Outcome> {
+    let Some(job) = opts.job else { return f() };
+    let mut done = job.operation(out, f)?;
+    done.ranks = job.shares();
+    done.dry_run = job.is_dry_run();
     Ok(done)
 }
 
@@ -215,8 +225,7 @@ fn with_ranks(done: Result<Outcome>, opts: &WriteOptions<'_>) -> Result<Outcome>
 /// `huggingface_hub.save_torch_state_dict(load_file(src), out_dir, max_shard_size=…)` writes,
 /// and so is every shard's content.
 pub fn split(ck: &Checkpoint, out_dir: &Path, max_shard_size: u64, opts: &WriteOptions<'_>) -> Result<Outcome> {
-    let _held = claim(out_dir, opts)?;
-    with_ranks(split_here(ck, out_dir, max_shard_size, opts), opts)
+    with_ranks(opts, out_dir, || split_here(ck, out_dir, max_shard_size, opts))
 }
 
 fn split_here(ck: &Checkpoint, out_dir: &Path, max_shard_size: u64, opts: &WriteOptions<'_>) -> Result<Outcome> {
@@ -235,19 +244,20 @@ fn split_here(ck: &Checkpoint, out_dir: &Path, max_shard_size: u64, opts: &Write
 /// `safetensors.torch.save_file` writes for its tensors, `__metadata__` kept and index metadata
 /// folded into it.
 pub fn merge(ck: &Checkpoint, out: &Path, options: &MergeOptions, opts: &WriteOptions<'_>) -> Result<Outcome> {
-    let _held = claim(out, opts)?;
-    // The optimizer's states beside a merged file are a second destination of the operation.
-    let beside = out.parent().unwrap_or(Path::new("")).join(OPTIMIZER_NAME);
-    let _beside = match options.optimizer && options.max_shard_size.is_none() && beside != out {
-        true => Some(claim(&beside, opts)?),
-        false => None,
-    };
-    merge_claimed(ck, out, options, opts)
+    with_ranks(opts, out, || {
+        // The optimizer's states beside a merged file are a second destination of the operation.
+        let beside = out.parent().unwrap_or(Path::new("")).join(OPTIMIZER_NAME);
+        let _beside = match options.optimizer && options.max_shard_size.is_none() && beside != out {
+            true => Some(claim(&beside, opts)?),
+            false => None,
+        };
+        merge_here(ck, out, options, opts)
+    })
 }
 
 /// [`merge`] into a destination already claimed (a `save_state` folder's model and optimizer).
 fn merge_claimed(ck: &Checkpoint, out: &Path, options: &MergeOptions, opts: &WriteOptions<'_>) -> Result<Outcome> {
-    with_ranks(merge_here(ck, out, options, opts), opts)
+    in_operation(opts, out, || merge_here(ck, out, options, opts))
 }
 
 fn merge_here(ck: &Checkpoint, out: &Path, options: &MergeOptions, opts: &WriteOptions<'_>) -> Result<Outcome> {
@@ -370,8 +380,7 @@ fn write_state_dict(
 /// Non-tensor values go into safetensors metadata as JSON text (into the index metadata, as
 /// JSON values, when sharded), and into the pickle of a torch target (of its first shard).
 pub fn convert(ck: &Checkpoint, dst: &Path, options: &ConvertOptions, opts: &WriteOptions<'_>) -> Result<Outcome> {
-    let _held = claim(dst, opts)?;
-    with_ranks(convert_here(ck, dst, options, opts), opts)
+    with_ranks(opts, dst, || convert_here(ck, dst, options, opts))
 }
 
 fn convert_here(ck: &Checkpoint, dst: &Path, options: &ConvertOptions, opts: &WriteOptions<'_>) -> Result<Outcome> {
@@ -531,8 +540,7 @@ fn block_plan(ck: &Checkpoint, scaling: BlockScaling, dst: &Path) -> Result<Bloc
 /// shards come out as such a folder too), or a ZeRO checkpoint as DeepSpeed's
 /// universal checkpoint, which DeepSpeed loads with `load_universal` on any world size.
 pub fn reshard(ck: &Checkpoint, out: &Path, world_size: u64, opts: &WriteOptions<'_>) -> Result<Outcome> {
-    let _held = claim(out, opts)?;
-    with_ranks(reshard_here(ck, out, world_size, opts), opts)
+    with_ranks(opts, out, || reshard_here(ck, out, world_size, opts))
 }
 
 fn reshard_here(ck: &Checkpoint, out: &Path, world_size: u64, opts: &WriteOptions<'_>) -> Result<Outcome> {

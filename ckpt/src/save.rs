@@ -60,6 +60,19 @@ pub fn save_safetensors(
     options: &SaveOptions,
     opts: &WriteOptions<'_>,
 ) -> Result<Outcome> {
+    match opts.job {
+        // Over the ranks of a job, one rank's refusal ends the others' wait too.
+        Some(job) => job.operation(path, || save_here(tensors, path, options, opts)),
+        None => save_here(tensors, path, options, opts),
+    }
+}
+
+fn save_here(
+    tensors: &[MemoryTensor<'_>],
+    path: &Path,
+    options: &SaveOptions,
+    opts: &WriteOptions<'_>,
+) -> Result<Outcome> {
     let _held = crate::claim::claim(path, opts)?;
     let bad =
         |tensor: &str, reason: String| Error::BadSaveTensor { dst: path.to_path_buf(), tensor: tensor.into(), reason };

@@ -197,7 +197,7 @@ fn agree_sharded<T>(comm: &dyn Collective, dir: &Path, mine: Result<T>) -> Resul
         let (rank, reason) = serde_json::from_slice(note).unwrap_or((first, "malformed report".into()));
         sharded_failure(dir, rank, reason)
     };
-    agree_with(comm, dir, mine, say, other, |e| e)
+    agree_with(&crate::Job::new(comm), dir, mine, say, other, |e| e)
 }
 
 /// Refuses a `dir` that exists: a sharded save makes a new folder.

@@ -41,6 +41,8 @@ pub(crate) struct Part {
 /// One rank's share of a plan.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Share {
+    /// The rank it is dealt to.
+    pub rank: u64,
     /// Targets this rank creates (header included) and seals.
     pub owned: Vec<usize>,
     /// What it fills, one entry per target it writes data into.
@@ -157,7 +159,7 @@ pub(crate) fn deal(plan: &Plan, n: u64) -> Vec<Share> {
         .map(|(i, t)| i.iter().map(Item::len).sum::<u64>() + t.head.len() as u64)
         .collect();
     if let Some(owner) = whole_files(&sizes, n) {
-        let mut shares = vec![Share::default(); n];
+        let mut shares: Vec<Share> = (0..n as u64).map(|rank| Share { rank, ..Share::default() }).collect();
         for (ti, (&r, t)) in owner.iter().zip(&plan.targets).enumerate() {
             shares[r].owned.push(ti);
             if !t.copies.is_empty() || !t.gathers.is_empty() {
@@ -217,7 +219,7 @@ fn ranges(plan: &Plan, per_target: &[Vec<Item<'_>>], n: usize) -> Vec<Share> {
         at = b;
     }
     let rank_at = |pos: u64| cuts[1..n].iter().filter(|&&c| c <= pos).count();
-    let mut shares = vec![Share::default(); n];
+    let mut shares: Vec<Share> = (0..n as u64).map(|rank| Share { rank, ..Share::default() }).collect();
     let mut at = 0u64;
     for (ti, items) in per_target.iter().enumerate() {
         shares[rank_at(at)].owned.push(ti);

@@ -1,7 +1,15 @@
 //! Where a plan's outputs are built before they are committed: a [`Stage`].
 //!
-//! Two cases take a whole folder through a [`StagedFolder`], so that a kill leaves the old
-//! folder or the new one and never a mix:
+//! A file the user named (a merge or a convert into one file, with the optimizer's file beside
+//! it) is written as a temporary in its own folder and renamed over its name: one rename is
+//! atomic by itself, so nothing is staged, and nothing outside that folder is created, renamed
+//! or removed. The folder keeps its inode, and the user needs write permission on it alone. A
+//! missing folder on its path is made in place, and taken back if the write fails.
+//!
+//! A folder of outputs (a sharded set and its index, a DCP or Hugging Face folder) cannot be
+//! replaced by one rename of a file, so two cases take the whole folder through a
+//! [`StagedFolder`] beside it, so that a kill leaves the old folder or the new one and never a
+//! mix:
 //!
 //! - the outputs go into a folder that does not exist yet: it is built under a temporary name
 //!   and renamed into place once complete;
@@ -43,6 +51,9 @@ pub(crate) struct Stage {
     folder: Cell<Option<StagedFolder>>,
     /// Whether committing replaces an existing folder whole (swapped in).
     replaces: bool,
+    /// Folders a named file's path lacked, made in place on the rank that made the stage and
+    /// removed unless committed.
+    made: Cell<Vec<durable::NewFolders>>,
 }
 
 impl std::fmt::Debug for Stage {
@@ -58,6 +69,9 @@ impl Stage {
     /// the targets (a `SHA256SUMS`), which the plan manages too.
     pub(crate) fn new(plan: &Plan, manifest: Option<&Path>) -> Result<Stage> {
         let token = random_hex();
+        if plan.writes_named_file() {
+            return Stage::in_own_folder(plan, token);
+        }
         if let Some(dir) = missing_folder(plan) {
             return Stage::make(&dir, token, false);
         }
@@ -73,7 +87,18 @@ impl Stage {
     fn make(dir: &Path, token: String, replaces: bool) -> Result<Stage> {
         let folder = StagedFolder::new(dir)?;
         let dirs = Some((dir.to_path_buf(), folder.path().to_path_buf()));
-        Ok(Stage { dirs, token, folder: Cell::new(Some(folder)), replaces })
+        Ok(Stage { dirs, token, folder: Cell::new(Some(folder)), replaces, ..Stage::default() })
+    }
+
+    /// No staging for a named file: the folders of its outputs (the optimizer's file goes
+    /// beside it) are made where they are missing, before any rank creates a temporary there.
+    fn in_own_folder(plan: &Plan, token: String) -> Result<Stage> {
+        let mut dirs: Vec<PathBuf> = plan.outputs().iter().filter_map(|p| p.parent().map(Path::to_path_buf)).collect();
+        dirs.sort();
+        dirs.dedup();
+        let made =
+            dirs.iter().map(|d| durable::NewFolders::make(d).map_err(crate::io::fs_error)).collect::<Result<_>>()?;
+        Ok(Stage { token, made: Cell::new(made), ..Stage::default() })
     }
 
     /// Stages the new folder `dir` itself, for an operation that fills it piece by piece (a
@@ -153,6 +178,7 @@ impl Stage {
     /// something appeared there meanwhile), or swapped with the folder it replaces, which is
     /// then removed. Nothing on the other ranks.
     pub(crate) fn commit_ref(&self) -> Result<()> {
+        self.made.take().into_iter().for_each(durable::NewFolders::keep);
         let Some(folder) = self.folder.take() else { return Ok(()) };
         match self.replaces {
             true => folder.commit(),

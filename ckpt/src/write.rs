@@ -162,6 +162,12 @@ impl Plan {
     pub(crate) fn outputs(&self) -> Vec<PathBuf> {
         self.targets.iter().map(|t| t.path.clone()).chain(self.trailers.iter().map(|(p, _)| p.clone())).collect()
     }
+
+    /// Whether the user named a file as the output (not a folder): it is then replaced by one
+    /// rename inside its own folder, never by staging a folder (`stage.rs`).
+    pub(crate) fn writes_named_file(&self) -> bool {
+        !self.named.is_empty()
+    }
 }
 
 /// How tensor bytes are moved.

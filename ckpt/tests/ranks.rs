@@ -139,3 +139,37 @@ fn a_failing_rank_leaves_the_destination_as_it_was() {
     }
     assert_eq!(tree(&out), before, "the previous output is untouched, and no temporary is left");
 }
+
+#[test]
+fn a_rank_failing_alone_before_the_others_hear_from_it_ends_every_rank() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src.safetensors");
+    source(&src, 8, 40_000);
+    let out = tmp.path().join("merged.safetensors");
+    std::fs::write(&out, b"the previous output").unwrap();
+    // Rank 1 reads its own copy of the source, gone once it was opened (an I/O error on one
+    // node): rank 1 fails as it opens its files for the copy, before it meets the others, who
+    // have gone on into the protocol.
+    std::fs::copy(&src, src.with_extension("1")).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (src2, out2) = (src.clone(), out.clone());
+    std::thread::spawn(move || {
+        let op = move |ck: &Checkpoint, o: &WriteOptions<'_>| {
+            if o.job.is_some_and(|j| j.rank() == 1) {
+                std::fs::remove_file(&ck.files()[0].path).unwrap();
+            }
+            ckpt::merge(ck, &out2, &MergeOptions::default(), o)
+        };
+        let _ = tx.send(on_ranks(3, &src2, &op).0);
+    });
+    let results = rx.recv_timeout(std::time::Duration::from_secs(60)).expect("no rank waits for rank 1 forever");
+    let errors: Vec<String> = results.iter().filter_map(|r| r.as_ref().err()).map(ToString::to_string).collect();
+    assert_eq!(errors.len(), 3, "every rank fails: {errors:?}");
+    assert!(errors[1].contains("src.1"), "rank 1 reports what it saw: {}", errors[1]);
+    for r in [0, 2] {
+        assert!(errors[r].starts_with("rank 1 failed"), "the others name it: {}", errors[r]);
+    }
+    let names: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(names.len(), 2, "no temporary left: {names:?}");
+    assert_eq!(std::fs::read(&out).unwrap(), b"the previous output");
+}

@@ -201,7 +201,10 @@ fn operate<'a>(
     // ranks agree that all of them could before any goes on, so one that could not reports
     // it alone and none waits for it in the operation.
     let open = |src: &str, open: &OpenArgs, tag: Option<String>, verb: &str| {
-        let ck = open.options(tag).and_then(|o| ckpt::Checkpoint::open_with(src, &o).or_else(|e| named(e, verb, src)));
+        let ck = open.options(tag).and_then(|o| {
+            let ck = ckpt::Checkpoint::open_with(src, &o).and_then(|ck| job.fault_at_open(src.as_ref()).map(|()| ck));
+            ck.or_else(|e| named(e, verb, src))
+        });
         settle(job, src, ck.inspect(|ck| bar.set_total(ck.total_bytes())))
     };
     let size = |s: &Option<String>| s.as_deref().map(ckpt::parse_size).transpose();

@@ -388,3 +388,140 @@ fn shards_without_their_index_are_not_a_checkpoint() {
     let out = bounded(&["verify", s(&tmp.path().join(shard))]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
 }
+
+// A file output changes nothing but its own folder's entries.
+
+/// The entries of `dir` (names only, sorted) and its inode.
+fn entries_and_inode(dir: &Path) -> (Vec<String>, u64) {
+    use std::os::unix::fs::MetadataExt;
+    let mut names: Vec<String> =
+        std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    names.sort();
+    (names, std::fs::metadata(dir).unwrap().ino())
+}
+
+#[test]
+fn a_file_output_is_renamed_into_its_own_folder_which_keeps_its_inode() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src.safetensors");
+    let new = write_checkpoint(&src, 3, 64, 7);
+    // The folder holds only the previous output: once swapped whole, now replaced by one rename.
+    let o3 = tmp.path().join("o3");
+    std::fs::create_dir(&o3).unwrap();
+    let out = o3.join("merged.safetensors");
+    write_checkpoint(&out, 2, 16, 1);
+    let (above, _) = entries_and_inode(tmp.path());
+    let (_, ino) = entries_and_inode(&o3);
+    for op in ["merge", "convert"] {
+        let done = run(&[op, s(&src), s(&out)]);
+        assert!(done.status.success(), "{op}: {}", stderr(&done));
+        assert_eq!(std::fs::read(&out).unwrap(), new, "{op}");
+        assert_eq!(
+            entries_and_inode(&o3),
+            (vec!["merged.safetensors".to_string()], ino),
+            "{op}: same folder, one file"
+        );
+        assert_eq!(entries_and_inode(tmp.path()).0, above, "{op}: nothing created or left beside the folder");
+    }
+}
+
+#[test]
+fn merge_with_the_optimizer_writes_both_files_inside_the_named_folder_only() {
+    let tmp = tempfile::tempdir().unwrap();
+    let o3 = tmp.path().join("o3");
+    std::fs::create_dir(&o3).unwrap();
+    let out = o3.join("model.safetensors");
+    let src = fixtures().join("accelerate/bin");
+    for round in 0..2 {
+        let (_, ino) = entries_and_inode(&o3);
+        let done = run(&["merge", "--optimizer", s(&src), s(&out)]);
+        assert!(done.status.success(), "round {round}: {}", stderr(&done));
+        let want = vec!["model.safetensors".to_string(), "optimizer.safetensors".to_string()];
+        assert_eq!(entries_and_inode(&o3), (want, ino), "round {round}");
+        assert_eq!(entries_and_inode(tmp.path()).0, ["o3"], "round {round}: nothing beside the folder");
+    }
+}
+
+#[test]
+fn a_file_output_makes_its_missing_folders_in_place_and_nothing_beside_them() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src.safetensors");
+    let new = write_checkpoint(&src, 2, 32, 3);
+    let out = tmp.path().join("new/deeper/m.safetensors");
+    let done = run(&["merge", s(&src), s(&out)]);
+    assert!(done.status.success(), "{}", stderr(&done));
+    assert_eq!(std::fs::read(&out).unwrap(), new);
+    assert_eq!(entries_and_inode(tmp.path()).0, ["new", "src.safetensors"]);
+    assert_eq!(entries_and_inode(&tmp.path().join("new/deeper")).0, ["m.safetensors"]);
+}
+
+/// Every hostile input of the earlier rounds, merged and converted into a file whose folder
+/// holds only a previous output (the case that was once swapped whole): whether the command
+/// succeeds or is refused, the folder keeps its inode, nothing appears or is left beside it,
+/// and a refusal leaves the previous output as it was.
+#[test]
+fn no_hostile_input_makes_a_file_output_touch_anything_beside_its_folder() {
+    let mut inputs: Vec<PathBuf> = Vec::new();
+    for corpus in std::fs::read_dir(fixtures().join("hostile")).unwrap() {
+        let corpus = corpus.unwrap().path();
+        // Data files, not checkpoints: the loaders' own hostile tests cover them.
+        if ["dataload", "package"].iter().any(|d| corpus.ends_with(d)) {
+            continue;
+        }
+        inputs.extend(std::fs::read_dir(&corpus).unwrap().map(|e| e.unwrap().path()));
+    }
+    inputs.sort();
+    assert!(inputs.len() >= 70, "the corpora are there: {}", inputs.len());
+    // Each input in a folder of its own, four at a time: a few hundred runs of the binary.
+    let refused = std::sync::atomic::AtomicUsize::new(0);
+    let runs = std::sync::atomic::AtomicUsize::new(0);
+    std::thread::scope(|scope| {
+        for part in inputs.chunks(inputs.len().div_ceil(4)) {
+            let (refused, runs) = (&refused, &runs);
+            scope.spawn(move || {
+                for input in part {
+                    let n = nothing_beside_a_file_output(input);
+                    refused.fetch_add(n.0, std::sync::atomic::Ordering::Relaxed);
+                    runs.fetch_add(n.1, std::sync::atomic::Ordering::Relaxed);
+                }
+            });
+        }
+    });
+    let (refused, runs) = (refused.into_inner(), runs.into_inner());
+    assert!(2 * refused > runs, "most hostile inputs are refused: {refused} of {runs}");
+}
+
+/// The check above for one input; returns how many of its runs were refused, of how many.
+fn nothing_beside_a_file_output(input: &Path) -> (usize, usize) {
+    let tmp = tempfile::tempdir().unwrap();
+    let out_dir = tmp.path().join("o3");
+    std::fs::create_dir(&out_dir).unwrap();
+    let out = out_dir.join("merged.safetensors");
+    let previous = write_checkpoint(&out, 1, 8, 9);
+    let (_, ino) = entries_and_inode(&out_dir);
+    // `--optimizer` writes a second file beside the first, from the formats that have one.
+    let with_optimizer = ["accelerate", "deepspeed", "round2"].iter().any(|c| input.parent().unwrap().ends_with(c));
+    let ops: &[&[&str]] = match with_optimizer {
+        true => &[&["merge"], &["merge", "--optimizer"], &["convert"]],
+        false => &[&["merge"], &["convert"]],
+    };
+    let mut refused = 0;
+    for op in ops {
+        let what = format!("{} {}", op.join(" "), input.display());
+        let done = bounded(&[op, &[s(input), s(&out)][..]].concat());
+        let (names, now) = entries_and_inode(&out_dir);
+        assert_eq!(now, ino, "{what}: the output's folder was replaced");
+        assert_eq!(entries_and_inode(tmp.path()).0, ["o3"], "{what}: something beside the folder");
+        let ours = ["merged.safetensors", "optimizer.safetensors"];
+        assert!(names.iter().all(|n| ours.contains(&n.as_str())), "{what}: left {names:?}");
+        if done.status.success() {
+            // Back to the previous output, so that every refusal is checked against it.
+            std::fs::write(&out, &previous).unwrap();
+            let _ = std::fs::remove_file(out_dir.join("optimizer.safetensors"));
+        } else {
+            refused += 1;
+            assert_eq!(std::fs::read(&out).unwrap(), previous, "{what}: a refusal changed the output");
+        }
+    }
+    (refused, ops.len())
+}

@@ -20,7 +20,8 @@
 //! * [`create_new`], [`write_new`] and [`copy_new`] make a file that must not exist yet (inside
 //!   a folder that is itself staged and renamed into place); [`sync_dir`], [`remove_if_there`],
 //!   [`temp_name`] and [`random_hex`] are the steps the callers' own protocols share.
-//!
+//! * [`NewFolders`] makes the folders a new file needs where they are missing, and takes them
+//!   back (while empty) when the file never lands.
 //! * [`DestLock`] is the one writer of a destination at a time: an advisory lock beside it
 //!   that a second writer is refused by, naming the holder's pid ([`Error::Locked`]), and that
 //!   a killed holder leaves for the next one to take over.
@@ -31,11 +32,13 @@
 #![warn(missing_docs, unreachable_pub)]
 
 mod error;
+mod folders;
 mod lock;
 mod open;
 mod write;
 
 pub use error::{Error, FileKind, Result};
+pub use folders::NewFolders;
 pub use lock::{lock_path, DestLock};
 pub use open::{open_regular, read_capped};
 pub use write::{

@@ -42,16 +42,44 @@ def torchrun(nproc: int, script, *args, env=None, timeout: int = 300, cwd=None) 
     cmd = [str(VENV_BIN / "torchrun"), "--nproc_per_node", str(nproc), "--master_addr", "127.0.0.1",
            "--master_port", str(port), str(script), *map(str, args)]
     # A session of its own, so that a job past its timeout is killed whole: killing torchrun
-    # alone would leave its ranks running (and holding their port) after the test failed.
+    # alone would leave its ranks running (and holding their port) after the test failed. The
+    # ranks are in sessions of their own too (torch's elastic agent starts them so): they are
+    # found under torchrun and killed by pid first.
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full, cwd=cwd,
                           start_new_session=True) as proc:
         try:
             out, err = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
+            for pid in descendants(proc.pid):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
             os.killpg(proc.pid, signal.SIGKILL)
             out, err = proc.communicate()
             raise subprocess.TimeoutExpired(cmd, timeout, out, err) from None
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def descendants(pid: int) -> list:
+    """Every process under `pid` (children, theirs, ...), from /proc."""
+    children: dict = {}
+    for p in Path("/proc").iterdir():
+        if not p.name.isdigit():
+            continue
+        try:
+            stat = (p / "stat").read_text()
+        except (OSError, ValueError):
+            continue
+        # `pid (comm) state ppid ...`; the command name may hold spaces and parentheses.
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(p.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
 
 
 def files_of(d: Path) -> dict:
