@@ -12,7 +12,7 @@ export PYO3_PYTHON := $(PY)
 TORCH_ENV := LIBTORCH_USE_PYTORCH=1 PATH=$(VENV)/bin:$$PATH \
 	LD_LIBRARY_PATH=$(VENV)/lib/python3.11/site-packages/torch/lib$${LD_LIBRARY_PATH:+:$$LD_LIBRARY_PATH}
 
-.PHONY: setup setup-demo build demo test lint-python test-rust test-train test-python fuzz bench fixtures mcore
+.PHONY: setup setup-demo build demo test lint-python test-rust test-train test-python soak fuzz bench fixtures mcore
 
 setup:
 	@bash .ci/setup test
@@ -56,6 +56,13 @@ test-python:
 	$(TORCH_ENV) $(CARGO) build --locked -p train
 	CKPT_BIN=$(CURDIR)/target/debug/ckpt TRAIN_BIN=$(CURDIR)/target/debug/statekit-train \
 		$(PY) -m pytest -q -p no:cacheprovider tests/python
+
+# The kill soak in full: 200 SIGKILLs at random moments over split, merge, convert and reshard,
+# in place, swapped and new, of one process, a 2-rank job or one of its ranks (`make test` runs
+# 24 of them; STATEKIT_SOAK_SEED=N replays a run).
+SOAK_ROUNDS ?= 200
+soak: setup
+	STATEKIT_SOAK_ROUNDS=$(SOAK_ROUNDS) $(CARGO) test -p statekit-cli --features mpi --test kill_soak --locked -- --nocapture
 
 FUZZ_SECONDS ?= 20
 fuzz:

@@ -24,6 +24,8 @@ BASE=bench/work/crc-base
 CARGO_TARGET_DIR="$BASE/target" cargo build --release --locked -p statekit-cli --features bench-unchecked
 "$PY" bench/crc_cost.py --ckpt "$CKPT" --baseline "$BASE/target/release/ckpt" --pairs "${VS_CP_PAIRS:-7}"
 "$PY" bench/fp8_bench.py --ckpt "$CKPT"
+# hf://: remote inspect and download against huggingface_hub, both on the test Hub (tests/hub).
+"$PY" bench/hub.py --ckpt "$CKPT" --write-results
 "$PY" bench/dataload_bench.py
 "$PY" bench/dataload_sources_bench.py
 # Mixtures: resume cost against torchdata's MultiNodeWeightedSampler and, where MCORE_PYTHON names a

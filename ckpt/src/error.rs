@@ -265,6 +265,53 @@ pub enum Error {
         /// The cache folder searched.
         cache: PathBuf,
     },
+    /// The Hub refused a request for want of a token (401), or refused the token given (403).
+    /// The token itself is never part of the message.
+    #[error("`{repo}`: the Hub answered {status} for `{file}`; {}", auth_advice(.token_source.as_deref(), *.write))]
+    HubAuth {
+        /// The repository (`ORG/NAME`).
+        repo: String,
+        /// The file, or the API call, that was refused.
+        file: String,
+        /// The HTTP status: 401 or 403.
+        status: u16,
+        /// Where the token sent came from (`HF_TOKEN`, the token file), `None` when none was sent.
+        token_source: Option<String>,
+        /// Whether the request was a write (`ckpt push`), which takes a token with write access.
+        write: bool,
+    },
+    /// The Hub has no such repository or revision (`file` is `None`), or no such file in it.
+    #[error("{}", not_found_text(.repo, .revision, .file.as_deref(), .endpoint))]
+    HubNotFound {
+        /// The repository (`ORG/NAME`).
+        repo: String,
+        /// The revision asked for.
+        revision: String,
+        /// The file, for a file the revision lacks.
+        file: Option<String>,
+        /// The Hub asked (`HF_ENDPOINT`).
+        endpoint: String,
+    },
+    /// A request to the Hub that failed on the way: no connection, a timeout, a connection
+    /// closed early (run again to resume a download), an answer the protocol does not allow.
+    #[error("{url}: {reason}")]
+    HubRequest {
+        /// The URL asked, which names the repository, the revision and the file.
+        url: String,
+        /// What went wrong.
+        reason: String,
+    },
+    /// A downloaded file that is not what the Hub announced: an LFS file whose SHA-256 is not its
+    /// ETag, or a size other than the one announced. The bytes were discarded.
+    #[error("`{file}` of `{repo}`: {reason}; the download was discarded")]
+    HubCorrupt {
+        /// The repository (`ORG/NAME`).
+        repo: String,
+        /// The file in the repository.
+        file: String,
+        /// What did not match.
+        reason: String,
+    },
     /// An output file that is one of the files the checkpoint is read from.
     #[error("`{path}` is the source, refusing to overwrite it")]
     OutputIsSource {
@@ -865,6 +912,28 @@ fn globals_refusal(globals: &[String], allowing: bool) -> String {
 }
 
 /// Attaches a path to an `io::Error`; every I/O error of this crate names its file.
+/// What to do about a refused token, for [`Error::HubAuth`].
+fn auth_advice(token_source: Option<&str>, write: bool) -> String {
+    match (token_source, write) {
+        (None, false) => "the repository is gated or private: set `HF_TOKEN` (or save a token in `$HF_HOME/token`) to a token that may read it".into(),
+        (None, true) => "pushing takes a token: set `HF_TOKEN` (or save a token in `$HF_HOME/token`) to a token with write access".into(),
+        (Some(from), false) => format!(
+            "the token from {from} may not read it (a gated repository: accept its conditions on the Hub with that account; a private one: use a token of an account that has access)"
+        ),
+        (Some(from), true) => format!("the token from {from} may not write to it (it needs write access to the repository)"),
+    }
+}
+
+/// [`Error::HubNotFound`]'s message: the repository or revision, or a file of it.
+fn not_found_text(repo: &str, revision: &str, file: Option<&str>, endpoint: &str) -> String {
+    match file {
+        Some(file) => format!("`{repo}` (revision `{revision}`) has no `{file}` on {endpoint}"),
+        None => format!(
+            "`{repo}` (revision `{revision}`) was not found on {endpoint}; a private repository answers the same to a request without a token: set `HF_TOKEN`"
+        ),
+    }
+}
+
 pub(crate) trait IoContext<T> {
     fn at(self, path: impl Into<PathBuf>) -> Result<T>;
 }

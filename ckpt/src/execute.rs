@@ -25,8 +25,8 @@ use crate::staged::is_temp_of;
 use crate::sys;
 use crate::write::{
     file_name, gather, kernel_copy, mapped_copy, refuse_overwriting_sources, refuse_planted_link, remove_if_there,
-    sync_dir, temp_name, write_atomic, CopyMethod, Gather, Plan, RangeCopy, Stale, TargetFile, TempSet, WriteOptions,
-    PIECE,
+    retire, sync_dir, temp_name, write_atomic, CopyMethod, Gather, Plan, RangeCopy, Stale, TargetFile, TempSet,
+    WriteOptions, PIECE,
 };
 
 /// Runs `plan`, reading from the files of `source`. On error, no target or temporary is left
@@ -340,10 +340,8 @@ fn commit(
     for (path, bytes) in outside {
         write_atomic(path, bytes, plan)?;
     }
-    for f in stale.files.iter().filter(|f| !placed.contains(*f)) {
-        remove_if_there(f)?;
-    }
-    Ok(())
+    // The window between the index and this is what `write.rs`'s module docs discuss.
+    retire(stale.files.iter().filter(|f| !placed.contains(*f)), &stage.token)
 }
 
 /// Removes what a killed run of this plan left behind: temporaries of its targets and trailers,

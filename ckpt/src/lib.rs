@@ -72,6 +72,7 @@ pub use error::{escape_controls, Error, ErrorKind, Result};
 pub use formats::megatron::MegatronInfo;
 pub use formats::torch::allow::AllowGlobals;
 pub use fsdp_state::Region;
+pub use hub::{push, DownloadProgress, Pushed};
 pub use job::Job;
 pub use misuse::{Misuse, Opt};
 pub use open::OpenOptions;

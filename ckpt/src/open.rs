@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use crate::catalog::{Checkpoint, Format, Scan};
 use crate::error::{Error, IoContext, Result};
 use crate::formats;
+use crate::hub;
 use crate::AllowGlobals;
 
 /// How to open a checkpoint.
@@ -19,6 +20,16 @@ pub struct OpenOptions {
     /// layers, TransformerEngine's norm names, the optimizer's tensors), instead of the model
     /// megatron holds on one rank.
     pub as_stored: bool,
+    /// `hf://` sources: read the catalog alone, by range requests on the Hub, downloading
+    /// nothing (what `inspect` and `verify --headers-only` need); the checkpoint's tensors
+    /// cannot be read then. Otherwise the files a source consists of are downloaded into the
+    /// Hugging Face cache unless they are there already.
+    pub headers_only: bool,
+    /// `hf://` sources: the branch, tag or commit to read (an `@REV` in the address must say
+    /// the same); refused for a local path.
+    pub revision: Option<String>,
+    /// `hf://` downloads: called as bytes arrive, for one progress bar over the whole download.
+    pub progress: Option<crate::hub::DownloadProgress>,
 }
 
 impl OpenOptions {
@@ -57,16 +68,20 @@ impl OpenOptions {
 impl Checkpoint {
     /// Opens a checkpoint: a `.safetensors` file, a sharded folder or its index, a torch file or
     /// set, a DCP folder, a DeepSpeed ZeRO folder, or an `hf://ORG/NAME[@REV][/PATH]` address
-    /// resolved in the local Hugging Face cache.
+    /// found in the Hugging Face cache or downloaded into it (see [`OpenOptions::headers_only`]).
     pub fn open(src: &str) -> Result<Checkpoint> {
         Checkpoint::open_with(src, &OpenOptions::default())
     }
 
     /// [`Checkpoint::open`] with options.
     pub fn open_with(src: &str, options: &OpenOptions) -> Result<Checkpoint> {
-        let (format, root) = detect(src)?;
-        options.check(format, &root)?;
-        let scan = formats::catalog(format, root, options)?;
+        let scan = match locate(src, options)? {
+            Source::Local(format, root) => scan(format, root, options)?,
+            Source::Remote(scan) => {
+                options.check(scan.checkpoint.format(), scan.checkpoint.root())?;
+                *scan
+            }
+        };
         match scan.problems.into_iter().next() {
             Some(first) => Err(first),
             None => Ok(scan.checkpoint),
@@ -74,10 +89,23 @@ impl Checkpoint {
     }
 }
 
-/// Resolves `src` and decides its format and root, without reading it.
-pub(crate) fn detect(src: &str) -> Result<(Format, PathBuf)> {
-    let path = crate::hub::resolve(src)?;
-    detect_path(&path)
+/// Where a source is, after `hf://` resolution.
+#[derive(Debug)]
+pub(crate) enum Source {
+    /// A local file or folder, its format and root decided, not yet read.
+    Local(Format, PathBuf),
+    /// An `hf://` checkpoint read on the Hub by its headers ([`OpenOptions::headers_only`]).
+    Remote(Box<Scan>),
+}
+
+/// Resolves `src` (downloading an `hf://` source's files unless only its headers are asked
+/// for) and, for a local one, decides its format and root without reading it.
+pub(crate) fn locate(src: &str, options: &OpenOptions) -> Result<Source> {
+    let need = if options.headers_only { hub::Need::Headers } else { hub::Need::Bytes };
+    match hub::locate(src, options.revision.as_deref(), need, options.progress.as_ref().map(|p| &*p.0))? {
+        hub::Located::Path(path) => detect_path(&path).map(|(format, root)| Source::Local(format, root)),
+        hub::Located::Remote(scan) => Ok(Source::Remote(scan)),
+    }
 }
 
 fn detect_path(path: &Path) -> Result<(Format, PathBuf)> {

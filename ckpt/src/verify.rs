@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use crate::catalog::Format;
 use crate::error::{Error, Result};
 use crate::manifest;
-use crate::open::{detect, scan};
+use crate::open::{locate, scan, Source};
 use crate::OpenOptions;
 
 /// The result of [`verify`]. Valid when `problems` is empty.
@@ -57,16 +57,24 @@ pub fn verify_with(src: &str, options: &OpenOptions) -> Result<Report> {
         checksums_ok: 0,
     };
     // Detection alone tells the format even when the file itself turns out to be defective.
-    let (format, root) = detect(src)?;
-    report.format = Some(format);
-    report.path = root.clone();
-    let scanned = match scan(format, root, options) {
-        Ok(s) => s,
-        Err(e) if e.is_invalid_data() => {
-            report.problems.push(e);
-            return Ok(report);
+    let scanned = match locate(src, options)? {
+        Source::Local(format, root) => {
+            report.format = Some(format);
+            report.path = root.clone();
+            match scan(format, root, options) {
+                Ok(s) => s,
+                Err(e) if e.is_invalid_data() => {
+                    report.problems.push(e);
+                    return Ok(report);
+                }
+                Err(e) => return Err(e),
+            }
         }
-        Err(e) => return Err(e),
+        Source::Remote(scanned) => {
+            report.format = Some(scanned.checkpoint.format());
+            report.path = scanned.checkpoint.root().to_path_buf();
+            *scanned
+        }
     };
     let ck = scanned.checkpoint;
     report.files = ck.files().len();
@@ -76,7 +84,10 @@ pub fn verify_with(src: &str, options: &OpenOptions) -> Result<Report> {
         report.problems.push(e);
     }
     // Every stored byte a zip record vouches for is read once against its CRC32.
-    report.problems.extend(crate::io::Sources::of(ck.files())?.check_all()?);
+    // With `headers_only`, nothing past the headers is read: no CRC32, no checksum manifest.
+    if !options.headers_only {
+        report.problems.extend(crate::io::Sources::of(ck.files())?.check_all()?);
+    }
     if let Some(declared) = ck.index_metadata().and_then(|m| m.get("total_size")).and_then(serde_json::Value::as_u64) {
         let actual = ck.total_bytes();
         if declared != actual {
@@ -109,7 +120,7 @@ pub fn verify_with(src: &str, options: &OpenOptions) -> Result<Report> {
     }
     // The manifest sits beside the file or the index.
     let manifest_path = ck.root().parent().map(|d| d.join(manifest::MANIFEST_NAME));
-    if let Some(mp) = manifest_path.filter(|p| p.is_file()) {
+    if let Some(mp) = manifest_path.filter(|p| p.is_file() && !options.headers_only) {
         let names: Vec<String> =
             ck.files().iter().filter_map(|f| f.path.file_name().map(|n| n.to_string_lossy().into_owned())).collect();
         check_manifest(&mp, &names, &mut report)?;

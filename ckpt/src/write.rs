@@ -6,9 +6,20 @@
 //! dropped once written; bytes whose CRC32 is still to be checked go through a buffer that is
 //! hashed on the way (`crc_pass.rs`). Then each target is fsynced. Only when every target is
 //! complete are the temporaries renamed into place, and the index written last with the same
-//! temp-fsync-rename dance; a previous checkpoint's files that nothing replaced are removed after
-//! that. A `kill -9` at any point leaves the previous checkpoint or the new one (plus at worst
-//! `.tmp` files and the old set's unreferenced shards, which no reader mistakes for a checkpoint).
+//! temp-fsync-rename dance; a previous checkpoint's files that nothing replaced are retired after
+//! that ([`retire`]). A `kill -9` at any point leaves the previous checkpoint or the new one, plus
+//! at worst `.tmp` files of ours, which every reader and `verify` ignore and the next run removes.
+//!
+//! The previous set's extra shards cannot go before the index rename (the old checkpoint must stay
+//! whole until then), and no single call removes several files, so a kill just after the rename
+//! leaves some of them beside the committed set. That window is made as short as the filesystem
+//! allows and harmless: once the index's rename is durable (its folder fsynced: a power loss must
+//! not keep a shard's retirement and lose the index that stopped naming it), each is renamed to a
+//! temporary of ours (a metadata update of microseconds, where an unlink frees the file's blocks
+//! and can take long), and only then removed; a shard still under its own name is one the committed
+//! index does not reference, so `verify` and every reader that goes by the index see only the new
+//! set, and the next run into the folder counts it (and our temporaries of such names) as the
+//! previous set's ([`stale_files`]).
 //! One case cannot be atomic without replacing the whole folder: when new files take old files'
 //! names (or a sharded set becomes one file), the old index is removed before the renames, so a
 //! kill in between leaves no index, never an index that describes a mixed set. That is the path for
@@ -398,7 +409,8 @@ pub(crate) fn refuse_overwriting_sources(plan: &Plan, members: &[PathBuf]) -> Re
 }
 
 /// A previous checkpoint's files in `dir`: the names `managed` accepts, split into its commit
-/// markers (`marker`: the index or metadata) and the rest.
+/// markers (`marker`: the index or metadata) and the rest, which also holds our temporaries of
+/// such names.
 pub(crate) fn stale_files(dir: &Path, managed: impl Fn(&str) -> bool, marker: impl Fn(&str) -> bool) -> Result<Stale> {
     let entries = match std::fs::read_dir(dir) {
         Ok(e) => e,
@@ -418,11 +430,36 @@ pub(crate) fn stale_files(dir: &Path, managed: impl Fn(&str) -> bool, marker: im
                 true => stale.markers.push(dir.join(name)),
                 false => stale.files.push(dir.join(name)),
             }
+        } else if temp_of(&name).is_some_and(&managed) {
+            // A killed run's temporary of such a file (one it was writing, or retiring).
+            stale.files.push(dir.join(name));
         }
     }
     stale.markers.sort();
     stale.files.sort();
     Ok(stale)
+}
+
+/// Retires a previous set's `files` that the committed set does not replace (see the module
+/// docs): all renamed to temporaries of ours (named by `token`) first, then removed; one already
+/// gone is no error.
+pub(crate) fn retire<'a>(files: impl Iterator<Item = &'a PathBuf>, token: &str) -> Result<()> {
+    let mut retired = Vec::new();
+    for f in files {
+        let tmp = temp_name(f, token);
+        match std::fs::rename(f, &tmp) {
+            Ok(()) => retired.push(tmp),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(Error::Io { path: f.clone(), source: e }),
+        }
+    }
+    retired.iter().try_for_each(|t| remove_if_there(t))
+}
+
+/// The name a temporary of ours (`.<name>.<16 hex>.tmp`, [`temp_name`]) stands for.
+fn temp_of(name: &str) -> Option<&str> {
+    let (inner, hex) = name.strip_prefix('.')?.strip_suffix(".tmp")?.rsplit_once('.')?;
+    (hex.len() == 16 && hex.bytes().all(|b| b.is_ascii_hexdigit())).then_some(inner)
 }
 
 /// Removes the file `path`; one already gone is no error.
@@ -492,4 +529,41 @@ pub(crate) fn create_new(path: &Path) -> Result<File> {
 /// Writes the small new file `path` (which must not exist) and makes it durable.
 pub(crate) fn write_small(path: &Path, bytes: &[u8]) -> Result<()> {
     durable::write_new(path, bytes).map_err(fs_error)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn names(dir: &Path) -> Vec<String> {
+        let mut v: Vec<String> =
+            std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn a_killed_runs_temporaries_of_a_previous_sets_files_are_stale_and_retired_with_them() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        let shard = "model-00001-of-00002.safetensors";
+        let retiring = ".model-00002-of-00002.safetensors.0123456789abcdef.tmp";
+        let index = "model.safetensors.index.json";
+        // A user's file and its temporary, and a name that only looks like a temporary of ours.
+        let others = ["notes.txt", ".notes.txt.0123456789abcdef.tmp", ".model-00001-of-00002.safetensors.ab.tmp"];
+        for n in [shard, retiring, index].iter().chain(&others) {
+            std::fs::write(dir.join(n), b"x").unwrap();
+        }
+        let stale = stale_files(dir, |n| n.starts_with("model"), |n| n.ends_with(".index.json")).unwrap();
+        assert_eq!(stale.markers, [dir.join(index)]);
+        assert_eq!(stale.files, [dir.join(retiring), dir.join(shard)]);
+
+        retire(stale.files.iter(), "fedcba9876543210").unwrap();
+        let mut left: Vec<String> = others.iter().map(|n| n.to_string()).chain([index.to_string()]).collect();
+        left.sort();
+        assert_eq!(names(dir), left, "the previous set's files gone, nothing else touched");
+        // Retiring what is already gone (a rerun after a kill mid-way) is no error.
+        retire(stale.files.iter(), "fedcba9876543210").unwrap();
+    }
 }

@@ -41,6 +41,10 @@ pub struct OpenArgs {
     /// instead of the model megatron holds on one rank.
     #[arg(long)]
     pub as_stored: bool,
+    /// `hf://` sources: the branch, tag or commit to read (as `@REV` does; this one may hold
+    /// a `/`, as `refs/pr/1` does).
+    #[arg(long)]
+    pub revision: Option<String>,
 }
 
 impl OpenArgs {
@@ -50,6 +54,8 @@ impl OpenArgs {
             tag,
             allow_globals: ckpt::AllowGlobals::new(&self.allow_global)?,
             as_stored: self.as_stored,
+            revision: self.revision.clone(),
+            ..Default::default()
         })
     }
 }
@@ -69,7 +75,8 @@ pub enum Command {
     },
     /// Show a checkpoint's format, tensors and totals.
     Inspect {
-        /// A `.safetensors` file, an index, a folder, or `hf://ORG/NAME[@REV][/PATH]`.
+        /// A `.safetensors` file, an index, a folder, or `hf://ORG/NAME[@REV][/PATH]` (read on
+        /// the Hub by its headers when not in the cache, not downloaded).
         path: String,
         /// Print JSON (schema in the README).
         #[arg(long)]
@@ -208,12 +215,33 @@ pub enum Command {
         #[command(flatten)]
         write: WriteArgs,
     },
+    /// Push a folder (a converted model, a split) to a Hub repository as one commit.
+    ///
+    /// Large files go by LFS; files the branch already holds with the same bytes are skipped; a
+    /// repository that does not exist is created. Takes a token with write access (`HF_TOKEN`,
+    /// or the token file under `HF_HOME`); `HF_ENDPOINT` names the Hub. Prints the commit's URL.
+    Push {
+        /// The folder to push (hidden files, a name starting with `.`, stay behind).
+        local_dir: PathBuf,
+        /// `hf://ORG/NAME[@BRANCH][/PATH]`: the repository, and the folder in it to push into.
+        dst: String,
+        /// The branch to commit to (default: the address's, else `main`).
+        #[arg(long)]
+        revision: Option<String>,
+        /// The commit message (default: `Upload ORG/NAME with ckpt`).
+        #[arg(long)]
+        message: Option<String>,
+    },
     /// Check headers, offsets, indexes, CRC32s and checksums. Exit 0 valid, 1 problems, 2 error.
     Verify {
         path: String,
         /// Print JSON (schema in the README).
         #[arg(long)]
         json: bool,
+        /// Check the headers and indexes only (no CRC32s, no checksum manifest): an `hf://`
+        /// model not in the cache is then read by range requests, not downloaded.
+        #[arg(long)]
+        headers_only: bool,
         #[command(flatten)]
         open: OpenArgs,
     },
@@ -243,7 +271,7 @@ impl Command {
             | Command::Merge { write, .. }
             | Command::Convert { write, .. }
             | Command::Reshard { write, .. } => Some(*write),
-            Command::Data { .. } | Command::Inspect { .. } | Command::Verify { .. } => None,
+            Command::Data { .. } | Command::Inspect { .. } | Command::Verify { .. } | Command::Push { .. } => None,
         }
     }
 

@@ -126,7 +126,9 @@ fn run(cli: &Cli, job: &ckpt::Job<'_>) -> anyhow::Result<ExitCode> {
     match &cli.command {
         Command::Data { cmd } => return data::run(cmd.clone()),
         Command::Inspect { path, json, open } => {
-            let ck = ckpt::Checkpoint::open_with(path, &open.options(None)?)?;
+            // The catalog alone: an `hf://` model is read by its headers, not downloaded.
+            let options = ckpt::OpenOptions { headers_only: true, ..open.options(None)? };
+            let ck = ckpt::Checkpoint::open_with(path, &options)?;
             if *json {
                 output::json(&mut out, &ck)?;
             } else {
@@ -136,8 +138,29 @@ fn run(cli: &Cli, job: &ckpt::Job<'_>) -> anyhow::Result<ExitCode> {
                 }
             }
         }
-        Command::Verify { path, json, open } => {
-            let report = ckpt::verify_with(path, &open.options(None)?)?;
+        Command::Push { local_dir, dst, revision, message } => {
+            let done = ckpt::push(local_dir, dst, revision.as_deref(), message.as_deref())?;
+            let at = format!("{}@{}", done.repo, done.revision);
+            if let Some(url) = &done.url {
+                writeln!(out, "{url}")?;
+            }
+            if !cli.quiet {
+                match done.commit {
+                    Some(_) => eprintln!(
+                        "pushed {} file(s) to {at} ({} already there)",
+                        done.uploaded.len(),
+                        done.skipped.len()
+                    ),
+                    None => eprintln!("nothing to push: {at} holds all {} file(s) already", done.skipped.len()),
+                }
+            }
+        }
+        Command::Verify { path, json, headers_only, open } => {
+            let quiet = cli.quiet || *json;
+            let options = ckpt::OpenOptions { headers_only: *headers_only, ..open.options(None)? };
+            let report = progress::downloading(quiet, |p| {
+                ckpt::verify_with(path, &ckpt::OpenOptions { progress: p, ..options.clone() })
+            })?;
             if *json {
                 output::json(&mut out, &report)?;
             } else {
@@ -201,9 +224,13 @@ fn operate<'a>(
     // ranks agree that all of them could before any goes on, so one that could not reports
     // it alone and none waits for it in the operation.
     let open = |src: &str, open: &OpenArgs, tag: Option<String>, verb: &str| {
+        // An `hf://` source is downloaded first, under a bar of its own.
         let ck = open.options(tag).and_then(|o| {
-            let ck = ckpt::Checkpoint::open_with(src, &o).and_then(|ck| job.fault_at_open(src.as_ref()).map(|()| ck));
-            ck.or_else(|e| named(e, verb, src))
+            progress::downloading(quiet, |p| {
+                ckpt::Checkpoint::open_with(src, &ckpt::OpenOptions { progress: p, ..o })
+                    .and_then(|ck| job.fault_at_open(src.as_ref()).map(|()| ck))
+            })
+            .or_else(|e| named(e, verb, src))
         });
         settle(job, src, ck.inspect(|ck| bar.set_total(ck.total_bytes())))
     };
@@ -270,8 +297,8 @@ fn operate<'a>(
             let done = settle(job, src, done)?;
             (ck, done, "resharded")
         }
-        Command::Data { .. } | Command::Inspect { .. } | Command::Verify { .. } => {
-            unreachable!("`run` handles the commands that write nothing")
+        Command::Data { .. } | Command::Inspect { .. } | Command::Verify { .. } | Command::Push { .. } => {
+            unreachable!("`run` handles the commands that write no checkpoint")
         }
     })
 }

@@ -29,3 +29,19 @@ impl Bar {
         self.0.finish_and_clear();
     }
 }
+
+/// Runs `f` with a progress report for `hf://` downloads: one bar over every file fetched,
+/// shown from the first byte and cleared when `f` returns.
+pub fn downloading<T>(quiet: bool, f: impl FnOnce(Option<ckpt::DownloadProgress>) -> T) -> T {
+    let bar = std::sync::Arc::new(Bar::new(0, !quiet));
+    let report = {
+        let bar = bar.clone();
+        move |n: u64, total: u64| {
+            bar.set_total(total);
+            bar.inc(n);
+        }
+    };
+    let out = f(Some(ckpt::DownloadProgress(std::sync::Arc::new(report))));
+    bar.finish();
+    out
+}

@@ -24,9 +24,13 @@ pub(crate) struct PyCheckpoint {
 /// torch file may name beyond torch's weights-only list, read as inert data; and `as_stored`,
 /// a Megatron `torch_dist` checkpoint's tensors under their stored keys instead of the model
 /// megatron holds on one rank (refused, `BadOption`, for any other format).
+///
+/// An `hf://` source is downloaded into the Hugging Face cache (as huggingface_hub lays it out)
+/// unless it is there already; [`PyCheckpoint::new`] with `headers_only` reads only its catalog,
+/// by range requests on the Hub.
 fn options(tag: Option<String>, allow_globals: Option<Vec<String>>, as_stored: bool) -> PyResult<OpenOptions> {
     let allow_globals = ckpt::AllowGlobals::new(allow_globals.unwrap_or_default()).map_err(errors::ckpt)?;
-    Ok(OpenOptions { tag, allow_globals, as_stored })
+    Ok(OpenOptions { tag, allow_globals, as_stored, ..Default::default() })
 }
 
 fn open(
@@ -35,23 +39,27 @@ fn open(
     tag: Option<String>,
     allow_globals: Option<Vec<String>>,
     as_stored: bool,
+    headers_only: bool,
 ) -> PyResult<Checkpoint> {
-    let opts = options(tag, allow_globals, as_stored)?;
+    let opts = OpenOptions { headers_only, ..options(tag, allow_globals, as_stored)? };
     errors::unpanicked(&format!("`{src}`"), || py.detach(|| Checkpoint::open_with(src, &opts)).map_err(errors::ckpt))
 }
 
 #[pymethods]
 impl PyCheckpoint {
+    /// `headers_only`: the catalog alone; an `hf://` model not in the cache is read by range
+    /// requests and its tensors cannot be read (what `inspect` needs).
     #[new]
-    #[pyo3(signature = (src, tag=None, allow_globals=None, as_stored=false))]
+    #[pyo3(signature = (src, tag=None, allow_globals=None, as_stored=false, headers_only=false))]
     fn new(
         py: Python<'_>,
         src: &str,
         tag: Option<String>,
         allow_globals: Option<Vec<String>>,
         as_stored: bool,
+        headers_only: bool,
     ) -> PyResult<Self> {
-        Ok(Self { inner: open(py, src, tag, allow_globals, as_stored)? })
+        Ok(Self { inner: open(py, src, tag, allow_globals, as_stored, headers_only)? })
     }
 
     /// The catalog as `ckpt inspect --json` prints it (`statekit.inspect/2`).
@@ -147,14 +155,15 @@ fn operate(
 
 /// `ckpt verify`: the report as `ckpt verify --json` prints it (`statekit.verify/1`).
 #[pyfunction]
-#[pyo3(signature = (src, *, allow_globals=None, as_stored=false))]
+#[pyo3(signature = (src, *, allow_globals=None, as_stored=false, headers_only=false))]
 pub(crate) fn verify(
     py: Python<'_>,
     src: &str,
     allow_globals: Option<Vec<String>>,
     as_stored: bool,
+    headers_only: bool,
 ) -> PyResult<String> {
-    let opts = options(None, allow_globals, as_stored)?;
+    let opts = OpenOptions { headers_only, ..options(None, allow_globals, as_stored)? };
     let report = py.detach(|| ckpt::verify_with(src, &opts)).map_err(errors::ckpt)?;
     serde_json::to_string(&report).map_err(|e| errors::usage(e.to_string()))
 }
@@ -176,7 +185,7 @@ pub(crate) fn split(
     comm: Option<Bound<'_, PyAny>>,
 ) -> PyResult<String> {
     let max_shard_size = args::uint(max_shard_size, "max_shard_size", 0, u64::MAX)?;
-    let ck = open(py, src, tag, allow_globals, as_stored);
+    let ck = open(py, src, tag, allow_globals, as_stored, false);
     operate(py, ck, comm.as_ref(), (checksums, allow_expanded), |ck, opts| ckpt::split(ck, &out, max_shard_size, opts))
 }
 
@@ -200,7 +209,7 @@ pub(crate) fn merge(
 ) -> PyResult<String> {
     let max_shard_size = args::opt_uint(max_shard_size, "max_shard_size", 0, u64::MAX)?;
     let model = args::opt_uint(model, "model", 0, usize::MAX as u64)?.map(|m| m as usize);
-    let ck = open(py, src, tag, allow_globals, as_stored);
+    let ck = open(py, src, tag, allow_globals, as_stored, false);
     let options = MergeOptions { max_shard_size, optimizer, model };
     operate(py, ck, comm.as_ref(), (checksums, allow_expanded), |ck, opts| ckpt::merge(ck, &out, &options, opts))
 }
@@ -232,7 +241,7 @@ pub(crate) fn convert(
     let options = ConvertOptions { to, dtype, max_shard_size, dedupe, world_size, blocks: None };
     // The library's check of the options, before anything is read.
     options.check(&out).map_err(errors::ckpt)?;
-    let ck = open(py, src, tag, allow_globals, as_stored);
+    let ck = open(py, src, tag, allow_globals, as_stored, false);
     operate(py, ck, comm.as_ref(), (checksums, allow_expanded), |ck, opts| ckpt::convert(ck, &out, &options, opts))
 }
 
@@ -253,7 +262,7 @@ pub(crate) fn reshard(
     comm: Option<Bound<'_, PyAny>>,
 ) -> PyResult<String> {
     let world_size = args::uint(world_size, "world_size", 0, u64::MAX)?;
-    let ck = open(py, src, tag, allow_globals, as_stored);
+    let ck = open(py, src, tag, allow_globals, as_stored, false);
     operate(py, ck, comm.as_ref(), (checksums, allow_expanded), |ck, opts| ckpt::reshard(ck, &out, world_size, opts))
 }
 

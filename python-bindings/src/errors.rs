@@ -90,6 +90,20 @@ pub(crate) fn ckpt_doing(e: ckpt::Error, verb: (&str, &str)) -> PyErr {
                 d.set_item("global_name", globals.first().cloned().unwrap_or_default())?;
                 d.set_item("globals", globals.clone())?;
             }
+            ckpt::Error::HubAuth { repo, file, status, .. } => {
+                d.set_item("repo", repo)?;
+                d.set_item("file", file)?;
+                d.set_item("status", *status)?;
+            }
+            ckpt::Error::HubNotFound { repo, revision, file, .. } => {
+                d.set_item("repo", repo)?;
+                d.set_item("revision", revision)?;
+                d.set_item("file", file.clone())?;
+            }
+            ckpt::Error::HubCorrupt { repo, file, .. } => {
+                d.set_item("repo", repo)?;
+                d.set_item("file", file)?;
+            }
             ckpt::Error::Collective { source, .. } => {
                 d.set_item("cause", source.to_string())?;
             }
@@ -118,7 +132,12 @@ fn class_of(e: &ckpt::Error) -> &'static str {
         E::BadPickle { .. } => "BadPickle",
         E::ChecksumMismatch { .. } => "ChecksumMismatch",
         E::BadOption { .. } => "BadOption",
-        E::BadHubUrl { .. } | E::NotInHubCache { .. } => "HubError",
+        E::BadHubUrl { .. }
+        | E::NotInHubCache { .. }
+        | E::HubAuth { .. }
+        | E::HubNotFound { .. }
+        | E::HubRequest { .. }
+        | E::HubCorrupt { .. } => "HubError",
         E::DestinationLocked { .. } => "DestinationLocked",
         E::DestinationsDiffer { .. } => "DestinationsDiffer",
         _ => match e.kind() {

@@ -75,12 +75,15 @@ impl Error {
             | Error::MissingRngFile { .. }
             | Error::RankBeyondLimit { .. }
             | Error::BadMegatron { .. }
-            | Error::MissingMegatronRank { .. } => ErrorKind::InvalidData,
-            Error::NotACheckpoint { .. } | Error::UnknownSafetensorsLayout { .. } | Error::NotInHubCache { .. } => {
-                ErrorKind::NotFound
-            }
+            | Error::MissingMegatronRank { .. }
+            | Error::HubCorrupt { .. } => ErrorKind::InvalidData,
+            Error::NotACheckpoint { .. }
+            | Error::UnknownSafetensorsLayout { .. }
+            | Error::NotInHubCache { .. }
+            | Error::HubNotFound { .. } => ErrorKind::NotFound,
             Error::BadSize { .. }
             | Error::BadHubUrl { .. }
+            | Error::HubAuth { .. }
             | Error::OutputIsSource { .. }
             | Error::BadOption { .. }
             | Error::NotInSafetensors { .. }
@@ -89,7 +92,7 @@ impl Error {
             | Error::NotReshardable { .. }
             | Error::BadSaveTensor { .. }
             | Error::DestinationLocked { .. } => ErrorKind::Usage,
-            Error::Io { .. } => ErrorKind::Io,
+            Error::Io { .. } | Error::HubRequest { .. } => ErrorKind::Io,
             Error::Collective { .. }
             | Error::ShardedSave { .. }
             | Error::OtherRank { .. }
@@ -126,6 +129,10 @@ impl Error {
             Error::BadSize { .. } => "BadSize",
             Error::BadHubUrl { .. } => "BadHubUrl",
             Error::NotInHubCache { .. } => "NotInHubCache",
+            Error::HubAuth { .. } => "HubAuth",
+            Error::HubNotFound { .. } => "HubNotFound",
+            Error::HubRequest { .. } => "HubRequest",
+            Error::HubCorrupt { .. } => "HubCorrupt",
             Error::OutputIsSource { .. } => "OutputIsSource",
             Error::ExpandedView { .. } => "ExpandedView",
             Error::NotARegularFile { .. } => "NotARegularFile",

@@ -67,10 +67,44 @@ fn variant_name_is_the_debug_name() {
             per_item: 1,
             min_cap: 1,
         },
+        Error::HubAuth { repo: "o/n".into(), file: "f".into(), status: 401, token_source: None, write: false },
+        Error::HubNotFound { repo: "o/n".into(), revision: "main".into(), file: None, endpoint: "http://h".into() },
+        Error::HubRequest { url: "http://h/o/n".into(), reason: "r".into() },
+        Error::HubCorrupt { repo: "o/n".into(), file: "f".into(), reason: "r".into() },
     ];
     for e in &errors {
         assert_eq!(e.variant_name(), debug_head(e), "{e:?}");
     }
+}
+
+/// A refused token is named by where it came from, never by its value, and the advice fits a
+/// read or a push.
+#[test]
+fn hub_auth_messages_name_the_variable_to_set() {
+    let read = Error::HubAuth {
+        repo: "o/n".into(),
+        file: "model.safetensors".into(),
+        status: 401,
+        token_source: None,
+        write: false,
+    };
+    assert_eq!(
+        read.to_string(),
+        "`o/n`: the Hub answered 401 for `model.safetensors`; the repository is gated or private: set `HF_TOKEN` \
+         (or save a token in `$HF_HOME/token`) to a token that may read it"
+    );
+    let push = Error::HubAuth {
+        repo: "o/n".into(),
+        file: "the commit".into(),
+        status: 403,
+        token_source: Some("`HF_TOKEN`".into()),
+        write: true,
+    };
+    assert_eq!(
+        push.to_string(),
+        "`o/n`: the Hub answered 403 for `the commit`; the token from `HF_TOKEN` may not write to it (it needs write \
+         access to the repository)"
+    );
 }
 
 /// The typed variants say what the `reason` strings they replace said, word for word.

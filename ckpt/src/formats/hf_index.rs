@@ -122,6 +122,20 @@ pub(crate) fn detect(path: &Path) -> Result<Option<PathBuf>> {
 pub(crate) fn catalog(index_path: PathBuf) -> Result<Scan> {
     let index = Index::read(&index_path)?;
     let dir = index.dir().to_path_buf();
+    catalog_of(&index, |name| {
+        let path = dir.join(name);
+        path.exists().then(|| st::read_file(&path))
+    })
+}
+
+/// The catalog of the sharded checkpoint `index` describes, each shard's header read by
+/// `read_shard(name)` (`None`: the shard is missing): from the index's folder, or from a Hub
+/// repository by range requests (`hf://`), with the same checks either way.
+pub(crate) fn catalog_of(
+    index: &Index,
+    mut read_shard: impl FnMut(&str) -> Option<Result<(SourceFile, st::Header)>>,
+) -> Result<Scan> {
+    let index_path = index.path.clone();
     let mut problems = Vec::new();
 
     // The first tensor that names each shard, found in one pass.
@@ -137,22 +151,22 @@ pub(crate) fn catalog(index_path: PathBuf) -> Result<Scan> {
     let mut holder: HashMap<String, usize> = HashMap::new();
     let mut file_of_name: HashMap<&str, usize> = HashMap::new();
     for name in names {
-        let path = dir.join(name);
-        if !path.exists() {
+        let Some(read) = read_shard(name) else {
             problems.push(Error::MissingShard {
                 index: index_path.clone(),
                 tensor: first_tensor.get(name).copied().unwrap_or_default().to_string(),
                 file: name.into(),
             });
             continue;
-        }
-        let (file, header) = match st::read_file(&path) {
+        };
+        let (file, header) = match read {
             Ok(x) => x,
             Err(e) => {
                 problems.push(e);
                 continue;
             }
         };
+        let path = file.path.clone();
         let fi = files.len();
         file_of_name.insert(name, fi);
         for t in st::header_tensors(header, fi) {
@@ -190,7 +204,7 @@ pub(crate) fn catalog(index_path: PathBuf) -> Result<Scan> {
         problems.push(Error::UnlistedTensor { index: index_path.clone(), file, tensor: t.name.clone() });
     }
     let mut parts = Parts::new(Format::HfSharded, index_path, files, tensors);
-    parts.index_metadata = Some(index.metadata);
+    parts.index_metadata = Some(index.metadata.clone());
     Ok(Scan { checkpoint: Checkpoint::new(parts)?, problems })
 }
 

@@ -27,7 +27,7 @@ use serde::Deserialize;
 use crate::catalog::{Checkpoint, Chunk, Format, Parts, Scan, SourceFile, TensorInfo};
 use crate::dtype::Dtype;
 use crate::error::{Error, IoContext, Result};
-use crate::io::{self, ReadAt};
+use crate::io;
 use crate::shape::numel;
 
 /// The largest header the `safetensors` crate accepts; we refuse the same.
@@ -69,12 +69,23 @@ impl Header {
 
 /// Reads and validates a header from an open file of length `len`.
 pub(crate) fn read_header_from(file: &File, len: u64, path: &Path) -> Result<Header> {
+    read_header_with(len, path, |offset, n| io::read_at(file, path, offset, n))
+}
+
+/// Reads and validates the header of a file of `len` bytes through `read(offset, len)`: a local
+/// file's `pread`, or a remote file's range requests (`hf://`). One set of checks for both, so a
+/// hostile header is refused in the same words wherever it is; `read` is asked for the first
+/// 8 bytes, then for the header once its length is known to be in bounds.
+pub(crate) fn read_header_with(
+    len: u64,
+    path: &Path,
+    mut read: impl FnMut(u64, u64) -> Result<Vec<u8>>,
+) -> Result<Header> {
     let path_buf = || path.to_path_buf();
     if len < 8 {
         return Err(Error::HeaderTooSmall { path: path_buf(), len });
     }
-    let mut n = [0u8; 8];
-    ReadAt::read_exact_at(file, &mut n, 0).at(path)?;
+    let n: [u8; 8] = read(0, 8)?.try_into().map_err(|_| Error::HeaderTooSmall { path: path_buf(), len })?;
     let header_len = u64::from_le_bytes(n);
     if header_len > MAX_HEADER_LEN {
         return Err(Error::HeaderTooLarge { path: path_buf(), header_len, max: MAX_HEADER_LEN });
@@ -83,7 +94,7 @@ pub(crate) fn read_header_from(file: &File, len: u64, path: &Path) -> Result<Hea
         return Err(Error::HeaderBeyondFile { path: path_buf(), header_len, len });
     }
     // Bounded by MAX_HEADER_LEN above, so the allocation is at most 100 MB.
-    let json = io::read_at(file, path, 8, header_len)?;
+    let json = read(8, header_len)?;
     let header = parse_header(&json, header_len, path)?;
     let expected = header.file_len();
     if expected != len {
@@ -144,6 +155,12 @@ fn is_lone_shard(path: &Path) -> bool {
 /// The catalog of one safetensors file.
 pub(crate) fn catalog(root: PathBuf) -> Result<Scan> {
     let (file, header) = read_file(&root)?;
+    catalog_of(file, header)
+}
+
+/// The catalog of one safetensors file whose header was read (here, or by range requests).
+pub(crate) fn catalog_of(file: SourceFile, header: Header) -> Result<Scan> {
+    let root = file.path.clone();
     let tensors = header_tensors(header, 0);
     Ok(Scan::clean(Checkpoint::new(Parts::new(Format::Safetensors, root, vec![file], tensors))?))
 }
@@ -152,9 +169,14 @@ pub(crate) fn catalog(root: PathBuf) -> Result<Scan> {
 pub(crate) fn read_file(path: &Path) -> Result<(SourceFile, Header)> {
     let file = io::open(path)?;
     let len = file.metadata().at(path)?.len();
-    let mut header = read_header_from(&file, len, path)?;
+    let header = read_header_from(&file, len, path)?;
+    Ok(source_of(path, len, header))
+}
+
+/// The file at `path` of `len` bytes as a source, its `__metadata__` taken from `header`.
+pub(crate) fn source_of(path: &Path, len: u64, mut header: Header) -> (SourceFile, Header) {
     let metadata = header.metadata.take().unwrap_or_default();
-    Ok((SourceFile { metadata, ..SourceFile::new(path.to_path_buf(), len) }, header))
+    (SourceFile { metadata, ..SourceFile::new(path.to_path_buf(), len) }, header)
 }
 
 /// The header's tensors as catalog entries of source file `file`.

@@ -203,8 +203,10 @@ def inspect(path: PathLike, *, tag: Optional[str] = None, allow_globals: Optiona
     """What ``ckpt inspect`` shows: format, files, tensors, metadata, values, for torch files
     the globals each one's pickle names (``globals``, by file), and for a Megatron-Core
     checkpoint its run and model (``megatron``). ``allow_globals`` and ``as_stored`` as in
-    :func:`load`."""
-    d = _info(_native.Checkpoint(os.fspath(path), tag, _allow(allow_globals), as_stored=as_stored))
+    :func:`load`. An ``hf://`` safetensors model that is not in the Hugging Face cache is read
+    on the Hub by its headers (range requests); nothing is downloaded."""
+    ck = _native.Checkpoint(os.fspath(path), tag, _allow(allow_globals), as_stored=as_stored, headers_only=True)
+    d = _info(ck)
     return CheckpointInfo(
         format=d["format"],
         root=d["path"],
@@ -222,10 +224,12 @@ def inspect(path: PathLike, *, tag: Optional[str] = None, allow_globals: Optiona
     )
 
 
-def verify(path: PathLike, *, allow_globals: Optional[Sequence[str]] = None, as_stored: bool = False) -> VerifyReport:
+def verify(path: PathLike, *, allow_globals: Optional[Sequence[str]] = None, as_stored: bool = False, headers_only: bool = False) -> VerifyReport:
     """``ckpt verify``: every defect a reader would trip on (``report.problems``).
-    ``allow_globals`` and ``as_stored`` as in :func:`load`."""
-    d = json.loads(_native.verify(os.fspath(path), allow_globals=_allow(allow_globals), as_stored=as_stored))
+    ``allow_globals`` and ``as_stored`` as in :func:`load`. ``headers_only``: ``ckpt verify
+    --headers-only``, the headers and indexes alone (an ``hf://`` model is then read by range
+    requests, not downloaded)."""
+    d = json.loads(_native.verify(os.fspath(path), allow_globals=_allow(allow_globals), as_stored=as_stored, headers_only=headers_only))
     fields = ("path", "format", "files", "tensors", "problems", "warnings", "checksums_ok", "valid")
     return VerifyReport(**{k: d[k] for k in fields}, document=d)
 

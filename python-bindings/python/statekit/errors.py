@@ -96,7 +96,12 @@ class DestinationsDiffer(BadOutput):
 
 
 class HubError(CheckpointError):
-    """A ``hf://`` address is malformed or not in the local cache."""
+    """A ``hf://`` source that cannot be had: a malformed address, a file missing from the
+    cache while ``HF_HUB_OFFLINE=1``, a repository, revision or file the Hub does not have, a
+    request the Hub refused for want of a token (``status`` 401 or 403: set ``HF_TOKEN``), a
+    request that failed on the way (a timeout, a closed connection: run again to resume), or a
+    download whose bytes do not match the Hub's ETag. ``repo`` and ``file`` name what it was
+    about where the error knows them."""
 
 
 class ShardedSaveError(CheckpointError):
