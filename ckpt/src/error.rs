@@ -726,6 +726,34 @@ pub enum Error {
         /// This rank.
         rank: u64,
     },
+    /// Another process is writing the same destination: it holds the destination's lock (see
+    /// `durable::DestLock`). Refused at once, before anything is planned or written.
+    #[error(
+        "{dst}: another process{} is writing it now (it holds `{lock}`); nothing was written",
+        pid.map(|p| format!(" (pid {p})")).unwrap_or_default()
+    )]
+    DestinationLocked {
+        /// The destination.
+        dst: PathBuf,
+        /// The lock file the other process holds.
+        lock: PathBuf,
+        /// That process's id, where it had written it into the lock file.
+        pid: Option<u32>,
+    },
+    /// A rank of a job was given another destination than rank 0: the ranks would not write one
+    /// output together but race over several.
+    #[error(
+        "{dst}: rank {rank} was given `{other}` as its destination; every rank of a job must name the destination \
+         rank 0 names"
+    )]
+    DestinationsDiffer {
+        /// Rank 0's destination.
+        dst: PathBuf,
+        /// The rank that named another.
+        rank: u64,
+        /// The destination it named.
+        other: PathBuf,
+    },
     /// A step of a sharded save that failed on one of its ranks.
     #[error("{dir}: sharded save failed on rank {rank}: {reason}")]
     ShardedSave {

@@ -124,6 +124,7 @@ pub(crate) fn fs_error(e: durable::Error) -> Error {
             Error::NotARegularFile { path, kind }
         }
         durable::Error::TooLarge { path, size, limit } => too_large(&path, size, limit),
+        durable::Error::Locked { dest, lock, pid } => Error::DestinationLocked { dst: dest, lock, pid },
         other => Error::Io { path: other.path().to_path_buf(), source: std::io::Error::other(other.to_string()) },
     }
 }

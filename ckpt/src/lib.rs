@@ -13,6 +13,9 @@
 //! ```
 //!
 //! - [`split`], [`merge`], [`convert`], [`reshard`]: the operations, each returning an [`Outcome`];
+//!   each holds its destination for its whole run: another process writing it meanwhile is
+//!   refused ([`Error::DestinationLocked`], with that process's id), and the ranks of a job
+//!   must all name it ([`Error::DestinationsDiffer`]);
 //! - [`save_safetensors`]: tensors held in memory as one safetensors file or huggingface_hub's
 //!   shards, through the same planner and write engine as [`split`];
 //! - [`save_sharded`]: a DCP folder written by the ranks of a running job, each from memory;
@@ -33,6 +36,7 @@ mod blockscale;
 mod cast;
 mod catalog;
 mod checksum;
+mod claim;
 mod crc_pass;
 mod dtype;
 mod error;

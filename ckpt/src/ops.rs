@@ -9,6 +9,9 @@
 //! - `reshard` writes a sharded checkpoint for another world size: DCP in FSDP2's layout, ZeRO as
 //!   DeepSpeed's universal checkpoint.
 //!
+//! Each claims its destination first (`claim.rs`): a second writer of it is refused, and the
+//! ranks of a job must all name it.
+//!
 //! An accelerate `save_state` folder is its parts: `merge` merges one of its models (and its
 //! optimizer) as that model's own format merges, `reshard` rewrites the whole folder.
 
@@ -17,6 +20,7 @@ use std::path::{Path, PathBuf};
 
 use crate::blockscale::{self, BlockScaling, Compute};
 use crate::catalog::{Checkpoint, TensorInfo};
+use crate::claim::claim;
 use crate::dtype::Dtype;
 use crate::error::{Error, IoContext, Result};
 use crate::formats::accelerate::{OptimizerState, SaveState};
@@ -195,10 +199,19 @@ fn as_stored(ck: &Checkpoint) -> Vec<Out<'_>> {
         .collect()
 }
 
+/// Runs operation `f` writing `out` as [`in_operation`] does, with `out` claimed for it first
+/// and held until it is done (`claim.rs`).
+fn with_ranks(opts: &WriteOptions<'_>, out: &Path, f: impl FnOnce() -> Result<Outcome>) -> Result<Outcome> {
+    in_operation(opts, out, || {
+        let _held = claim(out, opts)?;
+        f()
+    })
+}
+
 /// Runs operation `f` writing `out`, as one operation of the job when it runs as a
 /// [`crate::Job`] (a rank that fails alone in it ends every rank's: [`crate::Job::operation`]),
 /// and returns it with every rank's share.
-fn with_ranks(opts: &WriteOptions<'_>, out: &Path, f: impl FnOnce() -> Result<Outcome>) -> Result<Outcome> {
+fn in_operation(opts: &WriteOptions<'_>, out: &Path, f: impl FnOnce() -> Result<Outcome>) -> Result<Outcome> {
     let Some(job) = opts.job else { return f() };
     let mut done = job.operation(out, f)?;
     done.ranks = job.shares();
@@ -231,7 +244,20 @@ fn split_here(ck: &Checkpoint, out_dir: &Path, max_shard_size: u64, opts: &Write
 /// `safetensors.torch.save_file` writes for its tensors, `__metadata__` kept and index metadata
 /// folded into it.
 pub fn merge(ck: &Checkpoint, out: &Path, options: &MergeOptions, opts: &WriteOptions<'_>) -> Result<Outcome> {
-    with_ranks(opts, out, || merge_here(ck, out, options, opts))
+    with_ranks(opts, out, || {
+        // The optimizer's states beside a merged file are a second destination of the operation.
+        let beside = out.parent().unwrap_or(Path::new("")).join(OPTIMIZER_NAME);
+        let _beside = match options.optimizer && options.max_shard_size.is_none() && beside != out {
+            true => Some(claim(&beside, opts)?),
+            false => None,
+        };
+        merge_here(ck, out, options, opts)
+    })
+}
+
+/// [`merge`] into a destination already claimed (a `save_state` folder's model and optimizer).
+fn merge_claimed(ck: &Checkpoint, out: &Path, options: &MergeOptions, opts: &WriteOptions<'_>) -> Result<Outcome> {
+    in_operation(opts, out, || merge_here(ck, out, options, opts))
 }
 
 fn merge_here(ck: &Checkpoint, out: &Path, options: &MergeOptions, opts: &WriteOptions<'_>) -> Result<Outcome> {
@@ -550,7 +576,7 @@ fn merge_save_state(state: &SaveState, out: &Path, options: &MergeOptions, opts:
     };
     let in_model = matches!(state.optimizer(n).map(|o| &o.state), Some(OptimizerState::InModel));
     let inner = MergeOptions { optimizer: options.optimizer && in_model, model: None, ..options.clone() };
-    let mut done = merge(&model.checkpoint, out, &inner, opts)?;
+    let mut done = merge_claimed(&model.checkpoint, out, &inner, opts)?;
     if !options.optimizer || in_model {
         return Ok(done);
     }
@@ -570,7 +596,7 @@ fn merge_save_state(state: &SaveState, out: &Path, options: &MergeOptions, opts:
     if done.files.contains(&path) {
         return Err(bad(&path, format!("the weights and the optimizer states would both be `{OPTIMIZER_NAME}`")));
     }
-    let o = merge(ock, &path, &MergeOptions::default(), opts)?;
+    let o = merge_claimed(ock, &path, &MergeOptions::default(), opts)?;
     done.files.extend(o.files);
     done.tensors += o.tensors;
     done.bytes += o.bytes;

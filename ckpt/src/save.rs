@@ -73,6 +73,7 @@ fn save_here(
     options: &SaveOptions,
     opts: &WriteOptions<'_>,
 ) -> Result<Outcome> {
+    let _held = crate::claim::claim(path, opts)?;
     let bad =
         |tensor: &str, reason: String| Error::BadSaveTensor { dst: path.to_path_buf(), tensor: tensor.into(), reason };
     let mut infos = Vec::with_capacity(tensors.len());

@@ -147,9 +147,14 @@ pub fn save_sharded(
     let coll = |source| Error::Collective { dir: dir.to_path_buf(), source };
     let failed = |rank: u64| move |e: Error| sharded_failure(dir, rank, e.to_string());
 
-    // 1. The staged folder, made by rank 0 and heard by the others.
+    // 1. The staged folder, made by rank 0 and heard by the others. Rank 0 holds the folder's
+    // lock until the commit (see `claim.rs`): another process saving there is refused by it.
+    let mut _held = None;
     let made = match rank {
-        0 => refuse_existing(dir).and_then(|()| Stage::folder(dir)).map_err(failed(0)),
+        0 => durable::DestLock::acquire(dir).map_err(crate::io::fs_error).and_then(|lock| {
+            _held = lock;
+            refuse_existing(dir).and_then(|()| Stage::folder(dir)).map_err(failed(0))
+        }),
         _ => Ok(Stage::default()),
     };
     let said = made.as_ref().map(Stage::said).unwrap_or_default();

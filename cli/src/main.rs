@@ -28,6 +28,20 @@ fn main() -> ExitCode {
     };
     #[cfg(not(feature = "mpi"))]
     let comm: &dyn collective::Collective = &collective::Solo;
+    // Without MPI, each process a launcher started would run the whole operation on its own,
+    // all of them writing the one destination: refused (reading commands just print N times).
+    #[cfg(not(feature = "mpi"))]
+    if let (Some(launched), Some(_)) = (collective::launched_ranks(), cli.command.write()) {
+        let line = format!(
+            "error: started by a launcher as one of {launched}, but this `ckpt` was built without MPI, so each \
+             rank would write the whole output on its own; hint: build it with `--features mpi` \
+             (`cargo build -p statekit-cli --features mpi`), or run it once, outside the launcher\n"
+        );
+        // One write: the launcher forwards every rank's stderr, and a line written in pieces
+        // would interleave with the other ranks'.
+        let _ = std::io::stderr().write_all(line.as_bytes());
+        return ExitCode::from(2);
+    }
     let job = ckpt::Job::new(comm).dry_run(cli.command.write().is_some_and(|w| w.dry_run));
     run(&cli, &job).unwrap_or_else(|err| report_error(&err, &job))
 }

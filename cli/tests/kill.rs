@@ -181,8 +181,13 @@ fn folder_files(dir: &Path) -> std::collections::BTreeMap<String, Vec<u8>> {
 }
 
 /// Whether `name` is what a killed run leaves beside the folder `out`, for the next run to
-/// sweep: `.out.<16 hex>.tmp` (a staged folder, or the old folder a swap replaced).
+/// sweep or take over: `.out.<16 hex>.tmp` (a staged folder, or the old folder a swap
+/// replaced), or `.out.lock`.
 fn is_leftover_of_out(name: &str) -> bool {
+    // The destination's lock, which a killed run leaves and the next one takes over.
+    if name == ".out.lock" {
+        return true;
+    }
     let Some(hex) = name.strip_prefix(".out.").and_then(|r| r.strip_suffix(".tmp")) else { return false };
     hex.len() == 16 && hex.bytes().all(|b| b.is_ascii_hexdigit())
 }

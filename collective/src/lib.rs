@@ -17,17 +17,23 @@
 //! tests) all implement it. Tensor collectives (all-reduce, reduce-scatter of gradients) are
 //! not here: they belong to the training core.
 //!
+//! [`launched_ranks`] tells, without MPI, whether a launcher started this process as one rank of
+//! several: a program built without the `mpi` feature refuses to run then, rather than run the
+//! whole job once per rank.
+//!
 //! Ranks and world sizes are `u64`, as they are in every on-disk state of statekit.
 
 #![warn(missing_docs, unreachable_pub)]
 
 mod error;
 mod in_process;
+mod launcher;
 #[cfg(feature = "mpi")]
 pub mod mpi;
 
 pub use error::{CollectiveError, Result};
 pub use in_process::{InProcessCollective, InProcessGroup};
+pub use launcher::{launched_ranks, Launched};
 
 /// Collective operations over a fixed group of ranks.
 ///

@@ -34,6 +34,21 @@ pub enum Error {
         /// The cap.
         limit: u64,
     },
+    /// Another process holds the lock of a destination ([`crate::DestLock`]): it is writing it.
+    #[error(
+        "{dest}: another process{} is writing it now (it holds `{lock}`); nothing was written",
+        pid.map(|p| format!(" (pid {p})")).unwrap_or_default(),
+        dest = dest.display(),
+        lock = lock.display()
+    )]
+    Locked {
+        /// The destination.
+        dest: PathBuf,
+        /// The lock file.
+        lock: PathBuf,
+        /// The holder's process id, as it wrote it into the lock file (`None`: not written).
+        pid: Option<u32>,
+    },
 }
 
 impl Error {
@@ -41,6 +56,7 @@ impl Error {
     pub fn path(&self) -> &Path {
         match self {
             Error::Io { path, .. } | Error::NotARegularFile { path, .. } | Error::TooLarge { path, .. } => path,
+            Error::Locked { dest, .. } => dest,
         }
     }
 

@@ -22,6 +22,9 @@
 //!   [`temp_name`] and [`random_hex`] are the steps the callers' own protocols share.
 //! * [`NewFolders`] makes the folders a new file needs where they are missing, and takes them
 //!   back (while empty) when the file never lands.
+//! * [`DestLock`] is the one writer of a destination at a time: an advisory lock beside it
+//!   that a second writer is refused by, naming the holder's pid ([`Error::Locked`]), and that
+//!   a killed holder leaves for the next one to take over.
 //!
 //! Every error names the file it is about; callers map [`Error`] into their own error enum at
 //! their edge.
@@ -30,11 +33,13 @@
 
 mod error;
 mod folders;
+mod lock;
 mod open;
 mod write;
 
 pub use error::{Error, FileKind, Result};
 pub use folders::NewFolders;
+pub use lock::{lock_path, DestLock};
 pub use open::{open_regular, read_capped};
 pub use write::{
     copy_new, create_new, create_temp, random_hex, remove_if_there, sync_dir, temp_name, write_atomic, write_new,

@@ -107,6 +107,16 @@ pub(crate) fn ckpt_doing(e: ckpt::Error, verb: (&str, &str)) -> PyErr {
             ckpt::Error::Collective { source, .. } => {
                 d.set_item("cause", source.to_string())?;
             }
+            ckpt::Error::DestinationLocked { dst, lock, pid } => {
+                d.set_item("path", dst.display().to_string())?;
+                d.set_item("lock", lock.display().to_string())?;
+                d.set_item("pid", *pid)?;
+            }
+            ckpt::Error::DestinationsDiffer { dst, rank, other } => {
+                d.set_item("path", dst.display().to_string())?;
+                d.set_item("rank", *rank)?;
+                d.set_item("other", other.display().to_string())?;
+            }
             _ => {}
         }
         Ok(())
@@ -128,6 +138,8 @@ fn class_of(e: &ckpt::Error) -> &'static str {
         | E::HubNotFound { .. }
         | E::HubRequest { .. }
         | E::HubCorrupt { .. } => "HubError",
+        E::DestinationLocked { .. } => "DestinationLocked",
+        E::DestinationsDiffer { .. } => "DestinationsDiffer",
         _ => match e.kind() {
             K::InvalidData => "InvalidCheckpoint",
             K::NotFound => "NotACheckpoint",

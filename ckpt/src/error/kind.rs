@@ -90,12 +90,14 @@ impl Error {
             | Error::BadConvert { .. }
             | Error::Misuse { .. }
             | Error::NotReshardable { .. }
-            | Error::BadSaveTensor { .. } => ErrorKind::Usage,
+            | Error::BadSaveTensor { .. }
+            | Error::DestinationLocked { .. } => ErrorKind::Usage,
             Error::Io { .. } | Error::HubRequest { .. } => ErrorKind::Io,
             Error::Collective { .. }
             | Error::ShardedSave { .. }
             | Error::OtherRank { .. }
-            | Error::PlanMismatch { .. } => ErrorKind::Collective,
+            | Error::PlanMismatch { .. }
+            | Error::DestinationsDiffer { .. } => ErrorKind::Collective,
         }
     }
 
@@ -167,6 +169,8 @@ impl Error {
             Error::Collective { .. } => "Collective",
             Error::OtherRank { .. } => "OtherRank",
             Error::PlanMismatch { .. } => "PlanMismatch",
+            Error::DestinationLocked { .. } => "DestinationLocked",
+            Error::DestinationsDiffer { .. } => "DestinationsDiffer",
             Error::ShardedSave { .. } => "ShardedSave",
             Error::BadSaveState { .. } => "BadSaveState",
             Error::MissingRngFile { .. } => "MissingRngFile",

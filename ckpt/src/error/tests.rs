@@ -28,6 +28,8 @@ fn variant_name_is_the_debug_name() {
             source: collective::CollectiveError::NoSuchRoot { op: "broadcast", rank: 0, root: 3, world_size: 2 },
         },
         Error::OtherRank { rank: 1 },
+        Error::DestinationLocked { dst: "out".into(), lock: ".out.lock".into(), pid: Some(7) },
+        Error::DestinationsDiffer { dst: "out".into(), rank: 1, other: "out1".into() },
         Error::BadMegatron { path: "ckpt".into(), key: Some("k".into()), rank: Some(0), reason: "r".into() },
         Error::MissingMegatronRank { path: "ckpt".into(), rank: 1, tp: 2, pp: 1 },
         Error::MissingRngFile { path: "random_states_1.pkl".into(), rank: 1, world: 2 },

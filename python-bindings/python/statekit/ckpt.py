@@ -5,6 +5,14 @@ Every function releases the GIL while it reads, writes or copies. Results are sm
 (the paths written, tensor counts, bytes), never printed output; each one's ``document`` is the
 JSON document ``ckpt ... --json`` prints for the same call (``statekit.inspect/2``,
 ``statekit.verify/1``, ``statekit.outcome/2``), which the results are read from.
+
+A destination is written by one process at a time, as with ``ckpt``: a call whose destination
+another process is writing raises :class:`~statekit.errors.DestinationLocked` at once (its
+``pid`` is the writer's), and a lock left by a killed process is taken over. The ranks of a
+torch.distributed job write one destination together, so they must all name it; ranks given
+different ones raise :class:`~statekit.errors.DestinationsDiffer` before anything is written.
+Processes of a torchrun job that did not initialize a process group are each on their own:
+call the operation on one rank only, or initialize the group so that all ranks share it.
 """
 
 from __future__ import annotations

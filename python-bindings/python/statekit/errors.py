@@ -74,6 +74,27 @@ class BadOutput(CheckpointError, ValueError):
     """The output or the options of an operation are refused (it is a source, a bad size)."""
 
 
+class DestinationLocked(CheckpointError):
+    """Another process is writing the same destination now: it holds the destination's lock
+    file (``lock``, beside the destination). ``pid`` is that process's id (``None`` if it had
+    not written it yet). Nothing was written; the call can be made again once it is done. A lock
+    file left by a process that was killed is taken over, never refused."""
+
+    path: str
+    lock: str
+    pid: Optional[int]
+
+
+class DestinationsDiffer(BadOutput):
+    """The ranks of a job were given different destinations for one operation (``rank`` named
+    ``other`` where rank 0 named ``path``): they would each commit their own output, none of
+    them whole. Raised on that rank; the others raise ``ShardedSaveError`` naming it."""
+
+    path: str
+    rank: int
+    other: str
+
+
 class HubError(CheckpointError):
     """A ``hf://`` source that cannot be had: a malformed address, a file missing from the
     cache while ``HF_HUB_OFFLINE=1``, a repository, revision or file the Hub does not have, a
@@ -170,6 +191,8 @@ _CKPT: Dict[str, Type[CheckpointError]] = {
         BadOutput,
         HubError,
         ShardedSaveError,
+        DestinationLocked,
+        DestinationsDiffer,
     )
 }
 
@@ -219,6 +242,8 @@ __all__ = [
     "BadOutput",
     "HubError",
     "ShardedSaveError",
+    "DestinationLocked",
+    "DestinationsDiffer",
     "DataloadError",
     "InvalidConfiguration",
     "StateError",
