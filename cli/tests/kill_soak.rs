@@ -85,8 +85,13 @@ enum Who {
 const USER_FILE: &str = "notes.txt";
 const USER_BYTES: &[u8] = b"the user's, not a checkpoint's\n";
 
-/// Whether `name` is a temporary of ours, `.<name>.<16 hex>.tmp` (a file, or a staging folder).
+/// Whether `name` is what a killed run of ours may leave: a temporary, `.<name>.<16 hex>.tmp`
+/// (a file, or a staging folder), or a killed writer's destination lock, `.<name>.lock`, which
+/// the next run takes over and removes.
 fn is_temporary(name: &str) -> bool {
+    if let Some(locked) = name.strip_prefix('.').and_then(|n| n.strip_suffix(".lock")) {
+        return !locked.is_empty();
+    }
     let Some(rest) = name.strip_prefix('.').and_then(|n| n.strip_suffix(".tmp")) else { return false };
     let Some((_, hex)) = rest.rsplit_once('.') else { return false };
     hex.len() == 16 && hex.bytes().all(|b| b.is_ascii_hexdigit())
