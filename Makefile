@@ -40,11 +40,13 @@ lint-python:
 	cd python-bindings && $(VENV)/bin/ruff check && $(VENV)/bin/mypy
 
 # The second line checks that dataload's index side builds and passes without its `sources`
-# feature (no Arrow, Parquet or zstd).
+# feature (no Arrow, Parquet or zstd); the third that a `ckpt` built without MPI refuses to run
+# as one of several ranks under `mpirun` (and takes the destination lock as the MPI build does).
 # python-bindings is a cdylib that only links inside Python: pytest tests it, installed.
 test-rust:
 	$(CARGO) test --workspace --exclude train --exclude statekit-python --features statekit-cli/mpi --locked
 	$(CARGO) test -p dataload --no-default-features --locked
+	$(CARGO) test -p statekit-cli --locked --test lock
 
 # The training core: built once, then its unit tests and the multi-rank kill/resume tests
 # (mpirun, 2 to 4 ranks, oversubscribed on small machines).
