@@ -24,19 +24,6 @@ use std::time::{Duration, Instant};
 
 use common::*;
 
-/// The bytes a checkpoint folder or file merges to, or `None` when `verify` rejects it.
-fn accepted_content(path: &Path, scratch: &Path) -> Option<Vec<u8>> {
-    let v = run(&["verify", path.to_str().unwrap()]);
-    if v.status.code() != Some(0) {
-        return None;
-    }
-    let merged = scratch.join("check.safetensors");
-    let _ = std::fs::remove_file(&merged);
-    let m = run(&["merge", path.to_str().unwrap(), merged.to_str().unwrap()]);
-    assert!(m.status.success(), "verify accepted {} but merge failed: {}", path.display(), stderr(&m));
-    Some(std::fs::read(&merged).unwrap())
-}
-
 const SIGKILL: i32 = 9;
 
 /// Kill moments, as fractions of an undisturbed run: from before `main` to the last writes,

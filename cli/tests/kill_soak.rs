@@ -150,19 +150,6 @@ fn tree(dir: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
     out
 }
 
-/// The bytes a checkpoint merges to, or `None` when `verify` rejects it.
-fn accepted_content(path: &Path, scratch: &Path) -> Option<Vec<u8>> {
-    let v = run(&["verify", path.to_str().unwrap()]);
-    if v.status.code() != Some(0) {
-        return None;
-    }
-    let merged = scratch.join("check.safetensors");
-    let _ = std::fs::remove_file(&merged);
-    let m = run(&["merge", path.to_str().unwrap(), merged.to_str().unwrap()]);
-    assert!(m.status.success(), "verify accepted {} but merge failed: {}", path.display(), stderr(&m));
-    Some(std::fs::read(&merged).unwrap())
-}
-
 /// A seeded xorshift: the rounds' cases and moments, replayable from the printed seed.
 struct Rng(u64);
 

@@ -58,20 +58,6 @@ fn temporaries(dir: &Path) -> Vec<PathBuf> {
     out
 }
 
-/// The pids of the `ckpt` ranks whose command lines name `marker`.
-fn ranks_of(marker: &str) -> Vec<u32> {
-    let mut pids = Vec::new();
-    for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else { continue };
-        let comm = std::fs::read_to_string(e.path().join("comm")).unwrap_or_default();
-        let cmdline = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
-        if comm.trim() == "ckpt" && String::from_utf8_lossy(&cmdline).contains(marker) {
-            pids.push(pid);
-        }
-    }
-    pids
-}
-
 /// `ckpt args` on `n` ranks with rank `k` failing at `phase`: its exit status and its combined
 /// output, or `None` when it had not ended within [`LIMIT`] (it and its ranks are killed then).
 /// `marker` is a path only this job's command line names.

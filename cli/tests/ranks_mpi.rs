@@ -297,20 +297,6 @@ fn an_error_is_reported_once_by_the_rank_that_saw_it() {
     assert!(!tmp.path().join("m.safetensors").exists());
 }
 
-/// The pids of this test's `ckpt` ranks (their command lines name `marker`).
-fn ranks_of(marker: &str) -> Vec<u32> {
-    let mut pids = Vec::new();
-    for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else { continue };
-        let comm = std::fs::read_to_string(e.path().join("comm")).unwrap_or_default();
-        let cmdline = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
-        if comm.trim() == "ckpt" && String::from_utf8_lossy(&cmdline).contains(marker) {
-            pids.push(pid);
-        }
-    }
-    pids
-}
-
 /// Waits for a killed job's `mpirun`. Open MPI 4.1 has been seen (once, on an overloaded machine)
 /// to stay blocked on an internal lock after every rank had exited; after two minutes it and any
 /// rank left are killed, which is one more kill at a random moment for the assertions after.

@@ -3,12 +3,12 @@
 //! without MPI) cannot both hold.
 //!
 //! The lock is a file beside the destination, `.<name>.lock`, in the destination's own parent
-//! folder, or, when that folder does not exist yet, in the nearest one that does, named after
-//! the first missing component (so that `new/deeper/out` and `new/other` both lock `.new.lock`:
-//! they would both create `new`). It is held with `flock`, which the kernel drops when its
-//! holder ends however it ends, so a lock file left by a killed process is simply taken over:
-//! there is no staleness to guess from a pid or an age. The pid inside is for the message
-//! the next writer is refused with, never for deciding anything.
+//! folder; a missing parent folder is made first (in place, and taken back when the lock goes
+//! while it is still empty). The place depends on nothing but the name, so a run killed after it
+//! made the folder and the next run lock the same file. It is held with `flock`, which the kernel
+//! drops when its holder ends however it ends, so a lock file left by a killed process is simply
+//! taken over: there is no staleness to guess from a pid or an age. The pid inside is for the
+//! message the next writer is refused with, never for deciding anything.
 //!
 //! The file is created exclusively without following a link, or an existing one opened only
 //! when it is a regular file, never through a link. Its holder removes it when it is done, while
@@ -25,6 +25,7 @@ use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Component, Path, PathBuf};
 
 use crate::error::{Error, FileKind, Result};
+use crate::folders::NewFolders;
 
 /// The first line of every lock file; a file at the lock's name without it is somebody else's,
 /// and is neither taken over nor removed.
@@ -34,21 +35,14 @@ const HEADER: &str = "statekit destination lock\n";
 /// another process finishing or starting: it settles within a few rounds).
 const TRIES: usize = 16;
 
-/// The lock file that guards `dest`, and the folder it is in; `None` when `dest` names no file
-/// (`/`).
+/// The lock file that guards `dest`: `.<name>.lock` in its parent folder; `None` when `dest`
+/// names no file (`/`).
 pub fn lock_path(dest: &Path) -> Option<PathBuf> {
     let dest = named(dest)?;
-    let mut name = dest.file_name()?.to_os_string();
-    let mut dir = dest.parent().map(Path::to_path_buf).unwrap_or_default();
-    // The nearest folder that exists, named after the first component missing below it.
-    while !dir.as_os_str().is_empty() && std::fs::symlink_metadata(&dir).is_err() {
-        name = named(&dir)?.file_name()?.to_os_string();
-        dir = dir.parent().map(Path::to_path_buf).unwrap_or_default();
-    }
     let mut file = std::ffi::OsString::from(".");
-    file.push(&name);
+    file.push(dest.file_name()?);
     file.push(".lock");
-    Some(dir.join(file))
+    Some(dest.with_file_name(file))
 }
 
 /// `path`, or where it resolves when it ends in `.` or `..` (which name no entry of their own:
@@ -65,7 +59,10 @@ fn named(path: &Path) -> Option<PathBuf> {
 #[derive(Debug)]
 pub struct DestLock {
     path: PathBuf,
+    /// Dropped after the lock file is removed: the lock goes with it.
     file: File,
+    /// The folders made for the lock file, taken back (while empty) after the lock is gone.
+    _folders: NewFolders,
 }
 
 impl DestLock {
@@ -79,6 +76,11 @@ impl DestLock {
     /// in is not one two writers race over.
     pub fn acquire(dest: &Path) -> Result<Option<DestLock>> {
         let Some(path) = lock_path(dest) else { return Ok(None) };
+        let folders = match NewFolders::make(path.parent().unwrap_or(Path::new(""))) {
+            Ok(f) => f,
+            Err(Error::Io { source, .. }) if unguardable(&source) => return Ok(None),
+            Err(e) => return Err(e),
+        };
         for _ in 0..TRIES {
             let mut file = match open_lock_file(&path) {
                 Ok(f) => f,
@@ -100,7 +102,7 @@ impl DestLock {
                 continue;
             }
             claim(&path, &file)?;
-            return Ok(Some(DestLock { path, file }));
+            return Ok(Some(DestLock { path, file, _folders: folders }));
         }
         Err(Error::io(&path, std::io::Error::other("the lock file kept being replaced while we tried to take it")))
     }
@@ -204,17 +206,29 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_lock_sits_beside_the_destination_or_the_nearest_existing_folder() {
+    fn the_lock_sits_beside_the_destination_in_a_folder_made_for_it() {
         let tmp = tempfile::tempdir().unwrap();
         let t = tmp.path();
         assert_eq!(lock_path(&t.join("out")).unwrap(), t.join(".out.lock"));
         assert_eq!(lock_path(&t.join("out/")).unwrap(), t.join(".out.lock"));
-        assert_eq!(lock_path(&t.join("new/deeper/model.safetensors")).unwrap(), t.join(".new.lock"));
-        std::fs::create_dir(t.join("new")).unwrap();
-        assert_eq!(lock_path(&t.join("new/deeper/model.safetensors")).unwrap(), t.join("new/.deeper.lock"));
+        let deep = t.join("new/deeper/model.safetensors");
+        assert_eq!(lock_path(&deep).unwrap(), t.join("new/deeper/.model.safetensors.lock"));
         assert_eq!(lock_path(&t.join("new/.")).unwrap(), t.join(".new.lock"));
         assert_eq!(lock_path(Path::new("out")).unwrap(), Path::new(".out.lock"));
         assert_eq!(lock_path(Path::new("/")), None);
+
+        // The missing folder is made for the lock, and taken back with it while still empty; a
+        // killed holder's next run finds the lock file in the same place.
+        std::fs::create_dir(t.join("new")).unwrap();
+        let held = DestLock::acquire(&deep).unwrap().unwrap();
+        assert!(t.join("new/deeper/.model.safetensors.lock").is_file());
+        drop(held);
+        assert!(!t.join("new/deeper").exists(), "the folder made for the lock is gone with it");
+        assert!(t.join("new").is_dir(), "a folder that was there stays");
+        let held = DestLock::acquire(&deep).unwrap().unwrap();
+        std::fs::write(t.join("new/deeper/model.safetensors"), b"written").unwrap();
+        drop(held);
+        assert!(t.join("new/deeper/model.safetensors").is_file(), "a folder with the output in it stays");
     }
 
     #[test]

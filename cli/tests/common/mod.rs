@@ -44,3 +44,30 @@ pub fn write_checkpoint(path: &Path, count: usize, floats: usize, seed: u32) -> 
     safetensors::serialize_to_file(views, Some(HashMap::from([("format".into(), "pt".into())])), path).unwrap();
     std::fs::read(path).unwrap()
 }
+
+/// The bytes a checkpoint folder or file merges to, or `None` when `verify` rejects it.
+pub fn accepted_content(path: &Path, scratch: &Path) -> Option<Vec<u8>> {
+    let v = run(&["verify", path.to_str().unwrap()]);
+    if v.status.code() != Some(0) {
+        return None;
+    }
+    let merged = scratch.join("check.safetensors");
+    let _ = std::fs::remove_file(&merged);
+    let m = run(&["merge", path.to_str().unwrap(), merged.to_str().unwrap()]);
+    assert!(m.status.success(), "verify accepted {} but merge failed: {}", path.display(), stderr(&m));
+    Some(std::fs::read(&merged).unwrap())
+}
+
+/// The pids of the `ckpt` ranks whose command lines name `marker`.
+pub fn ranks_of(marker: &str) -> Vec<u32> {
+    let mut pids = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else { continue };
+        let comm = std::fs::read_to_string(e.path().join("comm")).unwrap_or_default();
+        let cmdline = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+        if comm.trim() == "ckpt" && String::from_utf8_lossy(&cmdline).contains(marker) {
+            pids.push(pid);
+        }
+    }
+    pids
+}
