@@ -392,6 +392,9 @@ struct Remote<'a> {
     listing: &'a Listing,
 }
 
+/// What the first range request of a remote safetensors file asks for (see `Remote::header`).
+const FIRST_READ: u64 = 64 << 10;
+
 impl Remote<'_> {
     /// How a remote file is named in a catalog and its errors: `hf://ORG/NAME@COMMIT/FILE`,
     /// an address that opens the same bytes again.
@@ -399,14 +402,19 @@ impl Remote<'_> {
         PathBuf::from(format!("hf://{}@{}/{file}", self.repo, self.commit))
     }
 
-    /// A safetensors file's header by two range requests (its 8-byte length, then the header,
-    /// which the local reader's cap and checks apply to), and the file as a source.
+    /// A safetensors file's header by range requests, and the file as a source. The first asks
+    /// for [`FIRST_READ`] bytes: the 8-byte length and, for all but huge headers, the whole
+    /// header, so a shard costs one request (huggingface_hub's `get_safetensors_metadata` reads
+    /// 100 kB the same way); a longer header is read by a second. The local reader's cap and
+    /// checks apply to what comes back.
     fn header(&self, file: &str) -> Result<(crate::catalog::SourceFile, st::Header)> {
         let path = self.path(file);
-        let (first, len) = self.hub.range(self.repo, self.commit, file, 0, 8)?;
-        let header = st::read_header_with(len, &path, |offset, n| match offset {
-            0 => Ok(first.clone()),
-            _ => self.hub.range(self.repo, self.commit, file, offset, n).map(|(bytes, _)| bytes),
+        let (first, len) = self.hub.range(self.repo, self.commit, file, 0, FIRST_READ)?;
+        let header = st::read_header_with(len, &path, |offset, n| {
+            match first.get(offset as usize..offset.saturating_add(n) as usize) {
+                Some(held) => Ok(held.to_vec()),
+                None => self.hub.range(self.repo, self.commit, file, offset, n).map(|(bytes, _)| bytes),
+            }
         })?;
         Ok(st::source_of(&path, len, header))
     }
