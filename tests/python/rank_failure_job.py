@@ -35,9 +35,13 @@ def main(src, out):
     done = {
         # Rank 1's source is not there: it fails opening it.
         "open": attempt(lambda: ckpt.merge(missing if rank == 1 else src, os.path.join(out, "open.safetensors"))),
-        # Rank 1 asks for what its source cannot give: refused while planning, when the other
-        # ranks have gone on to write.
-        "plan": attempt(lambda: ckpt.merge(src, os.path.join(out, "plan.safetensors"), optimizer=rank == 1)),
+        # Rank 1 asks for what its source cannot give (a model of a `save_state` folder):
+        # refused while planning, when the other ranks have gone on to write. (Not `optimizer`:
+        # that names a second destination, which the ranks' agreement on the destination
+        # refuses before planning.)
+        "plan": attempt(
+            lambda: ckpt.merge(src, os.path.join(out, "plan.safetensors"), model=0 if rank == 1 else None)
+        ),
         # The ranks are still in step.
         "after": attempt(lambda: ckpt.merge(src, os.path.join(out, "after.safetensors"))),
     }
