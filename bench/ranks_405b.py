@@ -27,7 +27,7 @@ bench/work/ranks-405b/dry-*.json and not run again with the same binary (`--fres
 at 512 ranks on 2 cores each takes 5 to 6 minutes, nearly all of it MPI start-up). The shares of
 every N in the table (`--ranks`; the dry runs are `--measure` and `--measure-optimizer`) also
 come from a replica of the planner's rule
-(`ckpt/src/shares.rs`: whole output files, largest first to the least loaded rank, kept when
+(`ckpt/src/plan/shares.rs`: whole output files, largest first to the least loaded rank, kept when
 the largest share is within 1.1x of the mean, else the data bytes laid end to end and cut into
 N equal stretches), checked equal to every measured dry run, so the table says which numbers
 were measured and which computed.
@@ -56,7 +56,7 @@ import ranks  # noqa: E402
 ROOT = ranks.ROOT
 WORK = os.path.join(ROOT, "bench", "work", "ranks-405b")
 MAX_SHARD = 5 * 10**9
-SLACK = 1.1  # ckpt/src/shares.rs WHOLE_FILE_SLACK
+SLACK = 1.1  # ckpt/src/plan/shares.rs WHOLE_FILE_SLACK
 TINY = os.path.join(ROOT, "fixtures", "safetensors", "model_single", "model.safetensors")
 log = ranks.log
 
@@ -174,7 +174,7 @@ def disk_use(folder):
 
 
 def deal(targets, n):
-    """`ckpt/src/shares.rs` `deal` for a plan of range copies: targets [(header, data bytes)];
+    """`ckpt/src/plan/shares.rs` `deal` for a plan of range copies: targets [(header, data bytes)];
     returns ([{rank, files, bytes_read, bytes_written}], mode)."""
     sizes = [h + d for h, d in targets]
     if n == 1 or len(sizes) >= n:
@@ -352,7 +352,7 @@ def report(cat, results, solo, tiny, args, measured_at):
         "For each N, `mpirun -np N ckpt split SRC OUT --max-shard-size 5GB --dry-run --json` and `ckpt merge SRC "
         "OUT/model.safetensors --dry-run --json`: every rank opens the source and plans, the plan is dealt out, "
         "nothing is written, rank 0 prints every rank's share. *measured*: the shares that dry run printed; "
-        "*computed*: the planner's rule (`ckpt/src/shares.rs`) replicated in the script, which gave the same "
+        "*computed*: the planner's rule (`ckpt/src/plan/shares.rs`) replicated in the script, which gave the same "
         "shares, rank for rank, as every dry run that ran "
         f"({sum(1 for r in results.values() if r['source'] == 'measured')} of them). Time: the slowest rank's "
         f"bytes at {args.gbps:g} GB/s per node (an assumption: one rank per node, the node's write bandwidth the "

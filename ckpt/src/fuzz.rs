@@ -5,9 +5,9 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-use crate::catalog::{Checkpoint, Format, Parts, SourceFile};
 use crate::formats::megatron::fuzz as megatron;
 pub use crate::formats::torch::fuzz::*;
+use crate::read::catalog::{Checkpoint, Format, Parts, SourceFile};
 
 /// The DCP `.metadata` reader: the restricted unpickler with DCP's classes, then the walk over
 /// its dataclasses.

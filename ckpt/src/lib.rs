@@ -29,63 +29,67 @@
 //!
 //! Readers never execute anything from a checkpoint, and every error names its file and, where
 //! it applies, its tensor and rank.
+//!
+//! # How it is built
+//!
+//! Every operation runs the same pipeline, and the folders follow it:
+//!
+//! ```text
+//!  open ──▶ catalog ──▶ map ──▶ plan ──▶ execute ──▶ commit
+//!  read/    formats/    map/    plan/    write/      write/
+//! ```
+//!
+//! - `read/`: opening a source (a path or `hf://`), detecting its format, and the catalog every
+//!   format is read into: logical tensors made of boxes of stored bytes (`read::catalog`); the
+//!   byte-source seam every read goes through (`read::io`), dtypes, strided shapes, non-tensor
+//!   values, and the CRC checks of zip records.
+//! - `formats/`: one module per format. Each states its on-disk layout in its opening comment,
+//!   detects its sources, catalogs them, and says what it can produce.
+//! - `map/`: what happens to a tensor between reading and writing: float casts with torch's
+//!   bits, block-scaled FP8.
+//! - `plan/`: target planners (safetensors, torch files; the sharding they share), shard sizes,
+//!   and the dealing of one plan to the ranks of a job.
+//! - `write/`: the executor (streaming range copies, gathers, computed bytes), where outputs are
+//!   staged, the commit (index or metadata last), the destination lock, the ranks of a job and
+//!   how they agree, and the only `unsafe` (`write::sys`).
+//! - `ops/`: the public operations (split, merge, convert, reshard, saves from memory), their
+//!   options and what they report.
+//! - `report/`: verify's report and the versioned JSON documents.
+//! - `hub/`: `hf://` sources and pushes.
 
 #![warn(missing_docs, unreachable_pub)]
 
-mod blockscale;
-mod cast;
-mod catalog;
-mod checksum;
-mod claim;
-mod crc_pass;
-mod dtype;
 mod error;
-mod execute;
-mod fault;
 mod formats;
 mod hub;
-mod io;
-mod job;
-mod manifest;
-mod misuse;
-mod open;
+mod map;
 mod ops;
-mod outcome;
 mod plan;
-mod save;
-mod shape;
-mod sharded;
-mod shares;
-mod size;
-mod stage;
-mod staged;
-mod sys;
-mod value;
-mod verify;
-mod view;
+mod read;
+mod report;
 mod write;
 
-pub use blockscale::BlockScaling;
-pub use catalog::{Checkpoint, Chunk, Format, SourceFile, TensorBox, TensorInfo};
-pub use dtype::Dtype;
 pub use error::{escape_controls, Error, ErrorKind, Result};
 pub use formats::megatron::MegatronInfo;
 pub use formats::torch::allow::AllowGlobals;
 pub use fsdp_state::Region;
 pub use hub::{push, DownloadProgress, Pushed};
-pub use job::Job;
-pub use misuse::{Misuse, Opt};
-pub use open::OpenOptions;
+pub use map::blockscale::BlockScaling;
+pub use ops::misuse::{Misuse, Opt};
+pub use ops::save::{save_safetensors, MemoryTensor, SaveOptions};
+pub use ops::sharded::{save_sharded, KeyPart, LocalTensor, LocalValue};
 pub use ops::{
     convert, merge, reshard, split, ConvertOptions, MergeOptions, Outcome, TargetFormat, MAX_WORLD_SIZE, OPTIMIZER_NAME,
 };
-pub use save::{save_safetensors, MemoryTensor, SaveOptions};
-pub use sharded::{save_sharded, KeyPart, LocalTensor, LocalValue};
-pub use shares::RankShare;
-pub use size::{parse_size, DEFAULT_MAX_SHARD_SIZE};
-pub use staged::StagedFolder;
-pub use verify::{verify, verify_with, Report};
-pub use view::{INSPECT_SCHEMA, OUTCOME_SCHEMA, VERIFY_SCHEMA};
+pub use plan::shares::RankShare;
+pub use plan::size::{parse_size, DEFAULT_MAX_SHARD_SIZE};
+pub use read::catalog::{Checkpoint, Chunk, Format, SourceFile, TensorBox, TensorInfo};
+pub use read::dtype::Dtype;
+pub use read::OpenOptions;
+pub use report::verify::{verify, verify_with, Report};
+pub use report::view::{INSPECT_SCHEMA, OUTCOME_SCHEMA, VERIFY_SCHEMA};
+pub use write::job::Job;
+pub use write::staged::StagedFolder;
 pub use write::{CopyMethod, WriteOptions};
 
 /// accelerate's `save_state` folders and transformers' `Trainer` folders as read: their
@@ -107,7 +111,7 @@ pub mod fuzz;
 /// is refused by name before it could block or read without end, and a file over `max` bytes
 /// is refused before it is read (and a file that grows while it is read, at `max`).
 pub fn read_small_file(path: impl AsRef<std::path::Path>, max: u64) -> Result<Vec<u8>> {
-    io::read_capped(path.as_ref(), max)
+    read::io::read_capped(path.as_ref(), max)
 }
 
 impl Error {

@@ -1,5 +1,5 @@
 //! One rank of an MPI job failing alone, at every phase of the multi-rank protocol: the fault
-//! switch of test builds (`STATEKIT_FAULT=RANK:PHASE`, `ckpt/src/fault.rs`) makes rank K fail at
+//! switch of test builds (`STATEKIT_FAULT=RANK:PHASE`, `ckpt/src/write/fault.rs`) makes rank K fail at
 //! phase P, and for every (K, P) at 2 and 3 ranks, for a merge into a file and a split into a
 //! folder that each hold an older checkpoint, the job ends within a bounded time with a failure,
 //! the older checkpoint is as it was, no temporary or staging folder is left, and the error is

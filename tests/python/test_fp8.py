@@ -2,7 +2,7 @@
 
 `convert --dtype` to and from every FP8 dtype, by torch's and by safetensors' name, on a
 random plus edge-value sweep long enough to go through torch's vectorized kernels; the
-exhaustive checks (every FP8 byte, every f16/bf16 pattern) live in `ckpt/src/cast.rs`.
+exhaustive checks (every FP8 byte, every f16/bf16 pattern) live in `ckpt/src/map/cast.rs`.
 """
 
 import pytest

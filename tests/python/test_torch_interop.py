@@ -105,7 +105,7 @@ def test_torch_to_torch_loads_in_torch(tmp_path, case):
 
 
 def bytes_json(v):
-    """A byte string the way `ckpt` renders it in JSON: one base64 string (ckpt/src/value.rs)."""
+    """A byte string the way `ckpt` renders it in JSON: one base64 string (ckpt/src/read/value.rs)."""
     if isinstance(v, (bytes, bytearray)):
         return {"__bytes__": base64.b64encode(bytes(v)).decode("ascii")}
     raise TypeError(f"not JSON: {type(v).__name__}")

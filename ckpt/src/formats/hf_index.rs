@@ -16,9 +16,9 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use super::safetensors::{self as st, Entries};
-use crate::catalog::{Checkpoint, Format, Parts, Scan, SourceFile};
 use crate::error::{Error, Result};
-use crate::io::is_plain_file_name;
+use crate::read::catalog::{Checkpoint, Format, Parts, Scan, SourceFile};
+use crate::read::io::is_plain_file_name;
 
 /// The name huggingface_hub gives the index of `model{suffix}.safetensors` shards.
 pub(crate) const INDEX_NAME: &str = "model.safetensors.index.json";
@@ -40,7 +40,7 @@ impl Index {
     /// Reads and validates the index at `path`, refusing one over [`MAX_INDEX_LEN`] bytes
     /// before reading it.
     pub(crate) fn read(path: &Path) -> Result<Index> {
-        let text = crate::io::read_capped(path, MAX_INDEX_LEN)?;
+        let text = crate::read::io::read_capped(path, MAX_INDEX_LEN)?;
         Index::parse(&text, path)
     }
 

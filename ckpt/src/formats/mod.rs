@@ -13,8 +13,8 @@ pub(crate) mod torch;
 
 use std::path::{Path, PathBuf};
 
-use crate::catalog::{Format, Scan};
 use crate::error::Result;
+use crate::read::catalog::{Format, Scan};
 
 /// A format's detector: the checkpoint root `path` names, if it is one of the format's.
 type Detect = fn(&Path) -> Result<Option<PathBuf>>;

@@ -24,11 +24,11 @@ use std::path::{Path, PathBuf};
 use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
 
-use crate::catalog::{Checkpoint, Chunk, Format, Parts, Scan, SourceFile, TensorInfo};
-use crate::dtype::Dtype;
 use crate::error::{Error, IoContext, Result};
-use crate::io;
-use crate::shape::numel;
+use crate::read::catalog::{Checkpoint, Chunk, Format, Parts, Scan, SourceFile, TensorInfo};
+use crate::read::dtype::Dtype;
+use crate::read::io;
+use crate::read::shape::numel;
 
 /// The largest header the `safetensors` crate accepts; we refuse the same.
 pub(crate) const MAX_HEADER_LEN: u64 = 100_000_000;

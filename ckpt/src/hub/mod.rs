@@ -26,10 +26,10 @@ use std::sync::Arc;
 
 use hf_hub::{Cache, Repo, RepoType};
 
-use crate::catalog::Scan;
 use crate::error::{Error, Result};
 use crate::formats::hf_index::{self, Index};
 use crate::formats::safetensors as st;
+use crate::read::catalog::Scan;
 
 pub(crate) use remote::Progress;
 use remote::{Hub, Listing, Reached};
@@ -407,7 +407,7 @@ impl Remote<'_> {
     /// header, so a shard costs one request (huggingface_hub's `get_safetensors_metadata` reads
     /// 100 kB the same way); a longer header is read by a second. The local reader's cap and
     /// checks apply to what comes back.
-    fn header(&self, file: &str) -> Result<(crate::catalog::SourceFile, st::Header)> {
+    fn header(&self, file: &str) -> Result<(crate::read::catalog::SourceFile, st::Header)> {
         let path = self.path(file);
         let (first, len) = self.hub.range(self.repo, self.commit, file, 0, FIRST_READ)?;
         let header = st::read_header_with(len, &path, |offset, n| {
@@ -425,7 +425,7 @@ impl Remote<'_> {
         let cached = snapshot.join(index_file);
         let path = self.path(index_file);
         let text = match cached.exists() {
-            true => crate::io::read_capped(&cached, hf_index::MAX_INDEX_LEN)?,
+            true => crate::read::io::read_capped(&cached, hf_index::MAX_INDEX_LEN)?,
             false => self.hub.get_small(self.repo, self.commit, index_file)?,
         };
         let index = Index::parse(&text, &path)?;

@@ -455,7 +455,7 @@ impl Hub {
             }
         }
         std::fs::rename(&part, blob).at(blob)?;
-        durable::sync_dir(blob.parent().unwrap_or(Path::new("."))).map_err(crate::io::fs_error)
+        durable::sync_dir(blob.parent().unwrap_or(Path::new("."))).map_err(crate::read::io::fs_error)
     }
 
     /// Streams the rest of the file from byte `have` into `out`; returns the bytes it now
@@ -743,7 +743,7 @@ pub(crate) fn write_ref(repo_dir: &Path, revision: &str, commit: &str) -> Result
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).at(dir)?;
     }
-    durable::write_atomic(&path, commit.as_bytes()).map_err(crate::io::fs_error)
+    durable::write_atomic(&path, commit.as_bytes()).map_err(crate::read::io::fs_error)
 }
 
 /// `f` over `items` on up to [`WORKERS`] threads, results in the items' order.

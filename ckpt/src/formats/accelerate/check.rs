@@ -3,8 +3,8 @@
 //! optimizer beside a model whose tensors its state fits.
 
 use super::{bad, trainer, OptimizerState, SaveState};
-use crate::catalog::Checkpoint;
 use crate::error::Error;
+use crate::read::catalog::Checkpoint;
 
 impl SaveState {
     /// The references between components that `load_state` relies on.

@@ -39,9 +39,9 @@ pub(crate) mod trainer;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::catalog::{Checkpoint, Format, Parts, Scan};
 use crate::error::{Error, IoContext, Result};
 use crate::formats::dcp;
+use crate::read::catalog::{Checkpoint, Format, Parts, Scan};
 use names::{classify, Kind};
 use rng::RngState;
 
@@ -229,7 +229,7 @@ pub(crate) fn catalog(root: PathBuf) -> Result<Scan> {
         None => Parts::new(format, root.clone(), Vec::new(), Vec::new()),
     };
     parts.world_size = Some(state.world_size);
-    parts.members = crate::io::files_under(&root)?;
+    parts.members = crate::read::io::files_under(&root)?;
     parts.detail = Some(Arc::new(state));
     Ok(Scan { checkpoint: Checkpoint::new(parts)?, problems })
 }

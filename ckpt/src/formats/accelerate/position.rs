@@ -10,7 +10,7 @@ use super::read::value;
 use super::{bad, Component, DataPosition, ResumePoint, SaveState};
 use crate::error::{Error, IoContext, Result};
 use crate::formats::torch;
-use crate::value::Leaf;
+use crate::read::value::Leaf;
 
 impl SaveState {
     /// Where dataloader `n` continues: the batches every rank had read from its stateful state

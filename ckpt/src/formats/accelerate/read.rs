@@ -8,11 +8,11 @@ use std::rc::Rc;
 use super::names::{classify, priority, Kind};
 use super::position::position;
 use super::{bad, rng, trainer, Component, Model, Optimizer, OptimizerState, Rng, SaveState};
-use crate::catalog::Checkpoint;
 use crate::error::{Error, IoContext, Result};
 use crate::formats::torch;
 use crate::formats::torch::pickle::{Budget, Limits};
-use crate::value::Leaf;
+use crate::read::catalog::Checkpoint;
+use crate::read::value::Leaf;
 
 /// The classes `sampler.bin` may name besides torch's weights-only globals: the sampler itself,
 /// its generator, and the `range` a dataset of indices pickles as (`xrange` in protocol 2).

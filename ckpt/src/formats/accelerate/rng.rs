@@ -26,7 +26,7 @@ use std::rc::Rc;
 
 use crate::formats::torch;
 use crate::formats::torch::pickle::{Budget, Limits};
-use crate::value::Leaf;
+use crate::read::value::Leaf;
 
 /// The classes a `random_states_N.pkl` may name besides torch's weights-only globals: numpy's
 /// array reconstruction (numpy 2 and numpy 1 module names), the array type and its dtype.
@@ -115,7 +115,7 @@ pub(crate) fn read_sharing(path: &Path, keys: Keys, budget: &Rc<Budget>) -> Resu
             out.generators.push(t.name.clone());
         }
         if t.name == keys.torch {
-            out.torch_state_len = Some(crate::shape::numel(&t.shape).unwrap_or(0));
+            out.torch_state_len = Some(crate::read::shape::numel(&t.shape).unwrap_or(0));
         }
     }
     Ok(out)

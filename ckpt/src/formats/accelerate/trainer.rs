@@ -61,7 +61,7 @@ fn bad(path: &Path, reason: impl Into<String>) -> Error {
 
 /// Reads `trainer_state.json` (capped, regular files only).
 pub(crate) fn read_state(path: &Path) -> Result<TrainerState> {
-    let data = crate::io::read_capped(path, MAX_STATE_LEN)?;
+    let data = crate::read::io::read_capped(path, MAX_STATE_LEN)?;
     let json: serde_json::Value = serde_json::from_slice(&data).map_err(|e| bad(path, format!("is not JSON: {e}")))?;
     let Some(obj) = json.as_object() else { return Err(bad(path, "is not a JSON object")) };
     let count = |key: &str| -> Result<Option<u64>> {

@@ -12,8 +12,8 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use super::metadata::PathElem;
-use crate::dtype::Dtype;
 use crate::formats::torch::pickle::torch_dtype_name;
+use crate::read::dtype::Dtype;
 
 const MD: &str = "torch.distributed.checkpoint.metadata";
 

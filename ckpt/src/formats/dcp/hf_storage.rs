@@ -31,13 +31,13 @@ use std::sync::Arc;
 
 use fsdp_state::Region;
 
-use crate::catalog::{Checkpoint, Format, Parts, Scan, SourceFile, TensorBox, TensorData, TensorInfo};
-use crate::dtype::Dtype;
 use crate::error::{Error, IoContext, Result};
 use crate::formats::hf_index;
 use crate::formats::safetensors as st;
-use crate::outcome::Outcome;
-use crate::shape;
+use crate::ops::outcome::Outcome;
+use crate::read::catalog::{Checkpoint, Format, Parts, Scan, SourceFile, TensorBox, TensorData, TensorInfo};
+use crate::read::dtype::Dtype;
+use crate::read::shape;
 use crate::write::{self, Plan, TargetFile, WriteOptions};
 
 /// The `__metadata__` key that holds each tensor's offsets.
@@ -364,7 +364,7 @@ pub(crate) fn write_consolidated(
     plan.trailers.push((index.clone(), hf_index::render(&metadata, &weight_map)));
     plan.stale =
         write::stale_files(out, |n| hf_index::is_managed_name(n, "model", ".safetensors"), |n| n == INDEX_NAME)?;
-    crate::execute::execute(&plan, ck, opts)?;
+    crate::write::execute::execute(&plan, ck, opts)?;
     files.push(index);
     Ok(Outcome { files, tensors: ck.tensors.len(), bytes: total, ..Outcome::default() })
 }

@@ -27,9 +27,9 @@ use std::collections::HashMap;
 use std::mem::size_of;
 use std::path::Path;
 
-use crate::dtype::Dtype;
 use crate::error::{Error, Result};
 use crate::formats::torch::pickle::{self, Global, Obj, Pickle, Refusal, V};
+use crate::read::dtype::Dtype;
 
 const MD: &str = "torch.distributed.checkpoint.metadata.";
 /// The classes a DCP `.metadata` pickle names besides torch dtypes and `torch.Size`; nothing

@@ -26,7 +26,7 @@
 //!
 //! # Here
 //!
-//! Each chunk becomes a box of its tensor in the catalog ([`crate::catalog::TensorBox`]): its
+//! Each chunk becomes a box of its tensor in the catalog ([`crate::read::catalog::TensorBox`]): its
 //! `offsets`/`sizes` region, and the strided view of its item's storage record (torch keeps a
 //! chunk's strides when its storage is exactly the chunk, so `channels_last` and transposed items
 //! are views, not compact tensors). Boxes on any dims are read alike: FSDP2's dim-0 chunks,
@@ -53,9 +53,9 @@ use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::catalog::{Checkpoint, Format, Parts, Scan, SourceFile, TensorData, TensorInfo};
 use crate::error::Result;
-use crate::outcome::Outcome;
+use crate::ops::outcome::Outcome;
+use crate::read::catalog::{Checkpoint, Format, Parts, Scan, SourceFile, TensorData, TensorInfo};
 use crate::write::WriteOptions;
 use metadata::PathElem;
 use plan::{SrcBytes, SrcTensor};
@@ -100,7 +100,7 @@ pub(crate) fn catalog(dir: PathBuf) -> Result<Scan> {
     let mut parts = Parts::new(Format::Dcp, dir, files, tensors);
     parts.values = values;
     parts.world_size = Some(dcp.files.len() as u64);
-    parts.members = crate::io::regular_files(&parts.root)?;
+    parts.members = crate::read::io::regular_files(&parts.root)?;
     parts.detail = Some(Arc::new(dcp));
     Ok(Scan::clean(Checkpoint::new(parts)?))
 }

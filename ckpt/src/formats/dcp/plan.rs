@@ -18,12 +18,12 @@ use std::path::{Path, PathBuf};
 
 use super::encode::{self, OutChunk, OutItem, OutKind};
 use super::metadata::PathElem;
-use crate::catalog::{Checkpoint, Chunk, TensorInfo};
-use crate::dtype::Dtype;
 use crate::error::{Error, IoContext, Result};
 use crate::formats::torch::writer::{self, TorchLayout, TorchSeal, WStorage, WTensor};
-use crate::outcome::Outcome;
-use crate::shape::numel;
+use crate::ops::outcome::Outcome;
+use crate::read::catalog::{Checkpoint, Chunk, TensorInfo};
+use crate::read::dtype::Dtype;
+use crate::read::shape::numel;
 use crate::write::{self, Gather, Plan, RangeCopy, TargetFile, WriteOptions};
 
 /// A tensor to write: its key and path in the state dict, and the catalog tensor whose stored
@@ -91,7 +91,7 @@ pub(crate) fn write_dcp(
     )?;
     plan.trailers.push((meta_path.clone(), encode::encode(&items, &abs, &encode::uuid4())));
 
-    crate::execute::execute(&plan, ck, opts)?;
+    crate::write::execute::execute(&plan, ck, opts)?;
     let mut written = plan.outputs();
     written.retain(|p| p != &meta_path);
     written.push(meta_path);

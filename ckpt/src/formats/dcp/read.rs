@@ -1,18 +1,18 @@
 //! From parsed metadata to boxes: every item opened as the `torch.save` zip it is, every chunk
 //! located as a box of its tensor (the catalog checks that they tile it).
 
-use crate::checksum::{Checks, Record};
+use crate::read::checksum::{Checks, Record};
 use std::collections::HashMap;
 use std::path::Path;
 use std::rc::Rc;
 
 use super::metadata::{self, ChunkMeta, Kind, PathElem, StorageInfo};
-use crate::catalog::{Chunk, SourceFile, TensorBox};
-use crate::dtype::Dtype;
 use crate::error::{Error, IoContext, Result};
 use crate::formats::torch::flatten::{self, Leaf};
 use crate::formats::torch::pickle::{self, Limits, Obj, Refusal};
 use crate::formats::torch::zip;
+use crate::read::catalog::{Chunk, SourceFile, TensorBox};
+use crate::read::dtype::Dtype;
 use fsdp_state::Region;
 
 /// The smallest item a data file can hold: a `torch.save` archive, its `data.pkl` and its
@@ -127,7 +127,7 @@ fn read_metadata(dir: &Path, meta_path: &Path) -> Result<Vec<u8>> {
         });
     }
     // The cap again, for a file that grows between the two looks.
-    crate::io::read_capped(meta_path, cap)
+    crate::read::io::read_capped(meta_path, cap)
 }
 
 /// How many plain files besides `.metadata` the folder holds, and their total length.
@@ -171,7 +171,7 @@ impl Files<'_> {
             None => {
                 // torch joins `relative_path` to the folder; anything but a plain file name
                 // there could reach outside it.
-                if !crate::io::is_plain_file_name(name) {
+                if !crate::read::io::is_plain_file_name(name) {
                     return Err(Error::BadDcpMetadata {
                         path: self.meta_path.to_path_buf(),
                         reason: format!(
@@ -236,9 +236,9 @@ fn open_item(
     classes: &'static [&'static str],
 ) -> Result<(zip::Archive, String, pickle::Pickle)> {
     let bad = |reason: String| Error::BadDcpChunk { path: path.to_path_buf(), tensor: key.to_string(), rank, reason };
-    let file = crate::io::open(path)?;
+    let file = crate::read::io::open(path)?;
     // An item is a byte range of its data file, read as a zip archive of its own.
-    let item = crate::io::Window { file: &file, base: storage.offset };
+    let item = crate::read::io::Window { file: &file, base: storage.offset };
     let archive = zip::Archive::open(&item, storage.length, path).map_err(|e| {
         bad(format!("item at byte {} is not a `torch.save` archive: {}", storage.offset, strip_path(&e, path)))
     })?;

@@ -59,10 +59,10 @@ mod universal;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::catalog::{Checkpoint, Format, Parts, Scan, TensorInfo};
-use crate::dtype::Dtype;
 use crate::error::Result;
-use crate::outcome::Outcome;
+use crate::ops::outcome::Outcome;
+use crate::read::catalog::{Checkpoint, Format, Parts, Scan, TensorInfo};
+use crate::read::dtype::Dtype;
 use crate::write::WriteOptions;
 pub(crate) use read::is_zero_checkpoint;
 pub(crate) use read::ZeroCheckpoint;
@@ -79,7 +79,7 @@ pub(crate) fn detect(path: &Path) -> Result<Option<PathBuf>> {
 /// a Python dict keeps an overwritten key where it was).
 pub(crate) fn catalog(dir: PathBuf, tag: Option<&str>) -> Result<Scan> {
     let zero = ZeroCheckpoint::open(&dir, tag)?;
-    let as_fp32 = |d: Dtype| if crate::cast::is_wide(d) { Dtype::F32 } else { d };
+    let as_fp32 = |d: Dtype| if crate::map::cast::is_wide(d) { Dtype::F32 } else { d };
     let mut tensors: Vec<TensorInfo> = Vec::new();
     for t in zero.buffers.iter().chain(&zero.frozen) {
         let (name, shape, data) = (t.name.clone(), t.shape.clone(), t.data.clone());
@@ -104,9 +104,9 @@ pub(crate) fn catalog(dir: PathBuf, tag: Option<&str>) -> Result<Scan> {
     let mut parts = Parts::new(Format::DeepSpeed, dir, files, tensors);
     parts.world_size = Some(zero.world);
     // `latest`, DeepSpeed's `zero_to_fp32.py` beside it, and every file of the tag folder.
-    parts.members = crate::io::regular_files(&parts.root)?;
+    parts.members = crate::read::io::regular_files(&parts.root)?;
     if let Some(tag_dir) = zero.files.first().and_then(|f| f.path.parent()).filter(|d| *d != parts.root) {
-        parts.members.extend(crate::io::regular_files(tag_dir)?);
+        parts.members.extend(crate::read::io::regular_files(tag_dir)?);
     }
     parts.zero_stage = Some(zero.stage);
     parts.detail = Some(Arc::new(zero));

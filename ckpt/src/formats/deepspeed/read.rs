@@ -5,13 +5,13 @@ use std::path::{Path, PathBuf};
 
 use fsdp_state::{Layout, TensorSpec, Zero12, Zero3};
 
-use crate::catalog::{Chunk, SourceFile, TensorBox, TensorData};
-use crate::dtype::Dtype;
 use crate::error::{Error, IoContext, Result};
 use crate::formats::torch::flatten::Leaf;
 use crate::formats::torch::pickle::{Budget, Limits};
 use crate::formats::torch::{self, TorchFile, TorchTensor};
-use crate::shape::numel;
+use crate::read::catalog::{Chunk, SourceFile, TensorBox, TensorData};
+use crate::read::dtype::Dtype;
+use crate::read::shape::numel;
 use std::rc::Rc;
 
 /// The DeepSpeed classes an optim-states file may name (see the module docs for what each is).
@@ -265,9 +265,9 @@ impl ZeroCheckpoint {
             None if dir.join("latest").exists() => {
                 let latest = dir.join("latest");
                 // `latest` holds a tag name; anything longer than a path is not one.
-                let text = String::from_utf8_lossy(&crate::io::read_capped(&latest, 4096)?).into_owned();
+                let text = String::from_utf8_lossy(&crate::read::io::read_capped(&latest, 4096)?).into_owned();
                 let t = text.trim().to_string();
-                if !crate::io::is_plain_file_name(&t) {
+                if !crate::read::io::is_plain_file_name(&t) {
                     return Err(bad(&latest, 0, "latest", format!("`{t}` is not a tag folder name")));
                 }
                 (dir.join(&t), t)

@@ -31,14 +31,14 @@
 use std::path::{Path, PathBuf};
 
 use super::read::{ZeroCheckpoint, OPTIM_CLASSES};
-use crate::catalog::{Checkpoint, Chunk};
-use crate::dtype::Dtype;
 use crate::error::{Error, Result};
 use crate::formats::torch::flatten::Leaf;
 use crate::formats::torch::writer::{self, TorchLayout, TorchSeal, WNode, WStorage, WTensor, WValue};
 use crate::formats::torch::{self, TorchFile};
-use crate::outcome::Outcome;
-use crate::shape::numel;
+use crate::ops::outcome::Outcome;
+use crate::read::catalog::{Checkpoint, Chunk};
+use crate::read::dtype::Dtype;
+use crate::read::shape::numel;
 use crate::write::{Plan, RangeCopy, TargetFile, WriteOptions};
 
 /// The file naming the universal tag, beside it.
@@ -155,7 +155,7 @@ pub(crate) fn reshard_zero(
     let bytes = plan_param_states(ck, &r0, &r0_path, &zero, &mut plan)?;
     plan_optimizer_state(ck, &r0, &r0_path, &zero, &mut plan)?;
     plan.trailers.push((latest.clone(), tag.into_bytes()));
-    crate::execute::execute(&plan, source, opts)?;
+    crate::write::execute::execute(&plan, source, opts)?;
     let mut files: Vec<PathBuf> = plan.targets.iter().map(|t| t.path.clone()).collect();
     files.push(latest);
     Ok(Outcome { files, tensors: ck.params.len(), bytes, world_size: Some(world), ..Outcome::default() })
@@ -179,7 +179,7 @@ fn plan_model_states(ck: &ZeroCheckpoint, dir: &Path, plan: &mut Plan) {
 fn plan_param_states(ck: &ZeroCheckpoint, r0: &TorchFile, r0_path: &Path, zero: &Path, plan: &mut Plan) -> Result<u64> {
     let mut bytes = 0u64;
     for p in &ck.params {
-        if !crate::io::is_plain_file_name(&p.name) {
+        if !crate::read::io::is_plain_file_name(&p.name) {
             return Err(Error::BadZeroCheckpoint {
                 path: r0_path.to_path_buf(),
                 rank: 0,

@@ -35,10 +35,10 @@ use std::collections::BTreeMap;
 use super::info::{self, Megatron};
 use super::names::{self, Split};
 use super::optimizer::STATE_PREFIX;
-use crate::catalog::{Checkpoint, Chunk, TensorBox, TensorInfo};
 use crate::error::{Error, Result};
 use crate::formats::dcp::{DcpSource, DcpTensor};
-use crate::value::Leaf;
+use crate::read::catalog::{Checkpoint, Chunk, TensorBox, TensorInfo};
+use crate::read::value::Leaf;
 
 /// The prefix of the bucket tensors (`dp_group_idx_G`, G the model-parallel rank).
 const BUCKET_PREFIX: &str = "optimizer.distributed.dp_group_idx_";

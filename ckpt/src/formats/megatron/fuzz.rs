@@ -9,7 +9,7 @@ use std::path::Path;
 use super::{info, legacy};
 use crate::formats::torch::flatten;
 use crate::formats::torch::pickle::{self, Load};
-use crate::value::Leaf;
+use crate::read::value::Leaf;
 use crate::AllowGlobals;
 
 /// A refusal printed as the reader prints it: one line, the input's text escaped in it.
@@ -87,7 +87,7 @@ pub(crate) fn saved_state(data: &[u8]) {
 
 /// A Megatron summary as a catalog's detail, for the JSON documents' target: the form of the
 /// optimizer is text the checkpoint gave.
-pub(crate) fn summary(optimizer: Option<String>) -> crate::catalog::Detail {
+pub(crate) fn summary(optimizer: Option<String>) -> crate::read::catalog::Detail {
     let meta = super::MegatronInfo { layout: "torch_dist", optimizer, ..Default::default() };
     std::sync::Arc::new(info::Megatron { meta, dcp: None, legacy: None })
 }

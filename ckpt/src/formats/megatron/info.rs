@@ -4,7 +4,7 @@
 
 use super::{names, Location};
 use crate::formats::dcp::DcpSource;
-use crate::value::Leaf;
+use crate::read::value::Leaf;
 
 /// A Megatron checkpoint as the catalog's detail: the summary, and what the reader kept.
 #[derive(Debug)]

@@ -22,10 +22,10 @@ use super::info::{self, Megatron};
 use super::names::{self, split_of, Split};
 use super::optimizer::STATE_PREFIX;
 use super::Location;
-use crate::catalog::{Checkpoint, Format, Parts, Scan, SourceFile, TensorBox, TensorData, TensorInfo};
 use crate::error::{Error, Result};
 use crate::formats::torch;
-use crate::value::Leaf;
+use crate::read::catalog::{Checkpoint, Format, Parts, Scan, SourceFile, TensorBox, TensorData, TensorInfo};
+use crate::read::value::Leaf;
 use crate::AllowGlobals;
 use fsdp_state::Region;
 
@@ -559,7 +559,7 @@ impl Ranks {
                 for (t, &(bucket, start)) in params.iter().zip(&placed) {
                     let Some(name) = self.one_rank_name(r, &t.name) else { continue };
                     let at: u64 = sizes[..bucket as usize].iter().sum::<u64>() + start;
-                    let Some(strides) = crate::shape::contiguous_strides(&t.shape) else {
+                    let Some(strides) = crate::read::shape::contiguous_strides(&t.shape) else {
                         return Err(bad(format!("`{}` has a shape too large to address", t.name)));
                     };
                     let step = b.strides.first().copied().unwrap_or(1);

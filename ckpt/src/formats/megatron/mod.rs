@@ -49,8 +49,8 @@ pub(crate) use optimizer::optimizer_state;
 
 use std::path::{Path, PathBuf};
 
-use crate::catalog::Scan;
 use crate::error::{Error, Result};
+use crate::read::catalog::Scan;
 
 /// The file a Megatron-LM run writes last, naming its newest complete iteration.
 pub(crate) const TRACKER_NAME: &str = "latest_checkpointed_iteration.txt";
@@ -140,7 +140,7 @@ pub(crate) fn locate(path: &Path) -> Result<Option<Location>> {
         let iteration = path.file_name().and_then(|n| n.to_str()).and_then(iteration_of);
         return Ok(Some(Location { dir: path.to_path_buf(), tracker: None, iteration }));
     }
-    let text = crate::io::read_capped(&tracker, MAX_TRACKER_LEN)?;
+    let text = crate::read::io::read_capped(&tracker, MAX_TRACKER_LEN)?;
     let Tracked { named, folder, iteration } = parse_tracker(&text, &tracker)?;
     let dir = path.join(&folder);
     if !dir.is_dir() {
@@ -187,7 +187,7 @@ fn is_torch_dist(dir: &Path) -> Result<bool> {
     if !config.is_file() {
         return Ok(false);
     }
-    let data = crate::io::read_capped(&config, MAX_CONFIG_LEN)?;
+    let data = crate::read::io::read_capped(&config, MAX_CONFIG_LEN)?;
     parse_config(&data, &config)
 }
 

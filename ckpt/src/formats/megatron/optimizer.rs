@@ -6,8 +6,8 @@
 //! ([`buckets`]); each parameter is a range of it, at the place megatron's grad buffer gave it.
 
 use super::info::Megatron;
-use crate::catalog::{Checkpoint, TensorInfo};
 use crate::error::{Error, Result};
+use crate::read::catalog::{Checkpoint, TensorInfo};
 
 /// The prefix of the per-parameter optimizer keys.
 pub(crate) const STATE_PREFIX: &str = "optimizer.state.";

@@ -7,9 +7,9 @@ use std::sync::Arc;
 use super::info::{self, Megatron};
 use super::names;
 use super::Location;
-use crate::catalog::{Checkpoint, Format, Parts, Scan, TensorBox, TensorData, TensorInfo};
 use crate::error::{Error, Result};
 use crate::formats::dcp::{self, DcpSource, DcpTensor};
+use crate::read::catalog::{Checkpoint, Format, Parts, Scan, TensorBox, TensorData, TensorInfo};
 
 /// The catalog of the `torch_dist` checkpoint at `loc`, named by `root`.
 pub(super) fn catalog(root: PathBuf, loc: Location, as_stored: bool) -> Result<Scan> {
@@ -23,7 +23,7 @@ pub(super) fn catalog(root: PathBuf, loc: Location, as_stored: bool) -> Result<S
         parts.values = dcp.bytes.iter().map(|b| (b.key.clone(), b.value.clone())).collect();
     }
     parts.world_size = Some(dcp.files.len() as u64);
-    parts.members = crate::io::regular_files(&loc.dir)?;
+    parts.members = crate::read::io::regular_files(&loc.dir)?;
     parts.members.extend(loc.tracker.clone());
     parts.detail = Some(Arc::new(Megatron { meta, dcp: Some(dcp), legacy: None }));
     Ok(Scan::clean(Checkpoint::new(parts)?))

@@ -17,7 +17,7 @@ use std::collections::HashMap;
 use std::sync::OnceLock;
 
 use super::pickle::{Global, StorageKind};
-use crate::dtype::Dtype;
+use crate::read::dtype::Dtype;
 
 use Global as G;
 

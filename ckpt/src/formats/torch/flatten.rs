@@ -64,7 +64,7 @@ pub(crate) const MAX_VISITS: u64 = 1 << 23;
 /// Dict nesting the walk follows.
 pub(crate) const MAX_NESTING: usize = 64;
 
-pub(crate) use crate::value::Leaf;
+pub(crate) use crate::read::value::Leaf;
 
 /// A state dict: tensors and leaves by dotted name, in pickle order.
 #[derive(Clone, Debug, Default)]

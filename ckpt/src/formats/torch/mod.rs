@@ -49,23 +49,23 @@ pub(crate) mod allow;
 pub(crate) mod flatten;
 pub(crate) mod numpy;
 pub(crate) mod pickle;
-use crate::shape as strided;
+use crate::read::shape as strided;
 pub(crate) mod torchscript;
 pub(crate) mod writer;
 pub(crate) mod zip;
 
-use crate::io::ReadAt;
+use crate::read::io::ReadAt;
 use std::collections::HashMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 
-use crate::catalog::{Checkpoint, Format, Parts, Scan, SourceFile, TensorBox, TensorData, TensorInfo};
-use crate::checksum::{Checks, Record};
-use crate::dtype::Dtype;
 use crate::error::{Error, IoContext, Result};
 use crate::formats::hf_index::Index;
-use crate::shape::Runs;
+use crate::read::catalog::{Checkpoint, Format, Parts, Scan, SourceFile, TensorBox, TensorData, TensorInfo};
+use crate::read::checksum::{Checks, Record};
+use crate::read::dtype::Dtype;
+use crate::read::shape::Runs;
 use flatten::Leaf;
 use pickle::{AllowGlobals, Budget, Limits, Load, Obj, Refusal, StorageKind};
 
@@ -155,7 +155,7 @@ impl TorchFile {
 
 /// True when `path` starts like a torch file (a zip, or a legacy pickle stream).
 pub(crate) fn sniff(path: &Path) -> bool {
-    let Ok(f) = crate::io::open(path) else { return false };
+    let Ok(f) = crate::read::io::open(path) else { return false };
     let mut head = [0u8; 4];
     if ReadAt::read_exact_at(&f, &mut head, 0).is_err() {
         return false;
@@ -206,7 +206,7 @@ pub(crate) fn read(path: &Path, allow: &AllowGlobals) -> Result<TorchFile> {
 /// Reads a torch file whose pickles charge `budget`, which the other files of its checkpoint
 /// share: their values are kept together.
 fn read_sharing(path: &Path, allow: &AllowGlobals, budget: &Rc<Budget>) -> Result<TorchFile> {
-    let file = crate::io::open(path)?;
+    let file = crate::read::io::open(path)?;
     let len = file.metadata().at(path)?.len();
     let mut head = [0u8; 8];
     let n = usize::try_from(len.min(8)).unwrap_or(0);
@@ -244,7 +244,7 @@ pub(crate) fn read_with_classes_sharing(
     classes: &'static [&'static str],
     budget: &Rc<Budget>,
 ) -> Result<TorchFile> {
-    let file = crate::io::open(path)?;
+    let file = crate::read::io::open(path)?;
     let len = file.metadata().at(path)?.len();
     let mut head = [0u8; 4];
     let n = usize::try_from(len.min(4)).unwrap_or(0);
@@ -447,7 +447,7 @@ fn check_tensor(
 
 fn read_legacy(file: &File, len: u64, path: &Path, allow: &AllowGlobals, budget: &Rc<Budget>) -> Result<TorchFile> {
     let legacy = |reason: String| bad_file(path, format!("legacy torch format: {reason}"));
-    let map = crate::io::map(file, path)?;
+    let map = crate::read::io::map(file, path)?;
     let all = map.get(0, len).ok_or_else(|| legacy("cannot map the file".into()))?;
     let mut pos = 0usize;
     // Only the object pickle may name the globals `allow` admits.
@@ -556,7 +556,7 @@ pub(crate) mod fuzz {
 
     /// The values a torch file's pickle holds besides its tensors, as the catalog keeps them
     /// (every global admitted as a record); none when it is refused.
-    pub(crate) fn values(data: &[u8]) -> Vec<(String, crate::value::Leaf)> {
+    pub(crate) fn values(data: &[u8]) -> Vec<(String, crate::read::value::Leaf)> {
         let any = AllowGlobals::any();
         let Ok(p) = pickle::load(data, Load::default().allowing(&any)) else { return Vec::new() };
         flatten::flatten(&p).map(|f| f.leaves).unwrap_or_default()

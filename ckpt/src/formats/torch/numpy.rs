@@ -15,8 +15,8 @@
 //! `ndarray` subclasses stay records, kept as values like any other allowed object.
 
 use super::pickle::{Obj, Pickle, V};
-use crate::dtype::Dtype;
-use crate::value::Leaf;
+use crate::read::dtype::Dtype;
+use crate::read::value::Leaf;
 
 const RECONSTRUCT: [&str; 2] = ["numpy.core.multiarray._reconstruct", "numpy._core.multiarray._reconstruct"];
 const SCALAR: [&str; 2] = ["numpy.core.multiarray.scalar", "numpy._core.multiarray.scalar"];
@@ -132,7 +132,7 @@ pub(crate) fn array(p: &Pickle, v: V) -> Result<Option<Array>, String> {
         }
     }
     let elem = dtype.bits() / 8;
-    let need = crate::shape::numel(&shape).and_then(|n| n.checked_mul(elem));
+    let need = crate::read::shape::numel(&shape).and_then(|n| n.checked_mul(elem));
     if need != Some(bytes.len() as u64) {
         return Err(format!(
             "a numpy array of shape {shape:?} and dtype `{}` needs {} bytes, its pickle holds {}",
@@ -159,7 +159,7 @@ pub(crate) fn array(p: &Pickle, v: V) -> Result<Option<Array>, String> {
         }
         s
     } else {
-        crate::shape::contiguous_strides(&shape).unwrap_or_else(|| vec![0; shape.len()])
+        crate::read::shape::contiguous_strides(&shape).unwrap_or_else(|| vec![0; shape.len()])
     };
     Ok(Some(Array { dtype, shape, strides, bytes }))
 }
@@ -191,7 +191,7 @@ pub(crate) fn scalar(p: &Pickle, v: V) -> Option<Leaf> {
         Some(match n {
             2 => {
                 let mut wide = Vec::with_capacity(4);
-                crate::cast::cast_into(&x[..2], Dtype::F16, Dtype::F32, &mut wide);
+                crate::map::cast::cast_into(&x[..2], Dtype::F16, Dtype::F32, &mut wide);
                 f64::from(f32::from_le_bytes(<[u8; 4]>::try_from(wide.as_slice()).ok()?))
             }
             4 => f64::from(f32::from_le_bytes([x[0], x[1], x[2], x[3]])),

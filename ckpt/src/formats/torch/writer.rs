@@ -24,8 +24,8 @@ use std::path::Path;
 use super::flatten::Leaf;
 use super::pickle::{storage_class, torch_dtype_name};
 use super::zip::{self, PlacedRecord};
-use crate::dtype::Dtype;
 use crate::error::{Error, IoContext, Result};
+use crate::read::dtype::Dtype;
 
 /// A tensor to write: contiguous, at `offset` elements into storage `storage`.
 #[derive(Clone, Debug)]

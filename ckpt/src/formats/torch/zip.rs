@@ -68,7 +68,7 @@ pub(crate) struct Archive {
 }
 
 /// Positional reads: a file, or bytes in memory (for tests and fuzzing).
-pub(crate) use crate::io::ReadAt;
+pub(crate) use crate::read::io::ReadAt;
 
 fn u16_at(b: &[u8], at: usize) -> Option<u16> {
     Some(u16::from_le_bytes(b.get(at..at + 2)?.try_into().ok()?))

@@ -389,7 +389,7 @@ impl Machine<'_> {
         // A tensor on a storage view stays inside the view; from here on it is a tensor on the
         // whole storage, further in.
         if let Some((start, len)) = view {
-            let fits = crate::shape::extent(offset, &shape, &strides).is_some_and(|e| e <= len);
+            let fits = crate::read::shape::extent(offset, &shape, &strides).is_some_and(|e| e <= len);
             if !fits {
                 return self.bad(format!("tensor reaches past its {len}-element storage view"));
             }

@@ -36,7 +36,7 @@ use std::mem::size_of;
 use std::rc::Rc;
 
 pub(crate) use super::allow::AllowGlobals;
-use crate::dtype::Dtype;
+use crate::read::dtype::Dtype;
 
 mod budget;
 mod calls;

@@ -22,9 +22,9 @@ use std::sync::Mutex;
 
 use rayon::prelude::*;
 
-use crate::checksum::{crc_of, Source};
 use crate::error::{Error, IoContext, Result};
-use crate::io::Sources;
+use crate::read::checksum::{crc_of, Source};
+use crate::read::io::Sources;
 use crate::write::RangeCopy;
 
 /// A copy reads, hashes and writes this many bytes at a time: small enough that the bytes it
@@ -257,8 +257,8 @@ mod tests {
         let data: Vec<u8> = (0..5000u32).map(|i| (i * 31 % 251) as u8).collect();
         std::fs::write(&path, &data).unwrap();
         let file = File::open(&path).unwrap();
-        let map = crate::sys::MappedFile::open(&file).unwrap();
-        let checks = crate::checksum::Checks::default();
+        let map = crate::write::sys::MappedFile::open(&file).unwrap();
+        let checks = crate::read::checksum::Checks::default();
         let src = Source { map: &map, path: &path, rank: None, checks: &checks };
         let want = crc32fast::hash(&data[100..4100]);
         // Gaps at both ends and between, a duplicate and an overlapping stretch to skip.

@@ -19,8 +19,8 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
-use crate::io::fs_error;
-use crate::job::agree;
+use crate::read::io::fs_error;
+use crate::write::job::agree;
 use crate::write::WriteOptions;
 
 /// A destination held for one operation: its lock (on the process that commits, where one can

@@ -6,7 +6,7 @@
 //! words it with its flags (`--to dcp`), the Python package with its keywords (`to="dcp"`), and
 //! the library's own `Display` with the fields of its option structs.
 
-use crate::dtype::Dtype;
+use crate::read::dtype::Dtype;
 
 /// An option of the operations, as a [`Misuse`] names it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

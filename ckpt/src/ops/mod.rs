@@ -15,19 +15,24 @@
 //! An accelerate `save_state` folder is its parts: `merge` merges one of its models (and its
 //! optimizer) as that model's own format merges, `reshard` rewrites the whole folder.
 
+pub(crate) mod misuse;
+pub(crate) mod outcome;
+pub(crate) mod save;
+pub(crate) mod sharded;
+
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use crate::blockscale::{self, BlockScaling, Compute};
-use crate::catalog::{Checkpoint, TensorInfo};
-use crate::claim::claim;
-use crate::dtype::Dtype;
 use crate::error::{Error, IoContext, Result};
 use crate::formats::accelerate::{OptimizerState, SaveState};
 use crate::formats::{self, dcp, deepspeed};
-use crate::misuse::{Misuse, Opt};
-pub use crate::outcome::Outcome;
+use crate::map::blockscale::{self, BlockScaling, Compute};
+use crate::ops::misuse::{Misuse, Opt};
+pub use crate::ops::outcome::Outcome;
 use crate::plan::{self, Dest, IndexStyle, Meta, Out};
+use crate::read::catalog::{Checkpoint, TensorInfo};
+use crate::read::dtype::Dtype;
+use crate::write::claim::claim;
 use crate::write::{Plan, WriteOptions};
 
 /// Options for [`merge`].
@@ -145,12 +150,12 @@ impl ConvertOptions {
         if single && self.max_shard_size.is_some() {
             return Err(misuse(Misuse::ShardsNeedAFolder));
         }
-        if let Some(dtype) = self.dtype.filter(|d| !crate::cast::is_castable(*d)) {
+        if let Some(dtype) = self.dtype.filter(|d| !crate::map::cast::is_castable(*d)) {
             return Err(misuse(Misuse::NotAFloatDtype { dtype }));
         }
         match (self.blocks, blocks) {
             (Some(_), Some(blocks)) if self.dtype.is_some() => Err(misuse(Misuse::CastWithBlocks { blocks })),
-            (Some(BlockScaling::Dequantize { to, .. }), _) if !crate::cast::is_wide(to) => {
+            (Some(BlockScaling::Dequantize { to, .. }), _) if !crate::map::cast::is_wide(to) => {
                 Err(misuse(Misuse::DequantizeToNarrow { dtype: to }))
             }
             _ => Ok(format),
@@ -340,7 +345,7 @@ fn merge_here(ck: &Checkpoint, out: &Path, options: &MergeOptions, opts: &WriteO
     if let Dest::File(p) = &dest {
         plan.named.push(p.clone());
     }
-    crate::execute::execute(&plan, ck, opts)?;
+    crate::write::execute::execute(&plan, ck, opts)?;
     outcome.files = files;
     Ok(outcome)
 }
@@ -363,7 +368,7 @@ fn write_state_dict(
     if let Dest::File(p) = dest {
         plan.named.push(p.clone());
     }
-    crate::execute::execute(&plan, ck, opts)?;
+    crate::write::execute::execute(&plan, ck, opts)?;
     let mut files = placed.files;
     files.extend(placed.index);
     Ok(Outcome { files, tensors: outs.len(), bytes: placed.bytes, ..Outcome::default() })
@@ -424,7 +429,7 @@ fn convert_here(ck: &Checkpoint, dst: &Path, options: &ConvertOptions, opts: &Wr
             continue;
         }
         let dtype = match options.dtype {
-            Some(d) if crate::cast::is_castable(t.dtype) => d,
+            Some(d) if crate::map::cast::is_castable(t.dtype) => d,
             _ => t.dtype,
         };
         let mut compute = None;
@@ -462,7 +467,7 @@ fn convert_here(ck: &Checkpoint, dst: &Path, options: &ConvertOptions, opts: &Wr
     } else {
         let max = match options.max_shard_size {
             Some(m) => m,
-            None => crate::size::parse_size(crate::size::DEFAULT_MAX_SHARD_SIZE)?,
+            None => crate::plan::size::parse_size(crate::plan::size::DEFAULT_MAX_SHARD_SIZE)?,
         };
         Dest::Shards { dir: dst.to_path_buf(), max, style: IndexStyle::Hub }
     };
@@ -485,13 +490,13 @@ struct BlockPlan {
 fn block_plan(ck: &Checkpoint, scaling: BlockScaling, dst: &Path) -> Result<BlockPlan> {
     let mut p = BlockPlan { computed: HashMap::new(), dropped: Default::default(), added: HashMap::new() };
     let index: HashMap<&str, usize> = ck.tensors.iter().enumerate().map(|(i, t)| (t.name.as_str(), i)).collect();
-    let srcs = crate::io::Sources::of(&ck.files)?;
+    let srcs = crate::read::io::Sources::of(&ck.files)?;
     let check_block = |b: u64| if b == 0 { Err(bad(dst, "the block size must be at least 1")) } else { Ok(b) };
     match scaling {
         BlockScaling::Dequantize { to, block } => {
             let block = check_block(block)?;
             for (i, t) in ck.tensors.iter().enumerate() {
-                if crate::cast::fp8::Format::of(t.stored).is_none() || t.name.ends_with(blockscale::SCALE_SUFFIX) {
+                if crate::map::cast::fp8::Format::of(t.stored).is_none() || t.name.ends_with(blockscale::SCALE_SUFFIX) {
                     continue;
                 }
                 let scale_name = format!("{}{}", t.name, blockscale::SCALE_SUFFIX);
@@ -624,16 +629,16 @@ fn reshard_save_state(state: &SaveState, out: &Path, world: u64, opts: &WriteOpt
     // (renames, small files, the commit) by rank 0; a dry run only plans.
     let job = opts.job;
     let dry = job.is_some_and(crate::Job::is_dry_run);
-    let stage = if dry { None } else { Some(crate::execute::stage_folder(job, out)?) };
+    let stage = if dry { None } else { Some(crate::write::execute::stage_folder(job, out)?) };
     let tmp = stage.as_ref().map_or_else(|| out.to_path_buf(), |s| s.path().to_path_buf());
-    let files = |f: &dyn Fn() -> Result<()>| if dry { Ok(()) } else { crate::execute::on_root(job, out, f) };
+    let files = |f: &dyn Fn() -> Result<()>| if dry { Ok(()) } else { crate::write::execute::on_root(job, out, f) };
     let mut outcome = Outcome { world_size: Some(world), ..Outcome::default() };
     let mut done = reshard_models(state, &tmp, world, opts, &files, &mut outcome)?;
     reshard_optimizers(state, &tmp, world, opts, &mut done.paths, &mut outcome)?;
     files(&|| copy_per_world(state, &tmp, world, &done))?;
     let Some(stage) = stage else { return Ok(outcome) };
     files(&|| stage.commit_ref())?;
-    outcome.files = crate::io::files_under(out)?;
+    outcome.files = crate::read::io::files_under(out)?;
     Ok(outcome)
 }
 

@@ -33,19 +33,19 @@ use std::path::Path;
 use collective::Collective;
 use serde::{Deserialize, Serialize};
 
-use crate::dtype::Dtype;
 use crate::error::{Error, IoContext, Result};
 use crate::formats::dcp::encode::{self, OutChunk, OutItem, OutKind};
 use crate::formats::dcp::metadata::PathElem;
 use crate::formats::dcp::plan::RankFile;
 use crate::formats::dcp::METADATA_NAME;
 use crate::formats::torch::writer;
-use crate::io::fs_error;
-use crate::job::agree_with;
-use crate::outcome::Outcome;
-use crate::shape::numel;
-use crate::stage::Stage;
-use crate::value::Leaf;
+use crate::ops::outcome::Outcome;
+use crate::read::dtype::Dtype;
+use crate::read::io::fs_error;
+use crate::read::shape::numel;
+use crate::read::value::Leaf;
+use crate::write::job::agree_with;
+use crate::write::stage::Stage;
 use crate::write::WriteOptions;
 
 /// One element of a state-dict path: a dict key or a list index. The DCP key of an entry is
@@ -151,7 +151,7 @@ pub fn save_sharded(
     // lock until the commit (see `claim.rs`): another process saving there is refused by it.
     let mut _held = None;
     let made = match rank {
-        0 => durable::DestLock::acquire(dir).map_err(crate::io::fs_error).and_then(|lock| {
+        0 => durable::DestLock::acquire(dir).map_err(crate::read::io::fs_error).and_then(|lock| {
             _held = lock;
             refuse_existing(dir).and_then(|()| Stage::folder(dir)).map_err(failed(0))
         }),
@@ -181,7 +181,7 @@ fn sharded_failure(dir: &Path, rank: u64, reason: String) -> Error {
     Error::ShardedSave { dir: dir.to_path_buf(), rank, reason }
 }
 
-/// The ranks' agreement on a step (`crate::job`'s), where every rank returns the failure of the
+/// The ranks' agreement on a step (`crate::write::job`'s), where every rank returns the failure of the
 /// lowest rank that failed with its message: a training loop's every rank raises it. The note
 /// each failing rank sends is the rank its error blames (rank 0's commit blames the rank whose
 /// chunks did not fit) and the reason.

@@ -19,11 +19,11 @@
 
 use std::sync::Arc;
 
-use crate::cast::{self, fp8};
-use crate::catalog::TensorInfo;
-use crate::dtype::Dtype;
 use crate::error::{Error, Result};
-use crate::io::Sources;
+use crate::map::cast::{self, fp8};
+use crate::read::catalog::TensorInfo;
+use crate::read::dtype::Dtype;
+use crate::read::io::Sources;
 
 /// What [`crate::convert`] does with block-scaled FP8 weights.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

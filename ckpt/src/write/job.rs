@@ -1,7 +1,7 @@
 //! One operation over the ranks of a job: who they are, how they agree, and what each did.
 //!
 //! A [`Job`] wraps the [`Collective`] the ranks talk through. Every rank opens the same source,
-//! builds the same plan and deals it out the same way ([`crate::shares`]), so nothing but small
+//! builds the same plan and deals it out the same way ([`crate::plan::shares`]), so nothing but small
 //! agreements crosses between them: a token and the staging folder from rank 0, a fingerprint
 //! of each rank's plan, and after each step whether every rank managed it ([`agree`]). A step
 //! that failed anywhere ends the operation everywhere before the commit; the rank that saw the
@@ -25,7 +25,7 @@ use std::sync::Mutex;
 use collective::{Collective, Solo};
 
 use crate::error::{Error, Result};
-use crate::shares::{RankShare, Share};
+use crate::plan::shares::{RankShare, Share};
 use crate::write::Plan;
 
 /// The ranks one operation runs over, and what each of them did.
@@ -197,9 +197,9 @@ impl<'a> Job<'a> {
 
     /// The fault switch's `open` point, for an edge to call once this rank has opened its
     /// source `src`: in a test build, the error `STATEKIT_FAULT=RANK:open` asks this rank for;
-    /// `Ok` otherwise, and always in a release build (see `ckpt/src/fault.rs`).
+    /// `Ok` otherwise, and always in a release build (see `ckpt/src/write/fault.rs`).
     pub fn fault_at_open(&self, src: &Path) -> Result<()> {
-        crate::fault::at(crate::fault::Phase::Open, self.rank(), src)
+        crate::write::fault::at(crate::write::fault::Phase::Open, self.rank(), src)
     }
 
     /// Adds one plan's shares to the record.

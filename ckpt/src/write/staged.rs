@@ -122,7 +122,7 @@ impl StagedFolder {
         if std::fs::create_dir(&probe).is_err() {
             return false;
         }
-        let swapped = crate::sys::exchange(tmp, &probe).is_ok();
+        let swapped = crate::write::sys::exchange(tmp, &probe).is_ok();
         let _ = std::fs::remove_dir(&probe);
         swapped
     }
@@ -162,9 +162,9 @@ impl StagedFolder {
         let parent = parent_of(&self.target);
         let name = file_name(&self.target);
         if swap {
-            match crate::sys::exchange(tmp, &self.target) {
+            match crate::write::sys::exchange(tmp, &self.target) {
                 Ok(()) => return Ok(tmp.to_path_buf()),
-                Err(e) if crate::sys::exchange_unsupported(&e) => {}
+                Err(e) if crate::write::sys::exchange_unsupported(&e) => {}
                 Err(e) => return Err(Error::Io { path: self.target.clone(), source: e }),
             }
         }

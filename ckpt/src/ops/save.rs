@@ -11,13 +11,13 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::catalog::{Chunk, TensorInfo};
-use crate::dtype::Dtype;
 use crate::error::{Error, Result};
-use crate::io::Sources;
-use crate::outcome::Outcome;
+use crate::ops::outcome::Outcome;
 use crate::plan::{self, Dest, IndexStyle, Meta, Out};
-use crate::shape::numel;
+use crate::read::catalog::{Chunk, TensorInfo};
+use crate::read::dtype::Dtype;
+use crate::read::io::Sources;
+use crate::read::shape::numel;
 use crate::write::{Plan, WriteOptions};
 
 /// A tensor held in memory: its name, dtype, shape and row-major little-endian bytes.
@@ -73,7 +73,7 @@ fn save_here(
     options: &SaveOptions,
     opts: &WriteOptions<'_>,
 ) -> Result<Outcome> {
-    let _held = crate::claim::claim(path, opts)?;
+    let _held = crate::write::claim::claim(path, opts)?;
     let bad =
         |tensor: &str, reason: String| Error::BadSaveTensor { dst: path.to_path_buf(), tensor: tensor.into(), reason };
     let mut infos = Vec::with_capacity(tensors.len());
@@ -120,7 +120,7 @@ fn save_here(
     }
     let srcs =
         Sources::memory(tensors.iter().map(|t| (PathBuf::from(format!("<tensor `{}` in memory>", t.name)), t.bytes)));
-    crate::execute::execute_from(&plan, &srcs, &[], opts)?;
+    crate::write::execute::execute_from(&plan, &srcs, &[], opts)?;
     let mut files = placed.files;
     files.extend(placed.index);
     Ok(Outcome { files, tensors: tensors.len(), bytes: placed.bytes, ..Outcome::default() })

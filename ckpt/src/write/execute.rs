@@ -1,7 +1,7 @@
 //! Running a copy plan: on one process, or over the ranks of a [`crate::Job`].
 //!
 //! The plan's types, the copies and the staging folder are `write`'s; this is the protocol
-//! around them. Every rank checks the plan and writes its share of it ([`crate::shares`]),
+//! around them. Every rank checks the plan and writes its share of it ([`crate::plan::shares`]),
 //! and rank 0 commits once every share is durable. One process is the job of one rank: the
 //! same steps, each agreement trivial.
 
@@ -13,16 +13,16 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use rayon::prelude::*;
 
-use crate::catalog::Checkpoint;
-use crate::crc_pass::PassCheck;
 use crate::error::{Error, IoContext, Result};
-use crate::fault::{self, Phase};
-use crate::io::Sources;
-use crate::job::{agree, Job};
-use crate::shares::Share;
-use crate::stage::Stage;
-use crate::staged::is_temp_of;
-use crate::sys;
+use crate::plan::shares::Share;
+use crate::read::catalog::Checkpoint;
+use crate::read::crc_pass::PassCheck;
+use crate::read::io::Sources;
+use crate::write::fault::{self, Phase};
+use crate::write::job::{agree, Job};
+use crate::write::stage::Stage;
+use crate::write::staged::is_temp_of;
+use crate::write::sys;
 use crate::write::{
     file_name, gather, kernel_copy, mapped_copy, refuse_overwriting_sources, refuse_planted_link, remove_if_there,
     retire, sync_dir, temp_name, write_atomic, CopyMethod, Gather, Plan, RangeCopy, Stale, TargetFile, TempSet,
@@ -40,7 +40,7 @@ pub(crate) fn execute(plan: &Plan, source: &Checkpoint, opts: &WriteOptions<'_>)
 /// or of the plan's protected files. As [`execute`] on error.
 ///
 /// With [`WriteOptions::job`], every rank of the job runs this with the same plan and writes its
-/// share of it ([`crate::shares`]); rank 0 commits once every rank's part is durable. The
+/// share of it ([`crate::plan::shares`]); rank 0 commits once every rank's part is durable. The
 /// protocol, each step closed by an [`agree`]ment so that a failure anywhere stops everyone
 /// before the commit:
 /// 1. every rank checks the plan (sources, planted links) and its fingerprint against rank 0's;
@@ -63,7 +63,7 @@ pub(crate) fn execute_from(
     let solo = Job::solo();
     let job = opts.job.unwrap_or(&solo);
     let (rank, n) = (job.rank(), job.world_size());
-    let shares = crate::shares::deal(plan, n);
+    let shares = crate::plan::shares::deal(plan, n);
     job.record(plan, &shares);
     if job.is_dry_run() {
         return Ok(());
@@ -71,7 +71,8 @@ pub(crate) fn execute_from(
     let mine = &shares[rank as usize];
     let at = plan.outputs().first().cloned().unwrap_or_default();
     fault::at(Phase::Plan, rank, &at)?;
-    let manifest = plan.targets.first().and_then(|t| t.path.parent()).map(|d| d.join(crate::manifest::MANIFEST_NAME));
+    let manifest =
+        plan.targets.first().and_then(|t| t.path.parent()).map(|d| d.join(crate::write::manifest::MANIFEST_NAME));
     let manifest = manifest.filter(|_| opts.checksums);
     let gathered = |bytes: Vec<u8>| job.exchange(&at, bytes);
 
@@ -210,7 +211,7 @@ fn seal_owned(plan: &Plan, owned: &TempSet, checksums: bool) -> Result<Vec<(usiz
     if !checksums {
         return Ok(Vec::new());
     }
-    owned.files.par_iter().map(|(p, _, ti)| Ok((*ti, crate::manifest::sha256_file(p)?))).collect()
+    owned.files.par_iter().map(|(p, _, ti)| Ok((*ti, crate::write::manifest::sha256_file(p)?))).collect()
 }
 
 /// Fills this rank's parts of the plan's targets (open in `files`, by target): the range
@@ -298,9 +299,9 @@ fn commit(
         by_target.sort();
         let sums: Vec<(String, String)> =
             by_target.into_iter().map(|(ti, s)| (file_name(&plan.targets[ti].path), s)).collect();
-        let path = manifest.unwrap_or_else(|| PathBuf::from(crate::manifest::MANIFEST_NAME));
+        let path = manifest.unwrap_or_else(|| PathBuf::from(crate::write::manifest::MANIFEST_NAME));
         // The manifest goes before the index: the index stays the last thing written.
-        trailers.insert(0, (path, crate::manifest::render(&sums).into_bytes()));
+        trailers.insert(0, (path, crate::write::manifest::render(&sums).into_bytes()));
     }
 
     // A previous checkpoint in the output folder stays whole until the new index replaces its

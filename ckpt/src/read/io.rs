@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use crate::error::{short_source, Error, IoContext, Result};
-use crate::sys::MappedFile;
+use crate::write::sys::MappedFile;
 
 /// Positional reads of exactly `buf.len()` bytes.
 pub(crate) trait ReadAt {
@@ -107,7 +107,7 @@ pub(crate) fn open(path: &Path) -> Result<File> {
     // A catalog keeps its files open while a plan runs: a checkpoint of thousands of files (a
     // 405B model with its optimizer is 1,458) would pass the common soft limit of 1,024 open
     // files, which the hard limit usually allows raising (done once per process).
-    crate::sys::raise_open_file_limit();
+    crate::write::sys::raise_open_file_limit();
     durable::open_regular(path).map_err(fs_error)
 }
 
@@ -140,7 +140,7 @@ pub(crate) fn read_at(file: &(impl ReadAt + ?Sized), path: &Path, off: u64, len:
 /// Reads a whole small file (an index, `latest`, `.metadata`, a manifest), refusing one larger
 /// than `max` bytes before reading it (and one that grows past it while read).
 pub(crate) fn read_capped(path: &Path, max: u64) -> Result<Vec<u8>> {
-    crate::sys::raise_open_file_limit();
+    crate::write::sys::raise_open_file_limit();
     durable::read_capped(path, max).map_err(fs_error)
 }
 
@@ -185,7 +185,7 @@ pub(crate) struct Sources<'m> {
     /// Bytes held in memory and the offset they are addressed from.
     tails: Vec<Option<(u64, Held<'m>)>>,
     /// The CRC-covered records of each file, and the rank that wrote it (for the message).
-    checks: Vec<(crate::checksum::Checks, Option<u64>)>,
+    checks: Vec<(crate::read::checksum::Checks, Option<u64>)>,
 }
 
 impl Sources<'static> {
@@ -220,27 +220,27 @@ impl<'m> Sources<'m> {
     }
 
     /// File `i` as the CRC checks see it, when it has records to check.
-    fn checked_source(&self, i: usize) -> Result<Option<crate::checksum::Source<'_>>> {
+    fn checked_source(&self, i: usize) -> Result<Option<crate::read::checksum::Source<'_>>> {
         // The baseline bench/crc_cost.py measures the checks against: no file has records to check.
         if cfg!(feature = "bench-unchecked") {
             return Ok(None);
         }
         match (self.files.get(i), self.checks.get(i)) {
             (Some((path, _)), Some((checks, rank))) if checks.len() > 0 => {
-                Ok(Some(crate::checksum::Source { map: self.map(i)?, path, rank: *rank, checks }))
+                Ok(Some(crate::read::checksum::Source { map: self.map(i)?, path, rank: *rank, checks }))
             }
             _ => Ok(None),
         }
     }
 
-    pub(crate) fn checked(&self) -> Result<Vec<Option<crate::checksum::Source<'_>>>> {
+    pub(crate) fn checked(&self) -> Result<Vec<Option<crate::read::checksum::Source<'_>>>> {
         (0..self.files.len()).map(|i| self.checked_source(i)).collect()
     }
 
     /// Checks the CRCs of the records `[off, off + len)` of file `i` touches, once each.
     fn check(&self, i: usize, off: u64, len: u64) -> Result<()> {
         match self.checked_source(i)? {
-            Some(src) => crate::checksum::check(&src, off, len),
+            Some(src) => crate::read::checksum::check(&src, off, len),
             None => Ok(()),
         }
     }
@@ -251,7 +251,7 @@ impl<'m> Sources<'m> {
         if self.checks.iter().all(|(c, _)| c.len() == 0) {
             return Ok(());
         }
-        match crate::checksum::verify_extents(&self.checked()?, extents)?.into_iter().next() {
+        match crate::read::checksum::verify_extents(&self.checked()?, extents)?.into_iter().next() {
             Some(e) => Err(e),
             None => Ok(()),
         }
@@ -260,8 +260,8 @@ impl<'m> Sources<'m> {
     /// Checks every record of every file, returning each mismatch: what `verify` reports.
     pub(crate) fn check_all(&self) -> Result<Vec<Error>> {
         let sources = self.checked()?;
-        let extents = crate::checksum::all_extents(&sources);
-        crate::checksum::verify_extents(&sources, extents)
+        let extents = crate::read::checksum::all_extents(&sources);
+        crate::read::checksum::verify_extents(&sources, extents)
     }
 
     /// True when `[off, off + len)` of source `i` is held in memory, not in the file.

@@ -8,17 +8,20 @@
 //! order, with which metadata, is the operation's business; how a format lays them out is only
 //! here.
 
+pub(crate) mod shares;
+pub(crate) mod size;
+
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use crate::catalog::{Checkpoint, TensorInfo};
-use crate::dtype::Dtype;
 use crate::error::{Error, Result};
 use crate::formats::hf_index;
 use crate::formats::safetensors::{self as st, OutTensor};
 use crate::formats::torch::writer::{self, TorchSeal, WStorage, WTensor, WValue};
 use crate::formats::torch::{TORCH_INDEX_NAME, TORCH_SINGLE_NAME};
-use crate::value::Leaf;
+use crate::read::catalog::{Checkpoint, TensorInfo};
+use crate::read::dtype::Dtype;
+use crate::read::value::Leaf;
 use crate::write::{self, Plan, TargetFile};
 
 /// One tensor to write.
@@ -34,7 +37,7 @@ pub(crate) struct Out<'a> {
     /// shares instead of having its own.
     pub tied_to: Option<usize>,
     /// What the bytes are computed by instead of a copy or cast (block-scaled FP8).
-    pub compute: Option<crate::blockscale::SharedCompute>,
+    pub compute: Option<crate::map::blockscale::SharedCompute>,
 }
 
 impl Out<'_> {
@@ -248,7 +251,7 @@ fn finish_sharded(
 
 /// Refuses a broadcast view (`expand`) that would be written far larger than its storage,
 /// unless asked: a file of a few kilobytes must not start a write of gigabytes.
-pub(crate) fn refuse_expanded(outs: &[Out<'_>], files: &[crate::catalog::SourceFile], allow: bool) -> Result<()> {
+pub(crate) fn refuse_expanded(outs: &[Out<'_>], files: &[crate::read::catalog::SourceFile], allow: bool) -> Result<()> {
     if allow {
         return Ok(());
     }

@@ -1,11 +1,19 @@
 //! Opening a source: `hf://` resolution, then detection, then the format's reader, each once.
 
+pub(crate) mod catalog;
+pub(crate) mod checksum;
+pub(crate) mod crc_pass;
+pub(crate) mod dtype;
+pub(crate) mod io;
+pub(crate) mod shape;
+pub(crate) mod value;
+
 use std::path::{Path, PathBuf};
 
-use crate::catalog::{Checkpoint, Format, Scan};
 use crate::error::{Error, IoContext, Result};
 use crate::formats;
 use crate::hub;
+use crate::read::catalog::{Checkpoint, Format, Scan};
 use crate::AllowGlobals;
 
 /// How to open a checkpoint.
@@ -112,7 +120,7 @@ fn detect_path(path: &Path) -> Result<(Format, PathBuf)> {
     let meta = std::fs::metadata(path).at(path)?;
     if !meta.is_file() && !meta.is_dir() {
         // A FIFO, socket or device: the one check that refuses it by name, before any open.
-        crate::io::open(path)?;
+        crate::read::io::open(path)?;
     }
     for (format, detect) in formats::DETECTORS {
         if let Some(root) = detect(path)? {

@@ -22,10 +22,10 @@ use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::dtype::Dtype;
 use crate::error::{Error, Result};
-use crate::shape::{self, Walk};
-use crate::value::Leaf;
+use crate::read::dtype::Dtype;
+use crate::read::shape::{self, Walk};
+use crate::read::value::Leaf;
 use fsdp_state::Region;
 
 /// The on-disk layout a checkpoint was read from.
@@ -99,7 +99,7 @@ pub struct SourceFile {
     /// addressed from `len` on: `[len, len + inline.len())`.
     pub(crate) inline: Inline,
     /// The CRC-covered records its tensors read (zip storages), checked on first read.
-    pub(crate) checks: crate::checksum::Checks,
+    pub(crate) checks: crate::read::checksum::Checks,
 }
 
 /// Bytes held in memory for a source file, shared by the clones of its catalog.
@@ -525,7 +525,7 @@ impl Checkpoint {
     /// Reads a tensor's bytes into memory (row-major, little-endian, in its dtype). For
     /// inspection and tests; operations never hold whole tensors.
     pub fn read_tensor(&self, tensor: &TensorInfo) -> Result<Vec<u8>> {
-        let sources = crate::io::Sources::of(&self.files)?;
+        let sources = crate::read::io::Sources::of(&self.files)?;
         let mut raw = Vec::with_capacity(usize::try_from(tensor.stored_len()).unwrap_or(0));
         for (file, offset, len) in tensor.runs() {
             raw.extend_from_slice(sources.read(file, offset, len)?);
@@ -534,7 +534,7 @@ impl Checkpoint {
             return Ok(raw);
         }
         let mut out = Vec::with_capacity(usize::try_from(tensor.byte_len()).unwrap_or(0));
-        crate::cast::cast_into(&raw, tensor.stored, tensor.dtype, &mut out);
+        crate::map::cast::cast_into(&raw, tensor.stored, tensor.dtype, &mut out);
         Ok(out)
     }
 
@@ -547,7 +547,7 @@ impl Checkpoint {
 
     /// [`Checkpoint::read_tensor_into`] for many tensors, opening the source files once.
     pub fn read_tensors_into(&self, jobs: &mut [(&TensorInfo, &mut [u8])]) -> Result<()> {
-        let sources = crate::io::Sources::of(&self.files)?;
+        let sources = crate::read::io::Sources::of(&self.files)?;
         for (tensor, out) in jobs.iter_mut() {
             let have = out.len();
             let wrong = || Error::BadConvert {
@@ -593,7 +593,7 @@ impl Checkpoint {
                 (usize::try_from(range.start).unwrap_or(usize::MAX), usize::try_from(range.end).unwrap_or(usize::MAX));
             return Ok(all.get(lo..hi.min(all.len())).unwrap_or_default().to_vec());
         }
-        let sources = crate::io::Sources::of(&self.files)?;
+        let sources = crate::read::io::Sources::of(&self.files)?;
         let mut out = Vec::with_capacity(usize::try_from(range.end.saturating_sub(range.start)).unwrap_or(0));
         let mut at = 0u64;
         for (file, offset, len) in tensor.runs() {
@@ -668,7 +668,7 @@ fn own_members(p: &Parts) -> Vec<PathBuf> {
     let mut members: Vec<PathBuf> = p.files.iter().map(|f| f.path.clone()).collect();
     members.push(p.root.clone());
     let folder = if p.root.is_dir() { Some(p.root.as_path()) } else { p.root.parent() };
-    if let Some(manifest) = folder.map(|d| d.join(crate::manifest::MANIFEST_NAME)).filter(|m| m.is_file()) {
+    if let Some(manifest) = folder.map(|d| d.join(crate::write::manifest::MANIFEST_NAME)).filter(|m| m.is_file()) {
         members.push(manifest);
     }
     members

@@ -15,7 +15,7 @@ pub(crate) const MAX_MANIFEST_LEN: u64 = 128 << 20;
 
 /// The SHA-256 of a file as lowercase hex, read in fixed-size blocks.
 pub(crate) fn sha256_file(path: &Path) -> Result<String> {
-    let mut f = crate::io::open(path)?;
+    let mut f = crate::read::io::open(path)?;
     let mut hasher = Sha256::new();
     let mut buf = vec![0u8; 1 << 20];
     loop {
@@ -51,7 +51,7 @@ pub(crate) fn parse(text: &str, path: &Path) -> Result<Vec<(String, String)>> {
             .strip_prefix("  ")
             .or_else(|| rest.strip_prefix(" *"))
             .ok_or_else(|| bad("expected two spaces or ` *` after the checksum"))?;
-        if !crate::io::is_plain_file_name(name) {
+        if !crate::read::io::is_plain_file_name(name) {
             return Err(bad("the file name must be a plain name in the manifest's folder"));
         }
         out.push((name.to_string(), sum.to_ascii_lowercase()));

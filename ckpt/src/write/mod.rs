@@ -26,17 +26,25 @@
 //! a folder that also holds files of others: a folder holding only the previous checkpoint is
 //! replaced whole instead, by a swap (`stage.rs`).
 
+pub(crate) mod claim;
+pub(crate) mod execute;
+pub(crate) mod fault;
+pub(crate) mod job;
+pub(crate) mod manifest;
+pub(crate) mod stage;
+pub(crate) mod staged;
+pub(crate) mod sys;
+
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use crate::cast::cast_into;
-use crate::catalog::{TensorData, TensorInfo};
-use crate::dtype::Dtype;
 use crate::error::{Error, IoContext, Result};
-use crate::io::{fs_error, Sources};
-use crate::sys;
+use crate::map::cast::cast_into;
+use crate::read::catalog::{TensorData, TensorInfo};
+use crate::read::dtype::Dtype;
+use crate::read::io::{fs_error, Sources};
 
 /// A copy of `len` bytes from source file `src` (an index into the plan's sources) at `src_off`
 /// to offset `dst_off` of a target.
@@ -57,7 +65,7 @@ pub(crate) struct Gather {
     pub to: Dtype,
     pub dst_off: u64,
     /// Bytes computed from the tensor's instead of cast (block-scaled FP8).
-    pub compute: Option<crate::blockscale::SharedCompute>,
+    pub compute: Option<crate::map::blockscale::SharedCompute>,
     /// Only these bytes of the tensor's row-major stored bytes (a rank's rows of it), uncast.
     pub range: Option<std::ops::Range<u64>>,
 }
@@ -113,7 +121,7 @@ impl TargetFile {
         tensor: &TensorInfo,
         to: Dtype,
         dst_off: u64,
-        compute: Option<crate::blockscale::SharedCompute>,
+        compute: Option<crate::map::blockscale::SharedCompute>,
     ) {
         if compute.is_some() {
             if tensor.numel() > 0 {
@@ -259,7 +267,7 @@ pub(crate) fn gather(
     let t = &g.tensor;
     if let Some(c) = &g.compute {
         let mut at = g.dst_off;
-        return crate::blockscale::run(srcs, t, g.to, c, |out| {
+        return crate::map::blockscale::run(srcs, t, g.to, c, |out| {
             dst.write_all_at(out, at).at(dst_path)?;
             sys::start_writeback(dst, at, out.len() as u64);
             at += out.len() as u64;

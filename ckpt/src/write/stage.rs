@@ -35,7 +35,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Component, Path, PathBuf};
 
 use crate::error::{Error, Result};
-use crate::staged::{is_temp_of, StagedFolder};
+use crate::write::staged::{is_temp_of, StagedFolder};
 use crate::write::{file_name, random_hex, Plan};
 
 /// The folder a plan's outputs are staged in, if any, and the token the plan's temporaries are
@@ -96,8 +96,10 @@ impl Stage {
         let mut dirs: Vec<PathBuf> = plan.outputs().iter().filter_map(|p| p.parent().map(Path::to_path_buf)).collect();
         dirs.sort();
         dirs.dedup();
-        let made =
-            dirs.iter().map(|d| durable::NewFolders::make(d).map_err(crate::io::fs_error)).collect::<Result<_>>()?;
+        let made = dirs
+            .iter()
+            .map(|d| durable::NewFolders::make(d).map_err(crate::read::io::fs_error))
+            .collect::<Result<_>>()?;
         Ok(Stage { token, made: Cell::new(made), ..Stage::default() })
     }
 

@@ -21,11 +21,11 @@ use serde::ser::{SerializeMap, SerializeSeq};
 use serde::{Serialize, Serializer};
 use serde_json::{json, Value};
 
-use crate::catalog::{Checkpoint, TensorBox, TensorInfo};
 use crate::formats::accelerate::trainer::TrainerState;
 use crate::formats::accelerate::{Component, OptimizerState, SaveState};
-use crate::outcome::Outcome;
-use crate::verify::Report;
+use crate::ops::outcome::Outcome;
+use crate::read::catalog::{Checkpoint, TensorBox, TensorInfo};
+use crate::report::verify::Report;
 
 /// The schema of [`Checkpoint`]'s document (`ckpt inspect --json`).
 pub const INSPECT_SCHEMA: &str = "statekit.inspect/2";

@@ -27,7 +27,7 @@
 //!   (up from one half, or at one half of a normal value), ±inf and NaN become `0xFF`, and
 //!   0, subnormals and 2^-127 become `0x00` (2^-127).
 
-use crate::dtype::Dtype;
+use crate::read::dtype::Dtype;
 
 pub(crate) mod fp8;
 
@@ -165,7 +165,7 @@ pub(crate) fn f32_to_bf16(x: u32) -> u16 {
 mod tests {
     #[test]
     fn the_castable_dtypes_are_the_ones_implemented() {
-        for d in crate::dtype::Dtype::ALL {
+        for d in crate::read::dtype::Dtype::ALL {
             assert_eq!(d.is_castable(), super::is_wide(d) || super::fp8::Format::of(d).is_some(), "{d}");
         }
     }
@@ -208,7 +208,7 @@ mod tests {
 #[cfg(test)]
 mod torch_fp8 {
     use super::cast_into;
-    use crate::dtype::Dtype;
+    use crate::read::dtype::Dtype;
 
     const FP8: [Dtype; 5] = [Dtype::F8E4M3, Dtype::F8E5M2, Dtype::F8E4M3Fnuz, Dtype::F8E5M2Fnuz, Dtype::F8E8M0];
     const WIDE: [Dtype; 4] = [Dtype::F32, Dtype::F16, Dtype::BF16, Dtype::F64];

@@ -23,7 +23,7 @@ use std::sync::Arc;
 use rayon::prelude::*;
 
 use crate::error::{short_source, Error, Result};
-use crate::sys::MappedFile;
+use crate::write::sys::MappedFile;
 
 /// A record's bytes are checked in pieces of this size (bounded memory, parallel work).
 const PIECE: u64 = 2 << 20;

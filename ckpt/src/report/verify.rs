@@ -6,10 +6,10 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::catalog::Format;
 use crate::error::{Error, Result};
-use crate::manifest;
-use crate::open::{locate, scan, Source};
+use crate::read::catalog::Format;
+use crate::read::{locate, scan, Source};
+use crate::write::manifest;
 use crate::OpenOptions;
 
 /// The result of [`verify`]. Valid when `problems` is empty.
@@ -86,7 +86,7 @@ pub fn verify_with(src: &str, options: &OpenOptions) -> Result<Report> {
     // Every stored byte a zip record vouches for is read once against its CRC32.
     // With `headers_only`, nothing past the headers is read: no CRC32, no checksum manifest.
     if !options.headers_only {
-        report.problems.extend(crate::io::Sources::of(ck.files())?.check_all()?);
+        report.problems.extend(crate::read::io::Sources::of(ck.files())?.check_all()?);
     }
     if let Some(declared) = ck.index_metadata().and_then(|m| m.get("total_size")).and_then(serde_json::Value::as_u64) {
         let actual = ck.total_bytes();
@@ -131,7 +131,7 @@ pub fn verify_with(src: &str, options: &OpenOptions) -> Result<Report> {
 /// Checks the manifest's entries for the checkpoint's files. Entries for other files in the
 /// folder are not ours to judge.
 fn check_manifest(path: &Path, ours: &[String], report: &mut Report) -> Result<()> {
-    let bytes = crate::io::read_capped(path, manifest::MAX_MANIFEST_LEN)?;
+    let bytes = crate::read::io::read_capped(path, manifest::MAX_MANIFEST_LEN)?;
     let text = String::from_utf8_lossy(&bytes);
     let entries = match manifest::parse(&text, path) {
         Ok(e) => e,

@@ -283,8 +283,8 @@ fn slice_gather(g: &Gather, out: Range<u64>) -> Gather {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-    use crate::catalog::{Chunk, TensorInfo};
-    use crate::dtype::Dtype;
+    use crate::read::catalog::{Chunk, TensorInfo};
+    use crate::read::dtype::Dtype;
     use proptest::prelude::*;
 
     /// A target: its header length, then its items (`(is a copy, elements, casts)`).
@@ -402,7 +402,8 @@ mod tests {
     #[test]
     fn a_computed_gather_is_never_cut() {
         let mut plan = plan_of(&[(0, vec![(false, 1000, false)])]);
-        let c: crate::blockscale::SharedCompute = std::sync::Arc::new(crate::blockscale::Compute::Bytes(vec![0; 4000]));
+        let c: crate::map::blockscale::SharedCompute =
+            std::sync::Arc::new(crate::map::blockscale::Compute::Bytes(vec![0; 4000]));
         plan.targets[0].gathers[0].compute = Some(c);
         let shares = deal(&plan, 3);
         let holders: Vec<_> = shares.iter().filter(|s| !s.parts.is_empty()).collect();

@@ -5,7 +5,7 @@
 //! pair: `0x80` is the only NaN, no infinity, no negative zero). `e8m0fnu` is an unsigned
 //! exponent alone (a power-of-two scale), `0xFF` its NaN.
 
-use crate::dtype::Dtype;
+use crate::read::dtype::Dtype;
 
 /// One FP8 encoding.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
