@@ -1,6 +1,6 @@
 //! The shape of the crate, checked: no two modules of `ckpt/src` import each other, directly or
 //! through others (the catalog is a leaf, formats never import the operations), and no module
-//! but `sys.rs` uses `unsafe`.
+//! but `write/sys.rs` uses `unsafe`.
 #![allow(clippy::unwrap_used)]
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -21,16 +21,25 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
-/// The module a file belongs to, at the granularity the rule is about: `catalog`, `write`,
-/// `formats::dcp`, … (`lib` and `fuzz` are the crate's face and are left out).
+/// The module a file belongs to, at the granularity the rule is about: a file at the top of
+/// `src`, or a module inside one of its folders (`read::catalog`, `write::stage`,
+/// `formats::dcp`, and `read` itself for `read/mod.rs`). `lib` and `fuzz` are the crate's face
+/// and are left out.
 fn module_of(file: &Path) -> String {
     let rel = file.strip_prefix(src()).unwrap().with_extension("");
     let parts: Vec<String> = rel.iter().map(|p| p.to_string_lossy().into_owned()).collect();
     match parts.as_slice() {
-        [f, m, ..] if f == "formats" && m != "mod" => format!("formats::{m}"),
+        [folder, m, ..] if m != "mod" => format!("{folder}::{m}"),
         [first, ..] => first.clone(),
         [] => String::new(),
     }
+}
+
+/// Whether `folder/m` is a module of `src` (a file or a folder), so that `crate::folder::m::…`
+/// names it rather than an item of `folder`.
+fn is_submodule(folder: &str, m: &str) -> bool {
+    let dir = src().join(folder);
+    dir.join(format!("{m}.rs")).is_file() || dir.join(m).is_dir()
 }
 
 /// Every `crate::…` module a file names, at the same granularity.
@@ -42,9 +51,9 @@ fn imports(text: &str) -> BTreeSet<String> {
         let path: String = rest.chars().take_while(|c| c.is_alphanumeric() || *c == '_' || *c == ':').collect();
         let mut segs = path.split("::").filter(|s| !s.is_empty());
         let Some(first) = segs.next() else { continue };
-        let module = match (first, segs.next()) {
-            ("formats", Some(m)) if m.chars().next().is_some_and(char::is_lowercase) => format!("formats::{m}"),
-            (m, _) => m.to_string(),
+        let module = match segs.next() {
+            Some(m) if is_submodule(first, m) => format!("{first}::{m}"),
+            _ => first.to_string(),
         };
         // Re-exported names at the root (`crate::Error`) are not modules.
         if module.chars().next().is_some_and(char::is_lowercase) {
