@@ -12,10 +12,15 @@
 //! `statekit-train`, the Python exceptions, and the JSON view of a [`crate::Report`].
 
 mod kind;
+mod problem;
 
 use std::path::PathBuf;
 
 pub use kind::ErrorKind;
+pub use problem::{
+    BlockScaleProblem, HubCorruption, HubUrlProblem, JsonKind, ManifestProblem, MetadataProblem, SaveTensorProblem,
+    SizeProblem,
+};
 
 /// Everything that can go wrong while reading, planning or writing a checkpoint.
 #[derive(Debug, thiserror::Error)]
@@ -152,12 +157,12 @@ pub enum Error {
         expected: u64,
     },
     /// A safetensors `__metadata__` that is not an object of strings to strings.
-    #[error("{path}: `__metadata__` must map strings to strings: {reason}")]
+    #[error("{path}: `__metadata__` must map strings to strings: {problem}")]
     BadMetadata {
         /// The safetensors file.
         path: PathBuf,
         /// What is wrong with it.
-        reason: String,
+        problem: MetadataProblem,
     },
     /// A sharded checkpoint's index (`*.index.json`) that is not JSON or not shaped as one.
     #[error("{path}: index is invalid: {reason}")]
@@ -238,20 +243,20 @@ pub enum Error {
         found: Vec<String>,
     },
     /// A shard size (`5GB`, `500MB`, a byte count) that does not parse.
-    #[error("invalid size `{input}`: {reason}")]
+    #[error("invalid size `{input}`: {problem}")]
     BadSize {
         /// The size as given.
         input: String,
         /// Why it does not parse.
-        reason: String,
+        problem: SizeProblem,
     },
     /// An `hf://ORG/NAME[@REV][/PATH]` address that does not parse.
-    #[error("invalid hub address `{input}`: {reason}")]
+    #[error("invalid hub address `{input}`: {problem}")]
     BadHubUrl {
         /// The address as given.
         input: String,
         /// What is wrong with it.
-        reason: String,
+        problem: HubUrlProblem,
     },
     /// An `hf://` address whose files are not in the local Hugging Face cache.
     #[error("`{repo}` (revision `{revision}`) has no `{file}` in the local Hugging Face cache {cache}")]
@@ -303,14 +308,14 @@ pub enum Error {
     },
     /// A downloaded file that is not what the Hub announced: an LFS file whose SHA-256 is not its
     /// ETag, or a size other than the one announced. The bytes were discarded.
-    #[error("`{file}` of `{repo}`: {reason}; the download was discarded")]
+    #[error("`{file}` of `{repo}`: {problem}; the download was discarded")]
     HubCorrupt {
         /// The repository (`ORG/NAME`).
         repo: String,
         /// The file in the repository.
         file: String,
         /// What did not match.
-        reason: String,
+        problem: HubCorruption,
     },
     /// An output file that is one of the files the checkpoint is read from.
     #[error("`{path}` is the source, refusing to overwrite it")]
@@ -376,14 +381,14 @@ pub enum Error {
         found: String,
     },
     /// A checksum manifest line that is not `<sha256>  <file>`.
-    #[error("{path}: bad checksum manifest line {line}: {reason}")]
+    #[error("{path}: bad checksum manifest line {line}: {problem}")]
     BadManifest {
         /// The manifest file.
         path: PathBuf,
         /// The line number, from 1.
         line: usize,
         /// What is wrong with the line.
-        reason: String,
+        problem: ManifestProblem,
     },
     /// A torch file (or a DCP item) that is not a readable zip archive, or holds a corrupt
     /// deflate stream.
@@ -611,14 +616,14 @@ pub enum Error {
         problem: SaveTensorProblem,
     },
     /// An FP8 weight whose block scales are missing or do not fit it.
-    #[error("block-scaled weight `{weight}` with scales `{scale}`: {reason}")]
+    #[error("block-scaled weight `{weight}` with scales `{scale}`: {problem}")]
     BadBlockScale {
         /// The weight's name.
         weight: String,
         /// The name of its scales tensor.
         scale: String,
         /// What is wrong.
-        reason: String,
+        problem: BlockScaleProblem,
     },
     /// A DeepSpeed ZeRO checkpoint whose rank file lacks or mangles an entry the merge needs.
     #[error("{path}: rank {rank}, `{tensor}`: {reason}")]
@@ -873,79 +878,6 @@ pub enum Error {
         /// The save's pipeline stages.
         pp: u64,
     },
-}
-
-/// What is wrong with a tensor handed to a save ([`Error::BadSaveTensor`]); `Display` gives the
-/// phrase that follows the tensor's name.
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum SaveTensorProblem {
-    /// The tensor's name appears twice in one save.
-    NamedTwice,
-    /// Its bytes are not what its shape and dtype hold (`holds` is `None` past 2^64 bytes).
-    ByteLen {
-        /// The bytes given.
-        len: u64,
-        /// Its shape.
-        shape: Vec<u64>,
-        /// Its dtype.
-        dtype: crate::Dtype,
-        /// The bytes its shape and dtype hold.
-        holds: Option<u64>,
-    },
-    /// A dtype the save cannot write.
-    Dtype {
-        /// The dtype.
-        dtype: crate::Dtype,
-    },
-    /// A row (every dim past the first) of more than 2^64 bytes.
-    RowTooLarge,
-    /// A 0-d tensor whose bytes are not one element's, or given at a row past 0.
-    ScalarBytes {
-        /// The bytes one element takes.
-        row: u64,
-        /// The bytes given.
-        len: u64,
-        /// The row the slice was given at.
-        at: u64,
-    },
-    /// A slice whose bytes are not whole rows.
-    PartialRows {
-        /// The bytes given.
-        len: u64,
-        /// The bytes of one row.
-        row: u64,
-    },
-    /// A slice whose rows reach past the tensor's first dim.
-    RowsBeyond {
-        /// The slice's first row.
-        at: u64,
-        /// Its rows.
-        rows: u64,
-        /// The tensor's rows.
-        n0: u64,
-    },
-}
-
-impl std::fmt::Display for SaveTensorProblem {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            SaveTensorProblem::NamedTwice => write!(f, "is named twice"),
-            SaveTensorProblem::ByteLen { len, shape, dtype, holds } => {
-                let holds = holds.map_or_else(|| "more than 2^64".to_string(), |w| w.to_string());
-                write!(f, "has {len} bytes, but shape {shape:?} of `{}` holds {holds}", dtype.safetensors_name())
-            }
-            SaveTensorProblem::Dtype { dtype } => write!(f, "has dtype `{dtype}`, which cannot be saved"),
-            SaveTensorProblem::RowTooLarge => write!(f, "has rows of more than 2^64 bytes"),
-            SaveTensorProblem::ScalarBytes { row, len, at } => {
-                write!(f, "is 0-d and holds {row} bytes, not {len} at row {at}")
-            }
-            SaveTensorProblem::PartialRows { len, row } => write!(f, "has {len} bytes, not whole rows of {row} bytes"),
-            SaveTensorProblem::RowsBeyond { at, rows, n0 } => {
-                write!(f, "has rows {at}..+{rows}, beyond its {n0} rows")
-            }
-        }
-    }
 }
 
 /// [`Error::Misuse`]'s message: the misuse, after the destination unless it names its source.

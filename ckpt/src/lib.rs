@@ -69,7 +69,10 @@ mod read;
 mod report;
 mod write;
 
-pub use error::{escape_controls, Error, ErrorKind, Result, SaveTensorProblem};
+pub use error::{
+    escape_controls, BlockScaleProblem, Error, ErrorKind, HubCorruption, HubUrlProblem, JsonKind, ManifestProblem,
+    MetadataProblem, Result, SaveTensorProblem, SizeProblem,
+};
 pub use formats::megatron::MegatronInfo;
 pub use formats::torch::allow::AllowGlobals;
 pub use fsdp_state::Region;

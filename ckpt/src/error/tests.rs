@@ -78,7 +78,11 @@ fn variant_name_is_the_debug_name() {
         Error::HubAuth { repo: "o/n".into(), file: "f".into(), status: 401, token_source: None, write: false },
         Error::HubNotFound { repo: "o/n".into(), revision: "main".into(), file: None, endpoint: "http://h".into() },
         Error::HubRequest { url: "http://h/o/n".into(), reason: "r".into() },
-        Error::HubCorrupt { repo: "o/n".into(), file: "f".into(), reason: "r".into() },
+        Error::HubCorrupt {
+            repo: "o/n".into(),
+            file: "f".into(),
+            problem: HubCorruption::Size { got: 1, announced: 2 },
+        },
     ];
     for e in &errors {
         assert_eq!(e.variant_name(), debug_head(e), "{e:?}");

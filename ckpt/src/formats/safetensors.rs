@@ -24,7 +24,7 @@ use std::path::{Path, PathBuf};
 use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
 
-use crate::error::{Error, IoContext, Result};
+use crate::error::{Error, IoContext, JsonKind, MetadataProblem, Result};
 use crate::read::catalog::{Checkpoint, Chunk, Format, Parts, Scan, SourceFile, TensorInfo};
 use crate::read::dtype::Dtype;
 use crate::read::io;
@@ -226,14 +226,14 @@ pub(crate) fn parse_header(json: &[u8], header_len: u64, path: &Path) -> Result<
 }
 
 fn parse_metadata(value: serde_json::Value, path: &Path) -> Result<Vec<(String, String)>> {
-    let bad = |reason: String| Error::BadMetadata { path: path.to_path_buf(), reason };
+    let bad = |problem| Error::BadMetadata { path: path.to_path_buf(), problem };
     let serde_json::Value::Object(map) = value else {
-        return Err(bad(format!("expected an object, found {}", json_kind(&value))));
+        return Err(bad(MetadataProblem::NotAnObject { found: JsonKind::of(&value) }));
     };
     map.into_iter()
         .map(|(k, v)| match v {
             serde_json::Value::String(s) => Ok((k, s)),
-            other => Err(bad(format!("value of `{k}` is {}", json_kind(&other)))),
+            other => Err(bad(MetadataProblem::NotAString { found: JsonKind::of(&other), key: k })),
         })
         .collect()
 }
@@ -290,17 +290,6 @@ fn validate_offsets(tensors: &mut [HeaderTensor], path: &Path) -> Result<()> {
         next = t.end;
     }
     Ok(())
-}
-
-fn json_kind(v: &serde_json::Value) -> &'static str {
-    match v {
-        serde_json::Value::Null => "null",
-        serde_json::Value::Bool(_) => "a boolean",
-        serde_json::Value::Number(_) => "a number",
-        serde_json::Value::String(_) => "a string",
-        serde_json::Value::Array(_) => "an array",
-        serde_json::Value::Object(_) => "an object",
-    }
 }
 
 /// A JSON object read as its entries in file order, duplicates kept, so that we can refuse them
