@@ -18,8 +18,8 @@ use std::path::PathBuf;
 
 pub use kind::ErrorKind;
 pub use problem::{
-    BlockScaleProblem, HubCorruption, HubUrlProblem, JsonKind, ManifestProblem, MetadataProblem, SaveTensorProblem,
-    SizeProblem,
+    BlockScaleProblem, BoxProblem, EntryProblem, HubCorruption, HubUrlProblem, IndexProblem, JsonKind, ManifestProblem,
+    MetadataProblem, SaveTensorProblem, SizeProblem, TorchTensorProblem, ZipProblem,
 };
 
 /// Everything that can go wrong while reading, planning or writing a checkpoint.
@@ -77,14 +77,14 @@ pub enum Error {
     /// A tensor whose header entry does not parse, or whose shape and bytes cannot be
     /// reconciled: a shape that overflows, bytes past the end of its file, a byte count that
     /// is not what its shape needs.
-    #[error("{path}: tensor `{tensor}`: {reason}")]
+    #[error("{path}: tensor `{tensor}`: {problem}")]
     BadTensorEntry {
         /// The file holding the tensor (the checkpoint's root when it has none).
         path: PathBuf,
         /// The tensor's name.
         tensor: String,
         /// What is wrong with it.
-        reason: String,
+        problem: EntryProblem,
     },
     /// A safetensors tensor whose `dtype` names no dtype safetensors defines.
     #[error("{path}: tensor `{tensor}` has unknown dtype `{dtype}`")]
@@ -165,12 +165,12 @@ pub enum Error {
         problem: MetadataProblem,
     },
     /// A sharded checkpoint's index (`*.index.json`) that is not JSON or not shaped as one.
-    #[error("{path}: index is invalid: {reason}")]
+    #[error("{path}: index is invalid: {problem}")]
     BadIndex {
         /// The index file.
         path: PathBuf,
         /// What is wrong with it.
-        reason: String,
+        problem: IndexProblem,
     },
     /// A shard named by an index (or a DCP `.metadata`) that is not in the folder.
     #[error("{index}: tensor `{tensor}` is mapped to `{file}`, which does not exist")]
@@ -392,12 +392,12 @@ pub enum Error {
     },
     /// A torch file (or a DCP item) that is not a readable zip archive, or holds a corrupt
     /// deflate stream.
-    #[error("{path}: not a valid zip archive: {reason}")]
+    #[error("{path}: not a valid zip archive: {problem}")]
     BadZip {
         /// The file.
         path: PathBuf,
         /// What is wrong with the archive.
-        reason: String,
+        problem: ZipProblem,
     },
     /// A zip record (or a legacy torch file's storage) whose declared bytes run past the end
     /// of its file.
@@ -502,14 +502,14 @@ pub enum Error {
     },
     /// A tensor of a torch file that cannot be rebuilt: its storage, dtype, shape or strides
     /// do not hold together.
-    #[error("{path}: tensor `{tensor}`: {reason}")]
+    #[error("{path}: tensor `{tensor}`: {problem}")]
     BadTorchTensor {
         /// The torch file.
         path: PathBuf,
         /// The tensor's name.
         tensor: String,
         /// What is wrong with it.
-        reason: String,
+        problem: TorchTensorProblem,
     },
     /// A tensor to be written as safetensors whose dtype safetensors cannot store.
     #[error("tensor `{tensor}` has dtype `{dtype}`, which safetensors cannot store")]
@@ -732,7 +732,7 @@ pub enum Error {
     },
     /// A box of a tensor (a DCP chunk, a rank's shard) that does not fit the tensor or its file:
     /// out of bounds, overlapping another, or leaving part of the tensor uncovered.
-    #[error("{path}{}: tensor `{tensor}`: {reason}", rank_note(.rank))]
+    #[error("{path}{}: tensor `{tensor}`: {problem}", rank_note(.rank))]
     BadBox {
         /// The file holding the box (the checkpoint's root when it is not one file's).
         path: PathBuf,
@@ -741,7 +741,7 @@ pub enum Error {
         /// The rank whose file holds the box, where known.
         rank: Option<u64>,
         /// What is wrong with it.
-        reason: String,
+        problem: BoxProblem,
     },
     /// A tensor whose boxes, in the shards of one checkpoint, are of different dtypes.
     #[error("{path}{}: tensor `{tensor}`: its box is `{found}` where another shard's is `{other}`", rank_note(.rank))]

@@ -70,8 +70,9 @@ mod report;
 mod write;
 
 pub use error::{
-    escape_controls, BlockScaleProblem, Error, ErrorKind, HubCorruption, HubUrlProblem, JsonKind, ManifestProblem,
-    MetadataProblem, Result, SaveTensorProblem, SizeProblem,
+    escape_controls, BlockScaleProblem, BoxProblem, EntryProblem, Error, ErrorKind, HubCorruption, HubUrlProblem,
+    IndexProblem, JsonKind, ManifestProblem, MetadataProblem, Result, SaveTensorProblem, SizeProblem,
+    TorchTensorProblem, ZipProblem,
 };
 pub use formats::megatron::MegatronInfo;
 pub use formats::torch::allow::AllowGlobals;

@@ -344,3 +344,375 @@ impl fmt::Display for SaveTensorProblem {
         }
     }
 }
+
+/// What is wrong with a sharded checkpoint's index ([`super::Error::BadIndex`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum IndexProblem {
+    /// Not JSON: what the JSON parser said (its words, with the line and column).
+    NotJson {
+        /// The parser's message.
+        parser: String,
+    },
+    /// JSON, but not an object.
+    NotAnObject,
+    /// A `metadata` that is not an object.
+    MetadataNotAnObject,
+    /// No `weight_map` object.
+    NoWeightMap,
+    /// A `weight_map` that lists one tensor twice.
+    ListedTwice {
+        /// The tensor.
+        tensor: String,
+    },
+    /// A `weight_map` entry whose file is not a string.
+    FileNotAString {
+        /// The tensor.
+        tensor: String,
+    },
+}
+
+impl fmt::Display for IndexProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            IndexProblem::NotJson { parser } => write!(f, "not JSON: {parser}"),
+            IndexProblem::NotAnObject => write!(f, "expected a JSON object"),
+            IndexProblem::MetadataNotAnObject => write!(f, "`metadata` must be an object"),
+            IndexProblem::NoWeightMap => write!(f, "`weight_map` is missing or not an object"),
+            IndexProblem::ListedTwice { tensor } => write!(f, "`weight_map` lists tensor `{tensor}` twice"),
+            IndexProblem::FileNotAString { tensor } => write!(f, "`weight_map` entry `{tensor}` is not a string"),
+        }
+    }
+}
+
+/// What is wrong with a tensor's entry in a catalog ([`super::Error::BadTensorEntry`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum EntryProblem {
+    /// A safetensors header entry that does not parse: what the JSON parser said.
+    NotParsed {
+        /// The parser's message.
+        parser: String,
+    },
+    /// A shape whose element count overflows, or whose bytes are no whole number (a safetensors
+    /// entry, which names its dtype).
+    ShapeBytes {
+        /// The shape.
+        shape: Vec<u64>,
+        /// The dtype.
+        dtype: Dtype,
+    },
+    /// A shape whose byte count overflows.
+    ShapeOverflows {
+        /// The shape.
+        shape: Vec<u64>,
+    },
+    /// A byte range in a source file the checkpoint does not have.
+    UnknownFile,
+    /// A byte range past the end of its file.
+    PastFile {
+        /// Where the range starts.
+        start: u64,
+        /// Where it ends (saturated).
+        end: u64,
+        /// The file's length.
+        file_len: u64,
+    },
+    /// Byte ranges whose lengths overflow when summed.
+    CountOverflows,
+    /// Byte ranges that hold another count than the shape needs.
+    ByteCount {
+        /// The bytes the ranges hold.
+        total: u64,
+        /// The bytes the shape needs.
+        need: u64,
+    },
+}
+
+impl fmt::Display for EntryProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            EntryProblem::NotParsed { parser } => f.write_str(parser),
+            EntryProblem::ShapeBytes { shape, dtype } => {
+                write!(f, "shape {shape:?} of `{dtype}` overflows or is not a whole number of bytes")
+            }
+            EntryProblem::ShapeOverflows { shape } => write!(f, "shape {shape:?} overflows"),
+            EntryProblem::UnknownFile => write!(f, "names an unknown source file"),
+            EntryProblem::PastFile { start, end, file_len } => {
+                write!(f, "bytes {start}..{end} lie past the end of the {file_len}-byte file")
+            }
+            EntryProblem::CountOverflows => write!(f, "byte count overflows"),
+            EntryProblem::ByteCount { total, need } => write!(f, "holds {total} bytes, its shape needs {need}"),
+        }
+    }
+}
+
+/// What is wrong with a tensor of a torch file ([`super::Error::BadTorchTensor`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum TorchTensorProblem {
+    /// Its storage's record is not in the archive.
+    MissingRecord {
+        /// The record's name.
+        record: String,
+    },
+    /// Its storage's record is compressed, so it cannot be read in place.
+    CompressedRecord {
+        /// The record's name.
+        record: String,
+    },
+    /// Its storage is not in the file (a legacy file).
+    MissingStorage {
+        /// The storage's key.
+        key: String,
+    },
+    /// Its storage was not kept while the file was read.
+    StorageVanished,
+    /// A storage whose declared size is not its record's.
+    StorageSize {
+        /// The storage's key.
+        key: String,
+        /// The elements it declares.
+        numel: u64,
+        /// The bytes of one element.
+        elem: u64,
+        /// The bytes its record holds.
+        len: u64,
+    },
+    /// A dtype of less than a byte per element.
+    Dtype {
+        /// The dtype.
+        dtype: Dtype,
+    },
+    /// A view that reaches past its storage.
+    PastStorage {
+        /// The view's offset, in elements.
+        offset: u64,
+        /// Its shape.
+        shape: Vec<u64>,
+        /// Its strides.
+        strides: Vec<u64>,
+        /// The storage's length in bytes.
+        len: u64,
+        /// The storage's key.
+        key: String,
+    },
+}
+
+impl fmt::Display for TorchTensorProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TorchTensorProblem::MissingRecord { record } => write!(f, "its storage record `{record}` is missing"),
+            TorchTensorProblem::CompressedRecord { record } => {
+                write!(f, "storage record `{record}` is compressed; only stored records can be read in place")
+            }
+            TorchTensorProblem::MissingStorage { key } => write!(f, "its storage `{key}` is not in the file"),
+            TorchTensorProblem::StorageVanished => write!(f, "storage vanished"),
+            TorchTensorProblem::StorageSize { key, numel, elem, len } => {
+                write!(f, "storage `{key}` declares {numel} elements of {elem} bytes but its record holds {len} bytes")
+            }
+            TorchTensorProblem::Dtype { dtype } => write!(f, "dtype `{dtype}` is not supported"),
+            TorchTensorProblem::PastStorage { offset, shape, strides, len, key } => write!(
+                f,
+                "offset {offset} with shape {shape:?} and strides {strides:?} reaches past its {len}-byte storage `{key}`"
+            ),
+        }
+    }
+}
+
+/// What is wrong with a box of a tensor ([`super::Error::BadBox`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum BoxProblem {
+    /// The box's storage reaches past the end of its file.
+    StoragePastFile {
+        /// Where the box sits in the tensor.
+        offsets: Vec<u64>,
+    },
+    /// Another number of strides than dims.
+    StrideCount {
+        /// Where the box sits in the tensor.
+        offsets: Vec<u64>,
+        /// Its strides.
+        strides: usize,
+        /// Its dims.
+        dims: usize,
+    },
+    /// The box's strided view reaches past its storage.
+    ViewPastStorage {
+        /// Where the box sits in the tensor.
+        offsets: Vec<u64>,
+    },
+    /// The boxes do not tile the tensor.
+    Tiling(fsdp_state::TilingError),
+    /// A DCP safetensors shard whose sharding info has no `saved_offsets` list for the tensor.
+    NoSavedOffsets,
+    /// A `saved_offsets` entry that is not an offset.
+    NotAnOffset {
+        /// The entry, as JSON.
+        value: String,
+    },
+    /// `saved_offsets` of another rank than the tensor's shape.
+    OffsetDims {
+        /// The offsets.
+        offsets: Vec<u64>,
+        /// The tensor's shape in this shard.
+        shape: Vec<u64>,
+    },
+    /// A tensor that two shards place in different output files.
+    OutputFileDiffers {
+        /// Its output file here (from 1).
+        index: u64,
+        /// Of how many.
+        of: u64,
+        /// Its output file in another shard.
+        other_index: u64,
+        /// Of how many, there.
+        other_of: u64,
+    },
+    /// A tensor that the sharding info lists but the shard does not hold.
+    NotInFile,
+    /// A box with another number of dims than another shard's box of the tensor.
+    DimsDiffer {
+        /// Its dims.
+        dims: usize,
+        /// The other box's.
+        other: usize,
+    },
+}
+
+impl fmt::Display for BoxProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The key DCP's Hugging Face storage keeps its sharding info under.
+        const SHARDING_KEY: &str = "DCP_SHARDING_INFO";
+        match self {
+            BoxProblem::StoragePastFile { offsets } => {
+                write!(f, "the storage of the box at offsets {offsets:?} lies past the end of the file")
+            }
+            BoxProblem::StrideCount { offsets, strides, dims } => {
+                write!(f, "the box at offsets {offsets:?} has {strides} strides for {dims} dims")
+            }
+            BoxProblem::ViewPastStorage { offsets } => {
+                write!(f, "the view of the box at offsets {offsets:?} reaches past its storage")
+            }
+            BoxProblem::Tiling(e) => write!(f, "{e}"),
+            BoxProblem::NoSavedOffsets => write!(f, "`{SHARDING_KEY}` has no `saved_offsets` list for it"),
+            BoxProblem::NotAnOffset { value } => write!(f, "`saved_offsets` holds {value}, not an offset"),
+            BoxProblem::OffsetDims { offsets, shape } => write!(
+                f,
+                "`saved_offsets` {offsets:?} has {} dims, its shape {shape:?} has {}",
+                offsets.len(),
+                shape.len()
+            ),
+            BoxProblem::OutputFileDiffers { index, of, other_index, other_of } => {
+                write!(f, "it is in output file {index} of {of} here and {other_index} of {other_of} in another shard")
+            }
+            BoxProblem::NotInFile => write!(f, "`{SHARDING_KEY}` lists it but the file holds no such tensor"),
+            BoxProblem::DimsDiffer { dims, other } => {
+                write!(f, "its box has {dims} dims where another shard's has {other}")
+            }
+        }
+    }
+}
+
+/// What is wrong with a zip archive ([`super::Error::BadZip`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ZipProblem {
+    /// A central directory over the limits on its entries or bytes.
+    DirectoryTooLarge {
+        /// Its entries.
+        count: u64,
+        /// Its bytes.
+        size: u64,
+    },
+    /// A central directory entry that does not parse.
+    BadCentralEntry {
+        /// Its offset in the central directory.
+        at: usize,
+    },
+    /// A record that runs past the end of the file.
+    PastFile {
+        /// Where it starts.
+        offset: u64,
+        /// Its bytes.
+        len: u64,
+        /// The file's length.
+        file_len: u64,
+    },
+    /// A record larger than memory can address.
+    RecordTooLarge,
+    /// No end-of-central-directory record.
+    NoEndRecord,
+    /// An end record cut short.
+    TruncatedEndRecord,
+    /// No zip64 end record where its locator points.
+    NoZip64EndRecord {
+        /// Where the locator points.
+        at: u64,
+    },
+    /// An entry without its local header.
+    NoLocalHeader {
+        /// The entry's name.
+        entry: String,
+        /// Where its header should be.
+        at: u64,
+    },
+    /// An entry compressed with a method other than stored or deflate.
+    CompressionMethod {
+        /// The entry's name.
+        entry: String,
+        /// The method.
+        method: u16,
+    },
+    /// A stored entry whose compressed and plain sizes differ.
+    StoredSizes {
+        /// The entry's name.
+        entry: String,
+        /// Its compressed size.
+        compressed: u64,
+        /// Its plain size.
+        size: u64,
+    },
+    /// Two entries whose bytes overlap.
+    Overlap {
+        /// The first entry.
+        first: String,
+        /// The second.
+        second: String,
+    },
+    /// A deflate stream that does not inflate.
+    CorruptDeflate {
+        /// The entry's name.
+        entry: String,
+        /// What the inflater said, as its status enum names it.
+        status: String,
+    },
+}
+
+impl fmt::Display for ZipProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ZipProblem::DirectoryTooLarge { count, size } => {
+                write!(f, "central directory of {count} entries and {size} bytes is over the limit")
+            }
+            ZipProblem::BadCentralEntry { at } => write!(f, "bad central entry at byte {at}"),
+            ZipProblem::PastFile { offset, len, file_len } => {
+                write!(f, "a record at byte {offset} of {len} bytes runs past the end of the {file_len}-byte file")
+            }
+            ZipProblem::RecordTooLarge => write!(f, "record too large"),
+            ZipProblem::NoEndRecord => write!(f, "no end-of-central-directory record"),
+            ZipProblem::TruncatedEndRecord => write!(f, "truncated end record"),
+            ZipProblem::NoZip64EndRecord { at } => write!(f, "zip64 end record expected at byte {at}"),
+            ZipProblem::NoLocalHeader { entry, at } => write!(f, "`{entry}`: no local header at byte {at}"),
+            ZipProblem::CompressionMethod { entry, method } => {
+                write!(f, "`{entry}`: unsupported compression method {method}")
+            }
+            ZipProblem::StoredSizes { entry, compressed, size } => {
+                write!(f, "`{entry}`: stored entry with {compressed} compressed and {size} plain bytes")
+            }
+            ZipProblem::Overlap { first, second } => write!(f, "entries `{first}` and `{second}` overlap"),
+            ZipProblem::CorruptDeflate { entry, status } => write!(f, "`{entry}`: corrupt deflate stream ({status})"),
+        }
+    }
+}

@@ -24,7 +24,7 @@ use std::path::{Path, PathBuf};
 use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
 
-use crate::error::{Error, IoContext, JsonKind, MetadataProblem, Result};
+use crate::error::{EntryProblem, Error, IoContext, JsonKind, MetadataProblem, Result};
 use crate::read::catalog::{Checkpoint, Chunk, Format, Parts, Scan, SourceFile, TensorInfo};
 use crate::read::dtype::Dtype;
 use crate::read::io;
@@ -249,7 +249,7 @@ fn parse_tensor(name: String, value: serde_json::Value, path: &Path) -> Result<H
     let raw: RawTensor = serde_json::from_value(value).map_err(|e| Error::BadTensorEntry {
         path: path.to_path_buf(),
         tensor: name.clone(),
-        reason: e.to_string(),
+        problem: EntryProblem::NotParsed { parser: e.to_string() },
     })?;
     let Some(dtype) = Dtype::from_safetensors_name(&raw.dtype) else {
         return Err(Error::UnknownDtype { path: path.to_path_buf(), tensor: name, dtype: raw.dtype });
@@ -274,7 +274,7 @@ fn validate_offsets(tensors: &mut [HeaderTensor], path: &Path) -> Result<()> {
         let expected = numel(&t.shape).and_then(|n| t.dtype.byte_len(n)).ok_or_else(|| Error::BadTensorEntry {
             path: path.to_path_buf(),
             tensor: t.name.clone(),
-            reason: format!("shape {:?} of `{}` overflows or is not a whole number of bytes", t.shape, t.dtype),
+            problem: EntryProblem::ShapeBytes { shape: t.shape.clone(), dtype: t.dtype },
         })?;
         let found = t.end - t.begin;
         if expected != found {

@@ -292,7 +292,7 @@ fn folder_of(file: &str) -> String {
 /// An error about the blob `from` as one about the snapshot's file `to`, the name users know.
 fn rename_path(e: Error, from: &Path, to: &Path) -> Error {
     match e {
-        Error::BadIndex { path, reason } if path == from => Error::BadIndex { path: to.to_path_buf(), reason },
+        Error::BadIndex { path, problem } if path == from => Error::BadIndex { path: to.to_path_buf(), problem },
         Error::UnsafeShardPath { index, tensor, file } if index == from => {
             Error::UnsafeShardPath { index: to.to_path_buf(), tensor, file }
         }
