@@ -63,6 +63,22 @@ pub struct LoaderArgs {
 }
 
 impl LoaderArgs {
+    /// The flags given, as the command line spells them: a state FILE holds its own loader, so
+    /// any of them beside one would be ignored, and is refused instead.
+    fn given(&self) -> Vec<&'static str> {
+        let flags = [
+            (self.len.is_some(), "--len"),
+            (self.batch_size.is_some(), "--batch-size"),
+            (self.split_batches, "--split-batches"),
+            (self.no_even_batches, "--no-even-batches"),
+            (self.drop_last, "--drop-last"),
+            (self.dispatch_batches, "--dispatch-batches"),
+            (self.shuffle, "--shuffle"),
+            (self.seed.is_some(), "--seed"),
+        ];
+        flags.into_iter().filter(|(given, _)| *given).map(|(_, flag)| flag).collect()
+    }
+
     fn loader(&self, world_size: u64, rank: u64) -> anyhow::Result<ShardedSampler> {
         Ok(self.builder(world_size, rank)?.build()?)
     }
@@ -230,13 +246,15 @@ fn plan(args: &PlanArgs) -> anyhow::Result<String> {
 
 fn state(args: &StateArgs) -> anyhow::Result<String> {
     let st = match (&args.file, &args.from_accelerate, &args.loader) {
-        (Some(_), _, l) if l.len.is_some() || l.batch_size.is_some() => {
+        (Some(_), _, l) if !l.given().is_empty() => {
+            let flags: Vec<String> = l.given().iter().map(|f| format!("`{f}`")).collect();
             anyhow::bail!(
-                "`--len` and `--batch-size` describe the loader of `--from-accelerate`; a state FILE holds its own"
+                "{} describe the loader of `--from-accelerate`, `--from-trainer` or `--mixture`; a state FILE holds its own",
+                flags.join(", ")
             )
         }
         (Some(file), _, _) => {
-            let text = std::fs::read_to_string(file).with_context(|| format!("cannot read `{}`", file.display()))?;
+            let text = read_user_file(file, MAX_STATE_LEN)?;
             LoaderState::from_json(&text).with_context(|| format!("`{}` is not a loader state", file.display()))?
         }
         (None, Some(dir), loader) => {
@@ -266,11 +284,23 @@ fn state(args: &StateArgs) -> anyhow::Result<String> {
     Ok(report.to_string())
 }
 
+/// The most a loader state or a mixture definition the command line names may hold: both are
+/// small JSON documents (a mixture of a million sources is a few tens of megabytes), and a
+/// larger file, or a device or a FIFO given by mistake, is refused before it is read.
+const MAX_STATE_LEN: u64 = 64 << 20;
+
+/// The whole of the user's file `path` as text, read by the library's capped reader (only a
+/// regular file, at most `max` bytes; each error names the file).
+fn read_user_file(path: &std::path::Path, max: u64) -> anyhow::Result<String> {
+    let bytes = ckpt::read_small_file(path, max)?;
+    String::from_utf8(bytes).with_context(|| format!("`{}` is not UTF-8 text", path.display()))
+}
+
 /// The state of the loader of `loader` reading the mixture of `file` in order on
 /// `--world-size` ranks, at `--cursor`.
 fn at_mixture(file: Option<&std::path::Path>, loader: &LoaderArgs, args: &StateArgs) -> anyhow::Result<LoaderState> {
     let file = file.unwrap_or(std::path::Path::new("."));
-    let text = std::fs::read_to_string(file).with_context(|| format!("cannot read `{}`", file.display()))?;
+    let text = read_user_file(file, MAX_STATE_LEN)?;
     let spec: dataload::MixtureSpec =
         serde_json::from_str(&text).with_context(|| format!("`{}` is not a mixture definition", file.display()))?;
     let len = dataload::Mixture::new(spec.clone())?.len();

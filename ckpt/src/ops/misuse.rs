@@ -26,6 +26,8 @@ pub enum Opt {
     Dequantize,
     /// [`crate::ConvertOptions::blocks`] set to [`crate::BlockScaling::Quantize`].
     Quantize,
+    /// [`crate::WriteOptions::checksums`], the `SHA256SUMS` manifest.
+    Checksums,
 }
 
 impl Opt {
@@ -40,6 +42,7 @@ impl Opt {
             Opt::WorldSize => "world_size",
             Opt::Dequantize => "blocks: Dequantize",
             Opt::Quantize => "blocks: Quantize",
+            Opt::Checksums => "checksums",
         };
         match value {
             Some(v) => format!("`{name}` = `{v}`"),
@@ -85,6 +88,14 @@ pub enum Misuse {
         /// The dtype asked for.
         dtype: Dtype,
     },
+    /// A checksum manifest for an output whose files are not all in one folder: a manifest
+    /// lists plain file names in its own folder (what `sha256sum -c` and `verify` check), and
+    /// this output (a DeepSpeed universal checkpoint's `zero/<param>/` folders) has files in
+    /// `folder` too.
+    ChecksumsSpanFolders {
+        /// A folder of the output other than the manifest's (relative to it, when inside it).
+        folder: std::path::PathBuf,
+    },
 }
 
 impl Misuse {
@@ -111,6 +122,12 @@ impl Misuse {
             Misuse::DequantizeToNarrow { dtype } => {
                 format!("{} writes f32, f16 or bf16, not `{dtype}`", spell(Opt::Dequantize, None))
             }
+            Misuse::ChecksumsSpanFolders { folder } => format!(
+                "{} writes one `SHA256SUMS` for the files of one folder, and this output has files in \
+                 `{}` too",
+                spell(Opt::Checksums, None),
+                crate::escape_controls(&folder.display().to_string())
+            ),
         }
     }
 }
