@@ -65,6 +65,15 @@ impl OpenArgs {
     }
 }
 
+/// `--json`, declared once for every command that prints a JSON document (`inspect`, `verify`,
+/// the commands that write, `data plan`, `data state`).
+#[derive(clap::Args, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct JsonArg {
+    /// Print JSON instead of text (each command's schema is in the README).
+    #[arg(long)]
+    pub json: bool,
+}
+
 /// `--max-shard-size`, declared once for the commands that shard their output.
 #[derive(clap::Args, Clone, Debug, Default)]
 pub struct ShardArgs {
@@ -102,9 +111,8 @@ pub enum Command {
         /// A `.safetensors` file, an index, a folder, or `hf://ORG/NAME[@REV][/PATH]` (read on
         /// the Hub by its headers when not in the cache, not downloaded).
         path: String,
-        /// Print JSON (schema in the README).
-        #[arg(long)]
-        json: bool,
+        #[command(flatten)]
+        json: JsonArg,
         #[command(flatten)]
         open: OpenArgs,
     },
@@ -252,9 +260,8 @@ pub enum Command {
     /// Check headers, offsets, indexes, CRC32s and checksums. Exit 0 valid, 1 problems, 2 error.
     Verify {
         path: String,
-        /// Print JSON (schema in the README).
-        #[arg(long)]
-        json: bool,
+        #[command(flatten)]
+        json: JsonArg,
         /// Check the headers and indexes only (no CRC32s, no checksum manifest): an `hf://`
         /// model not in the cache is then read by range requests, not downloaded.
         #[arg(long)]
@@ -276,9 +283,9 @@ pub struct WriteArgs {
     /// the storage they read (a tiny file must not start a write of gigabytes).
     #[arg(long)]
     pub allow_expanded: bool,
-    /// Print what was written as JSON (schema `statekit.outcome/2` in the README), not its paths.
-    #[arg(long)]
-    pub json: bool,
+    // `--json`: what was written (schema `statekit.outcome/2`), not its paths.
+    #[command(flatten)]
+    pub json: JsonArg,
     /// Plan the write and print each rank's share (files, bytes read and written); write
     /// nothing.
     #[arg(long)]
@@ -300,8 +307,8 @@ impl Command {
     /// `--json`: the command prints its JSON document instead of text.
     pub fn json(&self) -> bool {
         match self {
-            Command::Inspect { json, .. } | Command::Verify { json, .. } => *json,
-            _ => self.write().is_some_and(|w| w.json),
+            Command::Inspect { json, .. } | Command::Verify { json, .. } => json.json,
+            _ => self.write().is_some_and(|w| w.json.json),
         }
     }
 }
@@ -323,4 +330,39 @@ pub enum QuantArg {
     /// `float8_e4m3fn` weights, f32 scales.
     #[value(name = "fp8-e4m3")]
     Fp8E4m3,
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::Cli;
+
+    /// The long flags of subcommand `name` (`data plan` as `["data", "plan"]`).
+    fn flags(path: &[&str]) -> Vec<String> {
+        let mut cmd = Cli::command();
+        for name in path {
+            cmd = cmd.find_subcommand(name).cloned().unwrap_or_else(|| panic!("no subcommand {name}"));
+        }
+        cmd.get_arguments().filter_map(|a| a.get_long().map(str::to_owned)).collect()
+    }
+
+    #[test]
+    fn shared_flag_groups_reach_every_command_that_takes_them() {
+        let group = |flags: &[&str], commands: &[&[&str]]| {
+            for path in commands {
+                let have = self::flags(path);
+                for f in flags {
+                    assert!(have.iter().any(|h| h == f), "`{}` lacks `--{f}`", path.join(" "));
+                }
+            }
+        };
+        let writers: &[&[&str]] = &[&["split"], &["merge"], &["convert"], &["reshard"]];
+        group(&["checksums", "json", "dry-run", "allow-expanded"], writers);
+        group(&["tag", "allow-global", "as-stored", "revision"], &[writers, &[&["inspect"], &["verify"]]].concat());
+        group(&["max-shard-size"], &[&["split"], &["merge"], &["convert"]]);
+        group(&["json"], &[&["inspect"], &["verify"], &["data", "plan"], &["data", "state"]]);
+        // Where a flag cannot apply, clap refuses it rather than the command ignoring it.
+        assert!(!flags(&["reshard"]).iter().any(|f| f == "max-shard-size"));
+    }
 }

@@ -126,9 +126,8 @@ pub struct PlanArgs {
     /// accelerate's `skip_first_batches(K)`, applied on every rank.
     #[arg(long, value_name = "K", default_value_t = 0)]
     pub skip_batches: u64,
-    /// Print JSON.
-    #[arg(long)]
-    pub json: bool,
+    #[command(flatten)]
+    pub json: crate::args::JsonArg,
 }
 
 /// Arguments of `ckpt data state`.
@@ -176,9 +175,8 @@ pub struct StateArgs {
     /// With `--from-accelerate`: the epoch, where `sampler.bin` does not say.
     #[arg(long, value_name = "E", requires = "from_accelerate")]
     pub epoch: Option<u64>,
-    /// Print JSON.
-    #[arg(long)]
-    pub json: bool,
+    #[command(flatten)]
+    pub json: crate::args::JsonArg,
 }
 
 /// Runs a `ckpt data` subcommand.
@@ -231,7 +229,7 @@ fn list(b: &[u64]) -> String {
 
 fn plan(args: &PlanArgs) -> anyhow::Result<String> {
     let ranks = args.compute()?;
-    if args.json {
+    if args.json.json {
         return Ok(serde_json::to_string(&PlanOut { ranks })? + "\n");
     }
     let mut out = String::new();
@@ -259,7 +257,7 @@ fn state(args: &StateArgs) -> anyhow::Result<String> {
         }
         (None, Some(dir), loader) => {
             let st = from_accelerate(dir, loader, args)?;
-            if args.json {
+            if args.json.json {
                 return Ok(st.to_json()? + "\n");
             }
             st
@@ -267,7 +265,7 @@ fn state(args: &StateArgs) -> anyhow::Result<String> {
         (None, None, loader) if args.mixture.is_some() => at_mixture(args.mixture.as_deref(), loader, args)?,
         (None, None, loader) if args.from_trainer.is_some() => {
             let st = from_trainer(args.from_trainer.as_deref().unwrap_or(std::path::Path::new(".")), loader, args)?;
-            if args.json {
+            if args.json.json {
                 return Ok(st.to_json()? + "\n");
             }
             st
@@ -278,7 +276,7 @@ fn state(args: &StateArgs) -> anyhow::Result<String> {
     };
     // The document and the text are dataload's own, one rendering for every caller.
     let report = dataload::StateReport::new(&st)?;
-    if args.json {
+    if args.json.json {
         return Ok(serde_json::to_string_pretty(&report)? + "\n");
     }
     Ok(report.to_string())

@@ -134,7 +134,7 @@ fn run(cli: &Cli, job: &ckpt::Job<'_>) -> anyhow::Result<ExitCode> {
             // The catalog alone: an `hf://` model is read by its headers, not downloaded.
             let options = ckpt::OpenOptions { headers_only: true, ..open.options()? };
             let ck = ckpt::Checkpoint::open_with(path, &options)?;
-            if *json {
+            if json.json {
                 output::json(&mut out, &ck)?;
             } else {
                 output::inspect_text(&mut out, &ck)?;
@@ -161,12 +161,12 @@ fn run(cli: &Cli, job: &ckpt::Job<'_>) -> anyhow::Result<ExitCode> {
             }
         }
         Command::Verify { path, json, headers_only, open } => {
-            let quiet = cli.quiet || *json;
+            let quiet = cli.quiet || json.json;
             let options = ckpt::OpenOptions { headers_only: *headers_only, ..open.options()? };
             let report = progress::downloading(quiet, |p| {
                 ckpt::verify_with(path, &ckpt::OpenOptions { progress: p, ..options.clone() })
             })?;
-            if *json {
+            if json.json {
                 output::json(&mut out, &report)?;
             } else {
                 output::verify_text(&mut out, &report)?;
