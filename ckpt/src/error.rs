@@ -550,6 +550,17 @@ pub enum Error {
         /// The checkpoint's root.
         path: PathBuf,
     },
+    /// An output the source's format cannot make of it: the format's own answer through its
+    /// interface, naming the format and what was asked of it.
+    #[error("{path} is {}: {output}", format.name())]
+    Unsupported {
+        /// The checkpoint's root.
+        path: PathBuf,
+        /// The format it was read as.
+        format: crate::Format,
+        /// What was asked of it.
+        output: crate::Output,
+    },
     /// A tensor handed to [`crate::save_safetensors`] that cannot be saved as it is.
     #[error("cannot save {dst}: tensor `{tensor}` {reason}")]
     BadSaveTensor {

@@ -90,6 +90,7 @@ impl Error {
             | Error::BadConvert { .. }
             | Error::Misuse { .. }
             | Error::NotReshardable { .. }
+            | Error::Unsupported { .. }
             | Error::BadSaveTensor { .. }
             | Error::DestinationLocked { .. } => ErrorKind::Usage,
             Error::Io { .. } | Error::HubRequest { .. } => ErrorKind::Io,
@@ -155,6 +156,7 @@ impl Error {
             Error::BadConvert { .. } => "BadConvert",
             Error::Misuse { .. } => "Misuse",
             Error::NotReshardable { .. } => "NotReshardable",
+            Error::Unsupported { .. } => "Unsupported",
             Error::BadSaveTensor { .. } => "BadSaveTensor",
             Error::BadBlockScale { .. } => "BadBlockScale",
             Error::BadZeroCheckpoint { .. } => "BadZeroCheckpoint",
