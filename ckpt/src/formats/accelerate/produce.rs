@@ -214,3 +214,51 @@ fn copy_per_world(state: &SaveState, tmp: &Path, world: u64, done: &Resharded<'_
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn copy_tree(src: &Path, dst: &Path) {
+        std::fs::create_dir_all(dst).unwrap();
+        for e in std::fs::read_dir(src).unwrap() {
+            let e = e.unwrap();
+            match e.file_type().unwrap().is_dir() {
+                true => copy_tree(&e.path(), &dst.join(e.file_name())),
+                false => drop(std::fs::copy(e.path(), dst.join(e.file_name())).unwrap()),
+            }
+        }
+    }
+
+    fn names(dir: &Path) -> Vec<String> {
+        let mut names: Vec<String> =
+            std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+        names.sort();
+        names
+    }
+
+    #[test]
+    fn a_reshard_that_fails_after_its_models_were_written_leaves_nothing_beside_its_destination() {
+        let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/accelerate/ds_two_models_w2");
+        let tmp = tempfile::tempdir().unwrap();
+        let src = tmp.path().join("src");
+        copy_tree(&fixture, &src);
+        let ck = Checkpoint::open(src.to_str().unwrap()).unwrap();
+        // A folder the reshard cannot lay out, found only after both ZeRO models were written as
+        // universal checkpoints into the staging folder.
+        std::fs::create_dir(src.join("notes")).unwrap();
+        let out = tmp.path().join("w3");
+        let err = crate::reshard(&ck, &out, 3, &WriteOptions::default()).unwrap_err();
+        assert!(matches!(&err, Error::BadSaveState { path, .. } if path.ends_with("notes")), "{err:?}");
+        assert_eq!(names(tmp.path()), ["src"], "no output, no staging folder, no scratch");
+
+        std::fs::remove_dir(src.join("notes")).unwrap();
+        crate::reshard(&ck, &out, 3, &WriteOptions::default()).unwrap();
+        assert_eq!(names(tmp.path()), ["src", "w3"]);
+        let mut want = vec!["latest", "pytorch_model", "pytorch_model_1"];
+        want.extend(["random_states_0.pkl", "random_states_1.pkl", "random_states_2.pkl"]);
+        assert_eq!(names(&out), want, "each universal checkpoint under its tag, nothing else");
+        assert_eq!(names(&out.join("pytorch_model")), ["mp_rank_00_model_states.pt", "zero"]);
+    }
+}
