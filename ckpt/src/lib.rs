@@ -74,7 +74,7 @@ mod read;
 mod report;
 mod write;
 
-pub use error::{escape_controls, Error, ErrorKind, Result};
+pub use error::{escape_controls, Error, ErrorKind, Result, SaveTensorProblem};
 pub use formats::megatron::MegatronInfo;
 pub use formats::torch::allow::AllowGlobals;
 pub use fsdp_state::Region;
@@ -84,8 +84,7 @@ pub use ops::misuse::{Misuse, Opt};
 pub use ops::save::{save_safetensors, MemoryTensor, SaveOptions};
 pub use ops::sharded::{save_sharded, KeyPart, LocalTensor, LocalValue};
 pub use ops::{
-    convert, merge, reshard, split, ConvertOptions, MergeOptions, Outcome, Output, TargetFormat, MAX_WORLD_SIZE,
-    OPTIMIZER_NAME,
+    convert, merge, reshard, split, ConvertOptions, MergeOptions, Outcome, TargetFormat, MAX_WORLD_SIZE, OPTIMIZER_NAME,
 };
 pub use plan::shares::RankShare;
 pub use plan::size::{parse_size, DEFAULT_MAX_SHARD_SIZE};

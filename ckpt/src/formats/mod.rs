@@ -19,8 +19,9 @@ pub(crate) mod torch;
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
+use crate::ops::misuse::{Misuse, Opt};
 use crate::ops::outcome::Outcome;
-use crate::ops::request::{Merge, MergeOptions, Output};
+use crate::ops::request::{Merge, MergeOptions};
 use crate::read::catalog::{Checkpoint, Format, Scan, TensorInfo};
 use crate::read::OpenOptions;
 use crate::write::WriteOptions;
@@ -49,8 +50,9 @@ pub(crate) const DETECTORS: &[(Format, Detect)] = &[
 /// What a format answers for its own sources. One unit struct per format implements it, and
 /// [`ops_of`] finds it for a [`Format`]; only the format looks inside its source's detail.
 ///
-/// What a format cannot produce it refuses by default, naming itself and what was asked
-/// ([`Error::Unsupported`], [`Error::NotReshardable`]), so a format states only what it can do.
+/// What a format cannot produce it refuses by default, naming itself and what was asked (the
+/// option asking for it: [`Misuse::OptionNotForFormat`]; a reshard: [`Error::NotReshardable`]),
+/// so a format states only what it can do.
 pub(crate) trait FormatOps: Sync {
     /// Reads a checkpoint detection found at `root` as `format` (one of this format's), as
     /// `options` say.
@@ -59,14 +61,14 @@ pub(crate) trait FormatOps: Sync {
     /// How `merge` writes `ck` into `out`. By default its catalog as stored, with the optimizer's
     /// state beside it where [`FormatOps::optimizer_state`] gives one, and in one file unless
     /// [`FormatOps::merges_into_shards`].
-    fn merge<'a>(&self, ck: &'a Checkpoint, out: &Path, options: &MergeOptions) -> Result<Merge<'a>> {
-        merge_as_stored(self, ck, out, options)
+    fn merge<'a>(&self, ck: &'a Checkpoint, _out: &Path, options: &MergeOptions) -> Result<Merge<'a>> {
+        merge_as_stored(self, ck, options)
     }
 
     /// The optimizer's state per parameter (`<param>.exp_avg`, …), as tensors of `ck`'s files,
     /// which a merge writes beside the weights. By default refused: the source holds none.
     fn optimizer_state(&self, ck: &Checkpoint) -> Result<Vec<TensorInfo>> {
-        Err(unsupported(ck, Output::OptimizerState))
+        Err(not_for_format(Opt::Optimizer, ck))
     }
 
     /// Whether a merge of this format may be sharded into a folder, as `zero_to_fp32
@@ -115,23 +117,19 @@ pub(crate) fn catalog(format: Format, root: PathBuf, options: &OpenOptions) -> R
     ops_of(format).catalog(format, root, options)
 }
 
-/// The refusal of an output `ck`'s format cannot make of it.
-pub(crate) fn unsupported(ck: &Checkpoint, output: Output) -> Error {
-    Error::Unsupported { path: ck.root.clone(), format: ck.format, output }
+/// The refusal of an `option` asking `ck`'s format for an output it cannot make of it.
+pub(crate) fn not_for_format(option: Opt, ck: &Checkpoint) -> Error {
+    let misuse = Misuse::OptionNotForFormat { option, source: ck.root.clone(), format: ck.format };
+    Error::Misuse { path: ck.root.clone(), misuse }
 }
 
 /// Refuses [`MergeOptions::model`], which picks a model of a folder of several, for a source
 /// that is one model.
-pub(crate) fn refuse_model(ck: &Checkpoint, out: &Path, options: &MergeOptions) -> Result<()> {
-    let Some(n) = options.model else { return Ok(()) };
-    Err(Error::BadConvert {
-        dst: out.to_path_buf(),
-        reason: format!(
-            "`model` {n} applies to accelerate `save_state` folders; {} is {}",
-            ck.root.display(),
-            ck.format.name()
-        ),
-    })
+pub(crate) fn refuse_model(ck: &Checkpoint, options: &MergeOptions) -> Result<()> {
+    match options.model {
+        Some(_) => Err(not_for_format(Opt::Model, ck)),
+        None => Ok(()),
+    }
 }
 
 /// The merge of a format whose merged state dict is its catalog as stored (see
@@ -140,12 +138,11 @@ pub(crate) fn refuse_model(ck: &Checkpoint, out: &Path, options: &MergeOptions) 
 pub(crate) fn merge_as_stored<'a, F: FormatOps + ?Sized>(
     format: &F,
     ck: &'a Checkpoint,
-    out: &Path,
     options: &MergeOptions,
 ) -> Result<Merge<'a>> {
-    refuse_model(ck, out, options)?;
+    refuse_model(ck, options)?;
     if options.max_shard_size.is_some() && !format.merges_into_shards() {
-        return Err(unsupported(ck, Output::ShardedMerge));
+        return Err(not_for_format(Opt::MaxShardSize, ck));
     }
     let optimizer = match options.optimizer {
         true => Some(format.optimizer_state(ck)?),
@@ -176,20 +173,21 @@ mod tests {
 
         let asked = MergeOptions { optimizer: true, ..MergeOptions::default() };
         let err = ck.format.ops().merge(&ck, &out, &asked).unwrap_err();
-        assert!(
-            matches!(&err, Error::Unsupported { format: Format::Safetensors, output: Output::OptimizerState, path }
-                if *path == ck.root),
-            "{err:?}"
-        );
+        let Error::Misuse { misuse: Misuse::OptionNotForFormat { option, source, format }, .. } = &err else {
+            panic!("{err:?}")
+        };
+        assert_eq!((*option, source, *format), (Opt::Optimizer, &ck.root, Format::Safetensors));
         let text = err.to_string();
-        assert!(text.contains("is safetensors: merge has no optimizer states"), "{text}");
-        assert!(text.contains("`optimizer` applies to DeepSpeed and Megatron checkpoints"), "{text}");
+        assert!(text.contains("`optimizer` applies to merges of DeepSpeed and Megatron checkpoints"), "{text}");
+        assert!(text.ends_with("is safetensors"), "{text}");
         assert_eq!(err.kind(), crate::ErrorKind::Usage);
 
         let sharded = MergeOptions { max_shard_size: Some(1 << 20), ..MergeOptions::default() };
         let err = ck.format.ops().merge(&ck, &out, &sharded).unwrap_err();
-        assert!(matches!(err, Error::Unsupported { output: Output::ShardedMerge, .. }), "{err:?}");
-        assert!(err.to_string().contains("`max_shard_size` applies to DeepSpeed checkpoints only"), "{err}");
+        assert!(
+            matches!(err, Error::Misuse { misuse: Misuse::OptionNotForFormat { option: Opt::MaxShardSize, .. }, .. }),
+            "{err:?}"
+        );
 
         let err = ck.format.ops().reshard(&ck, &tmp.path().join("r"), 2, &WriteOptions::default()).unwrap_err();
         assert!(matches!(&err, Error::NotReshardable { path } if *path == ck.root), "{err:?}");

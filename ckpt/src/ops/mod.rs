@@ -31,7 +31,7 @@ use crate::map::blockscale::{self, BlockScaling, Compute};
 use crate::ops::misuse::{Misuse, Opt};
 pub use crate::ops::outcome::Outcome;
 use crate::ops::request::Merge;
-pub use crate::ops::request::{MergeOptions, Output};
+pub use crate::ops::request::MergeOptions;
 use crate::plan::{self, Dest, IndexStyle, Meta, Out};
 use crate::read::catalog::{Checkpoint, TensorInfo};
 use crate::read::dtype::Dtype;
@@ -98,7 +98,7 @@ impl ConvertOptions {
     /// them impossible, found before anything is read: the one check of these options, for
     /// every caller.
     pub fn check(&self, dst: &Path) -> Result<TargetFormat> {
-        let misuse = |misuse| Error::Misuse { dst: dst.to_path_buf(), misuse };
+        let misuse = |misuse| Error::Misuse { path: dst.to_path_buf(), misuse };
         let file = file_format(dst);
         let single = file.is_some();
         let format = match (self.to, file) {
@@ -168,17 +168,13 @@ pub const MAX_WORLD_SIZE: u64 = 1 << 20;
 
 fn check_world(world: u64, out: &Path) -> Result<()> {
     if world == 0 || world > MAX_WORLD_SIZE {
-        return Err(bad(out, format!("the world size must be from 1 to {MAX_WORLD_SIZE}, not {world}")));
+        return Err(Error::Misuse { path: out.to_path_buf(), misuse: Misuse::WorldSizeOutOfRange { world } });
     }
     Ok(())
 }
 
 /// The name of the merged optimizer file written beside the weights.
 pub const OPTIMIZER_NAME: &str = "optimizer.safetensors";
-
-fn bad(dst: &Path, reason: impl Into<String>) -> Error {
-    Error::BadConvert { dst: dst.to_path_buf(), reason: reason.into() }
-}
 
 /// Every tensor of `ck` written as it is, sharing storages as the data says.
 fn as_stored(ck: &Checkpoint) -> Vec<Out<'_>> {
@@ -278,7 +274,7 @@ fn merge_members(
     let dir = if sharded { out.to_path_buf() } else { out.parent().map(Path::to_path_buf).unwrap_or_default() };
     let path = dir.join(OPTIMIZER_NAME);
     if done.files.contains(&path) {
-        return Err(bad(&path, format!("the weights and the optimizer states would both be `{OPTIMIZER_NAME}`")));
+        return Err(Error::OptimizerCollides { path });
     }
     let o = merge_claimed(ock, &path, &MergeOptions::default(), opts)?;
     done.files.extend(o.files);
@@ -316,7 +312,7 @@ fn merge_catalog(
         };
         let path = dir.join(OPTIMIZER_NAME);
         if files.contains(&path) {
-            return Err(bad(&path, format!("the weights and the optimizer states would both be `{OPTIMIZER_NAME}`")));
+            return Err(Error::OptimizerCollides { path });
         }
         let refs: Vec<&TensorInfo> = moments.iter().collect();
         let outs: Vec<Out> = refs
@@ -481,7 +477,14 @@ fn block_plan(ck: &Checkpoint, scaling: BlockScaling, dst: &Path) -> Result<Bloc
     let mut p = BlockPlan { computed: HashMap::new(), dropped: Default::default(), added: HashMap::new() };
     let index: HashMap<&str, usize> = ck.tensors.iter().enumerate().map(|(i, t)| (t.name.as_str(), i)).collect();
     let srcs = crate::read::io::Sources::of(&ck.files)?;
-    let check_block = |b: u64| if b == 0 { Err(bad(dst, "the block size must be at least 1")) } else { Ok(b) };
+    let blocks = match scaling {
+        BlockScaling::Dequantize { .. } => Opt::Dequantize,
+        BlockScaling::Quantize { .. } => Opt::Quantize,
+    };
+    let check_block = |b: u64| match b {
+        0 => Err(Error::Misuse { path: dst.to_path_buf(), misuse: Misuse::ZeroBlock { blocks } }),
+        b => Ok(b),
+    };
     match scaling {
         BlockScaling::Dequantize { to, block } => {
             let block = check_block(block)?;
@@ -511,10 +514,11 @@ fn block_plan(ck: &Checkpoint, scaling: BlockScaling, dst: &Path) -> Result<Bloc
                     continue;
                 }
                 if index.contains_key(scale_name.as_str()) {
-                    return Err(bad(
-                        dst,
-                        format!("`{scale_name}` already exists; `{}` is not quantized twice", t.name),
-                    ));
+                    return Err(Error::AlreadyQuantized {
+                        dst: dst.to_path_buf(),
+                        weight: t.name.clone(),
+                        scale: scale_name,
+                    });
                 }
                 let scale = blockscale::quantize_scales(&srcs, t, block)?;
                 let shape = blockscale::scale_shape(&t.shape, block).unwrap_or_default();

@@ -72,30 +72,3 @@ impl std::fmt::Debug for Merge<'_> {
 pub(crate) fn names_a_folder(out: &Path) -> bool {
     out.is_dir() || out.extension().is_none_or(|e| !e.eq_ignore_ascii_case("safetensors"))
 }
-
-/// An output an operation asks a format for, which some formats cannot make of their sources
-/// ([`crate::Error::Unsupported`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Output {
-    /// `merge`'s optimizer states beside the merged weights ([`MergeOptions::optimizer`]).
-    OptimizerState,
-    /// `merge` into a folder of shards ([`MergeOptions::max_shard_size`]).
-    ShardedMerge,
-}
-
-impl std::fmt::Display for Output {
-    /// What was asked, and which formats give it.
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Output::OptimizerState => {
-                "merge has no optimizer states to write for it (`optimizer` applies to DeepSpeed and Megatron \
-                 checkpoints and accelerate `save_state` folders)"
-            }
-            Output::ShardedMerge => {
-                "merge writes it as one file (`max_shard_size` applies to DeepSpeed checkpoints only; \
-                 hint: `split` shards a checkpoint)"
-            }
-        })
-    }
-}

@@ -248,10 +248,10 @@ impl super::FormatOps for AccelerateFormat {
         catalog(root)
     }
 
-    fn merge<'a>(&self, ck: &'a Checkpoint, out: &Path, options: &MergeOptions) -> Result<Merge<'a>> {
+    fn merge<'a>(&self, ck: &'a Checkpoint, _: &Path, options: &MergeOptions) -> Result<Merge<'a>> {
         match ck.save_state() {
             Some(state) => produce::merge(state, options),
-            None => super::merge_as_stored(self, ck, out, options),
+            None => super::merge_as_stored(self, ck, options),
         }
     }
 

@@ -34,6 +34,7 @@ use fsdp_state::Region;
 use crate::error::{Error, IoContext, Result};
 use crate::formats::hf_index;
 use crate::formats::safetensors as st;
+use crate::ops::misuse::Opt;
 use crate::ops::outcome::Outcome;
 use crate::ops::request::{names_a_folder, Merge, MergeOptions};
 use crate::read::catalog::{Checkpoint, Format, Parts, Scan, SourceFile, TensorBox, TensorData, TensorInfo};
@@ -113,13 +114,11 @@ impl crate::formats::FormatOps for DcpSafetensorsFormat {
     fn merge<'a>(&self, ck: &'a Checkpoint, out: &Path, options: &MergeOptions) -> Result<Merge<'a>> {
         let hf = ck.detail::<HfStorage>().filter(|_| names_a_folder(out));
         let Some(hf) = hf.filter(|_| options.model.is_none()) else {
-            return crate::formats::merge_as_stored(self, ck, out, options);
+            return crate::formats::merge_as_stored(self, ck, options);
         };
         if options.optimizer || options.max_shard_size.is_some() {
-            return Err(Error::BadConvert {
-                dst: out.to_path_buf(),
-                reason: "`optimizer` and `max_shard_size` do not apply to DCP safetensors shards".into(),
-            });
+            let option = if options.optimizer { Opt::Optimizer } else { Opt::MaxShardSize };
+            return Err(crate::formats::not_for_format(option, ck));
         }
         let out = out.to_path_buf();
         Ok(Merge::Own(Box::new(move |opts| write_consolidated(ck, hf, &out, opts))))
