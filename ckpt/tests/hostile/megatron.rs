@@ -4,7 +4,7 @@
 //! fixture (`fixtures/megatron/tp2`, saved by megatron-core 0.19.2 on 2 ranks) at test time.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 

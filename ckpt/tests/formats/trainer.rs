@@ -8,7 +8,7 @@
 //! from rank r mod N, DeepSpeed's universal checkpoint under DeepSpeed's own names.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 

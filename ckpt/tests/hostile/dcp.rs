@@ -4,7 +4,7 @@
 //! output left behind), and checks that the payload of `forbidden_global` never ran.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 

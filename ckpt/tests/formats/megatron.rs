@@ -8,7 +8,7 @@
 //! folder for other world sizes and to a torch file, which must merge back to the same bytes.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 

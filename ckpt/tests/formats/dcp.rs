@@ -9,7 +9,7 @@
 //! that merging the result gives the very same file.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 

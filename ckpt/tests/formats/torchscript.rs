@@ -7,7 +7,7 @@
 
 use std::path::{Path, PathBuf};
 
-mod common;
+use crate::common;
 
 use ckpt::{Checkpoint, ConvertOptions, WriteOptions};
 use sha2::{Digest, Sha256};

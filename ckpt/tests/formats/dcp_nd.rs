@@ -10,7 +10,7 @@
 //! to 1, 3 and 5 ranks and merges that back to the same bytes.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use std::path::PathBuf;
 

@@ -10,7 +10,7 @@
 //! `NAME.expected.json`), through the catalog and through `convert`.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 

@@ -5,7 +5,7 @@
 //! (reported as a problem) and `reshard` (no output left behind).
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use std::path::PathBuf;
 

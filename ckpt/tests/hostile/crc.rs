@@ -5,7 +5,7 @@
 //! real tools' fixtures.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 

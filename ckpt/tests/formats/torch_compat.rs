@@ -9,7 +9,7 @@
 
 use std::path::PathBuf;
 
-mod common;
+use crate::common;
 
 use ckpt::Checkpoint;
 use sha2::{Digest, Sha256};
