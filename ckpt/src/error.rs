@@ -18,8 +18,9 @@ use std::path::PathBuf;
 
 pub use kind::ErrorKind;
 pub use problem::{
-    BlockScaleProblem, BoxProblem, EntryProblem, HubCorruption, HubUrlProblem, IndexProblem, JsonKind, ManifestProblem,
-    MetadataProblem, SaveTensorProblem, SizeProblem, TorchTensorProblem, ZipProblem,
+    BlockScaleProblem, BoxProblem, ChunkProblem, EntryProblem, HeaderJsonProblem, HubCorruption, HubUrlProblem,
+    IndexProblem, JsonKind, ManifestProblem, MetadataProblem, SaveTensorProblem, SizeProblem, TorchTensorProblem,
+    ZipProblem,
 };
 
 /// Everything that can go wrong while reading, planning or writing a checkpoint.
@@ -67,12 +68,12 @@ pub enum Error {
     },
     /// A safetensors header that is not UTF-8 JSON object text, or one being written that
     /// cannot be serialised.
-    #[error("{path}: header is not valid JSON: {reason}")]
+    #[error("{path}: header is not valid JSON: {problem}")]
     BadHeaderJson {
         /// The safetensors file read or written.
         path: PathBuf,
-        /// What the JSON parser (or serialiser) said.
-        reason: String,
+        /// What is wrong with it.
+        problem: HeaderJsonProblem,
     },
     /// A tensor whose header entry does not parse, or whose shape and bytes cannot be
     /// reconciled: a shape that overflows, bytes past the end of its file, a byte count that
@@ -304,6 +305,8 @@ pub enum Error {
         /// The URL asked, which names the repository, the revision and the file.
         url: String,
         /// What went wrong.
+        // Free text: the HTTP client's and the Hub's own words (a transport error, an answer's body), which this
+        // crate does not enumerate.
         reason: String,
     },
     /// A downloaded file that is not what the Hub announced: an LFS file whose SHA-256 is not its
@@ -489,6 +492,8 @@ pub enum Error {
         /// The byte of the pickle where decoding stopped.
         at: usize,
         /// What is wrong.
+        // Free text: the pickle machine stops on any of dozens of opcodes and stack states, and says which in its own
+        // words; the typed part is where (`record`, `at`).
         reason: String,
     },
     /// A torch file whose structure cannot be read (or, when writing, holds what a torch file
@@ -498,6 +503,8 @@ pub enum Error {
         /// The torch file read or written.
         path: PathBuf,
         /// What is wrong with it.
+        // Free text: the findings of the torch readers walking a file's object graph (flattening, TorchScript, RNG
+        // states), as open-ended as the graphs they walk.
         reason: String,
     },
     /// A tensor of a torch file that cannot be rebuilt: its storage, dtype, shape or strides
@@ -635,6 +642,8 @@ pub enum Error {
         /// The entry (a parameter or a dotted key of the state).
         tensor: String,
         /// What is wrong with it.
+        // Free text: some thirty structural checks of DeepSpeed's nested state dicts, each naming its key; the typed
+        // part is the file, the rank and the key.
         reason: String,
     },
     /// A DeepSpeed ZeRO rank file whose flat state vector is not of the dtype DeepSpeed keeps
@@ -669,6 +678,8 @@ pub enum Error {
         /// The metadata file, or the shard.
         path: PathBuf,
         /// What is wrong with it.
+        // Free text: the checks of the pickled `Metadata` object graph, one per field and class of torch's DCP
+        // metadata.
         reason: String,
     },
     /// A DCP `.metadata` larger than what the items the folder's other files can hold need:
@@ -700,7 +711,7 @@ pub enum Error {
     },
     /// A DCP item that cannot be read from its data file: past its end, not a `torch.save`
     /// archive, or not the tensor or value the metadata says.
-    #[error("{path}{}: tensor `{tensor}`: {reason}", rank_note(.rank))]
+    #[error("{path}{}: tensor `{tensor}`: {problem}", rank_note(.rank))]
     BadDcpChunk {
         /// The data file.
         path: PathBuf,
@@ -709,7 +720,7 @@ pub enum Error {
         /// The rank whose data file it is, when its name (`__R_N.distcp`) gives one.
         rank: Option<u64>,
         /// What is wrong with it.
-        reason: String,
+        problem: ChunkProblem,
     },
     /// A DCP item holding a tensor of another dtype than the metadata gives its chunk.
     #[error(
@@ -817,6 +828,7 @@ pub enum Error {
         /// The rank that failed.
         rank: u64,
         /// What it reported.
+        // Free text: the failing rank's message, which crossed between processes as text.
         reason: String,
     },
     /// An accelerate or Trainer `save_state` folder that cannot be read or does not hold
@@ -829,6 +841,8 @@ pub enum Error {
         /// The rank whose file it is, where it is one rank's.
         rank: Option<u64>,
         /// What is wrong.
+        // Free text: the cross-checks of a `save_state` folder's many component files (models, optimizers,
+        // schedulers, RNG and position files).
         reason: String,
     },
     /// A `save_state` folder whose RNG files leave out one rank of the world that saved it.
@@ -861,6 +875,8 @@ pub enum Error {
         /// The tensor-parallel rank whose file it is, where it is one rank's.
         rank: Option<u64>,
         /// What is wrong.
+        // Free text: Megatron's consistency checks across trackers, configs, ranks and stacked layers; the typed part
+        // is the file, the key and the rank.
         reason: String,
     },
     /// A Megatron save missing the file of one of its tensor-parallel × pipeline ranks.

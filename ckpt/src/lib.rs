@@ -75,9 +75,9 @@ mod report;
 mod write;
 
 pub use error::{
-    escape_controls, BlockScaleProblem, BoxProblem, EntryProblem, Error, ErrorKind, HubCorruption, HubUrlProblem,
-    IndexProblem, JsonKind, ManifestProblem, MetadataProblem, Result, SaveTensorProblem, SizeProblem,
-    TorchTensorProblem, ZipProblem,
+    escape_controls, BlockScaleProblem, BoxProblem, ChunkProblem, EntryProblem, Error, ErrorKind, HeaderJsonProblem,
+    HubCorruption, HubUrlProblem, IndexProblem, JsonKind, ManifestProblem, MetadataProblem, Result, SaveTensorProblem,
+    SizeProblem, TorchTensorProblem, ZipProblem,
 };
 pub use formats::megatron::MegatronInfo;
 pub use formats::torch::allow::AllowGlobals;

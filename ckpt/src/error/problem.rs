@@ -716,3 +716,182 @@ impl fmt::Display for ZipProblem {
         }
     }
 }
+
+/// Why a safetensors header is not JSON object text ([`super::Error::BadHeaderJson`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum HeaderJsonProblem {
+    /// The bytes are not UTF-8.
+    NotUtf8(std::str::Utf8Error),
+    /// Not JSON, or a header that cannot be serialised: what the JSON parser (or serialiser)
+    /// said, in its words, with the line and column.
+    Json {
+        /// The parser's message.
+        parser: String,
+    },
+}
+
+impl HeaderJsonProblem {
+    /// The problem serde_json found.
+    pub(crate) fn json(e: &serde_json::Error) -> HeaderJsonProblem {
+        HeaderJsonProblem::Json { parser: e.to_string() }
+    }
+}
+
+impl fmt::Display for HeaderJsonProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            HeaderJsonProblem::NotUtf8(e) => write!(f, "not UTF-8 ({e})"),
+            HeaderJsonProblem::Json { parser } => f.write_str(parser),
+        }
+    }
+}
+
+/// What is wrong with a DCP item ([`super::Error::BadDcpChunk`]). Where another reader of this
+/// crate found the problem (the zip reader, the value walker), its words come along as `cause`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ChunkProblem {
+    /// The data file is not a plain file.
+    NotAPlainFile,
+    /// The item runs past the end of its data file.
+    PastFile {
+        /// Where the item starts.
+        at: u64,
+        /// Its bytes.
+        len: u64,
+        /// The data file's length.
+        file_len: u64,
+    },
+    /// The item is not a zip archive.
+    NotAnArchive {
+        /// Where the item starts.
+        at: u64,
+        /// What the zip reader said.
+        cause: String,
+    },
+    /// The item's archive has no `data.pkl`.
+    NoDataPkl {
+        /// Where the item starts.
+        at: u64,
+    },
+    /// The item's `data.pkl` cannot be read: what the zip reader said.
+    Unreadable {
+        /// What the zip reader said.
+        cause: String,
+    },
+    /// The item's pickle does not decode.
+    Pickle {
+        /// The pickle's record.
+        record: String,
+        /// Where the item starts.
+        at: u64,
+        /// The byte of the pickle where decoding stopped.
+        byte: usize,
+        /// What the pickle reader said.
+        cause: String,
+    },
+    /// A non-tensor item whose value cannot be read: what the value walker said.
+    Value {
+        /// Where the item starts.
+        at: u64,
+        /// What the value walker said.
+        cause: String,
+    },
+    /// A tensor inside a non-tensor item that cannot be located.
+    ValueTensor {
+        /// Where the item starts.
+        at: u64,
+        /// The tensor's path in the value.
+        name: String,
+        /// Why.
+        cause: Box<ChunkProblem>,
+    },
+    /// A tensor item that does not hold a tensor.
+    NotATensor {
+        /// Where the item starts.
+        at: u64,
+    },
+    /// A tensor item of another shape than its chunk.
+    Shape {
+        /// Where the item starts.
+        at: u64,
+        /// The shape it holds.
+        shape: Vec<u64>,
+        /// The chunk's offsets.
+        offsets: Vec<u64>,
+        /// The chunk's sizes.
+        sizes: Vec<u64>,
+    },
+    /// A storage record the item's tensor names that is not in its archive.
+    NoStorageRecord {
+        /// Where the item starts.
+        at: u64,
+        /// The record.
+        record: String,
+    },
+    /// A compressed storage record (only stored records can be read in place).
+    CompressedStorage {
+        /// Where the item starts.
+        at: u64,
+        /// The record.
+        record: String,
+    },
+    /// A storage record of another size than its storage declares.
+    StorageSize {
+        /// Where the item starts.
+        at: u64,
+        /// The record.
+        record: String,
+        /// The elements the storage declares.
+        numel: u64,
+        /// The record's bytes.
+        size: u64,
+    },
+    /// A dtype of less than a byte per element.
+    Dtype {
+        /// The dtype.
+        dtype: Dtype,
+    },
+}
+
+impl fmt::Display for ChunkProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ChunkProblem::NotAPlainFile => write!(f, "its data file is not a plain file"),
+            ChunkProblem::PastFile { at, len, file_len } => {
+                write!(f, "item at byte {at} of {len} bytes runs past the end of the {file_len}-byte file")
+            }
+            ChunkProblem::NotAnArchive { at, cause } => {
+                write!(f, "item at byte {at} is not a `torch.save` archive: {cause}")
+            }
+            ChunkProblem::NoDataPkl { at } => write!(f, "item at byte {at} has no `data.pkl` record"),
+            ChunkProblem::Unreadable { cause } => f.write_str(cause),
+            ChunkProblem::Pickle { record, at, byte, cause } => {
+                write!(f, "`{record}` of the item at byte {at}: byte {byte}: {cause}")
+            }
+            ChunkProblem::Value { at, cause } => write!(f, "non-tensor item at byte {at}: {cause}"),
+            ChunkProblem::ValueTensor { at, name, cause } => {
+                write!(f, "non-tensor item at byte {at}: tensor `{name}` in it: {cause}")
+            }
+            ChunkProblem::NotATensor { at } => write!(f, "the item at byte {at} does not hold a tensor"),
+            ChunkProblem::Shape { at, shape, offsets, sizes } => write!(
+                f,
+                "the item at byte {at} holds shape {shape:?} where the chunk at offsets {offsets:?} has sizes {sizes:?}"
+            ),
+            ChunkProblem::NoStorageRecord { at, record } => {
+                write!(f, "the item at byte {at} has no storage record `{record}`")
+            }
+            ChunkProblem::CompressedStorage { at, record } => {
+                write!(f, "storage record `{record}` of the item at byte {at} is compressed")
+            }
+            ChunkProblem::StorageSize { at, record, numel, size } => {
+                write!(
+                    f,
+                    "storage `{record}` of the item at byte {at} declares {numel} elements but holds {size} bytes"
+                )
+            }
+            ChunkProblem::Dtype { dtype } => write!(f, "dtype `{dtype}` is not supported"),
+        }
+    }
+}

@@ -24,7 +24,7 @@ use std::path::{Path, PathBuf};
 use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
 
-use crate::error::{EntryProblem, Error, IoContext, JsonKind, MetadataProblem, Result};
+use crate::error::{EntryProblem, Error, HeaderJsonProblem, IoContext, JsonKind, MetadataProblem, Result};
 use crate::read::catalog::{Checkpoint, Chunk, Format, Parts, Scan, SourceFile, TensorInfo};
 use crate::read::dtype::Dtype;
 use crate::read::io;
@@ -203,14 +203,18 @@ pub(crate) fn header_tensors(header: Header, file: usize) -> Vec<TensorInfo> {
 
 /// Parses and validates header JSON; everything but the file-length check.
 pub(crate) fn parse_header(json: &[u8], header_len: u64, path: &Path) -> Result<Header> {
-    let bad_json = |reason: String| Error::BadHeaderJson { path: path.to_path_buf(), reason };
-    let text = std::str::from_utf8(json).map_err(|e| bad_json(format!("not UTF-8 ({e})")))?;
-    let entries: Entries<&serde_json::value::RawValue> = serde_json::from_str(text).map_err(|_| {
-        // The raw pass stops at the same byte; the message of a full parse names what it
-        // expected there more precisely (an object, not any value).
-        let full = serde_json::from_str::<Entries<serde_json::Value>>(text).err();
-        bad_json(full.map_or_else(|| "invalid JSON".to_string(), |e| e.to_string()))
-    })?;
+    let bad_json = |problem| Error::BadHeaderJson { path: path.to_path_buf(), problem };
+    let text = std::str::from_utf8(json).map_err(|e| bad_json(HeaderJsonProblem::NotUtf8(e)))?;
+    let entries: Entries<&serde_json::value::RawValue> =
+        serde_json::from_str(text).map_err(|_| {
+            // The raw pass stops at the same byte; the message of a full parse names what it
+            // expected there more precisely (an object, not any value).
+            let full = serde_json::from_str::<Entries<serde_json::Value>>(text).err();
+            bad_json(full.map_or_else(
+                || HeaderJsonProblem::Json { parser: "invalid JSON".into() },
+                |e| HeaderJsonProblem::json(&e),
+            ))
+        })?;
 
     let mut metadata = None;
     let mut tensors = Vec::with_capacity(entries.0.len());
@@ -223,7 +227,8 @@ pub(crate) fn parse_header(json: &[u8], header_len: u64, path: &Path) -> Result<
     drop(seen);
     for (name, raw) in entries.0 {
         // Each entry is parsed only now, one at a time.
-        let value: serde_json::Value = serde_json::from_str(raw.get()).map_err(|e| bad_json(e.to_string()))?;
+        let value: serde_json::Value =
+            serde_json::from_str(raw.get()).map_err(|e| bad_json(HeaderJsonProblem::json(&e)))?;
         if name == "__metadata__" {
             metadata = Some(parse_metadata(value, path)?);
         } else {
@@ -360,7 +365,8 @@ pub(crate) fn layout(tensors: &[OutTensor<'_>], metadata: &[(String, String)], o
     if let Some(tensor) = duplicate(tensors, !metadata.is_empty()) {
         return Err(Error::DuplicateInFile { path: out.to_path_buf(), tensor: tensor.to_string() });
     }
-    let json_err = |e: serde_json::Error| Error::BadHeaderJson { path: out.to_path_buf(), reason: e.to_string() };
+    let json_err =
+        |e: serde_json::Error| Error::BadHeaderJson { path: out.to_path_buf(), problem: HeaderJsonProblem::json(&e) };
     // The 8 bytes of `N` first, filled in once the header is written.
     let mut head = vec![0u8; 8];
     head.push(b'{');
