@@ -516,7 +516,8 @@ pub enum Error {
         /// The tensor's name.
         tensor: String,
         /// What is wrong with it.
-        problem: TorchTensorProblem,
+        // Boxed: its shapes and names would make every `Result` of the crate carry their size.
+        problem: Box<TorchTensorProblem>,
     },
     /// A tensor to be written as safetensors whose dtype safetensors cannot store.
     #[error("tensor `{tensor}` has dtype `{dtype}`, which safetensors cannot store")]
@@ -630,7 +631,8 @@ pub enum Error {
         /// The name of its scales tensor.
         scale: String,
         /// What is wrong.
-        problem: BlockScaleProblem,
+        // Boxed: its shapes and names would make every `Result` of the crate carry their size.
+        problem: Box<BlockScaleProblem>,
     },
     /// A DeepSpeed ZeRO checkpoint whose rank file lacks or mangles an entry the merge needs.
     #[error("{path}: rank {rank}, `{tensor}`: {reason}")]
@@ -720,7 +722,8 @@ pub enum Error {
         /// The rank whose data file it is, when its name (`__R_N.distcp`) gives one.
         rank: Option<u64>,
         /// What is wrong with it.
-        problem: ChunkProblem,
+        // Boxed: its shapes and names would make every `Result` of the crate carry their size.
+        problem: Box<ChunkProblem>,
     },
     /// A DCP item holding a tensor of another dtype than the metadata gives its chunk.
     #[error(
@@ -752,7 +755,8 @@ pub enum Error {
         /// The rank whose file holds the box, where known.
         rank: Option<u64>,
         /// What is wrong with it.
-        problem: BoxProblem,
+        // Boxed: its shapes and names would make every `Result` of the crate carry their size.
+        problem: Box<BoxProblem>,
     },
     /// A tensor whose boxes, in the shards of one checkpoint, are of different dtypes.
     #[error("{path}{}: tensor `{tensor}`: its box is `{found}` where another shard's is `{other}`", rank_note(.rank))]

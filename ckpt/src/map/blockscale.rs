@@ -78,7 +78,7 @@ pub(crate) fn scale_shape(shape: &[u64], b: u64) -> Option<Vec<u64>> {
 }
 
 fn bad_scale(weight: &TensorInfo, scale: &TensorInfo, problem: BlockScaleProblem) -> Error {
-    Error::BadBlockScale { weight: weight.name.clone(), scale: scale.name.clone(), problem }
+    Error::BadBlockScale { weight: weight.name.clone(), scale: scale.name.clone(), problem: Box::new(problem) }
 }
 
 /// Checks `scale` against `weight` and reads it as f32 values.

@@ -745,7 +745,7 @@ fn check_boxes(p: &Parts, t: &TensorInfo, boxes: &[TensorBox], elem: u64) -> Res
                     path: p.root.clone(),
                     tensor: t.name.clone(),
                     rank: None,
-                    problem: BoxProblem::Tiling(e),
+                    problem: Box::new(BoxProblem::Tiling(e)),
                 },
             });
         }
@@ -760,7 +760,7 @@ fn box_error(p: &Parts, t: &TensorInfo, b: &TensorBox, problem: BoxProblem) -> E
         path: file.map_or_else(|| p.root.clone(), |f| f.path.clone()),
         tensor: t.name.clone(),
         rank: file.and_then(|f| f.rank),
-        problem,
+        problem: Box::new(problem),
     }
 }
 

@@ -163,7 +163,7 @@ fn read_shard(
         path: path.to_path_buf(),
         tensor: tensor.to_string(),
         rank: Some(rank),
-        problem,
+        problem: Box::new(problem),
     };
     let info = sharding_info(&file, path)?;
     let offsets_of = |tensor: &str| -> Result<Vec<u64>> {
@@ -253,7 +253,7 @@ fn global_tensors(
                 path: files.get(b.file).map_or_else(|| dir.to_path_buf(), |f| f.path.clone()),
                 tensor: name,
                 rank: files.get(b.file).and_then(|f| f.rank),
-                problem: BoxProblem::DimsDiffer { dims: b.region.sizes.len(), other: dims },
+                problem: Box::new(BoxProblem::DimsDiffer { dims: b.region.sizes.len(), other: dims }),
             });
         }
         let mut size = vec![0u64; dims];

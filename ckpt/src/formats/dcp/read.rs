@@ -194,7 +194,7 @@ impl Files<'_> {
                             path,
                             tensor: key.to_string(),
                             rank,
-                            problem: ChunkProblem::NotAPlainFile,
+                            problem: Box::new(ChunkProblem::NotAPlainFile),
                         })
                     }
                     Err(e) => return Err(Error::Io { path, source: e }),
@@ -211,7 +211,7 @@ impl Files<'_> {
                 path: f.path.clone(),
                 tensor: key.to_string(),
                 rank,
-                problem: ChunkProblem::PastFile { at: storage.offset, len: storage.length, file_len: f.len },
+                problem: Box::new(ChunkProblem::PastFile { at: storage.offset, len: storage.length, file_len: f.len }),
             });
         }
         Ok((fi, rank))
@@ -232,7 +232,12 @@ fn open_item(
     budget: Option<&Rc<pickle::Budget>>,
     classes: &'static [&'static str],
 ) -> Result<(zip::Archive, String, pickle::Pickle)> {
-    let bad = |problem| Error::BadDcpChunk { path: path.to_path_buf(), tensor: key.to_string(), rank, problem };
+    let bad = |problem| Error::BadDcpChunk {
+        path: path.to_path_buf(),
+        tensor: key.to_string(),
+        rank,
+        problem: Box::new(problem),
+    };
     let file = crate::read::io::open(path)?;
     // An item is a byte range of its data file, read as a zip archive of its own.
     let item = crate::read::io::Window { file: &file, base: storage.offset };
@@ -282,7 +287,12 @@ fn read_bytes_item(
     budget: &Rc<pickle::Budget>,
     classes: &'static [&'static str],
 ) -> Result<(Leaf, Vec<(DcpTensor, Record)>)> {
-    let bad = |problem| Error::BadDcpChunk { path: path.to_path_buf(), tensor: key.to_string(), rank, problem };
+    let bad = |problem| Error::BadDcpChunk {
+        path: path.to_path_buf(),
+        tensor: key.to_string(),
+        rank,
+        problem: Box::new(problem),
+    };
     let value_bad = |cause| bad(ChunkProblem::Value { at: storage.offset, cause });
     let (archive, prefix, p) = open_item(path, rank, key, storage, Some(budget), classes)?;
     if classes.is_empty() {
@@ -352,7 +362,12 @@ fn tensor_item(
     dtype: Dtype,
     c: &ChunkMeta,
 ) -> Result<(TensorBox, Record)> {
-    let bad = |problem| Error::BadDcpChunk { path: path.to_path_buf(), tensor: key.to_string(), rank, problem };
+    let bad = |problem| Error::BadDcpChunk {
+        path: path.to_path_buf(),
+        tensor: key.to_string(),
+        rank,
+        problem: Box::new(problem),
+    };
     let at = c.storage.offset;
     let (archive, prefix, p) = open_item(path, rank, key, &c.storage, None, &[])?;
     let Some(Obj::Tensor(t)) = p.obj(p.root) else {
@@ -389,7 +404,7 @@ fn tensor_boxes(files: &mut Files<'_>, key: &str, dtype: Dtype, chunks: &[ChunkM
             path: files.meta_path.to_path_buf(),
             tensor: key.to_string(),
             rank: None,
-            problem: ChunkProblem::Dtype { dtype },
+            problem: Box::new(ChunkProblem::Dtype { dtype }),
         });
     }
     let mut out = Vec::with_capacity(chunks.len());

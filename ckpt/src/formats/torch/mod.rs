@@ -393,7 +393,7 @@ fn inline_storages(arrays: &[Vec<u8>], len: u64, storages: &mut Vec<Storage>) ->
 }
 
 fn bad_tensor(path: &Path, tensor: &str, problem: TorchTensorProblem) -> Error {
-    Error::BadTorchTensor { path: path.to_path_buf(), tensor: tensor.to_string(), problem }
+    Error::BadTorchTensor { path: path.to_path_buf(), tensor: tensor.to_string(), problem: Box::new(problem) }
 }
 
 fn check_tensor(
