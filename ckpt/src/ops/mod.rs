@@ -497,7 +497,7 @@ fn block_plan(ck: &Checkpoint, scaling: BlockScaling, dst: &Path) -> Result<Bloc
                     return Err(Error::BadBlockScale {
                         weight: t.name.clone(),
                         scale: scale_name,
-                        reason: "the weight is FP8 but the checkpoint has no such scales".into(),
+                        problem: crate::error::BlockScaleProblem::Missing,
                     });
                 };
                 let scale = blockscale::read_scales(&srcs, t, &ck.tensors[si], block)?;
