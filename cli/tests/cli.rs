@@ -245,6 +245,15 @@ fn checksums_are_written_by_every_command_that_writes() {
     let names: Vec<&str> = manifest.lines().map(|l| &l[66..]).collect();
     assert_eq!(names, ["__0_0.distcp", "__1_0.distcp", "__2_0.distcp"]);
     assert!(verified(&dcp3).contains("3 checksum(s) matched"), "{}", verified(&dcp3));
+    // merge: an accelerate folder's model and its optimizer, written by two plans into one
+    // folder, are both in its manifest.
+    let model = dir.path().join("merged/model.safetensors");
+    let state = fixtures().join("accelerate/fsdp2_w2");
+    let out = run(&["merge", &s(&state), &s(&model), "--optimizer", "--checksums"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    for file in [model.clone(), model.with_file_name("optimizer.safetensors")] {
+        assert!(verified(&file).contains("1 checksum(s) matched"), "{}", verified(&file));
+    }
 }
 
 #[test]

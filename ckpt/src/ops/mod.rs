@@ -581,10 +581,13 @@ fn merge_save_state(state: &SaveState, out: &Path, options: &MergeOptions, opts:
     };
     let in_model = matches!(state.optimizer(n).map(|o| &o.state), Some(OptimizerState::InModel));
     let inner = MergeOptions { optimizer: options.optimizer && in_model, model: None, ..options.clone() };
-    let mut done = merge_claimed(&model.checkpoint, out, &inner, opts)?;
     if !options.optimizer || in_model {
-        return Ok(done);
+        return merge_claimed(&model.checkpoint, out, &inner, opts);
     }
+    // Two plans write into one folder: each would leave a manifest of its own files only, the
+    // second replacing the first, so the manifest of both is written once both are in place.
+    let plans = WriteOptions { checksums: false, ..opts.clone() };
+    let mut done = merge_claimed(&model.checkpoint, out, &inner, &plans)?;
     let Some(OptimizerState::Own(ock)) = state.optimizer(n).map(|o| &o.state) else {
         return Err(Error::BadSaveState {
             path: state.root.clone(),
@@ -601,10 +604,16 @@ fn merge_save_state(state: &SaveState, out: &Path, options: &MergeOptions, opts:
     if done.files.contains(&path) {
         return Err(bad(&path, format!("the weights and the optimizer states would both be `{OPTIMIZER_NAME}`")));
     }
-    let o = merge_claimed(ock, &path, &MergeOptions::default(), opts)?;
+    let o = merge_claimed(ock, &path, &MergeOptions::default(), &plans)?;
     done.files.extend(o.files);
     done.tensors += o.tensors;
     done.bytes += o.bytes;
+    if opts.checksums && !opts.job.is_some_and(crate::Job::is_dry_run) {
+        // The tensor files, as a plan's manifest lists them (an index is not among them).
+        let listed: Vec<PathBuf> =
+            done.files.iter().filter(|f| f.extension().is_some_and(|e| e == "safetensors")).cloned().collect();
+        crate::write::execute::on_root(opts.job, out, || crate::write::manifest::write_for(&dir, &listed))?;
+    }
     Ok(done)
 }
 
