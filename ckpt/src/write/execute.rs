@@ -144,7 +144,7 @@ fn check(plan: &Plan, members: &[PathBuf], manifest: Option<&PathBuf>) -> Result
             let folder = t.path.parent().unwrap_or(Path::new(""));
             let folder = m.parent().and_then(|d| folder.strip_prefix(d).ok()).unwrap_or(folder).to_path_buf();
             let misuse = crate::Misuse::ChecksumsSpanFolders { folder };
-            return Err(Error::Misuse { dst: m.parent().map(Path::to_path_buf).unwrap_or_default(), misuse });
+            return Err(Error::Misuse { path: m.parent().map(Path::to_path_buf).unwrap_or_default(), misuse });
         }
     }
     for out in plan.outputs().iter().chain(manifest) {
