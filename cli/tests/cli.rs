@@ -299,10 +299,15 @@ fn every_command_that_reads_a_checkpoint_takes_the_open_options() {
     let dcp = fixtures().join("dcp/fsdp2_w2_f32/checkpoint");
     let out = run(&["reshard", dcp.to_str().unwrap(), u, "--world-size", "2", "--tag", "global_step2"]);
     assert_eq!(out.status.code(), Some(2));
-    assert!(stderr(&out).contains("a tag applies to DeepSpeed checkpoints only; this is dcp"), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.starts_with("error: `--tag` applies to DeepSpeed checkpoints only;") && err.ends_with(" is dcp\n"),
+        "{err}"
+    );
     let out = run(&["reshard", dcp.to_str().unwrap(), u, "--world-size", "2", "--as-stored"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains("applies to Megatron `torch_dist` checkpoints only"), "{}", stderr(&out));
+    assert!(!universal.join("__0_0.distcp").exists(), "nothing is written where an option is refused");
 }
 
 #[test]
