@@ -1,7 +1,7 @@
 //! The `ckpt` binary end to end: exit codes, what goes to stdout and stderr, and `--help`.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use common::*;
 
