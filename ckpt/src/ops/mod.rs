@@ -287,7 +287,7 @@ fn merge_members(
         // The tensor files, as a plan's manifest lists them (an index is not among them).
         let listed: Vec<std::path::PathBuf> =
             done.files.iter().filter(|f| f.extension().is_some_and(|e| e == "safetensors")).cloned().collect();
-        crate::write::execute::on_root(opts.job, out, || crate::write::manifest::write_for(&dir, &listed))?;
+        crate::write::execute::on_root(opts.job, out, || crate::write::write_manifest(&dir, &listed))?;
     }
     Ok(done)
 }

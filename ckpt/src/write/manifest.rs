@@ -28,15 +28,6 @@ pub(crate) fn sha256_file(path: &Path) -> Result<String> {
     Ok(hasher.finalize().iter().map(|b| format!("{b:02x}")).collect())
 }
 
-/// Writes `dir`'s manifest of `files` (each in `dir`), hashing them as they are on disk now:
-/// for an operation that wrote them in separate plans, whose own manifests would each list
-/// only their plan's files.
-pub(crate) fn write_for(dir: &Path, files: &[std::path::PathBuf]) -> Result<()> {
-    let entries =
-        files.iter().map(|f| Ok((crate::write::file_name(f), sha256_file(f)?))).collect::<Result<Vec<_>>>()?;
-    crate::write::write_atomic(&dir.join(MANIFEST_NAME), render(&entries).as_bytes(), &crate::write::Plan::default())
-}
-
 /// Renders entries `(file name, hex digest)` sorted by name.
 pub(crate) fn render(entries: &[(String, String)]) -> String {
     let mut sorted: Vec<&(String, String)> = entries.iter().collect();

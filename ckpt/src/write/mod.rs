@@ -539,6 +539,14 @@ pub(crate) fn write_small(path: &Path, bytes: &[u8]) -> Result<()> {
     durable::write_new(path, bytes).map_err(fs_error)
 }
 
+/// Writes `dir`'s manifest of `files` (each in `dir`), hashing them as they are on disk now:
+/// for an operation that wrote them in separate plans, whose own manifests would each list
+/// only their plan's files. (Here rather than in `manifest`, which stays a leaf.)
+pub(crate) fn write_manifest(dir: &Path, files: &[PathBuf]) -> Result<()> {
+    let entries = files.iter().map(|f| Ok((file_name(f), manifest::sha256_file(f)?))).collect::<Result<Vec<_>>>()?;
+    write_atomic(&dir.join(manifest::MANIFEST_NAME), manifest::render(&entries).as_bytes(), &Plan::default())
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
