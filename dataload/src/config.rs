@@ -265,15 +265,15 @@ mod tests {
     #[test]
     fn a_dispatcher_ignores_even_batches() {
         let even = DataLoaderConfiguration { dispatch_batches: Some(true), ..DataLoaderConfiguration::default() };
-        let r = even.resolve(shape(Map, Some(2), 2, 0, true)).unwrap();
+        let r = even.resolve(shape(Map, Some(2), 2, 0, true)).expect("a dispatcher of 2 ranks");
         assert!(!r.even_batches);
-        let r = config(false, Some(false)).resolve(shape(Map, Some(2), 2, 0, true)).unwrap();
+        let r = config(false, Some(false)).resolve(shape(Map, Some(2), 2, 0, true)).expect("per rank over 2 ranks");
         assert!(r.even_batches);
     }
 
     #[test]
     fn refusals_name_the_setting() {
-        let e = |c: DataLoaderConfiguration, s| c.resolve(s).unwrap_err().to_string();
+        let e = |c: DataLoaderConfiguration, s| c.resolve(s).expect_err("refused").to_string();
         assert_eq!(
             e(config(true, Some(false)), shape(Iterable, Some(3), 2, 0, false)),
             "`split_batches` needs the batch size (3) to be a round multiple of the number of processes (2)"
