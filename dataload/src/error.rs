@@ -55,9 +55,19 @@ pub enum DataloadError {
         /// Number of ranks.
         world_size: usize,
     },
-    /// accelerate refuses `split_batches` when batches have no fixed size.
-    #[error("`split_batches` needs a fixed batch size, but the batches have varying sizes")]
+    /// accelerate refuses `split_batches` when batches have no fixed size (an unbatched
+    /// loader, or a batch sampler whose batches vary).
+    #[error("`split_batches` needs a fixed batch size: the loader has no batch size to split (it is unbatched, or its batches vary in size)")]
     SplitNeedsBatchSize,
+    /// An unbatched iterable loader cannot be sharded per rank: accelerate's
+    /// `IterableDatasetShard` cuts the stream into batches of a size the loader does not have.
+    #[error(
+        "an unbatched loader (no `batch_size`) over an iterable dataset cannot be sharded per rank over {world_size} ranks; dispatch its batches (`dispatch_batches = true`) or give a batch size"
+    )]
+    ShardNeedsBatchSize {
+        /// Number of ranks.
+        world_size: usize,
+    },
     /// accelerate refuses dispatching when batches are not placed on a device.
     #[error("`dispatch_batches = true` requires `put_on_device = true`")]
     DispatchWithoutDevicePlacement,
@@ -355,6 +365,7 @@ impl DataloadError {
             | Self::RankOutOfRange { .. }
             | Self::SplitNotDivisible { .. }
             | Self::SplitNeedsBatchSize
+            | Self::ShardNeedsBatchSize { .. }
             | Self::DispatchWithoutDevicePlacement
             | Self::MissingSeed
             | Self::SeedOutOfRange { .. }
@@ -396,6 +407,7 @@ impl DataloadError {
             Self::RankOutOfRange { .. } => "RankOutOfRange",
             Self::SplitNotDivisible { .. } => "SplitNotDivisible",
             Self::SplitNeedsBatchSize => "SplitNeedsBatchSize",
+            Self::ShardNeedsBatchSize { .. } => "ShardNeedsBatchSize",
             Self::DispatchWithoutDevicePlacement => "DispatchWithoutDevicePlacement",
             Self::MissingSeed => "MissingSeed",
             Self::SeedOutOfRange { .. } => "SeedOutOfRange",
@@ -478,6 +490,7 @@ mod tests {
         let errors = [
             DataloadError::Missing { field: "dataset" },
             DataloadError::SplitNeedsBatchSize,
+            DataloadError::ShardNeedsBatchSize { world_size: 2 },
             DataloadError::MissingSeed,
             DataloadError::SeedOverflow { seed: 1, epoch: 2 },
             DataloadError::Collective {

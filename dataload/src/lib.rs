@@ -20,7 +20,8 @@
 //!   [`IterableDatasetShard`] is accelerate's class of that name; [`Dispatcher`] is
 //!   `DataLoaderDispatcher` over a [`Collective`].
 //! * [`ShardedSampler`] is a prepared map-style loader, per-rank or dispatched, with
-//!   [`ShardedSampler::skip_first_batches`].
+//!   [`ShardedSampler::skip_first_batches`]; [`PassState`] says when a new pass continues the
+//!   epoch (a position was set) and when it starts it again (the last pass was broken off).
 //!
 //! Where accelerate's `len()` is wrong (split batches without even batches, and
 //! `IterableDatasetShard` with split batches), the `len` functions here return the true
@@ -121,6 +122,7 @@ mod mmap;
 mod npy;
 #[cfg(feature = "sources")]
 mod parquet_rows;
+mod pass_state;
 mod plan;
 #[cfg(feature = "sources")]
 mod prefetch;
@@ -149,7 +151,7 @@ pub const MAX_BATCH_SIZE: u64 = 1 << 22;
 pub use arrow_file::{ArrowDataset, ContiguousRows};
 pub use batch_shard::{accelerate_shard_len, shard_batches, ShardParams};
 pub use collective::{Collective, CollectiveError, InProcessCollective, InProcessGroup};
-pub use config::{DataLoaderConfiguration, DatasetKind, LoaderShape, ShardMode};
+pub use config::{DataLoaderConfiguration, DatasetKind, LoaderShape, ResolvedLoader, ShardMode};
 pub use dispatch::{
     base_batches, dispatch_len, dispatch_slice, gather_for_metrics, DispatchSlice, DispatchedBatch, Dispatcher,
 };
@@ -167,6 +169,7 @@ pub use mixture::{Mixture, MixtureSpec, WeightChange};
 pub use mixture_source::{MixtureBatch, MixturePart, MixtureSource, MixtureSourceBuilder};
 #[cfg(feature = "sources")]
 pub use parquet_rows::{ParquetDataset, DEFAULT_ROW_GROUP_CACHE};
+pub use pass_state::{PassStart, PassState};
 pub use plan::{BatchGeometry, EpochPlan};
 #[cfg(feature = "sources")]
 pub use prefetch::{DataLoader, DataLoaderBuilder};

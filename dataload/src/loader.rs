@@ -168,12 +168,16 @@ impl ShardedSamplerBuilder {
                 reason: "batch size times world size overflows 64 bits",
             });
         }
-        let mode = self.config.resolve(LoaderShape {
-            dataset: DatasetKind::Map,
-            batch_size: usize::try_from(batch_size).ok(),
-            world_size: usize::try_from(world_size).unwrap_or(usize::MAX),
-            put_on_device: self.put_on_device,
-        })?;
+        let mode = self
+            .config
+            .resolve(LoaderShape {
+                dataset: DatasetKind::Map,
+                batch_size: usize::try_from(batch_size).ok(),
+                world_size: usize::try_from(world_size).unwrap_or(usize::MAX),
+                rank: usize::try_from(self.rank).unwrap_or(usize::MAX),
+                put_on_device: self.put_on_device,
+            })?
+            .mode;
         let mut generator = None;
         let sampler = if self.shuffle && !self.config.use_seedable_sampler {
             // Dispatched, accelerate's rank 0 alone draws the order: every rank computes its
@@ -310,8 +314,7 @@ impl ShardedSampler {
 
     /// Global cursor: samples of this epoch's order consumed by all ranks together.
     pub fn cursor(&self) -> u64 {
-        let g = self.geometry.global_batch();
-        self.start.saturating_add(self.step.saturating_mul(g)).min(self.dataset_len)
+        fsdp_state::stream::cursor_after(self.start, self.step, self.geometry.global_batch()).min(self.dataset_len)
     }
 
     /// The order of `epoch`, computed from scratch. A [`SamplerSpec::Random`] sampler knows the

@@ -48,11 +48,7 @@ pub struct BatchGeometry {
 impl BatchGeometry {
     /// Samples consumed from the global stream per step.
     pub fn global_batch(&self) -> u64 {
-        if self.split_batches {
-            self.batch_size
-        } else {
-            self.batch_size.saturating_mul(self.world_size)
-        }
+        fsdp_state::stream::global_batch(self.batch_size, self.world_size, self.split_batches)
     }
 
     /// Whether per-rank sharding completes the last step with wrap-around samples.
@@ -130,7 +126,7 @@ impl EpochPlan {
 
     /// Global cursor once `steps` steps are consumed (capped at the dataset length).
     pub fn cursor_after(&self, steps: u64) -> u64 {
-        self.start.saturating_add(steps.saturating_mul(self.geometry.global_batch())).min(self.len())
+        fsdp_state::stream::cursor_after(self.start, steps, self.geometry.global_batch()).min(self.len())
     }
 
     /// The rows of global batch `step` before any padding: what rank 0 broadcasts when

@@ -27,6 +27,10 @@
 //!
 //! Two layouts over the same tensors give a resharding plan ([`reshard`]): the range copies that
 //! turn buffers of one layout into buffers of the other, N ranks to M.
+//!
+//! A data stream's position is sharded over ranks too: [`stream`] counts it in global batches
+//! and moves a count of steps to another world size, for `dataload`'s cursor and `ckpt`'s
+//! accelerate dataloader states alike.
 
 #![warn(missing_docs, unreachable_pub)]
 
@@ -35,6 +39,7 @@ mod fsdp;
 mod layout;
 mod region;
 mod reshard;
+pub mod stream;
 mod zero;
 
 pub use dtensor::{Block, DTensorLayout, Placement, ReduceOp, MAX_BLOCKS};

@@ -10,9 +10,11 @@ mod args;
 mod buffer;
 mod checkpoint;
 mod comm;
+mod config;
 mod datasets;
 mod errors;
 mod mixture;
+mod passes;
 mod sampler;
 mod save;
 mod states;
@@ -21,16 +23,19 @@ mod stream;
 use pyo3::prelude::*;
 
 // Free-threaded CPython may run this module without the GIL: nothing here relies on it. Every
-// class is `frozen` (immutable, `Sync`) except `Sampler` and `DispatchSteps`, whose `&mut self` methods go through
-// pyo3's borrow flag (atomic where there is no GIL: a second thread gets a `RuntimeError`, never
-// a data race); buffers are held as exports for the whole call, which is what keeps them alive
-// and sized, with or without the GIL (every call that touches their bytes releases it anyway).
+// class is `frozen` (immutable, `Sync`) except `Sampler`, `DispatchSteps` and `PassState`, whose
+// `&mut self` methods go through pyo3's borrow flag (atomic where there is no GIL: a second
+// thread gets a `RuntimeError`, never a data race); buffers are held as exports for the whole
+// call, which is what keeps them alive and sized, with or without the GIL (every call that
+// touches their bytes releases it anyway).
 #[pymodule(gil_used = false)]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_class::<sampler::Sampler>()?;
     m.add_function(wrap_pyfunction!(args::check_int, m)?)?;
     m.add_function(wrap_pyfunction!(sampler::default_config_json, m)?)?;
+    m.add_function(wrap_pyfunction!(config::resolve_loader, m)?)?;
+    m.add_class::<passes::PassState>()?;
     m.add_function(wrap_pyfunction!(stream::stream_plan, m)?)?;
     m.add_function(wrap_pyfunction!(stream::stream_len, m)?)?;
     m.add_function(wrap_pyfunction!(stream::dispatch_slice, m)?)?;

@@ -94,13 +94,14 @@ fn configuration_defaults_and_refusals() {
             dataset: if p["dataset"] == "map" { DatasetKind::Map } else { DatasetKind::Iterable },
             batch_size: Some(u(&p["batch_size"]) as usize),
             world_size: u(&p["world_size"]) as usize,
+            rank: 0,
             put_on_device: b(&p["put_on_device"]),
         };
         let got = config.resolve(shape);
         assert_eq!(got.is_err(), b(&p["refused"]), "{p}");
-        if let Ok(mode) = got {
+        if let Ok(resolved) = got {
             let want = if p["mode"] == "dispatch" { ShardMode::Dispatch } else { ShardMode::PerRank };
-            assert_eq!(mode, want, "{p}");
+            assert_eq!(resolved.mode, want, "{p}");
         }
     }
 }

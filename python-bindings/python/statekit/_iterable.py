@@ -10,7 +10,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from . import _native
 from ._sampler import _MAX_LEN, DataLoaderConfiguration, _check_int
-from .errors import MalformedState, UsageError
+from .errors import MalformedState
 
 
 def _iterable_shard_class() -> Any:
@@ -28,11 +28,10 @@ def _iterable_shard_class() -> Any:
 
             def __init__(self, dataset: Any, batch_size: int = 1, drop_last: bool = False,
                          num_processes: int = 1, process_index: int = 0, split_batches: bool = False) -> None:
-                if split_batches and batch_size > 1 and batch_size % num_processes != 0:
-                    raise UsageError(
-                        f"IterableDatasetShard(split_batches=True): batch size {batch_size} does not divide "
-                        f"among {num_processes} processes"
-                    )
+                # accelerate's class makes `prepare_data_loader`'s split check (a batch of 1
+                # passes it), not the per-rank loader's: `dataload` resolves it as for a loader
+                # whose batches are not cut per rank yet.
+                _native.resolve_loader(True, batch_size, num_processes, process_index, True, bool(split_batches), True)
                 self.dataset = dataset
                 self.batch_size = batch_size
                 self.drop_last = drop_last
@@ -269,27 +268,12 @@ def _broadcast_object(obj: Any, coll: Any) -> Any:
 def _prepare_iterable(dataloader: Any, world: int, rank: int, config: DataLoaderConfiguration, Loader: type,
                       extra: Dict[str, Any]) -> Any:
     batch_size, drop_last = dataloader.batch_size, bool(dataloader.drop_last)
-    if world < 1 or not 0 <= rank < world:
-        raise UsageError(f"prepare_data_loader: process_index {rank} is not in a world of {world}")
+    # `dataload` resolves the configuration: dispatch_batches=None is True here (an Accelerator
+    # places on a device), the rank, split and unbatched checks, the per-rank batch size.
+    dispatch, loader_batch_size = _native.resolve_loader(
+        True, batch_size, world, rank, True, bool(config.split_batches),
+        None if config.dispatch_batches is None else bool(config.dispatch_batches), bool(config.even_batches))
     split = bool(config.split_batches)
-    # accelerate resolves dispatch_batches=None to True here (an Accelerator places on a device)
-    dispatch = True if config.dispatch_batches is None else bool(config.dispatch_batches)
-    if batch_size is None:
-        # Unbatched: the loader yields samples as they come. accelerate's dispatcher then joins
-        # P samples a step and cuts them like a batch, and one rank reads them as they are;
-        # `split_batches` needs a batch size and its IterableDatasetShard fails on None.
-        if split:
-            raise UsageError("prepare_data_loader(split_batches=True): an unbatched loader (`batch_size=None`) has no "
-                             "batch size to split")
-        if not dispatch and world > 1:
-            raise UsageError("prepare_data_loader(dispatch_batches=False): an unbatched loader (`batch_size=None`) over "
-                             "an iterable dataset cannot be sharded per rank (accelerate's IterableDatasetShard needs a "
-                             "batch size); use dispatch_batches=True or give a batch size")
-    elif split and batch_size > 1 and batch_size % world != 0:
-        raise UsageError(
-            f"prepare_data_loader(split_batches=True): batch size {batch_size} does not divide "
-            f"among {world} processes"
-        )
     common = dict(num_workers=dataloader.num_workers, collate_fn=dataloader.collate_fn, pin_memory=dataloader.pin_memory,
                   timeout=dataloader.timeout, worker_init_fn=dataloader.worker_init_fn,
                   multiprocessing_context=dataloader.multiprocessing_context, **extra)
@@ -305,15 +289,12 @@ def _prepare_iterable(dataloader: Any, world: int, rank: int, config: DataLoader
         loader = _iterable_loader_class(Loader, True)(dataloader.dataset, batch_size=batch_size, drop_last=drop_last, **common)
         loader._st_world, loader._st_rank, loader._st_split, loader._st_collective = world, rank, split, coll
     else:
-        if split and batch_size // world == 0:  # accelerate passes batch_size=0 on, which torch refuses
-            raise UsageError(f"batch_size should be a positive integer value, but got batch_size={batch_size // world} "
-                             f"(split_batches: {batch_size} // {world} processes)")
         dataset = dataloader.dataset
         if world != 1:
             dataset = _iterable_shard_class()(dataset, batch_size=batch_size, drop_last=drop_last,
                                                num_processes=world, process_index=rank, split_batches=split)
         loader = _iterable_loader_class(Loader, False)(
-            dataset, batch_size=batch_size // world if split else batch_size, drop_last=drop_last,
+            dataset, batch_size=loader_batch_size, drop_last=drop_last,
             generator=dataloader.generator, **common)
     loader.iteration, loader._st_skip, loader._st_yielded, loader._st_restore = 0, 0, 0, None
     return loader

@@ -85,14 +85,14 @@ class _Positioned:
 
     _statekit: Any = None
     _dispatched = False  # accelerate's DataLoaderDispatcher (rank 0 alone reads the base loader)
-    _positioned = False
-    _abandoned = False
+    _pass: Any = None  # `dataload`'s `PassState`: whether the next pass continues a set position
     _skip = 0
 
     def _build_base(self, dataset: Any, use_stateful_dataloader: bool, kwargs: Dict[str, Any], iteration: int,
                     skip_batches: int) -> int:
         """Makes the base loader; returns the ``skip_batches`` left for accelerate's replay."""
         self.use_stateful_dataloader = use_stateful_dataloader
+        self._pass = _native.PassState()
         bs = kwargs.get("batch_sampler")
         self._statekit = bs if isinstance(bs, _data.ShardedBatchSampler) else None
         if self._statekit is not None and skip_batches:
@@ -101,7 +101,7 @@ class _Positioned:
             self._skip = skip_batches
             self._statekit.set_epoch(iteration)
             self._statekit.skip_first_batches(skip_batches)
-            self._positioned = True
+            self._pass.position_set()
             skip_batches = 0
         stateful = _stateful_loader()
         if use_stateful_dataloader and stateful is None:
@@ -129,15 +129,20 @@ class _Positioned:
 
     def _start_pass(self) -> None:
         s = self._statekit
-        if s is not None and not self._positioned and (self._abandoned or self._skip):
+        start = self._pass.begin()
+        if s is not None and (start == "broken_off" or (start == "fresh" and self._skip)):
             # accelerate's samplers start every pass at the start of the epoch (after the skipped
             # batches; the default shuffle from a new draw of its running generator): a pass
             # broken off (a `break`) starts again here, and the skip is a position set anew.
             s.set_epoch(self.iteration)
             s._new_pass()
             s.skip_first_batches(self._skip)
-        self._positioned = False
-        self._abandoned = True
+        # the pass is under way (a generator: this runs at its first batch)
+        self._pass.batch_read()
+
+    def _end_pass(self) -> None:
+        """The pass was read to its end: the next one is not a restart."""
+        self._pass.ended()
 
     def __len__(self) -> int:
         if self._statekit is None:
@@ -169,7 +174,7 @@ class _Positioned:
             self.iteration = epoch  # accelerate's `iteration` is not in the state; its epoch is
         if self._statekit is not None:
             state_dict = self._with_skip(state_dict)
-        self._positioned = True
+        self._pass.position_set()
         self.base_dataloader.load_state_dict(state_dict)
 
     def _with_skip(self, state: Any) -> Any:

@@ -75,9 +75,11 @@ class _EpochIterator:
         if owner._pending or (batch is None and owner._random and not owner._draw_at_iter):
             owner._write_back()
         # A pass that reads a batch and is not read to the end is broken off: the next
-        # `iter()` starts the epoch again (see `ShardedBatchSampler.__iter__`).
-        owner._read = batch is not None
-        owner._kept = owner._kept and batch is None
+        # `iter()` starts the epoch again (`dataload`'s `PassState`).
+        if batch is not None:
+            owner._pass.batch_read()
+        else:
+            owner._pass.ended()
         if batch is None:
             self._done = True
             raise StopIteration
@@ -182,8 +184,8 @@ class ShardedBatchSampler:
         self._random = bool(shuffle) and not config.use_seedable_sampler
         self._generator = generator if self._random else None
         self._pending = False
-        self._read = False  # a batch of the current epoch was read by a pass not finished
-        self._kept = False  # a position set (loaded, skipped to, unpickled) that no batch was read from yet
+        # whether the next pass continues a position that was set or starts the epoch again
+        self._pass = _native.PassState()
         # Dispatched (accelerate's DataLoaderDispatcher), rank 0 alone reads the underlying
         # loader: its generator draws every epoch, and the others' stay as they are.
         self._dispatch = bool(config.dispatch_batches)
@@ -223,14 +225,12 @@ class ShardedBatchSampler:
         epoch = _check_int("epoch", epoch, 0, _MAX_U64)
         if epoch != self._native.epoch:
             self._native.set_epoch(epoch)
-            self._read = False
-            self._kept = False
+            self._pass.epoch_set()
 
     def skip_first_batches(self, num_batches: int) -> None:
         """accelerate's ``skip_first_batches`` for the current epoch, in O(1)."""
         self._native.skip_first_batches(_check_int("num_batches", num_batches, 0, _MAX_U64))
-        self._read = False
-        self._kept = True
+        self._pass.position_set()
 
     def resume_from_accelerate(self, folder: Any, *, dataloader: int = 0, step: Optional[int] = None,
                                epoch: Optional[int] = None) -> None:
@@ -241,8 +241,7 @@ class ShardedBatchSampler:
         self._native.resume_from_accelerate(os.fspath(folder), dataloader,
                                             None if step is None else int(step),
                                             None if epoch is None else int(epoch))
-        self._read = False
-        self._kept = True
+        self._pass.position_set()
 
     def __len__(self) -> int:
         return int(self._native.epoch_len())
@@ -261,7 +260,7 @@ class ShardedBatchSampler:
             # torchdata's own RandomSampler draws a permutation each time its iterator is made
             # (torch's loader with workers makes two), before the loader takes its base seed
             # from the same generator; a position that was set is kept.
-            if not self._kept:
+            if not self._pass.position_kept:
                 self._native.restart_epoch()
             self._before_draw()
             self._native.remaining()  # draws the epoch's order now, from the state just set
@@ -277,9 +276,8 @@ class ShardedBatchSampler:
         """After a pass broken off, the epoch starts again (a random sampler draws anew from the
         running generator, where the broken-off pass's draw left it, as torch's RandomSampler
         does at each ``iter()``); the epoch number stays, as accelerate's ``iteration`` does."""
-        if self._read:
+        if self._pass.begin() == "broken_off":
             self._native.restart_epoch()
-            self._read = False
 
     def _draw_state(self) -> bytes:
         """The running state the epoch is drawn from here: the generator's, or (none given) a
@@ -345,8 +343,7 @@ class ShardedBatchSampler:
         self.length, self.batch_size, self.drop_last, self.shuffle = state["attrs"]
         self._random, gen, self._pending = state["random"]
         # A copy continues from the position it was taken at (a position set, like a loaded one).
-        self._read = False
-        self._kept = True
+        self._pass = _native.PassState("positioned")
         self._dispatch, self._owns_generator, self._prefetched, self._draw_at_iter = state.get("pass", (False, True, 0, False))
         self._generator = None
         if gen is not None:
@@ -370,8 +367,7 @@ class ShardedBatchSampler:
         if state_dict is None:
             return
         self._native.load_state_json(json.dumps(state_dict))
-        self._read = False
-        self._kept = True
+        self._pass.position_set()
         if self._random and self._generator is not None and self._owns_generator:
             if self._native.needs_generator:
                 # The epoch has not started: its permutation is drawn from the saved running

@@ -56,6 +56,7 @@ from accelerate.state import DistributedType, PartialState
 from accelerate.utils import send_to_device
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset
 
+from . import _native
 from . import data as _data
 from ._batching import _IGNORED, BatchSamplerShard, _convert, _modelled, _statekit_sampler
 from ._positioned import _bare, _Positioned
@@ -134,7 +135,7 @@ class DataLoaderShard(_Positioned, _acc.DataLoaderShard):  # type: ignore[misc] 
         if self._stream_restore is None:
             self._stream_batches = 0
         yield from super().__iter__()
-        self._abandoned = False
+        self._end_pass()
         self._stream_batches, self._stream_snapshot = 0, None
 
     def set_epoch(self, epoch: int) -> None:
@@ -175,7 +176,7 @@ class DataLoaderShard(_Positioned, _acc.DataLoaderShard):  # type: ignore[misc] 
         if snapshot is None or self._stream()[0] is None:
             return super().load_state_dict(state_dict)
         self._stream_restore = snapshot  # O(1): the base loader replays nothing
-        self._positioned = True
+        self._pass.position_set()
 
     def __reduce__(self) -> Any:
         return (_bare, (DataLoaderShard,), self._pickled())
@@ -230,7 +231,7 @@ class DataLoaderDispatcher(_Positioned, _acc.DataLoaderDispatcher):  # type: ign
             yield from super().__iter__()
         else:
             yield from self._iter_slices()
-        self._abandoned = False
+        self._end_pass()
 
     def _iter_slices(self) -> Any:
         # accelerate's loop, one batch ahead to know the last, over slices each rank reads itself.
@@ -326,17 +327,18 @@ def prepare_data_loader(
             dispatch_batches, even_batches, slice_fn_for_dispatch, use_seedable_sampler, data_seed, non_blocking,
             use_stateful_dataloader, torch_device_mesh)
         return theirs
-    if dispatch_batches is None:
-        dispatch_batches = False if not put_on_device else iterable
-    if dispatch_batches and not put_on_device:
-        raise ValueError("Using `dispatch_batches=True` requires `put_on_device=True`.")
     world = state.num_processes if num_processes is None else num_processes
     rank = state.process_index if process_index is None else process_index
-    if split_batches and dataloader.batch_size is not None and dataloader.batch_size > 1 and dataloader.batch_size % world != 0:
-        raise ValueError(
-            f"To use a `DataLoader` in `split_batches` mode, the batch size ({dataloader.batch_size}) "
-            f"needs to be a round multiple of the number of processes ({world})."
-        )
+    # `dataload` resolves the configuration as accelerate does: `dispatch_batches=None`'s
+    # default, the refusal to dispatch without device placement, the rank, the `split_batches`
+    # checks (on the batch sampler's size where the loader has none) and the batch size of the
+    # rank's own loader.
+    batch_size: Any = dataloader.batch_size
+    if batch_size is None:
+        batch_size = getattr(dataloader.batch_sampler, "batch_size", None)
+    dispatch_batches, loader_batch_size = _native.resolve_loader(
+        iterable, batch_size, world, rank, bool(put_on_device), bool(split_batches),
+        None if dispatch_batches is None else bool(dispatch_batches), bool(even_batches))
     kwargs = {k: getattr(dataloader, k, _KWARGS[k]) for k in _KWARGS if k not in _IGNORED}
     synchronized_generator = None
     if iterable:
@@ -346,8 +348,7 @@ def prepare_data_loader(
             dataset = _data.IterableDatasetShard(dataset, batch_size=dataloader.batch_size, drop_last=dataloader.drop_last,
                                                  num_processes=world, process_index=rank, split_batches=split_batches)
         kwargs["drop_last"] = dataloader.drop_last
-        batch_size: Any = dataloader.batch_size  # None (unbatched) fails in split mode, as in accelerate
-        kwargs["batch_size"] = batch_size // world if split_batches and not dispatch_batches else batch_size
+        kwargs["batch_size"] = loader_batch_size
     else:
         config = _data.DataLoaderConfiguration(
             split_batches=split_batches, dispatch_batches=bool(dispatch_batches), even_batches=even_batches,

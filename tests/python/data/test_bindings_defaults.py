@@ -230,11 +230,11 @@ def test_unbatched_per_rank_sharding_is_refused_where_accelerate_fails():
                                                      process_index=0, put_on_device=False, dispatch_batches=False)
     with pytest.raises(TypeError):
         list(acc)
-    with pytest.raises(UsageError, match=r"an unbatched loader \(`batch_size=None`\) over an iterable dataset cannot be "
-                                         r"sharded per rank"):
+    with pytest.raises(InvalidConfiguration, match=r"an unbatched loader \(no `batch_size`\) over an iterable dataset "
+                                                   r"cannot be sharded per rank"):
         prepare_data_loader(DataLoader(Numbers(5), batch_size=None), num_processes=2, process_index=0,
                             dataloader_config=DataLoaderConfiguration(dispatch_batches=False))
-    with pytest.raises(UsageError, match="no batch size to split"):
+    with pytest.raises(InvalidConfiguration, match="no batch size to split"):
         prepare_data_loader(DataLoader(Numbers(5), batch_size=None), num_processes=2, process_index=0,
                             dataloader_config=DataLoaderConfiguration(split_batches=True))
 

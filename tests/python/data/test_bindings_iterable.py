@@ -10,7 +10,7 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from conftest import torchrun
 from statekit.data import DataLoaderConfiguration, IterableDatasetShard, prepare_data_loader
-from statekit.errors import UsageError
+from statekit.errors import InvalidConfiguration
 
 accelerate_data_loader = pytest.importorskip("accelerate.data_loader")
 
@@ -104,7 +104,7 @@ def test_per_rank_batches_equal_accelerates(P, kind):
             try:
                 theirs = accelerate_loader(*args)
             except ValueError:
-                with pytest.raises(UsageError):
+                with pytest.raises(InvalidConfiguration):
                     our_loader(*args)
                 continue
             ours = our_loader(*args)
@@ -126,10 +126,10 @@ def len_or_type(ds):
 
 def test_split_batches_needs_a_batch_size_divisible_by_the_world():
     dl = DataLoader(Stream(10), batch_size=3)
-    with pytest.raises(UsageError, match="does not divide"):
+    with pytest.raises(InvalidConfiguration, match=r"batch size \(3\) to be a round multiple of the number of processes \(2\)"):
         prepare_data_loader(dl, num_processes=2, process_index=0,
                             dataloader_config=DataLoaderConfiguration(split_batches=True, dispatch_batches=False))
-    with pytest.raises(UsageError, match="does not divide"):
+    with pytest.raises(InvalidConfiguration, match=r"batch size \(3\) to be a round multiple of the number of processes \(2\)"):
         IterableDatasetShard(Stream(10), batch_size=3, num_processes=2, split_batches=True)
 
 
@@ -253,7 +253,7 @@ def test_in_a_process_group_batches_equal_accelerates(job, rank):
         theirs, ours = e["accelerate"], e["statekit"]
         if "error" in theirs:
             if theirs["error"] == "ValueError":
-                assert ours == {"error": "UsageError"}, e  # UsageError is a ValueError
+                assert ours == {"error": "InvalidConfiguration"}, e  # InvalidConfiguration is a ValueError
             else:
                 # accelerate's dispatcher fails (TypeError) on a stream with no batch at all;
                 # statekit yields nothing there

@@ -195,7 +195,7 @@ pub(crate) fn write_loader_state(src: &Path, dst: &Path, from: u64, to: u64) -> 
         ));
     };
     let k = u64::try_from(k).map_err(|_| bad(src, None, "`_num_yielded` is negative"))?;
-    let moved = i64::try_from(u128::from(from) * u128::from(k) / u128::from(to)).unwrap_or(i64::MAX);
+    let moved = i64::try_from(fsdp_state::stream::steps_on_world(k, 1, from, to)).unwrap_or(i64::MAX);
     let mut root: Vec<(String, Leaf)> = Vec::new();
     for (name, leaf) in &f.leaves {
         let leaf = match name.as_str() {
