@@ -63,7 +63,6 @@ pub(crate) enum Axis {
     /// Along source dim `dim`, `step` source elements per target element.
     Source { dim: usize, step: u64 },
     /// A dim of size 1 the source does not have (a stacked axis put in).
-    #[cfg_attr(not(test), allow(dead_code))]
     New,
 }
 
@@ -94,8 +93,6 @@ impl Piece {
 
     /// Indices `range` of dim `dim` of the source tensor of `shape` (every other dim whole),
     /// placed at index `to` of the same dim of the target.
-    // Not every direction is built by a format yet (the Megatron ↔ Hugging Face tables are).
-    #[cfg_attr(not(test), allow(dead_code))]
     pub(crate) fn range(
         source: impl Into<String>,
         shape: &[u64],
@@ -131,8 +128,6 @@ impl Piece {
 
     /// The whole source tensor of `shape` as index `index` of a new axis `axis` of the target
     /// (one layer's tensor into a stacked layer key).
-    // Not every direction is built by a format yet (the Megatron ↔ Hugging Face tables are).
-    #[cfg_attr(not(test), allow(dead_code))]
     pub(crate) fn stacked(source: impl Into<String>, shape: &[u64], axis: usize, index: u64) -> Piece {
         let mut p = Piece::whole(source, shape);
         let axis = axis.min(shape.len());
