@@ -45,8 +45,10 @@
 //!   values, and the CRC checks of zip records.
 //! - `formats/`: one module per format. Each states its on-disk layout in its opening comment,
 //!   detects its sources, catalogs them, and says what it can produce.
-//! - `map/`: what happens to a tensor between reading and writing: float casts with torch's
-//!   bits, block-scaled FP8.
+//! - `map/`: what happens to a tensor between reading and writing: model maps (`map::model`:
+//!   the tensors written, each assembled from boxes of the tensors stored, such as a format's
+//!   one-rank or logical view; a new model architecture is one such map), float casts with
+//!   torch's bits, block-scaled FP8.
 //! - `plan/`: target planners (safetensors, torch files; the sharding they share), shard sizes,
 //!   and the dealing of one plan to the ranks of a job.
 //! - `write/`: the executor (streaming range copies, gathers, computed bytes), where outputs are

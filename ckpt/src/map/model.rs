@@ -10,10 +10,12 @@
 //! is a box of the target that is a region of one source tensor:
 //!
 //! - a row range (or a range of any one dim): [`Piece::range`], a tensor-parallel rank's slice;
-//! - a slice of a stacked axis, the axis taken out: [`Piece::index`], one layer or one expert;
+//! - a slice of a stacked axis, the axis taken out: [`Piece::index`], one layer; of several:
+//!   [`Piece::indices`], one expert of one layer;
 //! - the inverse, a new size-1 axis put in: [`Piece::stacked`];
 //! - strided groups, every `period` rows a run of `len` rows: [`Piece::groups`], megatron's
-//!   per-query-group interleaved QKV, gathered into Q, K and V;
+//!   per-query-group interleaved QKV, gathered into Q, K and V, and back:
+//!   [`Piece::interleaved`];
 //! - in general, any axis-aligned strided view: each target dim walks one source dim with a
 //!   step (a transpose, every other row), every source dim not walked held at one index.
 //!
@@ -112,18 +114,7 @@ impl Piece {
     /// Index `index` of the stacked axis `axis` of the source tensor of `shape`: a tensor of
     /// the other dims (one layer of a stacked layer key, one expert).
     pub(crate) fn index(source: impl Into<String>, shape: &[u64], axis: usize, index: u64) -> Piece {
-        let mut from = vec![0; shape.len()];
-        if let Some(f) = from.get_mut(axis) {
-            *f = index;
-        }
-        let dims: Vec<usize> = (0..shape.len()).filter(|&d| d != axis).collect();
-        let sizes: Vec<u64> = dims.iter().map(|&d| shape[d]).collect();
-        Piece {
-            at: Region::whole(&sizes),
-            source: source.into(),
-            from,
-            axes: dims.into_iter().map(|dim| Axis::Source { dim, step: 1 }).collect(),
-        }
+        Piece::indices(source, shape, &[(axis, index)])
     }
 
     /// The whole source tensor of `shape` as index `index` of a new axis `axis` of the target
@@ -158,6 +149,46 @@ impl Piece {
                 Piece::range(source, shape, 0, first..first.saturating_add(len), to.saturating_add(g * len))
             })
             .collect()
+    }
+
+    /// The inverse of [`Piece::groups`]: rows `g·len .. (g+1)·len` of the source tensor of
+    /// `shape`, for each of `groups` groups `g`, placed at rows `g·period + start` of the target
+    /// (Q, K and V of a Hugging Face model interleaved into megatron's fused QKV).
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub(crate) fn interleaved(
+        source: &str,
+        shape: &[u64],
+        groups: u64,
+        period: u64,
+        start: u64,
+        len: u64,
+    ) -> Vec<Piece> {
+        (0..groups)
+            .map(|g| {
+                let first = g.saturating_mul(len);
+                let to = g.saturating_mul(period).saturating_add(start);
+                Piece::range(source, shape, 0, first..first.saturating_add(len), to)
+            })
+            .collect()
+    }
+
+    /// Index `index` of each stacked axis `axis` of `held` (a layer, then an expert) of the
+    /// source tensor of `shape`: a tensor of the other dims.
+    pub(crate) fn indices(source: impl Into<String>, shape: &[u64], held: &[(usize, u64)]) -> Piece {
+        let mut from = vec![0; shape.len()];
+        for &(axis, index) in held {
+            if let Some(f) = from.get_mut(axis) {
+                *f = index;
+            }
+        }
+        let dims: Vec<usize> = (0..shape.len()).filter(|d| !held.iter().any(|h| h.0 == *d)).collect();
+        let sizes: Vec<u64> = dims.iter().map(|&d| shape[d]).collect();
+        Piece {
+            at: Region::whole(&sizes),
+            source: source.into(),
+            from,
+            axes: dims.into_iter().map(|dim| Axis::Source { dim, step: 1 }).collect(),
+        }
     }
 
     /// The piece moved by `by` in the target (a source's pieces placed in a concatenation).

@@ -452,3 +452,69 @@ fn a_cast_target_keeps_its_stored_bytes_and_says_its_dtype() {
     store.tensors[0].stored = Dtype::I32;
     assert_eq!(refusal(&map, &store).1, "it is stored as `I32`, which does not cast to `BF16`");
 }
+
+/// Q, K and V interleaved into the fused QKV and gathered back: the two directions of an
+/// architecture table are inverse maps.
+#[test]
+fn interleaving_q_k_and_v_is_the_inverse_of_gathering_them() {
+    let mut rng = Rng(13);
+    let mut store = Store::new();
+    store.add_boxes(&mut rng, "q", &[4, 3], 2);
+    store.add_ranges(&mut rng, "k", &[2, 3], 2);
+    store.add_boxes(&mut rng, "v", &[2, 3], 2);
+    let mut fuse = ModelMap::new("megatron model");
+    let pieces = [
+        Piece::interleaved("q", &[4, 3], 2, 4, 0, 2),
+        Piece::interleaved("k", &[2, 3], 2, 4, 2, 1),
+        Piece::interleaved("v", &[2, 3], 2, 4, 3, 1),
+    ]
+    .concat();
+    let qkv = Target::new("qkv", vec![8, 3], pieces);
+    fuse.push(qkv.clone());
+    let fused = store.read(&fuse).unwrap();
+    assert_eq!(fused[0].1, store.expect(&qkv));
+    let row = |t: &str, r: usize| store.values[t].1[r * 3..r * 3 + 3].concat();
+    let want: Vec<u8> =
+        [row("q", 0), row("q", 1), row("k", 0), row("v", 0), row("q", 2), row("q", 3), row("k", 1), row("v", 1)]
+            .concat();
+    assert_eq!(fused[0].1, want);
+
+    // And back, from the fused tensor as the mapped catalog describes it.
+    let fused_catalog = fuse.apply(Path::new("mem"), &store.tensors).unwrap();
+    let mut back = ModelMap::new("hugging face model");
+    back.push(Target::new("q", vec![4, 3], Piece::groups("qkv", &[8, 3], 2, 4, 0, 2, 0)));
+    back.push(Target::new("k", vec![2, 3], Piece::groups("qkv", &[8, 3], 2, 4, 2, 1, 0)));
+    back.push(Target::new("v", vec![2, 3], Piece::groups("qkv", &[8, 3], 2, 4, 3, 1, 0)));
+    let again = Store { bytes: store.bytes.clone(), tensors: fused_catalog, values: HashMap::new() };
+    let got = again.read(&back).unwrap();
+    for (name, bytes) in got {
+        assert_eq!(bytes, store.values[&name].1.concat(), "{name}");
+    }
+}
+
+/// One expert of one layer of a tensor stacked on both.
+#[test]
+fn two_stacked_axes_are_held_at_once() {
+    let mut rng = Rng(17);
+    let mut store = Store::new();
+    let shape = [2, 3, 2, 2];
+    store.add_boxes(&mut rng, "experts.w", &shape, 1);
+    let mut map = ModelMap::new("experts");
+    let mut targets = Vec::new();
+    for layer in 0..2 {
+        for expert in 0..3 {
+            let t = Target::new(
+                format!("layers.{layer}.experts.{expert}.w"),
+                vec![2, 2],
+                vec![Piece::indices("experts.w", &shape, &[(0, layer), (1, expert)])],
+            );
+            targets.push(t.clone());
+            map.push(t);
+        }
+    }
+    let got = store.read(&map).unwrap();
+    let all = store.values["experts.w"].1.concat();
+    for (i, (t, (_, bytes))) in targets.iter().zip(got).enumerate() {
+        assert_eq!(bytes, all[i * 4..(i + 1) * 4], "{}", t.name);
+    }
+}
