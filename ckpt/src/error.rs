@@ -883,6 +883,19 @@ pub enum Error {
         // is the file, the key and the rank.
         reason: String,
     },
+    /// A model map (the step between reading a checkpoint and planning its output: target
+    /// tensors assembled from pieces of the source tensors) that does not assemble a target
+    /// exactly, or that leaves a source tensor unplaced.
+    #[error("{path}: tensor `{tensor}`: {problem}")]
+    BadModelMap {
+        /// The checkpoint the map was built for.
+        path: PathBuf,
+        /// The target tensor (a source tensor, for [`MapProblem::Unplaced`]).
+        tensor: String,
+        /// What does not fit (boxed: the tiling errors carry whole regions, and every `Result`
+        /// of the crate would carry their size).
+        problem: Box<MapProblem>,
+    },
     /// A Megatron save missing the file of one of its tensor-parallel × pipeline ranks.
     #[error(
         "{path} (rank {rank}): missing: the save has {tp} tensor-parallel × {pp} pipeline ranks, but this rank's \
@@ -897,6 +910,80 @@ pub enum Error {
         tp: u64,
         /// The save's pipeline stages.
         pp: u64,
+    },
+}
+
+/// What a model map gets wrong about one tensor, for [`Error::BadModelMap`].
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum MapProblem {
+    /// The pieces overlap, leave a hole, or reach outside the target.
+    #[error("its pieces do not tile it: {0}")]
+    Tiling(#[source] fsdp_state::TilingError),
+    /// A piece reads a tensor the source does not have.
+    #[error("a piece reads `{source_name}`, which the source does not hold")]
+    UnknownSource {
+        /// The source tensor named.
+        source_name: String,
+    },
+    /// A piece's dims do not match its target's or its source's.
+    #[error("a piece at offsets {at:?} walks {found} dims of `{source_name}` where {expected} are needed")]
+    PieceRank {
+        /// The source tensor.
+        source_name: String,
+        /// The piece's offsets in the target.
+        at: Vec<u64>,
+        /// The dims needed.
+        expected: usize,
+        /// The dims the piece has.
+        found: usize,
+    },
+    /// A piece reads past the end of its source on some dim, or walks one of its dims twice.
+    #[error("a piece at offsets {at:?} with sizes {sizes:?} reads outside `{source_name}` of shape {shape:?}")]
+    PieceOutside {
+        /// The source tensor.
+        source_name: String,
+        /// The piece's offsets in the target.
+        at: Vec<u64>,
+        /// The piece's sizes.
+        sizes: Vec<u64>,
+        /// The source's shape.
+        shape: Vec<u64>,
+    },
+    /// Its pieces read sources of different dtypes.
+    #[error("its pieces read `{first}` of dtype `{first_dtype}` and `{other}` of dtype `{other_dtype}`")]
+    MixedDtypes {
+        /// The first piece's source.
+        first: String,
+        /// Its dtype.
+        first_dtype: crate::Dtype,
+        /// A source of another dtype.
+        other: String,
+        /// That dtype.
+        other_dtype: crate::Dtype,
+    },
+    /// It is cast to a dtype its stored one does not convert to.
+    #[error("it is stored as `{stored}`, which does not cast to `{to}`")]
+    BadCast {
+        /// The dtype its bytes are stored in.
+        stored: crate::Dtype,
+        /// The dtype asked for.
+        to: crate::Dtype,
+    },
+    /// Its stored dtype is not a whole number of bytes, so it cannot be cut into pieces.
+    #[error("its dtype `{dtype}` is not a whole number of bytes per element")]
+    SubByte {
+        /// The dtype.
+        dtype: crate::Dtype,
+    },
+    /// A target made of no piece at all: it would have no dtype.
+    #[error("it is made of no piece of any source")]
+    NoPieces,
+    /// A source tensor no target reads and the format does not drop: a merge would lose it.
+    #[error("no tensor of the {view} is made from it, and it is not one the format leaves out")]
+    Unplaced {
+        /// What the map builds (`one-rank model`, ...).
+        view: &'static str,
     },
 }
 

@@ -49,8 +49,10 @@
 //!   plans, the format's own write, or a refusal naming the format and the output). A new
 //!   format is one module with a unit struct implementing it, a line in `formats::DETECTORS`
 //!   and one in `formats::ops_of`.
-//! - `map/`: what happens to a tensor between reading and writing: float casts with torch's
-//!   bits, block-scaled FP8.
+//! - `map/`: what happens to a tensor between reading and writing: model maps (`map::model`:
+//!   the tensors written, each assembled from boxes of the tensors stored, such as a format's
+//!   one-rank or logical view; a new model architecture is one such map), float casts with
+//!   torch's bits, block-scaled FP8.
 //! - `plan/`: target planners (safetensors, torch files; the sharding they share), shard sizes,
 //!   and the dealing of one plan to the ranks of a job.
 //! - `write/`: the executor (streaming range copies, gathers, computed bytes), where outputs are
@@ -76,8 +78,8 @@ mod write;
 
 pub use error::{
     escape_controls, BlockScaleProblem, BoxProblem, ChunkProblem, EntryProblem, Error, ErrorKind, HeaderJsonProblem,
-    HubCorruption, HubUrlProblem, IndexProblem, JsonKind, ManifestProblem, MetadataProblem, Result, SaveTensorProblem,
-    SizeProblem, TorchTensorProblem, ZipProblem,
+    HubCorruption, HubUrlProblem, IndexProblem, JsonKind, ManifestProblem, MapProblem, MetadataProblem, Result,
+    SaveTensorProblem, SizeProblem, TorchTensorProblem, ZipProblem,
 };
 pub use formats::megatron::MegatronInfo;
 pub use formats::torch::allow::AllowGlobals;

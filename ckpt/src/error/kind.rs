@@ -76,6 +76,7 @@ impl Error {
             | Error::RankBeyondLimit { .. }
             | Error::BadMegatron { .. }
             | Error::MissingMegatronRank { .. }
+            | Error::BadModelMap { .. }
             | Error::HubCorrupt { .. } => ErrorKind::InvalidData,
             Error::NotACheckpoint { .. }
             | Error::UnknownSafetensorsLayout { .. }
@@ -187,6 +188,7 @@ impl Error {
             Error::RankBeyondLimit { .. } => "RankBeyondLimit",
             Error::BadMegatron { .. } => "BadMegatron",
             Error::MissingMegatronRank { .. } => "MissingMegatronRank",
+            Error::BadModelMap { .. } => "BadModelMap",
         }
     }
 }

@@ -40,6 +40,11 @@ fn variant_name_is_the_debug_name() {
         Error::DestinationsDiffer { dst: "out".into(), rank: 1, other: "out1".into() },
         Error::BadMegatron { path: "ckpt".into(), key: Some("k".into()), rank: Some(0), reason: "r".into() },
         Error::MissingMegatronRank { path: "ckpt".into(), rank: 1, tp: 2, pp: 1 },
+        Error::BadModelMap {
+            path: "ckpt".into(),
+            tensor: "w".into(),
+            problem: Box::new(MapProblem::Unplaced { view: "one-rank model" }),
+        },
         Error::MissingRngFile { path: "random_states_1.pkl".into(), rank: 1, world: 2 },
         Error::ZeroDtype {
             path: "zero_pp_rank_0_mp_rank_00_optim_states.pt".into(),

@@ -54,6 +54,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::error::Result;
+use crate::map::model::{ModelMap, Target};
 use crate::ops::outcome::Outcome;
 use crate::read::catalog::{Checkpoint, Format, Parts, Scan, SourceFile, TensorData, TensorInfo};
 use crate::write::WriteOptions;
@@ -90,7 +91,8 @@ impl super::FormatOps for DcpFormat {
     }
 }
 
-/// The catalog view of the DCP folder `dir`.
+/// The catalog view of the DCP folder `dir`: its tensors under their logical names, a model
+/// map that renames each stored key.
 pub(crate) fn catalog(dir: PathBuf) -> Result<Scan> {
     let dcp = read::read(&dir)?;
     let strip = single_top_level(&dcp);
@@ -98,17 +100,23 @@ pub(crate) fn catalog(dir: PathBuf) -> Result<Scan> {
         let rest = if strip { path.get(1..).unwrap_or_default() } else { path };
         rest.iter().map(PathElem::text).collect::<Vec<_>>().join(".")
     };
-    let tensors = dcp
+    // The stored tensors under their keys, seen under their logical names.
+    let sources: Vec<TensorInfo> = dcp
         .tensors
         .iter()
         .map(|t| TensorInfo {
-            name: name(&t.path),
+            name: t.key.clone(),
             dtype: t.dtype,
             shape: t.shape.clone(),
             stored: t.dtype,
             data: TensorData::Boxes(t.boxes.clone()),
         })
         .collect();
+    let mut map = ModelMap::new("logical view");
+    for t in &dcp.tensors {
+        map.push(Target::renamed(name(&t.path), t.key.clone(), &t.shape));
+    }
+    let tensors = map.apply(&dir, &sources)?;
     let values = dcp.bytes.iter().map(|b| (name(&b.path), b.value.clone())).collect();
     let files = save_file_sources(&dcp, &dir);
     let mut parts = Parts::new(Format::Dcp, dir, files, tensors);

@@ -13,6 +13,11 @@
 //! rank holds whole query groups, in order, so `linear_qkv` is a plain concatenation. The last
 //! stage of a tied model keeps a copy of the word embeddings as `output_layer.weight`, which
 //! the one-rank tied model does not have.
+//!
+//! The stitching is a model map ([`crate::map::model`]) over every rank's tensors, named
+//! `mp_rank_TT[_PPP]/<name>`: each one-rank tensor is its ranks' row ranges, and every rank
+//! tensor the map does not read is left out by name (the optimizer, RNG states, a tied output's
+//! copy, the other ranks' copies of a whole tensor), so nothing is dropped by accident.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -24,7 +29,8 @@ use super::optimizer::STATE_PREFIX;
 use super::Location;
 use crate::error::{Error, Result};
 use crate::formats::torch;
-use crate::read::catalog::{Checkpoint, Format, Parts, Scan, SourceFile, TensorBox, TensorData, TensorInfo};
+use crate::map::model::{self, ModelMap, Target};
+use crate::read::catalog::{Checkpoint, Chunk, Format, Parts, Scan, SourceFile, TensorBox, TensorData, TensorInfo};
 use crate::read::value::Leaf;
 use crate::AllowGlobals;
 use fsdp_state::Region;
@@ -132,28 +138,7 @@ pub(super) fn catalog(root: PathBuf, loc: Location) -> Result<Scan> {
         });
     }
     let legacy = Ranks { ranks, base_of, distrib_base, layer_offset, tp, swiglu, tied, bucket_size };
-    let (order, pieces) = legacy.pieces_by_name();
-    let mut tensors = Vec::with_capacity(order.len());
-    let mut seen = BTreeSet::new();
-    for key in &order {
-        let (stage, name) = key;
-        let list = &pieces[key];
-        let r = &legacy.ranks[list[0].1];
-        let bad = |reason: String| Error::BadMegatron {
-            path: r.ck.root.clone(),
-            key: Some(name.clone()),
-            rank: Some(r.tp),
-            reason,
-        };
-        if !seen.insert(name.clone()) {
-            // The stages share nothing but a tied output's copy, dropped above.
-            return Err(bad(format!("pipeline stage {stage} holds it, and so does an earlier one")));
-        }
-        if list.len() as u64 != tp {
-            return Err(bad(format!("{} of the stage's {tp} tensor-parallel ranks hold it", list.len())));
-        }
-        tensors.push(stitch(name, split_of(name, swiglu), tp, list, &legacy.base_of).map_err(bad)?);
-    }
+    let tensors = legacy.one_rank(&root)?;
     meta.iteration = iteration;
     meta.tensor_parallel = Some(tp);
     meta.pipeline_parallel = Some(pp);
@@ -203,15 +188,17 @@ pub(super) fn local_layer(name: &str) -> Option<(&str, u64, &str)> {
     Some((block, layer, within))
 }
 
-/// The one-rank tensor `name` from the pieces of its stage's tensor-parallel ranks.
+/// The one-rank tensor `name` as a target of a model map, from the pieces of its stage's
+/// tensor-parallel ranks (each with the name its rank's tensor has among the map's sources):
+/// the pieces concatenated on dim `d`, SwiGLU's halves each concatenated with the other
+/// ranks', or rank 0's piece where every rank holds the whole tensor.
 fn stitch(
     name: &str,
     split: Split,
     tp: u64,
-    pieces: &[Piece<'_>],
-    base_of: &[usize],
-) -> std::result::Result<TensorInfo, String> {
-    let mut by_rank: Vec<&Piece<'_>> = pieces.iter().collect();
+    pieces: &[(u64, String, &TensorInfo)],
+) -> std::result::Result<Target, String> {
+    let mut by_rank: Vec<&(u64, String, &TensorInfo)> = pieces.iter().collect();
     by_rank.sort_by_key(|p| p.0);
     let t0 = by_rank[0].2;
     let local = t0.shape.clone();
@@ -222,26 +209,19 @@ fn stitch(
                 local, t0.dtype, t.shape, t.dtype
             ));
         }
-    }
-    let moved = |t: &TensorInfo, ri: usize| -> std::result::Result<TensorBox, String> {
-        match t.boxes() {
-            [b] => Ok(TensorBox { file: b.file + base_of[ri], ..b.clone() }),
-            _ => Err("a rank's piece is not one tensor of its file".into()),
+        if t.boxes().len() != 1 {
+            return Err("a rank's piece is not one tensor of its file".into());
         }
-    };
-    let (shape, boxes) = match split {
-        Split::Whole => (local.clone(), vec![moved(t0, by_rank[0].1)?]),
+    }
+    let (shape, parts) = match split {
+        Split::Whole => (local.clone(), vec![model::Piece::whole(by_rank[0].1.clone(), &local)]),
         Split::Dim(d) => {
             let Some(&n) = local.get(d) else { return Err(format!("its piece has no dim {d} to split on")) };
             let mut shape = local.clone();
             shape[d] = n * tp;
-            let mut boxes = Vec::new();
-            for (r, ri, t) in &by_rank {
-                let mut b = moved(t, *ri)?;
-                b.region.offsets[d] = r * n;
-                boxes.push(b);
-            }
-            (shape, boxes)
+            let parts =
+                by_rank.iter().map(|(r, source, _)| model::Piece::range(source.clone(), &local, d, 0..n, r * n));
+            (shape, parts.collect())
         }
         Split::Gated => {
             let Some(&n) = local.first() else { return Err("its piece is 0-d".into()) };
@@ -251,22 +231,35 @@ fn stitch(
             let half = n / 2;
             let mut shape = local.clone();
             shape[0] = n * tp;
-            let mut boxes = Vec::new();
-            for (r, ri, t) in &by_rank {
-                let b = moved(t, *ri)?;
-                for (part, at) in [(0, r * half), (1, tp * half + r * half)] {
-                    let mut offsets = b.region.offsets.clone();
-                    offsets[0] = at;
-                    let mut sizes = b.region.sizes.clone();
-                    sizes[0] = half;
-                    let offset = b.offset + part * half * b.strides[0];
-                    boxes.push(TensorBox { region: Region::new(offsets, sizes), offset, ..b.clone() });
-                }
+            let mut parts = Vec::new();
+            for (r, source, _) in &by_rank {
+                parts.push(model::Piece::range(source.clone(), &local, 0, 0..half, r * half));
+                parts.push(model::Piece::range(source.clone(), &local, 0, half..n, tp * half + r * half));
             }
-            (shape, boxes)
+            (shape, parts)
         }
     };
-    Ok(TensorInfo { name: name.to_string(), dtype: t0.dtype, shape, stored: t0.stored, data: TensorData::Boxes(boxes) })
+    Ok(Target::new(name, shape, parts))
+}
+
+/// `t` as a tensor of the catalog whose files are its file's followed by others: its file
+/// indices moved by `by`.
+fn moved(t: &TensorInfo, name: String, by: usize) -> TensorInfo {
+    let data = match &t.data {
+        TensorData::Boxes(b) => {
+            TensorData::Boxes(b.iter().map(|b| TensorBox { file: b.file + by, ..b.clone() }).collect())
+        }
+        TensorData::Ranges(c) => TensorData::Ranges(c.iter().map(|c| Chunk { file: c.file + by, ..*c }).collect()),
+    };
+    TensorInfo { name, data, ..t.clone() }
+}
+
+/// The reason a map built from a save's own tensors does not fit, for [`Error::BadMegatron`].
+fn map_reason(e: Error) -> String {
+    match e {
+        Error::BadModelMap { problem, .. } => problem.to_string(),
+        other => other.to_string(),
+    }
 }
 
 /// Every rank's file, each read once, checked to form a whole grid of tensor × pipeline ranks.
@@ -392,6 +385,59 @@ impl Ranks {
         (order, pieces)
     }
 
+    /// The name a rank's tensor has among a map's sources: its rank folder, then its name.
+    fn source_name(&self, ri: usize, name: &str) -> String {
+        let folder = self.ranks[ri].ck.root.parent().and_then(|d| d.file_name()).map(|n| n.to_string_lossy());
+        format!("{}/{name}", folder.unwrap_or_default())
+    }
+
+    /// The one-rank model: every rank's tensors, seen through one model map that stitches each
+    /// tensor from its stage's tensor-parallel pieces and leaves out what the one-rank model
+    /// does not hold (the optimizer, RNG states, `_extra_state`, a tied output's copy, and the
+    /// other ranks' copies of a tensor every rank holds whole).
+    fn one_rank(&self, root: &Path) -> Result<Vec<TensorInfo>> {
+        let mut sources = Vec::new();
+        let mut map = ModelMap::new("one-rank model");
+        for (ri, r) in self.ranks.iter().enumerate() {
+            for t in &r.ck.tensors {
+                let source = self.source_name(ri, &t.name);
+                if self.one_rank_name(r, &t.name).is_none() {
+                    map.leave_out(source.clone());
+                }
+                sources.push(moved(t, source, self.base_of[ri]));
+            }
+        }
+        let (order, pieces) = self.pieces_by_name();
+        let mut seen = BTreeSet::new();
+        for key in &order {
+            let (stage, name) = key;
+            let list = &pieces[key];
+            let r = &self.ranks[list[0].1];
+            let bad = |reason: String| Error::BadMegatron {
+                path: r.ck.root.clone(),
+                key: Some(name.clone()),
+                rank: Some(r.tp),
+                reason,
+            };
+            if !seen.insert(name.clone()) {
+                // The stages share nothing but a tied output's copy, left out above.
+                return Err(bad(format!("pipeline stage {stage} holds it, and so does an earlier one")));
+            }
+            if list.len() as u64 != self.tp {
+                return Err(bad(format!("{} of the stage's {} tensor-parallel ranks hold it", list.len(), self.tp)));
+            }
+            let split = split_of(name, self.swiglu);
+            let named: Vec<(u64, String, &TensorInfo)> =
+                list.iter().map(|&(tp, ri, t)| (tp, self.source_name(ri, &t.name), t)).collect();
+            if split == Split::Whole {
+                // Every rank holds it whole: rank 0's is the one read.
+                named.iter().filter(|p| p.0 != 0).for_each(|p| map.leave_out(p.1.clone()));
+            }
+            map.push(stitch(name, split, self.tp, &named).map_err(bad)?);
+        }
+        map.apply(root, &sources)
+    }
+
     /// True when the save's optimizer is the distributed one, in `distrib_optim.pt` beside
     /// each rank's file.
     pub(crate) fn has_distributed_optimizer(&self) -> bool {
@@ -485,12 +531,25 @@ impl Ranks {
         for ((name, state), list) in pieces {
             let split = split_of(name, self.swiglu);
             let r = &self.ranks[list[0].1];
-            let t = stitch(name, split, self.tp, list, base_of).map_err(|reason| Error::BadMegatron {
+            let bad = |reason: String| Error::BadMegatron {
                 path: r.ck.root.clone(),
                 key: Some(name.clone()),
                 rank: Some(r.tp),
                 reason: format!("its optimizer `{state}`: {reason}"),
-            })?;
+            };
+            // The pieces as the sources of a map of this one tensor.
+            let sources: Vec<TensorInfo> = list
+                .iter()
+                .map(|&(tp, ri, t)| moved(t, format!("{}/{tp}", self.source_name(ri, name)), base_of[ri]))
+                .collect();
+            let named: Vec<(u64, String, &TensorInfo)> =
+                list.iter().zip(&sources).map(|(&(tp, _, _), s)| (tp, s.name.clone(), s)).collect();
+            let mut map = ModelMap::new("parameter's optimizer state");
+            map.push(stitch(name, split, self.tp, &named).map_err(&bad)?);
+            if split == Split::Whole {
+                named.iter().filter(|p| p.0 != 0).for_each(|p| map.leave_out(p.1.clone()));
+            }
+            let t = map.apply(&r.ck.root, &sources).map_err(|e| bad(map_reason(e)))?.remove(0);
             match local_layer(name) {
                 Some((block, l, rest)) => {
                     let stored = format!("{block}{}", names::stored_within(rest));
@@ -501,10 +560,15 @@ impl Ranks {
         }
         for ((stored, state), mut per_layer) in layers {
             per_layer.sort_by_key(|(l, _)| *l);
-            plain.push(stack(
-                format!("{STATE_PREFIX}{state}.{stored}"),
-                per_layer.into_iter().map(|(_, t)| t).collect(),
-            ));
+            let name = format!("{STATE_PREFIX}{state}.{stored}");
+            let stacked =
+                stack(&name, per_layer.into_iter().map(|(_, t)| t).collect()).map_err(|e| Error::BadMegatron {
+                    path: self.ranks[0].ck.root.clone(),
+                    key: Some(stored.clone()),
+                    rank: None,
+                    reason: format!("its optimizer `{state}`: {}", map_reason(e)),
+                })?;
+            plain.push(stacked);
         }
         Ok(plain)
     }
@@ -622,27 +686,19 @@ fn group_sizes(ck: &Checkpoint) -> Option<Vec<u64>> {
         .collect()
 }
 
-/// The tensors of `layers` (one per layer, in order, alike in shape) as one tensor with a
-/// leading layer axis: each box takes its layer's place on it.
-fn stack(name: String, layers: Vec<TensorInfo>) -> TensorInfo {
-    let first = &layers[0];
-    let (dtype, stored) = (first.dtype, first.stored);
-    let mut shape = vec![layers.len() as u64];
-    shape.extend(&first.shape);
-    let mut boxes = Vec::new();
-    for (l, t) in layers.iter().enumerate() {
-        for b in t.boxes() {
-            let mut offsets = vec![l as u64];
-            offsets.extend(&b.region.offsets);
-            let mut sizes = vec![1];
-            sizes.extend(&b.region.sizes);
-            // A stride for the one-long layer axis is never stepped.
-            let mut strides = vec![0];
-            strides.extend(&b.strides);
-            boxes.push(TensorBox { region: Region::new(offsets, sizes), strides, ..b.clone() });
-        }
-    }
-    TensorInfo { name, dtype, shape, stored, data: TensorData::Boxes(boxes) }
+/// The tensors of `layers` (one per layer, in order, alike in shape) as one tensor `name`
+/// with a leading layer axis: a model map whose pieces put each layer at its index.
+fn stack(name: &str, layers: Vec<TensorInfo>) -> Result<TensorInfo> {
+    let shape = layers.first().map(|t| t.shape.clone()).unwrap_or_default();
+    let sources: Vec<TensorInfo> =
+        layers.into_iter().enumerate().map(|(l, t)| TensorInfo { name: l.to_string(), ..t }).collect();
+    let pieces =
+        sources.iter().enumerate().map(|(l, t)| model::Piece::stacked(t.name.clone(), &shape, 0, l as u64)).collect();
+    let mut stacked_shape = vec![sources.len() as u64];
+    stacked_shape.extend(&shape);
+    let mut map = ModelMap::new("stacked layers");
+    map.push(Target::new(name, stacked_shape, pieces));
+    Ok(map.apply(Path::new(name), &sources)?.remove(0))
 }
 
 #[cfg(test)]

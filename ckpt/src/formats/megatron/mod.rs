@@ -33,7 +33,9 @@
 //! shows the model as megatron holds it on one rank ([`names`]): layers unstacked by their
 //! global index, norms under their module names, `_extra_state` left out. With
 //! [`crate::OpenOptions::as_stored`] it shows the stored tensors under their stored keys, as
-//! torch's `dcp_to_torch_save` gives them.
+//! torch's `dcp_to_torch_save` gives them. Both views, and a legacy save's stitching of its
+//! ranks' pieces, are model maps ([`crate::map::model`]) over the tensors as stored, applied
+//! and checked like any other catalog.
 
 mod buckets;
 #[doc(hidden)]
