@@ -86,6 +86,7 @@ pub use plan::size::{parse_size, DEFAULT_MAX_SHARD_SIZE};
 pub use read::catalog::{Checkpoint, Chunk, Format, SourceFile, TensorBox, TensorInfo};
 pub use read::dtype::Dtype;
 pub use read::OpenOptions;
+pub use report::describe::{Description, Section};
 pub use report::verify::{verify, verify_with, Report};
 pub use report::view::{INSPECT_SCHEMA, OUTCOME_SCHEMA, VERIFY_SCHEMA};
 pub use write::job::Job;

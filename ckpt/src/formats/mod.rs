@@ -1,7 +1,8 @@
 //! On-disk formats. Each module opens with a description of its layout, and offers the same
-//! two things: `detect` (is this path, file or folder, a checkpoint of mine, and where is its
-//! root?) and `catalog` (read it into a [`crate::Checkpoint`]). Adding a format is one module
-//! and one line in [`DETECTORS`] and [`catalog`].
+//! three things: `detect` (is this path, file or folder, a checkpoint of mine, and where is its
+//! root?), `catalog` (read it into a [`crate::Checkpoint`]) and `describe` (what it says of a
+//! checkpoint it read, for `inspect` and `--json`). Adding a format is one module and one line
+//! in [`DETECTORS`], [`catalog`] and [`describe`].
 
 pub(crate) mod accelerate;
 pub(crate) mod dcp;
@@ -14,7 +15,8 @@ pub(crate) mod torch;
 use std::path::{Path, PathBuf};
 
 use crate::error::Result;
-use crate::read::catalog::{Format, Scan};
+use crate::read::catalog::{Checkpoint, Format, Scan};
+use crate::report::describe::Description;
 
 /// A format's detector: the checkpoint root `path` names, if it is one of the format's.
 type Detect = fn(&Path) -> Result<Option<PathBuf>>;
@@ -50,5 +52,16 @@ pub(crate) fn catalog(format: Format, root: PathBuf, options: &crate::OpenOption
         Format::AccelerateState | Format::Trainer => accelerate::catalog(root),
         Format::MegatronTorchDist => megatron::catalog_torch_dist(root, options.as_stored),
         Format::MegatronLegacy => megatron::catalog_legacy(root),
+    }
+}
+
+/// What a checkpoint's format says of it, for `inspect`, `--json` and an operation's summary.
+pub(crate) fn describe(ck: &Checkpoint) -> Description {
+    match ck.format() {
+        Format::Safetensors | Format::HfSharded | Format::Torch | Format::TorchSharded => Description::of_files(ck),
+        Format::Dcp | Format::DcpSafetensors => dcp::describe(ck),
+        Format::DeepSpeed => deepspeed::describe(ck),
+        Format::AccelerateState | Format::Trainer => accelerate::describe(ck),
+        Format::MegatronTorchDist | Format::MegatronLegacy => megatron::describe(ck),
     }
 }

@@ -30,6 +30,7 @@
 //! `Trainer`'s own names beside accelerate's ([`trainer`]).
 
 mod check;
+mod describe;
 mod names;
 mod position;
 mod read;
@@ -45,6 +46,7 @@ use crate::read::catalog::{Checkpoint, Format, Parts, Scan};
 use names::{classify, Kind};
 use rng::RngState;
 
+pub(crate) use describe::describe;
 pub(crate) use position::write_loader_state;
 
 /// A model of the folder.

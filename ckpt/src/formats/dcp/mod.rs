@@ -56,6 +56,7 @@ use std::sync::Arc;
 use crate::error::Result;
 use crate::ops::outcome::Outcome;
 use crate::read::catalog::{Checkpoint, Format, Parts, Scan, SourceFile, TensorData, TensorInfo};
+use crate::report::describe::Description;
 use crate::write::WriteOptions;
 use metadata::PathElem;
 use plan::{SrcBytes, SrcTensor};
@@ -103,6 +104,14 @@ pub(crate) fn catalog(dir: PathBuf) -> Result<Scan> {
     parts.members = crate::read::io::regular_files(&parts.root)?;
     parts.detail = Some(Arc::new(dcp));
     Ok(Scan::clean(Checkpoint::new(parts)?))
+}
+
+/// How a DCP folder (or DCP's Hugging Face storage) is named: by its rank files.
+pub(crate) fn describe(ck: &Checkpoint) -> Description {
+    match ck.world_size() {
+        Some(w) => Description::titled(format!("a DCP checkpoint of {w} rank file(s)")),
+        None => Description::of_files(ck),
+    }
 }
 
 /// The folder's data files, the first carrying the `__metadata__` that

@@ -63,6 +63,7 @@ use crate::error::Result;
 use crate::ops::outcome::Outcome;
 use crate::read::catalog::{Checkpoint, Format, Parts, Scan, TensorInfo};
 use crate::read::dtype::Dtype;
+use crate::report::describe::Description;
 use crate::write::WriteOptions;
 pub(crate) use read::is_zero_checkpoint;
 pub(crate) use read::ZeroCheckpoint;
@@ -111,6 +112,14 @@ pub(crate) fn catalog(dir: PathBuf, tag: Option<&str>) -> Result<Scan> {
     parts.zero_stage = Some(zero.stage);
     parts.detail = Some(Arc::new(zero));
     Ok(Scan::clean(Checkpoint::new(parts)?))
+}
+
+/// How a ZeRO checkpoint is named: its stage and its data-parallel world.
+pub(crate) fn describe(ck: &Checkpoint) -> Description {
+    match (ck.zero_stage(), ck.world_size()) {
+        (Some(stage), Some(w)) => Description::titled(format!("a ZeRO-{stage} checkpoint of {w} ranks")),
+        _ => Description::of_files(ck),
+    }
 }
 
 /// The merged Adam moments: for each trainable param, `.exp_avg` then `.exp_avg_sq`.

@@ -51,6 +51,7 @@ use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
 use crate::read::catalog::Scan;
+use crate::report::describe::Description;
 
 /// The file a Megatron-LM run writes last, naming its newest complete iteration.
 pub(crate) const TRACKER_NAME: &str = "latest_checkpointed_iteration.txt";
@@ -229,6 +230,14 @@ pub(crate) fn catalog_legacy(root: PathBuf) -> Result<Scan> {
         return Err(Error::NotACheckpoint { path: root });
     };
     legacy::catalog(root, loc)
+}
+
+/// What `inspect` shows of a Megatron checkpoint (see [`info::description`]).
+pub(crate) fn describe(ck: &crate::Checkpoint) -> Description {
+    match ck.megatron() {
+        Some(m) => info::description(m),
+        None => Description::of_files(ck),
+    }
 }
 
 impl crate::Checkpoint {
