@@ -55,6 +55,13 @@ pub(crate) fn catalog(format: Format, root: PathBuf, options: &crate::OpenOption
     }
 }
 
+impl Checkpoint {
+    /// What the checkpoint's format says about it (see [`Description`]).
+    pub fn describe(&self) -> Description {
+        describe(self)
+    }
+}
+
 /// What a checkpoint's format says of it, for `inspect`, `--json` and an operation's summary.
 pub(crate) fn describe(ck: &Checkpoint) -> Description {
     match ck.format() {

@@ -53,10 +53,3 @@ impl Description {
         Description::titled(format!("{} file(s)", ck.files().len()))
     }
 }
-
-impl Checkpoint {
-    /// What the checkpoint's format says about it (see [`Description`]).
-    pub fn describe(&self) -> Description {
-        crate::formats::describe(self)
-    }
-}
