@@ -44,17 +44,21 @@
 //!   byte-source seam every read goes through (`read::io`), dtypes, strided shapes, non-tensor
 //!   values, and the CRC checks of zip records.
 //! - `formats/`: one module per format. Each states its on-disk layout in its opening comment,
-//!   detects its sources, catalogs them, and says what it can produce.
+//!   detects its sources, catalogs them, describes them for `inspect` and `--json` (a
+//!   [`Description`]), says which open options it takes, lays out its own target files, and
+//!   says what it can produce. Nothing outside `formats/` names a format module:
+//!   `formats/mod.rs` dispatches on the format.
 //! - `map/`: what happens to a tensor between reading and writing: float casts with torch's
 //!   bits, block-scaled FP8.
-//! - `plan/`: target planners (safetensors, torch files; the sharding they share), shard sizes,
-//!   and the dealing of one plan to the ranks of a job.
+//! - `plan/`: what the target planners share (the tensors to write, destinations, the
+//!   sharding), shard sizes, and the dealing of one plan to the ranks of a job.
 //! - `write/`: the executor (streaming range copies, gathers, computed bytes), where outputs are
 //!   staged, the commit (index or metadata last), the destination lock, the ranks of a job and
 //!   how they agree, and the only `unsafe` (`write::sys`).
 //! - `ops/`: the public operations (split, merge, convert, reshard, saves from memory), their
 //!   options and what they report.
-//! - `report/`: verify's report and the versioned JSON documents.
+//! - `report/`: what a format describes ([`Description`]), verify's report and the versioned
+//!   JSON documents.
 //! - `hub/`: `hf://` sources and pushes.
 
 #![warn(missing_docs, unreachable_pub)]

@@ -14,9 +14,13 @@ pub(crate) mod torch;
 
 use std::path::{Path, PathBuf};
 
-use crate::error::Result;
-use crate::read::catalog::{Checkpoint, Format, Scan};
+use crate::error::{Error, Result};
+use crate::ops::TargetFormat;
+use crate::plan::{Dest, Meta, Out, Placed};
+use crate::read::catalog::{Checkpoint, Format, Scan, SourceFile};
+use crate::read::value::Leaf;
 use crate::report::describe::Description;
+use crate::write::Plan;
 
 /// A format's detector: the checkpoint root `path` names, if it is one of the format's.
 type Detect = fn(&Path) -> Result<Option<PathBuf>>;
@@ -38,6 +42,121 @@ pub(crate) const DETECTORS: &[(Format, Detect)] = &[
     (Format::TorchSharded, torch::detect_sharded_folder),
     (Format::Torch, torch::detect_folder),
 ];
+
+/// The format and root of the checkpoint at `path` (a folder when `is_dir`), the first of
+/// [`DETECTORS`] that matches.
+pub(crate) fn detect(path: &Path, is_dir: bool) -> Result<(Format, PathBuf)> {
+    for (format, detect) in DETECTORS {
+        if let Some(root) = detect(path)? {
+            return Ok((*format, root));
+        }
+    }
+    if is_dir {
+        // Say what is there when it looks like a checkpoint but fits no layout.
+        let (_, singles) = safetensors::folder_files(path)?;
+        if !singles.is_empty() {
+            let found = singles.iter().take(4).filter_map(|p| p.file_name()).map(|n| n.to_string_lossy().into_owned());
+            return Err(Error::UnknownSafetensorsLayout {
+                path: path.to_path_buf(),
+                count: singles.len(),
+                found: found.collect(),
+            });
+        }
+    }
+    Err(Error::NotACheckpoint { path: path.to_path_buf() })
+}
+
+/// Plans a state dict as `to`'s files at `dest`, with the non-tensor `values` where the format
+/// keeps them (a torch file's pickle): torch files for [`TargetFormat::Torch`], safetensors
+/// otherwise (a DCP target is laid out for its ranks by `dcp::write`, never as one state dict).
+pub(crate) fn plan_state_dict(
+    to: TargetFormat,
+    outs: &[Out<'_>],
+    values: &[(String, Leaf)],
+    meta: &Meta,
+    dest: &Dest,
+    plan: &mut Plan,
+) -> Result<Placed> {
+    match to {
+        TargetFormat::Torch => torch::writer::plan(outs, values, meta, dest, plan),
+        TargetFormat::Safetensors | TargetFormat::Dcp => safetensors::plan(outs, meta, dest, plan),
+    }
+}
+
+// What the Hub reads of a repository's checkpoint by range requests, before (or instead of)
+// downloading it, with the local readers' caps and checks: a safetensors file's header and a
+// shard index. `hub/` reaches the layouts through these alone.
+pub(crate) use hf_index::{Index as ShardIndex, MAX_INDEX_LEN};
+pub(crate) use safetensors::Header as SafetensorsHeader;
+
+/// The names huggingface_hub gives a repository's safetensors checkpoint, its shard index first.
+pub(crate) const SAFETENSORS_NAMES: [&str; 2] = [hf_index::INDEX_NAME, safetensors::SINGLE_NAME];
+/// The names transformers gives a repository's torch checkpoint, its shard index first.
+pub(crate) const TORCH_NAMES: [&str; 2] = [torch::TORCH_INDEX_NAME, torch::TORCH_SINGLE_NAME];
+
+/// A safetensors file of `len` bytes at `path`, its header read through `read(offset, len)`
+/// (range requests): the file as a source, and its validated header.
+pub(crate) fn file_header(
+    path: &Path,
+    len: u64,
+    read: impl FnMut(u64, u64) -> Result<Vec<u8>>,
+) -> Result<(SourceFile, SafetensorsHeader)> {
+    let header = safetensors::read_header_with(len, path, read)?;
+    Ok(safetensors::source_of(path, len, header))
+}
+
+/// The catalog of one safetensors file, from its header alone.
+pub(crate) fn file_catalog(file: SourceFile, header: SafetensorsHeader) -> Result<Scan> {
+    safetensors::catalog_of(file, header)
+}
+
+/// The catalog of the sharded safetensors checkpoint `index` describes, each shard's header
+/// read by `read_shard(name)` (`None`: the shard is missing).
+pub(crate) fn sharded_catalog(
+    index: &ShardIndex,
+    read_shard: impl FnMut(&str) -> Option<Result<(SourceFile, SafetensorsHeader)>>,
+) -> Result<Scan> {
+    hf_index::catalog_of(index, read_shard)
+}
+
+/// An open option that only some formats take ([`crate::OpenOptions`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum OpenOption {
+    /// `tag`: which of its saves to read.
+    Tag,
+    /// `allow_globals`: more pickled globals read as inert data.
+    AllowGlobals,
+    /// `as_stored`: the tensors as stored rather than as the model.
+    AsStored,
+}
+
+impl OpenOption {
+    /// Which checkpoints take it, as a refusal names them.
+    pub(crate) fn takers(self) -> &'static str {
+        match self {
+            OpenOption::Tag => deepspeed::TAKERS_OF_TAG,
+            OpenOption::AllowGlobals => torch::TAKERS_OF_ALLOW_GLOBALS,
+            OpenOption::AsStored => megatron::TAKERS_OF_AS_STORED,
+        }
+    }
+}
+
+/// Whether `format` takes `option`; opening refuses an option its format does not take.
+pub(crate) fn takes(format: Format, option: OpenOption) -> bool {
+    let takes: &[OpenOption] = match format {
+        Format::DeepSpeed => &[OpenOption::Tag],
+        Format::Torch | Format::TorchSharded => &[OpenOption::AllowGlobals],
+        Format::MegatronTorchDist => &[OpenOption::AsStored],
+        Format::Safetensors
+        | Format::HfSharded
+        | Format::Dcp
+        | Format::DcpSafetensors
+        | Format::AccelerateState
+        | Format::Trainer
+        | Format::MegatronLegacy => &[],
+    };
+    takes.contains(&option)
+}
 
 /// Reads a checkpoint whose format detection decided, as `options` say.
 pub(crate) fn catalog(format: Format, root: PathBuf, options: &crate::OpenOptions) -> Result<Scan> {

@@ -11,7 +11,7 @@ pub(crate) mod value;
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, IoContext, Result};
-use crate::formats;
+use crate::formats::{self, OpenOption};
 use crate::hub;
 use crate::read::catalog::{Checkpoint, Format, Scan};
 use crate::AllowGlobals;
@@ -41,33 +41,29 @@ pub struct OpenOptions {
 }
 
 impl OpenOptions {
-    /// Refuses options that do not apply to `format`.
+    /// Refuses options that do not apply to `format`, as the format says which it takes.
     fn check(&self, format: Format, root: &Path) -> Result<()> {
-        if self.tag.is_some() && format != Format::DeepSpeed {
+        let refused = |option| !formats::takes(format, option);
+        if self.tag.is_some() && refused(OpenOption::Tag) {
             return Err(Error::BadConvert {
                 dst: root.to_path_buf(),
-                reason: format!("a tag applies to DeepSpeed checkpoints only; this is {}", format.name()),
+                reason: format!("a tag applies to {} only; this is {}", OpenOption::Tag.takers(), format.name()),
             });
         }
-        if !self.allow_globals.is_empty() && !matches!(format, Format::Torch | Format::TorchSharded) {
-            return Err(Error::BadOption {
-                option: "allow_globals",
-                reason: format!(
-                    "applies to torch files (`.bin`, `.pt`, `.ckpt`, and their sharded sets) only; {} is {}",
-                    crate::escape_controls(&root.display().to_string()),
-                    format.name()
-                ),
-            });
+        let misused = |option: OpenOption, name: &'static str| Error::BadOption {
+            option: name,
+            reason: format!(
+                "applies to {} only; {} is {}",
+                option.takers(),
+                crate::escape_controls(&root.display().to_string()),
+                format.name()
+            ),
+        };
+        if !self.allow_globals.is_empty() && refused(OpenOption::AllowGlobals) {
+            return Err(misused(OpenOption::AllowGlobals, "allow_globals"));
         }
-        if self.as_stored && format != Format::MegatronTorchDist {
-            return Err(Error::BadOption {
-                option: "as_stored",
-                reason: format!(
-                    "applies to Megatron `torch_dist` checkpoints only; {} is {}",
-                    crate::escape_controls(&root.display().to_string()),
-                    format.name()
-                ),
-            });
+        if self.as_stored && refused(OpenOption::AsStored) {
+            return Err(misused(OpenOption::AsStored, "as_stored"));
         }
         Ok(())
     }
@@ -122,24 +118,7 @@ fn detect_path(path: &Path) -> Result<(Format, PathBuf)> {
         // A FIFO, socket or device: the one check that refuses it by name, before any open.
         crate::read::io::open(path)?;
     }
-    for (format, detect) in formats::DETECTORS {
-        if let Some(root) = detect(path)? {
-            return Ok((*format, root));
-        }
-    }
-    if meta.is_dir() {
-        // Say what is there when it looks like a checkpoint but fits no layout.
-        let (_, singles) = formats::safetensors::folder_files(path)?;
-        if !singles.is_empty() {
-            let found = singles.iter().take(4).filter_map(|p| p.file_name()).map(|n| n.to_string_lossy().into_owned());
-            return Err(Error::UnknownSafetensorsLayout {
-                path: path.to_path_buf(),
-                count: singles.len(),
-                found: found.collect(),
-            });
-        }
-    }
-    Err(Error::NotACheckpoint { path: path.to_path_buf() })
+    formats::detect(path, meta.is_dir())
 }
 
 /// Reads a detected checkpoint, collecting the problems `verify` reports.

@@ -58,9 +58,10 @@ use crate::ops::outcome::Outcome;
 use crate::read::catalog::{Checkpoint, Format, Parts, Scan, SourceFile, TensorData, TensorInfo};
 use crate::report::describe::Description;
 use crate::write::WriteOptions;
+pub(crate) use metadata::metadata_classes;
 use metadata::PathElem;
 use plan::{SrcBytes, SrcTensor};
-pub(crate) use read::{read_with as read_folder_with, Dcp as DcpSource, DcpTensor};
+pub(crate) use read::{read_with as read_folder_with, Classes, Dcp as DcpSource, DcpTensor};
 
 /// The metadata file of a DCP folder.
 pub(crate) const METADATA_NAME: &str = ".metadata";

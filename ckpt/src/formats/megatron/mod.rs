@@ -50,8 +50,13 @@ pub(crate) use optimizer::optimizer_state;
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
+use crate::formats::dcp;
 use crate::read::catalog::Scan;
 use crate::report::describe::Description;
+
+/// The checkpoints that take `as_stored` ([`crate::OpenOptions::as_stored`]): a `torch_dist`
+/// save stores its tensors other than as the model (stacked layers, its own keys).
+pub(crate) const TAKERS_OF_AS_STORED: &str = "Megatron `torch_dist` checkpoints";
 
 /// The file a Megatron-LM run writes last, naming its newest complete iteration.
 pub(crate) const TRACKER_NAME: &str = "latest_checkpointed_iteration.txt";
@@ -61,6 +66,23 @@ pub(crate) const CONFIG_NAME: &str = "metadata.json";
 const MAX_TRACKER_LEN: u64 = 64;
 /// The longest `metadata.json` we read (megatron's is under 100 bytes).
 const MAX_CONFIG_LEN: u64 = 1 << 16;
+
+/// What a `torch_dist` folder pickles beyond a plain DCP folder: in `.metadata`, megatron's
+/// `all_local_plans` (every rank's save plan, kept to check a later save against) and the
+/// placeholder classes older megatron versions pickled there, records nobody reads; in its
+/// values, the saved `args` ([`SAVE_GLOBALS`]). A plain DCP folder naming any of these is
+/// refused.
+const DCP_CLASSES: dcp::Classes = dcp::Classes {
+    metadata: dcp::metadata_classes!(
+        "torch.distributed.checkpoint.planner.SavePlan",
+        "torch.distributed.checkpoint.planner.WriteItem",
+        "torch.distributed.checkpoint.planner.WriteItemType",
+        "torch.distributed.checkpoint.planner.TensorWriteData",
+        "megatron.core.dist_checkpointing.strategies.torch.MCoreMetadata",
+        "megatron.core.dist_checkpointing.strategies.torch.MCoreSavePlan",
+    ),
+    values: SAVE_GLOBALS,
+};
 
 /// The globals a Megatron-LM save pickles besides torch's weights-only list: the saved
 /// `args` and the enums its fields hold, all read as inert records.

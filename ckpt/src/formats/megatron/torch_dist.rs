@@ -13,7 +13,7 @@ use crate::read::catalog::{Checkpoint, Format, Parts, Scan, TensorBox, TensorDat
 
 /// The catalog of the `torch_dist` checkpoint at `loc`, named by `root`.
 pub(super) fn catalog(root: PathBuf, loc: Location, as_stored: bool) -> Result<Scan> {
-    let dcp = dcp::read_folder_with(&loc.dir, super::SAVE_GLOBALS)?;
+    let dcp = dcp::read_folder_with(&loc.dir, super::DCP_CLASSES)?;
     let meta = info::describe(&loc, &dcp);
     let tensors = if as_stored { stored(&dcp) } else { one_rank(&dcp, &loc)? };
     let files = dcp::save_file_sources(&dcp, &loc.dir);
