@@ -73,7 +73,7 @@ mod read;
 mod report;
 mod write;
 
-pub use error::{escape_controls, Error, ErrorKind, Result};
+pub use error::{escape_controls, Error, ErrorKind, Result, SaveTensorProblem};
 pub use formats::megatron::MegatronInfo;
 pub use formats::torch::allow::AllowGlobals;
 pub use fsdp_state::Region;

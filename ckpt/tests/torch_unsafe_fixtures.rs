@@ -238,7 +238,7 @@ fn patterns_are_checked_where_they_enter() {
     assert_eq!(
         err,
         format!(
-            "`allow_globals`: applies to torch files (`.bin`, `.pt`, `.ckpt`, and their sharded sets) only; {} is safetensors",
+            "`allow_globals` applies to torch files (`.bin`, `.pt`, `.ckpt`, and their sharded sets) only; {} is safetensors",
             st.display()
         )
     );

@@ -66,9 +66,12 @@ fn report_error(err: &anyhow::Error, job: &ckpt::Job<'_>) -> ExitCode {
     }
     let lib = err.chain().find_map(|c| c.downcast_ref::<ckpt::Error>());
     let mut stderr = std::io::stderr().lock();
-    // Options that do not go together are a usage error worded with the flags alone.
+    // Options that cannot be carried out are a usage error worded with the flags alone.
     if let Some(ckpt::Error::Misuse { misuse, .. }) = lib {
         let _ = writeln!(stderr, "{rank}error: {}", ckpt::escape_controls(&misuse.describe(&flag)));
+        if let Some(hint) = lib.and_then(hint) {
+            let _ = writeln!(stderr, "{}", ckpt::escape_controls(&hint));
+        }
         return ExitCode::from(2);
     }
     // Our library errors already include their cause; print each cause only once. A library
@@ -113,6 +116,12 @@ fn flag(option: ckpt::Opt, value: Option<&str>) -> String {
         ckpt::Opt::WorldSize => "--world-size",
         ckpt::Opt::Dequantize => "--dequantize",
         ckpt::Opt::Quantize => "--quantize",
+        ckpt::Opt::AllowGlobals => "--allow-global",
+        ckpt::Opt::AsStored => "--as-stored",
+        ckpt::Opt::Tag => "--tag",
+        ckpt::Opt::Revision => "--revision",
+        ckpt::Opt::Model => "--model",
+        ckpt::Opt::Optimizer => "--optimizer",
         _ => "an option",
     };
     match value {
@@ -329,7 +338,12 @@ fn notes(done: &ckpt::Outcome, format: ckpt::TargetFormat) {
 /// pattern it cannot take, or for a checkpoint `reshard` cannot lay out for ranks.
 fn hint(e: &ckpt::Error) -> Option<String> {
     match e {
-        ckpt::Error::BadOption { option: "allow_globals", .. } => {
+        ckpt::Error::Misuse {
+            misuse:
+                ckpt::Misuse::BadGlobalPattern { .. }
+                | ckpt::Misuse::OptionNotForFormat { option: ckpt::Opt::AllowGlobals, .. },
+            ..
+        } => {
             return Some(
                 "hint: `--allow-global` applies to torch files and takes a dotted name, a prefix ending in `.*` \
                  (quoted: `'omegaconf.*'`), or `'*'`"

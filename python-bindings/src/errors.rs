@@ -131,7 +131,9 @@ fn class_of(e: &ckpt::Error) -> &'static str {
         E::RefusedGlobal { .. } | E::GlobalNotAllowed { .. } => "UnsafePickle",
         E::BadPickle { .. } => "BadPickle",
         E::ChecksumMismatch { .. } => "ChecksumMismatch",
-        E::BadOption { .. } => "BadOption",
+        // Every option misuse; `BadOption` is a `BadOutput`, as convert's misuses were.
+        E::Misuse { .. } => "BadOption",
+        E::PushOffline { .. } => "HubError",
         E::BadHubUrl { .. }
         | E::NotInHubCache { .. }
         | E::HubAuth { .. }

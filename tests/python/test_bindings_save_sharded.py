@@ -66,5 +66,5 @@ def test_save_sharded_on_one_rank_without_a_process_group_keeps_values(tmp_path)
     dcp.load(target, checkpoint_id=str(tmp_path / "c"), no_dist=True)
     assert torch.equal(target["model"]["w"], sd["model"]["w"]) and torch.equal(target["model"]["b"], sd["model"]["b"])
     assert target["optim"]["param_groups"] == sd["optim"]["param_groups"]
-    with pytest.raises(ShardedSaveError, match="exists already"):
+    with pytest.raises(ShardedSaveError, match="already exists"):
         ckpt.save_sharded(sd, tmp_path / "c", rank=0, world_size=1)

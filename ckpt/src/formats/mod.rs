@@ -15,6 +15,7 @@ pub(crate) mod torch;
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
+use crate::ops::misuse::Opt;
 use crate::ops::TargetFormat;
 use crate::plan::{Dest, Meta, Out, Placed};
 use crate::read::catalog::{Checkpoint, Format, Scan, SourceFile};
@@ -119,34 +120,13 @@ pub(crate) fn sharded_catalog(
     hf_index::catalog_of(index, read_shard)
 }
 
-/// An open option that only some formats take ([`crate::OpenOptions`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum OpenOption {
-    /// `tag`: which of its saves to read.
-    Tag,
-    /// `allow_globals`: more pickled globals read as inert data.
-    AllowGlobals,
-    /// `as_stored`: the tensors as stored rather than as the model.
-    AsStored,
-}
-
-impl OpenOption {
-    /// Which checkpoints take it, as a refusal names them.
-    pub(crate) fn takers(self) -> &'static str {
-        match self {
-            OpenOption::Tag => deepspeed::TAKERS_OF_TAG,
-            OpenOption::AllowGlobals => torch::TAKERS_OF_ALLOW_GLOBALS,
-            OpenOption::AsStored => megatron::TAKERS_OF_AS_STORED,
-        }
-    }
-}
-
-/// Whether `format` takes `option`; opening refuses an option its format does not take.
-pub(crate) fn takes(format: Format, option: OpenOption) -> bool {
-    let takes: &[OpenOption] = match format {
-        Format::DeepSpeed => &[OpenOption::Tag],
-        Format::Torch | Format::TorchSharded => &[OpenOption::AllowGlobals],
-        Format::MegatronTorchDist => &[OpenOption::AsStored],
+/// Whether `format` takes the open `option` that only some formats take (`tag`,
+/// `allow_globals`, `as_stored`); opening refuses an option its format does not take.
+pub(crate) fn takes(format: Format, option: Opt) -> bool {
+    let takes: &[Opt] = match format {
+        Format::DeepSpeed => &[Opt::Tag],
+        Format::Torch | Format::TorchSharded => &[Opt::AllowGlobals],
+        Format::MegatronTorchDist => &[Opt::AsStored],
         Format::Safetensors
         | Format::HfSharded
         | Format::Dcp

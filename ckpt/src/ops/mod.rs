@@ -111,7 +111,7 @@ impl ConvertOptions {
     /// them impossible, found before anything is read: the one check of these options, for
     /// every caller.
     pub fn check(&self, dst: &Path) -> Result<TargetFormat> {
-        let misuse = |misuse| Error::Misuse { dst: dst.to_path_buf(), misuse };
+        let misuse = |misuse| Error::Misuse { path: dst.to_path_buf(), misuse };
         let file = file_format(dst);
         let single = file.is_some();
         let format = match (self.to, file) {
@@ -181,7 +181,7 @@ pub const MAX_WORLD_SIZE: u64 = 1 << 20;
 
 fn check_world(world: u64, out: &Path) -> Result<()> {
     if world == 0 || world > MAX_WORLD_SIZE {
-        return Err(bad(out, format!("the world size must be from 1 to {MAX_WORLD_SIZE}, not {world}")));
+        return Err(Error::Misuse { path: out.to_path_buf(), misuse: Misuse::WorldSizeOutOfRange { world } });
     }
     Ok(())
 }
@@ -189,8 +189,10 @@ fn check_world(world: u64, out: &Path) -> Result<()> {
 /// The name of the merged optimizer file written beside the weights.
 pub const OPTIMIZER_NAME: &str = "optimizer.safetensors";
 
-fn bad(dst: &Path, reason: impl Into<String>) -> Error {
-    Error::BadConvert { dst: dst.to_path_buf(), reason: reason.into() }
+/// The misuse of an `option` that `ck`'s format does not take.
+fn not_for_format(option: Opt, ck: &Checkpoint) -> Error {
+    let misuse = Misuse::OptionNotForFormat { option, source: ck.root.clone(), format: ck.format };
+    Error::Misuse { path: ck.root.clone(), misuse }
 }
 
 /// Every tensor of `ck` written as it is, sharing storages as the data says.
@@ -269,37 +271,23 @@ fn merge_here(ck: &Checkpoint, out: &Path, options: &MergeOptions, opts: &WriteO
     if let Some(state) = ck.save_state() {
         return merge_save_state(state, out, options, opts);
     }
-    if let Some(n) = options.model {
-        return Err(bad(
-            out,
-            format!(
-                "`model` {n} applies to accelerate `save_state` folders; {} is {}",
-                ck.root.display(),
-                ck.format.name()
-            ),
-        ));
+    if options.model.is_some() {
+        return Err(not_for_format(Opt::Model, ck));
     }
     // DCP's HF storage merged into a folder is what torch's consolidation writes.
     let to_folder = out.is_dir() || out.extension().is_none_or(|e| !e.eq_ignore_ascii_case("safetensors"));
     if let (Some(hf), true) = (ck.detail::<dcp::hf_storage::HfStorage>(), to_folder) {
         if options.optimizer || options.max_shard_size.is_some() {
-            return Err(bad(out, "`optimizer` and `max_shard_size` do not apply to DCP safetensors shards"));
+            let option = if options.optimizer { Opt::Optimizer } else { Opt::MaxShardSize };
+            return Err(not_for_format(option, ck));
         }
         return dcp::hf_storage::write_consolidated(ck, hf, out, opts);
     }
     let zero = ck.detail::<deepspeed::ZeroCheckpoint>();
     let megatron = ck.megatron().is_some();
     if zero.is_none() && ((options.optimizer && !megatron) || options.max_shard_size.is_some()) {
-        return Err(bad(
-            out,
-            format!(
-                "`optimizer` applies to DeepSpeed and Megatron checkpoints and accelerate `save_state` folders, \
-                 `max_shard_size` to DeepSpeed checkpoints only; {} is {} \
-                 (hint: `ckpt split` shards a checkpoint)",
-                ck.root.display(),
-                ck.format.name()
-            ),
-        ));
+        let option = if options.optimizer && !megatron { Opt::Optimizer } else { Opt::MaxShardSize };
+        return Err(not_for_format(option, ck));
     }
     // The optimizer's state per parameter, written beside the weights.
     let moments = match (options.optimizer, zero) {
@@ -326,7 +314,7 @@ fn merge_here(ck: &Checkpoint, out: &Path, options: &MergeOptions, opts: &WriteO
         };
         let path = dir.join(OPTIMIZER_NAME);
         if files.contains(&path) {
-            return Err(bad(&path, format!("the weights and the optimizer states would both be `{OPTIMIZER_NAME}`")));
+            return Err(Error::OptimizerCollides { path });
         }
         let refs: Vec<&TensorInfo> = moments.iter().collect();
         let outs: Vec<Out> = refs
@@ -488,7 +476,14 @@ fn block_plan(ck: &Checkpoint, scaling: BlockScaling, dst: &Path) -> Result<Bloc
     let mut p = BlockPlan { computed: HashMap::new(), dropped: Default::default(), added: HashMap::new() };
     let index: HashMap<&str, usize> = ck.tensors.iter().enumerate().map(|(i, t)| (t.name.as_str(), i)).collect();
     let srcs = crate::read::io::Sources::of(&ck.files)?;
-    let check_block = |b: u64| if b == 0 { Err(bad(dst, "the block size must be at least 1")) } else { Ok(b) };
+    let blocks = match scaling {
+        BlockScaling::Dequantize { .. } => Opt::Dequantize,
+        BlockScaling::Quantize { .. } => Opt::Quantize,
+    };
+    let check_block = |b: u64| match b {
+        0 => Err(Error::Misuse { path: dst.to_path_buf(), misuse: Misuse::ZeroBlock { blocks } }),
+        b => Ok(b),
+    };
     match scaling {
         BlockScaling::Dequantize { to, block } => {
             let block = check_block(block)?;
@@ -518,10 +513,11 @@ fn block_plan(ck: &Checkpoint, scaling: BlockScaling, dst: &Path) -> Result<Bloc
                     continue;
                 }
                 if index.contains_key(scale_name.as_str()) {
-                    return Err(bad(
-                        dst,
-                        format!("`{scale_name}` already exists; `{}` is not quantized twice", t.name),
-                    ));
+                    return Err(Error::AlreadyQuantized {
+                        dst: dst.to_path_buf(),
+                        weight: t.name.clone(),
+                        scale: scale_name,
+                    });
                 }
                 let scale = blockscale::quantize_scales(&srcs, t, block)?;
                 let shape = blockscale::scale_shape(&t.shape, block).unwrap_or_default();
@@ -596,7 +592,7 @@ fn merge_save_state(state: &SaveState, out: &Path, options: &MergeOptions, opts:
     };
     let path = dir.join(OPTIMIZER_NAME);
     if done.files.contains(&path) {
-        return Err(bad(&path, format!("the weights and the optimizer states would both be `{OPTIMIZER_NAME}`")));
+        return Err(Error::OptimizerCollides { path });
     }
     let o = merge_claimed(ock, &path, &MergeOptions::default(), opts)?;
     done.files.extend(o.files);

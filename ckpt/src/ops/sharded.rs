@@ -33,7 +33,7 @@ use std::path::Path;
 use collective::Collective;
 use serde::{Deserialize, Serialize};
 
-use crate::error::{Error, IoContext, Result};
+use crate::error::{Error, IoContext, Result, SaveTensorProblem};
 use crate::formats::dcp::encode::{self, OutChunk, OutItem, OutKind};
 use crate::formats::dcp::metadata::PathElem;
 use crate::formats::dcp::plan::RankFile;
@@ -203,7 +203,7 @@ fn agree_sharded<T>(comm: &dyn Collective, dir: &Path, mine: Result<T>) -> Resul
 /// Refuses a `dir` that exists: a sharded save makes a new folder.
 fn refuse_existing(dir: &Path) -> Result<()> {
     match std::fs::symlink_metadata(dir) {
-        Ok(_) => Err(Error::BadConvert { dst: dir.to_path_buf(), reason: "it exists already".into() }),
+        Ok(_) => Err(Error::OutputExists { path: dir.to_path_buf(), appeared: false }),
         Err(_) => Ok(()),
     }
 }
@@ -250,27 +250,28 @@ fn write_rank(
 /// descriptor and where its bytes go, or `None` for a slice of no rows.
 fn lay_out_tensor(file: &mut RankFile, t: &LocalTensor<'_>) -> Result<Option<(Desc, u64)>> {
     let key = key_of(&t.path);
-    let bad = |reason: String| Error::BadConvert { dst: file.path.clone(), reason: format!("`{key}`: {reason}") };
+    let bad = |problem| Error::BadSaveTensor { dst: file.path.clone(), tensor: key.clone(), problem };
     if !t.dtype.bits().is_multiple_of(8) || !t.dtype.in_safetensors() {
-        return Err(bad(format!("dtype `{}` cannot be saved", t.dtype)));
+        return Err(bad(SaveTensorProblem::Dtype { dtype: t.dtype }));
     }
     let row = numel(t.global_shape.get(1..).unwrap_or_default())
         .and_then(|n| n.checked_mul(t.dtype.bits() / 8))
-        .ok_or_else(|| bad("too large".into()))?;
+        .ok_or_else(|| bad(SaveTensorProblem::RowTooLarge))?;
     let len = t.bytes.len() as u64;
+    let at = t.dim0_offset;
     let rows = if t.global_shape.is_empty() {
-        if len != row || t.dim0_offset != 0 {
-            return Err(bad(format!("a 0-d tensor holds {row} bytes, not {len} at row {}", t.dim0_offset)));
+        if len != row || at != 0 {
+            return Err(bad(SaveTensorProblem::ScalarBytes { row, len, at }));
         }
         1
     } else {
         if row == 0 || !len.is_multiple_of(row) {
-            return Err(bad(format!("{len} bytes are not whole rows of {row} bytes")));
+            return Err(bad(SaveTensorProblem::PartialRows { len, row }));
         }
         let rows = len / row;
         let n0 = t.global_shape[0];
-        if t.dim0_offset.checked_add(rows).is_none_or(|end| end > n0) {
-            return Err(bad(format!("rows {}..+{rows} are beyond its {n0} rows", t.dim0_offset)));
+        if at.checked_add(rows).is_none_or(|end| end > n0) {
+            return Err(bad(SaveTensorProblem::RowsBeyond { at, rows, n0 }));
         }
         rows
     };
@@ -409,8 +410,7 @@ fn commit(dir: &Path, stage: &Stage, gathered: &[Vec<u8>]) -> std::result::Resul
     let meta_path = stage.path().join(METADATA_NAME);
     let write_meta = || -> Result<()> {
         crate::write::write_small(&meta_path, &meta)?;
-        refuse_existing(dir)
-            .map_err(|_| Error::BadConvert { dst: dir.to_path_buf(), reason: "it appeared while saving".into() })?;
+        refuse_existing(dir).map_err(|_| Error::OutputExists { path: dir.to_path_buf(), appeared: true })?;
         stage.commit_ref()
     };
     write_meta().map_err(io)
@@ -573,7 +573,7 @@ mod tests {
         std::fs::create_dir(&dir).expect("mkdir");
         for out in save(&dir, 2, false) {
             let e = out.expect_err("exists").to_string();
-            assert!(e.contains("it exists already"), "{e}");
+            assert!(e.contains("already exists; refusing to write over it"), "{e}");
         }
     }
 }

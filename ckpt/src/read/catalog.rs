@@ -550,13 +550,11 @@ impl Checkpoint {
         let sources = crate::read::io::Sources::of(&self.files)?;
         for (tensor, out) in jobs.iter_mut() {
             let have = out.len();
-            let wrong = || Error::BadConvert {
-                dst: self.root.clone(),
-                reason: format!(
-                    "the buffer for `{}` has {have} bytes, not {}",
-                    crate::error::escape_controls(&tensor.name),
-                    tensor.byte_len()
-                ),
+            let wrong = || Error::WrongBufferLen {
+                path: self.root.clone(),
+                tensor: tensor.name.clone(),
+                expected: tensor.byte_len(),
+                found: have as u64,
             };
             if u64::try_from(have).ok() != Some(tensor.byte_len()) {
                 return Err(wrong());

@@ -11,8 +11,9 @@ pub(crate) mod value;
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, IoContext, Result};
-use crate::formats::{self, OpenOption};
+use crate::formats;
 use crate::hub;
+use crate::ops::misuse::{Misuse, Opt};
 use crate::read::catalog::{Checkpoint, Format, Scan};
 use crate::AllowGlobals;
 
@@ -44,29 +45,23 @@ impl OpenOptions {
     /// Refuses options that do not apply to `format`, as the format says which it takes.
     fn check(&self, format: Format, root: &Path) -> Result<()> {
         let refused = |option| !formats::takes(format, option);
-        if self.tag.is_some() && refused(OpenOption::Tag) {
-            return Err(Error::BadConvert {
-                dst: root.to_path_buf(),
-                reason: format!("a tag applies to {} only; this is {}", OpenOption::Tag.takers(), format.name()),
-            });
+        if self.tag.is_some() && refused(Opt::Tag) {
+            return Err(not_for_format(Opt::Tag, root, format));
         }
-        let misused = |option: OpenOption, name: &'static str| Error::BadOption {
-            option: name,
-            reason: format!(
-                "applies to {} only; {} is {}",
-                option.takers(),
-                crate::escape_controls(&root.display().to_string()),
-                format.name()
-            ),
-        };
-        if !self.allow_globals.is_empty() && refused(OpenOption::AllowGlobals) {
-            return Err(misused(OpenOption::AllowGlobals, "allow_globals"));
+        if !self.allow_globals.is_empty() && refused(Opt::AllowGlobals) {
+            return Err(not_for_format(Opt::AllowGlobals, root, format));
         }
-        if self.as_stored && refused(OpenOption::AsStored) {
-            return Err(misused(OpenOption::AsStored, "as_stored"));
+        if self.as_stored && refused(Opt::AsStored) {
+            return Err(not_for_format(Opt::AsStored, root, format));
         }
         Ok(())
     }
+}
+
+/// The misuse of an open `option` that the source `root`, of `format`, does not take.
+fn not_for_format(option: Opt, root: &Path, format: Format) -> Error {
+    let misuse = Misuse::OptionNotForFormat { option, source: root.to_path_buf(), format };
+    Error::Misuse { path: root.to_path_buf(), misuse }
 }
 
 impl Checkpoint {

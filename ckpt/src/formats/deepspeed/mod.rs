@@ -68,10 +68,6 @@ use crate::write::WriteOptions;
 pub(crate) use read::is_zero_checkpoint;
 pub(crate) use read::ZeroCheckpoint;
 
-/// The checkpoints that take a `tag` ([`crate::OpenOptions::tag`]): a ZeRO folder holds one
-/// save per tag.
-pub(crate) const TAKERS_OF_TAG: &str = "DeepSpeed checkpoints";
-
 /// A ZeRO checkpoint folder (with `latest`, or a tag folder of rank files).
 pub(crate) fn detect(path: &Path) -> Result<Option<PathBuf>> {
     Ok(is_zero_checkpoint(path).then(|| path.to_path_buf()))

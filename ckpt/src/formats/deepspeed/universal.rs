@@ -44,10 +44,6 @@ use crate::write::{Plan, RangeCopy, TargetFile, WriteOptions};
 /// The file naming the universal tag, beside it.
 pub(super) const LATEST_UNIVERSAL: &str = "latest_universal";
 
-fn refuse(dst: &Path, reason: impl Into<String>) -> Error {
-    Error::BadConvert { dst: dst.to_path_buf(), reason: reason.into() }
-}
-
 /// A torch file to write: its layout and where each storage's bytes come from.
 struct TorchTarget {
     path: PathBuf,
@@ -144,10 +140,14 @@ pub(crate) fn reshard_zero(
     let latest = out.join(LATEST_UNIVERSAL);
     for p in [&dir, &latest] {
         if p.exists() {
-            return Err(refuse(p, "already exists; refusing to overwrite a universal checkpoint"));
+            return Err(Error::OutputExists { path: p.clone(), appeared: false });
         }
     }
-    let r0_path = ck.files.first().map(|s| s.path.clone()).ok_or_else(|| refuse(out, "no rank files"))?;
+    let r0_path = ck.files.first().map(|s| s.path.clone()).ok_or_else(|| Error::MissingRankFile {
+        path: source.root.join(&ck.tag),
+        rank: 0,
+        world: ck.world,
+    })?;
     let r0 = torch::read_with_classes(&r0_path, OPTIM_CLASSES)?;
     let zero = dir.join("zero");
     let mut plan = Plan::default();

@@ -54,10 +54,6 @@ use crate::formats::dcp;
 use crate::read::catalog::Scan;
 use crate::report::describe::Description;
 
-/// The checkpoints that take `as_stored` ([`crate::OpenOptions::as_stored`]): a `torch_dist`
-/// save stores its tensors other than as the model (stacked layers, its own keys).
-pub(crate) const TAKERS_OF_AS_STORED: &str = "Megatron `torch_dist` checkpoints";
-
 /// The file a Megatron-LM run writes last, naming its newest complete iteration.
 pub(crate) const TRACKER_NAME: &str = "latest_checkpointed_iteration.txt";
 /// The file megatron writes last into a `dist_checkpointing` folder.

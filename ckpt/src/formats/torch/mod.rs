@@ -76,10 +76,6 @@ pub(crate) const TORCH_SINGLE_NAME: &str = "pytorch_model.bin";
 /// The index of a sharded torch checkpoint.
 pub(crate) const TORCH_INDEX_NAME: &str = "pytorch_model.bin.index.json";
 
-/// The checkpoints that take `allow_globals` ([`crate::OpenOptions::allow_globals`]): the
-/// pickles it applies to.
-pub(crate) const TAKERS_OF_ALLOW_GLOBALS: &str = "torch files (`.bin`, `.pt`, `.ckpt`, and their sharded sets)";
-
 const LEGACY_MAGIC: [u8; 10] = [0x6c, 0xfc, 0x9c, 0x46, 0xf9, 0x20, 0x6a, 0xa8, 0x50, 0x19];
 
 /// One tensor of a torch file.
