@@ -2,7 +2,14 @@
 //! three things: `detect` (is this path, file or folder, a checkpoint of mine, and where is its
 //! root?), `catalog` (read it into a [`crate::Checkpoint`]) and `describe` (what it says of a
 //! checkpoint it read, for `inspect` and `--json`). Adding a format is one module and one line
-//! in [`DETECTORS`], [`catalog`] and [`describe`].
+//! in [`DETECTORS`], [`catalog`] and [`describe`] (and in [`takes`] when it takes an open
+//! option of its own).
+//!
+//! The rest of the crate asks this file (detect, catalog, describe, which open options a
+//! format takes, plan a state dict as a target format's files, read a safetensors header or a
+//! shard index for the Hub) rather than a format module (only `ops/` still reaches into some,
+//! for their merges and reshards), so each table here can become a method of one format trait
+//! without touching its callers.
 
 pub(crate) mod accelerate;
 pub(crate) mod dcp;
