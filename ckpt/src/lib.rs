@@ -45,9 +45,12 @@
 //!   values, and the CRC checks of zip records.
 //! - `formats/`: one module per format. Each states its on-disk layout in its opening comment,
 //!   detects its sources, catalogs them, describes them for `inspect` and `--json` (a
-//!   [`Description`]), says which open options it takes, lays out its own target files, and
-//!   says what it can produce. Nothing outside `formats/` names a format module:
-//!   `formats/mod.rs` dispatches on the format.
+//!   [`Description`]), and says what it can produce through one interface,
+//!   `formats::FormatOps` (its merge, reshard and optimizer outputs: an output the planner
+//!   plans, the format's own write, or a refusal naming the format and the output); it also
+//!   lays out its own target files. A new format is one module with a unit struct implementing
+//!   it, a line in `formats::DETECTORS` and one in `formats::ops_of`. Nothing outside
+//!   `formats/` names a format module: `formats/mod.rs` is the way in.
 //! - `map/`: what happens to a tensor between reading and writing: float casts with torch's
 //!   bits, block-scaled FP8.
 //! - `plan/`: what the target planners share (the tensors to write, destinations, the
@@ -56,7 +59,8 @@
 //!   staged, the commit (index or metadata last), the destination lock, the ranks of a job and
 //!   how they agree, and the only `unsafe` (`write::sys`).
 //! - `ops/`: the public operations (split, merge, convert, reshard, saves from memory), their
-//!   options and what they report.
+//!   options and what they report. They open, ask the source's format, plan and execute, and
+//!   name no format; what they ask and the answers are `ops::request`.
 //! - `report/`: what a format describes ([`Description`]), verify's report and the versioned
 //!   JSON documents.
 //! - `hub/`: `hf://` sources and pushes.
@@ -73,7 +77,11 @@ mod read;
 mod report;
 mod write;
 
-pub use error::{escape_controls, Error, ErrorKind, Result, SaveTensorProblem};
+pub use error::{
+    escape_controls, BlockScaleProblem, BoxProblem, ChunkProblem, EntryProblem, Error, ErrorKind, HeaderJsonProblem,
+    HubCorruption, HubUrlProblem, IndexProblem, JsonKind, ManifestProblem, MetadataProblem, Result, SaveTensorProblem,
+    SizeProblem, TorchTensorProblem, ZipProblem,
+};
 pub use formats::megatron::MegatronInfo;
 pub use formats::torch::allow::AllowGlobals;
 pub use fsdp_state::Region;

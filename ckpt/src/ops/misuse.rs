@@ -43,6 +43,8 @@ pub enum Opt {
     Model,
     /// [`crate::MergeOptions::optimizer`], the optimizer states beside the weights.
     Optimizer,
+    /// [`crate::WriteOptions::checksums`], the `SHA256SUMS` manifest.
+    Checksums,
 }
 
 impl Opt {
@@ -63,6 +65,7 @@ impl Opt {
             Opt::Revision => "revision",
             Opt::Model => "model",
             Opt::Optimizer => "optimizer",
+            Opt::Checksums => "checksums",
         };
         match value {
             Some(v) => format!("`{name}` = `{v}`"),
@@ -137,6 +140,14 @@ pub enum Misuse {
         /// The pattern as given.
         pattern: String,
     },
+    /// A checksum manifest for an output whose files are not all in one folder: a manifest
+    /// lists plain file names in its own folder (what `sha256sum -c` and `verify` check), and
+    /// this output (a DeepSpeed universal checkpoint's `zero/<param>/` folders) has files in
+    /// `folder` too.
+    ChecksumsSpanFolders {
+        /// A folder of the output other than the manifest's (relative to it, when inside it).
+        folder: std::path::PathBuf,
+    },
 }
 
 /// What an option that [`Misuse::OptionNotForFormat`] refuses applies to.
@@ -199,6 +210,12 @@ impl Misuse {
                 "{}: `{pattern}` is not a dotted name (`omegaconf.dictconfig.DictConfig`), a prefix ending in `.*` \
                  (`omegaconf.*`), or `*`",
                 spell(Opt::AllowGlobals, None)
+            ),
+            Misuse::ChecksumsSpanFolders { folder } => format!(
+                "{} writes one `SHA256SUMS` for the files of one folder, and this output has files in \
+                 `{}` too",
+                spell(Opt::Checksums, None),
+                crate::escape_controls(&folder.display().to_string())
             ),
         }
     }

@@ -45,13 +45,12 @@ mod optimizer;
 mod torch_dist;
 
 pub use info::MegatronInfo;
-pub(crate) use optimizer::optimizer_state;
 
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
 use crate::formats::dcp;
-use crate::read::catalog::Scan;
+use crate::read::catalog::{Checkpoint, Format, Scan, TensorInfo};
 use crate::report::describe::Description;
 
 /// The file a Megatron-LM run writes last, naming its newest complete iteration.
@@ -221,6 +220,34 @@ pub(super) fn parse_config(data: &[u8], config: &Path) -> Result<bool> {
         Some(other) => {
             Err(bad(format!("the checkpoint's backend is `{}`; only `torch_dist` is read", other.escape_debug())))
         }
+    }
+}
+
+/// Megatron's checkpoints, `torch_dist` and legacy: merged as the model one rank holds (the
+/// catalog as stored), with the distributed optimizer's state per parameter beside it; not
+/// laid out for ranks again.
+pub(crate) struct MegatronFormat;
+
+impl super::FormatOps for MegatronFormat {
+    fn describe(&self, ck: &Checkpoint) -> Description {
+        describe(ck)
+    }
+
+    /// A `torch_dist` save stores its tensors other than as the model (stacked layers, its own
+    /// keys), which `as_stored` shows; a legacy save stores the ranks' own pieces.
+    fn takes(&self, format: Format, option: crate::Opt) -> bool {
+        format == Format::MegatronTorchDist && option == crate::Opt::AsStored
+    }
+
+    fn catalog(&self, format: Format, root: PathBuf, options: &crate::OpenOptions) -> Result<Scan> {
+        match format {
+            Format::MegatronLegacy => catalog_legacy(root),
+            _ => catalog_torch_dist(root, options.as_stored),
+        }
+    }
+
+    fn optimizer_state(&self, ck: &Checkpoint) -> Result<Vec<TensorInfo>> {
+        optimizer::optimizer_state(ck)
     }
 }
 
