@@ -44,24 +44,27 @@
 //!   byte-source seam every read goes through (`read::io`), dtypes, strided shapes, non-tensor
 //!   values, and the CRC checks of zip records.
 //! - `formats/`: one module per format. Each states its on-disk layout in its opening comment,
-//!   detects its sources, catalogs them, and says what it can produce through one interface,
+//!   detects its sources, catalogs them, describes them for `inspect` and `--json` (a
+//!   [`Description`]), and says what it can produce through one interface,
 //!   `formats::FormatOps` (its merge, reshard and optimizer outputs: an output the planner
-//!   plans, the format's own write, or a refusal naming the format and the output). A new
-//!   format is one module with a unit struct implementing it, a line in `formats::DETECTORS`
-//!   and one in `formats::ops_of`.
+//!   plans, the format's own write, or a refusal naming the format and the output); it also
+//!   lays out its own target files. A new format is one module with a unit struct implementing
+//!   it, a line in `formats::DETECTORS` and one in `formats::ops_of`. Nothing outside
+//!   `formats/` names a format module: `formats/mod.rs` is the way in.
 //! - `map/`: what happens to a tensor between reading and writing: model maps (`map::model`:
 //!   the tensors written, each assembled from boxes of the tensors stored, such as a format's
 //!   one-rank or logical view; a new model architecture is one such map), float casts with
 //!   torch's bits, block-scaled FP8.
-//! - `plan/`: target planners (safetensors, torch files; the sharding they share), shard sizes,
-//!   and the dealing of one plan to the ranks of a job.
+//! - `plan/`: what the target planners share (the tensors to write, destinations, the
+//!   sharding), shard sizes, and the dealing of one plan to the ranks of a job.
 //! - `write/`: the executor (streaming range copies, gathers, computed bytes), where outputs are
 //!   staged, the commit (index or metadata last), the destination lock, the ranks of a job and
 //!   how they agree, and the only `unsafe` (`write::sys`).
 //! - `ops/`: the public operations (split, merge, convert, reshard, saves from memory), their
 //!   options and what they report. They open, ask the source's format, plan and execute, and
 //!   name no format; what they ask and the answers are `ops::request`.
-//! - `report/`: verify's report and the versioned JSON documents.
+//! - `report/`: what a format describes ([`Description`]), verify's report and the versioned
+//!   JSON documents.
 //! - `hub/`: `hf://` sources and pushes.
 
 #![warn(missing_docs, unreachable_pub)]
@@ -97,6 +100,7 @@ pub use plan::size::{parse_size, DEFAULT_MAX_SHARD_SIZE};
 pub use read::catalog::{Checkpoint, Chunk, Format, SourceFile, TensorBox, TensorInfo};
 pub use read::dtype::Dtype;
 pub use read::OpenOptions;
+pub use report::describe::{Description, Section};
 pub use report::verify::{verify, verify_with, Report};
 pub use report::view::{INSPECT_SCHEMA, OUTCOME_SCHEMA, VERIFY_SCHEMA};
 pub use write::job::Job;

@@ -147,9 +147,6 @@ fn run(cli: &Cli, job: &ckpt::Job<'_>) -> anyhow::Result<ExitCode> {
                 output::json(&mut out, &ck)?;
             } else {
                 output::inspect_text(&mut out, &ck)?;
-                if let Some(state) = ck.save_state() {
-                    output::components_text(&mut out, state)?;
-                }
             }
         }
         Command::Push { local_dir, dst, revision, message } => {
@@ -390,12 +387,8 @@ fn named<T>(err: ckpt::Error, verb: &str, src: &str) -> anyhow::Result<T> {
 
 /// The one-line note after an operation (on a terminal only).
 fn summary(ck: &ckpt::Checkpoint, done: &ckpt::Outcome, verb: &str) -> String {
-    let from = match (ck.zero_stage(), ck.world_size()) {
-        (_, Some(w)) if ck.save_state().is_some() => format!("an accelerate save_state folder of {w} ranks"),
-        (Some(stage), Some(w)) => format!("a ZeRO-{stage} checkpoint of {w} ranks"),
-        (None, Some(w)) => format!("a DCP checkpoint of {w} rank file(s)"),
-        _ => format!("{} file(s)", ck.files().len()),
-    };
+    // The source by its format's own name (`a ZeRO-2 checkpoint of 4 ranks`).
+    let from = ck.describe().title;
     let into = match done.world_size {
         Some(w) => format!("{} file(s) for {w} ranks", done.files.len()),
         None => format!("{} file(s)", done.files.len()),

@@ -27,146 +27,21 @@ fn cut(t: &ckpt::TensorInfo) -> String {
     format!("{} (dim{} {})", live.len(), if dims.len() == 1 { "" } else { "s" }, dims.join(", "))
 }
 
-/// What `inspect` prints, after the first model's tensors, for a `save_state` folder.
-pub fn components_text(out: &mut impl Write, s: &ckpt::accelerate::SaveState) -> anyhow::Result<()> {
-    writeln!(out)?;
-    match &s.trainer {
-        Some(t) => {
-            let epoch = t.epoch.map(|e| format!(", epoch {e}")).unwrap_or_default();
-            let max = t.max_steps.map(|m| format!(" of {m}")).unwrap_or_default();
-            writeln!(out, "Trainer checkpoint, saved by {} rank(s): step {}{max}{epoch}", s.world_size, t.global_step)?;
-        }
-        None => writeln!(out, "accelerate save_state, saved by {} rank(s):", s.world_size)?,
-    }
-    models_text(out, s)?;
-    states_text(out, s)?;
-    data_text(out, s)
-}
-
-/// A component's file name, as a line may show it.
-fn file_name(p: &std::path::Path) -> String {
-    let n = p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    ckpt::escape_controls(&n).into_owned()
-}
-
-/// ` REFUSED: names `G``, when the component's pickle names a global that was refused.
-fn refused(c: &ckpt::accelerate::Component) -> String {
-    c.refused.as_ref().map(|g| format!(" REFUSED: names `{}`", ckpt::escape_controls(g))).unwrap_or_default()
-}
-
-/// `key=value, ...` for those of `keys` the component holds.
-fn brief(c: &ckpt::accelerate::Component, keys: &[&str]) -> String {
-    let shown: Vec<String> =
-        keys.iter().filter_map(|k| c.values.iter().find(|(n, _)| n == k).map(|(n, v)| format!("{n}={v}"))).collect();
-    shown.join(", ")
-}
-
-/// The models and optimizers, one line each.
-fn models_text(out: &mut impl Write, s: &ckpt::accelerate::SaveState) -> anyhow::Result<()> {
-    for m in &s.models {
-        let ck = &m.checkpoint;
-        let world = ck.world_size().map(|w| format!(", {w} ranks")).unwrap_or_default();
-        writeln!(
-            out,
-            "  model {}: {} ({}, {} tensors, {} bytes{world})",
-            m.index,
-            file_name(&m.path),
-            ck.format().name(),
-            ck.tensors().len(),
-            ck.total_bytes()
-        )?;
-    }
-    for o in &s.optimizers {
-        match &o.state {
-            ckpt::accelerate::OptimizerState::Own(ck) => {
-                let step = o.step.map(|s| format!(", step {s}")).unwrap_or_default();
-                writeln!(
-                    out,
-                    "  optimizer {}: {} ({}, {} param group(s), {} params, {} state tensors{step})",
-                    o.index,
-                    file_name(&o.path),
-                    ck.format().name(),
-                    o.param_groups,
-                    o.params,
-                    o.state_tensors
-                )?;
-            }
-            _ => writeln!(out, "  optimizer {}: inside {} (DeepSpeed)", o.index, file_name(&o.path))?,
-        }
-    }
+/// `label: value`, the values aligned after the longest of the catalog's labels.
+fn fact(out: &mut impl Write, label: &str, value: &str) -> anyhow::Result<()> {
+    writeln!(out, "{:<8} {value}", format!("{label}:"))?;
     Ok(())
 }
 
-/// The schedulers, the scaler, the RNG states and the training arguments.
-fn states_text(out: &mut impl Write, s: &ckpt::accelerate::SaveState) -> anyhow::Result<()> {
-    for c in &s.schedulers {
-        let shown = brief(c, &["last_epoch", "_last_lr"]);
-        writeln!(out, "  scheduler {}: {} ({shown}){}", c.index, file_name(&c.path), refused(c))?;
-    }
-    if let Some(c) = &s.scaler {
-        let shown = brief(c, &["scale", "_growth_tracker"]);
-        writeln!(out, "  scaler: {} ({shown}){}", file_name(&c.path), refused(c))?;
-    }
-    for r in &s.rng {
-        let step = r.state.step.map_or("-".into(), |s| s.to_string());
-        let generators = r.state.generators.join(", ");
-        writeln!(out, "  rng rank {}: {} (step {step}; {generators})", r.rank, file_name(&r.path))?;
-    }
-    if let Some(c) = &s.training_args {
-        // Listed by the class it names; never read.
-        let classes =
-            c.refused.iter().chain(&c.classes).map(|g| format!("`{}`", ckpt::escape_controls(g))).collect::<Vec<_>>();
-        writeln!(out, "  training args: {} (names {}; not read)", file_name(&c.path), classes.join(", "))?;
-    }
-    Ok(())
-}
-
-/// The data positions, the custom states and the other files.
-fn data_text(out: &mut impl Write, s: &ckpt::accelerate::SaveState) -> anyhow::Result<()> {
-    for (c, p) in &s.data {
-        let what = p.as_ref().map_or_else(|| "not read".into(), position_text);
-        writeln!(out, "  data {}: {} ({what}){}", c.index, file_name(&c.path), refused(c))?;
-    }
-    for c in &s.custom {
-        let keys: Vec<&str> = c.values.iter().map(|(k, _)| k.as_str()).collect();
-        let classes = if c.classes.is_empty() { String::new() } else { format!("; classes {}", c.classes.join(", ")) };
-        writeln!(
-            out,
-            "  custom {}: {} (keys {}{classes}){}",
-            c.index,
-            file_name(&c.path),
-            keys.join(", "),
-            refused(c)
-        )?;
-    }
-    for p in &s.other {
-        writeln!(out, "  other: {}", file_name(p))?;
-    }
-    Ok(())
-}
-
-/// A data position: `dl_state_dict: epoch 1, batches yielded 3, ...`, the fields it has.
-fn position_text(p: &ckpt::accelerate::DataPosition) -> String {
-    let opt = |label: &str, v: Option<String>| v.map(|v| format!("{label} {v}"));
-    let parts: Vec<String> = [
-        opt("epoch", p.epoch.map(|e| e.to_string())),
-        opt("seed", p.seed.map(|e| e.to_string())),
-        opt("batches yielded", p.batches_yielded.map(|e| e.to_string())),
-        opt("samples yielded", p.samples_yielded.map(|e| e.to_string())),
-        opt("finished", p.finished.map(|e| e.to_string())),
-    ]
-    .into_iter()
-    .flatten()
-    .collect();
-    format!("{}: {}", p.kind, parts.join(", "))
-}
-
+/// What `inspect` prints: the catalog's facts and the format's, the tensors, then the
+/// format's sections (an accelerate folder's components), as the format describes them.
 pub fn inspect_text(out: &mut impl Write, ck: &ckpt::Checkpoint) -> anyhow::Result<()> {
-    writeln!(out, "format:  {}", ck.format().name())?;
-    writeln!(out, "path:    {}", ckpt::escape_controls(&ck.root().display().to_string()))?;
-    writeln!(out, "files:   {}", ck.files().len())?;
-    writeln!(out, "tensors: {}", ck.tensors().len())?;
-    writeln!(out, "bytes:   {} ({})", ck.total_bytes(), human(ck.total_bytes()))?;
+    let described = ck.describe();
+    fact(out, "format", ck.format().name())?;
+    fact(out, "path", &ckpt::escape_controls(&ck.root().display().to_string()))?;
+    fact(out, "files", &ck.files().len().to_string())?;
+    fact(out, "tensors", &ck.tensors().len().to_string())?;
+    fact(out, "bytes", &format!("{} ({})", ck.total_bytes(), human(ck.total_bytes())))?;
     let mut globals: Vec<&str> = Vec::new();
     for g in ck.files().iter().flat_map(|f| &f.globals) {
         if !globals.contains(&g.as_str()) {
@@ -175,10 +50,10 @@ pub fn inspect_text(out: &mut impl Write, ck: &ckpt::Checkpoint) -> anyhow::Resu
     }
     if !globals.is_empty() {
         let globals = ckpt::escape_controls(&globals.join(", ")).into_owned();
-        writeln!(out, "globals: {globals}")?;
+        fact(out, "globals", &globals)?;
     }
-    if let Some(m) = ck.megatron() {
-        megatron_text(out, m)?;
+    for (label, value) in &described.facts {
+        fact(out, label, value)?;
     }
     writeln!(out)?;
     // A BOXES column when some tensor is cut into several boxes (DCP, on any dims).
@@ -221,37 +96,13 @@ pub fn inspect_text(out: &mut impl Write, ck: &ckpt::Checkpoint) -> anyhow::Resu
             .collect();
         writeln!(out, "{}", line.join("  ").trim_end())?;
     }
-    Ok(())
-}
-
-/// A Megatron checkpoint's run and model, the settings it does not record left out.
-fn megatron_text(out: &mut impl Write, m: &ckpt::MegatronInfo) -> anyhow::Result<()> {
-    let n = |label: &str, v: Option<u64>| v.map(|v| format!("{label} {v}"));
-    let b = |label: &str, v: Option<bool>| v.map(|v| format!("{label} {}", if v { "yes" } else { "no" }));
-    let run: Vec<String> = [
-        n("iteration", m.iteration),
-        n("tensor parallel", m.tensor_parallel),
-        n("pipeline parallel", m.pipeline_parallel),
-        m.optimizer.as_ref().map(|o| format!("optimizer {}", ckpt::escape_controls(o))),
-    ]
-    .into_iter()
-    .flatten()
-    .collect();
-    let model: Vec<String> = [
-        n("layers", m.num_layers),
-        n("hidden", m.hidden_size),
-        n("ffn", m.ffn_hidden_size),
-        n("heads", m.num_attention_heads),
-        n("query groups", m.num_query_groups),
-        b("swiglu", m.swiglu),
-        b("tied embeddings", m.tied_embeddings),
-    ]
-    .into_iter()
-    .flatten()
-    .collect();
-    let run = if run.is_empty() { String::new() } else { format!(" ({})", run.join(", ")) };
-    writeln!(out, "megatron: {}{run}", m.layout)?;
-    writeln!(out, "model:   {}", model.join(", "))?;
+    for section in &described.sections {
+        writeln!(out)?;
+        writeln!(out, "{}", section.heading)?;
+        for line in &section.lines {
+            writeln!(out, "  {line}")?;
+        }
+    }
     Ok(())
 }
 

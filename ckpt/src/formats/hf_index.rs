@@ -17,8 +17,10 @@ use std::path::{Path, PathBuf};
 
 use super::safetensors::{self as st, Entries};
 use crate::error::{Error, IndexProblem, Result};
+use crate::plan::{Dest, IndexStyle, Meta, Out, Placed};
 use crate::read::catalog::{Checkpoint, Format, Parts, Scan, SourceFile};
 use crate::read::io::is_plain_file_name;
+use crate::write::{self, Plan};
 
 /// The name huggingface_hub gives the index of `model{suffix}.safetensors` shards.
 pub(crate) const INDEX_NAME: &str = "model.safetensors.index.json";
@@ -272,6 +274,45 @@ pub(crate) fn escape_non_ascii(s: &str) -> String {
         }
     }
     out
+}
+
+/// The index of a sharded output (huggingface_hub's layout, whatever the shards' format), the
+/// previous checkpoint's files to sweep, and the outcome.
+pub(crate) fn finish_sharded(
+    plan: &mut Plan,
+    files: &[(PathBuf, Vec<usize>)],
+    outs: &[Out<'_>],
+    dest: &Dest,
+    meta: &Meta,
+    total: u64,
+    (stem, ext, index_name): (&str, &str, &str),
+) -> Result<Placed> {
+    let mut placed = Placed { files: files.iter().map(|(p, _)| p.clone()).collect(), index: None, bytes: total };
+    let Dest::Shards { dir, style, .. } = dest else { return Ok(placed) };
+    if files.len() > 1 {
+        let mut weight_map: Vec<(String, String)> = Vec::with_capacity(outs.len());
+        for (path, members) in files {
+            let name = path.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
+            weight_map.extend(members.iter().map(|&i| (outs[i].tensor.name.clone(), name.clone())));
+        }
+        let mut index_meta = serde_json::Map::new();
+        index_meta.insert("total_size".into(), total.into());
+        for (k, v) in &meta.user {
+            index_meta.insert(k.clone(), v.clone());
+        }
+        if *style == IndexStyle::ZeroToFp32 {
+            weight_map.sort();
+        }
+        let mut text = render(&index_meta, &weight_map);
+        if *style == IndexStyle::ZeroToFp32 {
+            text.push(b'\n');
+        }
+        let index = dir.join(index_name);
+        plan.trailers.push((index.clone(), text));
+        placed.index = Some(index);
+    }
+    plan.stale = write::stale_files(dir, |n| is_managed_name(n, stem, ext), |n| n.ends_with(".index.json"))?;
+    Ok(placed)
 }
 
 #[cfg(test)]

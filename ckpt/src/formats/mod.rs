@@ -5,8 +5,14 @@
 //! operations (`ops/`) open a source, ask its format ([`Format::ops`]), plan and execute; they
 //! name no format.
 //!
+//! It also says what it is for the edges: it describes its sources for `inspect`, `--json` and
+//! an operation's summary ([`FormatOps::describe`]), and says which open options it takes
+//! ([`FormatOps::takes`]); and it lays out its own target files ([`plan_state_dict`]).
+//!
 //! Adding a format is one module with a unit struct implementing [`FormatOps`], one line in
-//! [`DETECTORS`] and one in [`ops_of`].
+//! [`DETECTORS`] and one in [`ops_of`]. The rest of the crate asks this file (detect, catalog,
+//! describe, plan a state dict, read a safetensors header or a shard index for the Hub) and
+//! never names a format module.
 
 pub(crate) mod accelerate;
 pub(crate) mod dcp;
@@ -22,9 +28,13 @@ use crate::error::{Error, Result};
 use crate::ops::misuse::{Misuse, Opt};
 use crate::ops::outcome::Outcome;
 use crate::ops::request::{Merge, MergeOptions};
-use crate::read::catalog::{Checkpoint, Format, Scan, TensorInfo};
+use crate::ops::TargetFormat;
+use crate::plan::{Dest, Meta, Out, Placed};
+use crate::read::catalog::{Checkpoint, Format, Scan, SourceFile, TensorInfo};
+use crate::read::value::Leaf;
 use crate::read::OpenOptions;
-use crate::write::WriteOptions;
+use crate::report::describe::Description;
+use crate::write::{Plan, WriteOptions};
 
 /// A format's detector: the checkpoint root `path` names, if it is one of the format's.
 type Detect = fn(&Path) -> Result<Option<PathBuf>>;
@@ -57,6 +67,20 @@ pub(crate) trait FormatOps: Sync {
     /// Reads a checkpoint detection found at `root` as `format` (one of this format's), as
     /// `options` say.
     fn catalog(&self, format: Format, root: PathBuf, options: &OpenOptions) -> Result<Scan>;
+
+    /// What the format says of `ck`, one of its sources, for `inspect`, `--json` and an
+    /// operation's summary. By default it names the source by its files and adds nothing.
+    fn describe(&self, ck: &Checkpoint) -> Description {
+        Description::of_files(ck)
+    }
+
+    /// Whether a source of `format` (one of this format's) takes the open `option` that only
+    /// some formats take (`tag`, `allow_globals`, `as_stored`); opening refuses one it does not
+    /// take. By default none.
+    fn takes(&self, format: Format, option: Opt) -> bool {
+        let _ = (format, option);
+        false
+    }
 
     /// How `merge` writes `ck` into `out`. By default its catalog as stored, with the optimizer's
     /// state beside it where [`FormatOps::optimizer_state`] gives one, and in one file unless
@@ -115,6 +139,94 @@ impl Format {
 /// Reads a checkpoint whose format detection decided, as `options` say.
 pub(crate) fn catalog(format: Format, root: PathBuf, options: &OpenOptions) -> Result<Scan> {
     ops_of(format).catalog(format, root, options)
+}
+
+/// The format and root of the checkpoint at `path` (a folder when `is_dir`), the first of
+/// [`DETECTORS`] that matches.
+pub(crate) fn detect(path: &Path, is_dir: bool) -> Result<(Format, PathBuf)> {
+    for (format, detect) in DETECTORS {
+        if let Some(root) = detect(path)? {
+            return Ok((*format, root));
+        }
+    }
+    if is_dir {
+        // Say what is there when it looks like a checkpoint but fits no layout.
+        let (_, singles) = safetensors::folder_files(path)?;
+        if !singles.is_empty() {
+            let found = singles.iter().take(4).filter_map(|p| p.file_name()).map(|n| n.to_string_lossy().into_owned());
+            return Err(Error::UnknownSafetensorsLayout {
+                path: path.to_path_buf(),
+                count: singles.len(),
+                found: found.collect(),
+            });
+        }
+    }
+    Err(Error::NotACheckpoint { path: path.to_path_buf() })
+}
+
+/// Plans a state dict as `to`'s files at `dest`, with the non-tensor `values` where the format
+/// keeps them (a torch file's pickle): torch files for [`TargetFormat::Torch`], safetensors
+/// otherwise (a DCP target is laid out for its ranks by `dcp::write`, never as one state dict).
+pub(crate) fn plan_state_dict(
+    to: TargetFormat,
+    outs: &[Out<'_>],
+    values: &[(String, Leaf)],
+    meta: &Meta,
+    dest: &Dest,
+    plan: &mut Plan,
+) -> Result<Placed> {
+    match to {
+        TargetFormat::Torch => torch::writer::plan(outs, values, meta, dest, plan),
+        TargetFormat::Safetensors | TargetFormat::Dcp => safetensors::plan(outs, meta, dest, plan),
+    }
+}
+
+// What the Hub reads of a repository's checkpoint by range requests, before (or instead of)
+// downloading it, with the local readers' caps and checks: a safetensors file's header and a
+// shard index. `hub/` reaches the layouts through these alone.
+pub(crate) use hf_index::{Index as ShardIndex, MAX_INDEX_LEN};
+pub(crate) use safetensors::Header as SafetensorsHeader;
+
+/// The names huggingface_hub gives a repository's safetensors checkpoint, its shard index first.
+pub(crate) const SAFETENSORS_NAMES: [&str; 2] = [hf_index::INDEX_NAME, safetensors::SINGLE_NAME];
+/// The names transformers gives a repository's torch checkpoint, its shard index first.
+pub(crate) const TORCH_NAMES: [&str; 2] = [torch::TORCH_INDEX_NAME, torch::TORCH_SINGLE_NAME];
+
+/// A safetensors file of `len` bytes at `path`, its header read through `read(offset, len)`
+/// (range requests): the file as a source, and its validated header.
+pub(crate) fn file_header(
+    path: &Path,
+    len: u64,
+    read: impl FnMut(u64, u64) -> Result<Vec<u8>>,
+) -> Result<(SourceFile, SafetensorsHeader)> {
+    let header = safetensors::read_header_with(len, path, read)?;
+    Ok(safetensors::source_of(path, len, header))
+}
+
+/// The catalog of one safetensors file, from its header alone.
+pub(crate) fn file_catalog(file: SourceFile, header: SafetensorsHeader) -> Result<Scan> {
+    safetensors::catalog_of(file, header)
+}
+
+/// The catalog of the sharded safetensors checkpoint `index` describes, each shard's header
+/// read by `read_shard(name)` (`None`: the shard is missing).
+pub(crate) fn sharded_catalog(
+    index: &ShardIndex,
+    read_shard: impl FnMut(&str) -> Option<Result<(SourceFile, SafetensorsHeader)>>,
+) -> Result<Scan> {
+    hf_index::catalog_of(index, read_shard)
+}
+
+/// Whether `format` takes the open `option` (see [`FormatOps::takes`]).
+pub(crate) fn takes(format: Format, option: Opt) -> bool {
+    ops_of(format).takes(format, option)
+}
+
+impl Checkpoint {
+    /// What the checkpoint's format says about it (see [`Description`]).
+    pub fn describe(&self) -> Description {
+        ops_of(self.format).describe(self)
+    }
 }
 
 /// The refusal of an `option` asking `ck`'s format for an output it cannot make of it.

@@ -24,11 +24,14 @@ use std::path::{Path, PathBuf};
 use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
 
+use super::hf_index;
 use crate::error::{EntryProblem, Error, HeaderJsonProblem, IoContext, JsonKind, MetadataProblem, Result};
+use crate::plan::{cut, Dest, Meta, Out, Placed};
 use crate::read::catalog::{Checkpoint, Chunk, Format, Parts, Scan, SourceFile, TensorInfo};
 use crate::read::dtype::Dtype;
 use crate::read::io;
 use crate::read::shape::numel;
+use crate::write::{Plan, TargetFile};
 
 /// The largest header the `safetensors` crate accepts; we refuse the same.
 pub(crate) const MAX_HEADER_LEN: u64 = 100_000_000;
@@ -415,4 +418,33 @@ fn duplicate<'a>(tensors: &[OutTensor<'a>], metadata: bool) -> Option<&'a str> {
         return Some("__metadata__");
     }
     names.windows(2).find(|w| w[0] == w[1]).map(|w| w[0])
+}
+
+/// Plans `outs` as safetensors files at `dest`: one file, or huggingface_hub's shards and index.
+pub(crate) fn plan(outs: &[Out<'_>], meta: &Meta, dest: &Dest, plan: &mut Plan) -> Result<Placed> {
+    for o in outs {
+        if !o.dtype.in_safetensors() {
+            return Err(Error::NotInSafetensors { tensor: o.tensor.name.clone(), dtype: o.dtype.to_string() });
+        }
+    }
+    let (files, total) = cut(outs, dest, SINGLE_NAME, "model", ".safetensors");
+    let one = files.len() == 1;
+    for (path, members) in &files {
+        let tensors: Vec<OutTensor<'_>> = members
+            .iter()
+            .map(|&i| {
+                let o = &outs[i];
+                OutTensor { name: &o.tensor.name, dtype: o.dtype, shape: &o.tensor.shape, len: o.byte_len() }
+            })
+            .collect();
+        let layout = layout(&tensors, &meta.file(one), path)?;
+        drop(tensors);
+        let mut target = TargetFile::new(path.clone(), layout.head, layout.file_len);
+        for (&i, &at) in members.iter().zip(&layout.offsets) {
+            let o = &outs[i];
+            target.place(o.tensor, o.dtype, at, o.compute.clone());
+        }
+        plan.targets.push(target);
+    }
+    hf_index::finish_sharded(plan, &files, outs, dest, meta, total, ("model", ".safetensors", hf_index::INDEX_NAME))
 }

@@ -27,8 +27,7 @@ use std::sync::Arc;
 use hf_hub::{Cache, Repo, RepoType};
 
 use crate::error::{Error, HubUrlProblem, Result};
-use crate::formats::hf_index::{self, Index};
-use crate::formats::safetensors as st;
+use crate::formats::{self, SafetensorsHeader, ShardIndex as Index};
 use crate::read::catalog::Scan;
 
 pub(crate) use remote::Progress;
@@ -167,7 +166,7 @@ pub(crate) fn locate(src: &str, revision: Option<&str>, need: Need, progress: Op
     match (need, &pick) {
         (Need::Headers, Pick::File(f)) if f.ends_with(".safetensors") => {
             let (file, header) = at.header(f)?;
-            Ok(Located::Remote(Box::new(st::catalog_of(file, header)?)))
+            Ok(Located::Remote(Box::new(formats::file_catalog(file, header)?)))
         }
         (Need::Headers, Pick::Index(f)) if f.ends_with(".safetensors.index.json") => {
             at.sharded(f, &snapshot).map(|scan| Located::Remote(Box::new(scan)))
@@ -352,12 +351,9 @@ fn pick(addr: &HubAddress, listing: &Listing, endpoint: &str) -> Result<Pick> {
         Some(p) => format!("{}/", p.trim_end_matches('/')),
         None => String::new(),
     };
-    let known = [
-        (hf_index::INDEX_NAME, true),
-        (hf_index::SINGLE_NAME, false),
-        ("pytorch_model.bin.index.json", true),
-        ("pytorch_model.bin", false),
-    ];
+    let [st_index, st_single] = formats::SAFETENSORS_NAMES;
+    let [torch_index, torch_single] = formats::TORCH_NAMES;
+    let known = [(st_index, true), (st_single, false), (torch_index, true), (torch_single, false)];
     for (name, index) in known {
         let f = format!("{prefix}{name}");
         if has(&f) {
@@ -366,8 +362,7 @@ fn pick(addr: &HubAddress, listing: &Listing, endpoint: &str) -> Result<Pick> {
     }
     let under: Vec<String> = listing.files.iter().filter(|f| f.starts_with(&prefix)).cloned().collect();
     if under.is_empty() || addr.path.is_none() {
-        let file =
-            addr.path.clone().unwrap_or_else(|| format!("{}` or `{}", hf_index::INDEX_NAME, hf_index::SINGLE_NAME));
+        let file = addr.path.clone().unwrap_or_else(|| formats::SAFETENSORS_NAMES.join("` or `"));
         return Err(Error::HubNotFound {
             repo: addr.repo.clone(),
             revision: addr.revision.clone(),
@@ -401,16 +396,15 @@ impl Remote<'_> {
     /// header, so a shard costs one request (huggingface_hub's `get_safetensors_metadata` reads
     /// 100 kB the same way); a longer header is read by a second. The local reader's cap and
     /// checks apply to what comes back.
-    fn header(&self, file: &str) -> Result<(crate::read::catalog::SourceFile, st::Header)> {
+    fn header(&self, file: &str) -> Result<(crate::read::catalog::SourceFile, SafetensorsHeader)> {
         let path = self.path(file);
         let (first, len) = self.hub.range(self.repo, self.commit, file, 0, FIRST_READ)?;
-        let header = st::read_header_with(len, &path, |offset, n| {
+        formats::file_header(&path, len, |offset, n| {
             match first.get(offset as usize..offset.saturating_add(n) as usize) {
                 Some(held) => Ok(held.to_vec()),
                 None => self.hub.range(self.repo, self.commit, file, offset, n).map(|(bytes, _)| bytes),
             }
-        })?;
-        Ok(st::source_of(&path, len, header))
+        })
     }
 
     /// A sharded checkpoint's catalog: the index (from the snapshot when cached there, else
@@ -419,7 +413,7 @@ impl Remote<'_> {
         let cached = snapshot.join(index_file);
         let path = self.path(index_file);
         let text = match cached.exists() {
-            true => crate::read::io::read_capped(&cached, hf_index::MAX_INDEX_LEN)?,
+            true => crate::read::io::read_capped(&cached, formats::MAX_INDEX_LEN)?,
             false => self.hub.get_small(self.repo, self.commit, index_file)?,
         };
         let index = Index::parse(&text, &path)?;
@@ -432,7 +426,7 @@ impl Remote<'_> {
             .collect();
         let headers = remote::parallel(&names, |n| self.header(&format!("{dir}{n}")));
         let mut read: std::collections::HashMap<String, Result<_>> = names.into_iter().zip(headers).collect();
-        hf_index::catalog_of(&index, |name| read.remove(name))
+        formats::sharded_catalog(&index, |name| read.remove(name))
     }
 }
 
@@ -445,7 +439,7 @@ pub(crate) fn resolve_in(addr: &HubAddress, cache: &Path) -> Result<PathBuf> {
     let cached = hub.repo(repo);
     let candidates: Vec<&str> = match &addr.path {
         Some(p) => vec![p.as_str()],
-        None => vec![hf_index::INDEX_NAME, hf_index::SINGLE_NAME],
+        None => formats::SAFETENSORS_NAMES.to_vec(),
     };
     for file in &candidates {
         // `refs/<rev>` names the commit; a revision that is itself a commit hash has no ref,

@@ -27,6 +27,7 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use crate::error::{Error, Result};
+use crate::formats;
 use crate::map::blockscale::{self, BlockScaling, Compute};
 use crate::ops::misuse::{Misuse, Opt};
 pub use crate::ops::outcome::Outcome;
@@ -310,7 +311,7 @@ fn merge_catalog(
     };
     plan::refuse_expanded(&outs, &ck.files, opts.allow_expanded)?;
     let mut plan = Plan::default();
-    let placed = plan::safetensors(&outs, &meta, &dest, &mut plan)?;
+    let placed = formats::plan_state_dict(TargetFormat::Safetensors, &outs, &[], &meta, &dest, &mut plan)?;
     let mut files = placed.files;
     files.extend(placed.index);
     let mut outcome = Outcome { tensors: outs.len(), bytes: ck.total_bytes(), ..Outcome::default() };
@@ -331,7 +332,7 @@ fn merge_catalog(
             .collect();
         let meta = Meta { format: Some("pt".into()), user: Vec::new() };
         let mut extra = Plan::default();
-        plan::safetensors(&outs, &meta, &Dest::File(path.clone()), &mut extra)?;
+        formats::plan_state_dict(TargetFormat::Safetensors, &outs, &[], &meta, &Dest::File(path.clone()), &mut extra)?;
         plan.targets.extend(extra.targets);
         files.push(path);
         outcome.tensors += moments.len();
@@ -356,10 +357,7 @@ fn write_state_dict(
 ) -> Result<Outcome> {
     plan::refuse_expanded(outs, &ck.files, opts.allow_expanded)?;
     let mut plan = Plan::default();
-    let placed = match format {
-        TargetFormat::Torch => plan::torch(outs, &ck.values, meta, dest, &mut plan)?,
-        _ => plan::safetensors(outs, meta, dest, &mut plan)?,
-    };
+    let placed = formats::plan_state_dict(format, outs, &ck.values, meta, dest, &mut plan)?;
     if let Dest::File(p) = dest {
         plan.named.push(p.clone());
     }

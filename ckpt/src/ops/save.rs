@@ -12,8 +12,10 @@
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result, SaveTensorProblem};
+use crate::formats;
 use crate::ops::outcome::Outcome;
-use crate::plan::{self, Dest, IndexStyle, Meta, Out};
+use crate::ops::TargetFormat;
+use crate::plan::{Dest, IndexStyle, Meta, Out};
 use crate::read::catalog::{Chunk, TensorInfo};
 use crate::read::dtype::Dtype;
 use crate::read::io::Sources;
@@ -112,7 +114,7 @@ fn save_here(
         None => Dest::File(path.to_path_buf()),
     };
     let mut plan = Plan::default();
-    let placed = plan::safetensors(&outs, &meta, &dest, &mut plan)?;
+    let placed = formats::plan_state_dict(TargetFormat::Safetensors, &outs, &[], &meta, &dest, &mut plan)?;
     if let Dest::File(p) = &dest {
         plan.named.push(p.clone());
     }

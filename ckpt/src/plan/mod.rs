@@ -1,12 +1,13 @@
-//! The target planners: one for safetensors, one for torch files, and the sharding they share.
+//! What every target planner shares: the tensors to write, where they go, and how they are cut
+//! into shards.
 //!
-//! Every operation that writes a state dict (split, merge, convert, the ZeRO merge) hands the
-//! planner a list of [`Out`] tensors (a catalog tensor, the dtype to write it as, and the
-//! storage it belongs to) and a destination: one file, or a folder of huggingface_hub shards.
-//! The planner lays the files out and places each tensor as range copies or a gather
-//! ([`TargetFile::place`]); the executor in `write.rs` does the rest. Which tensors, in which
-//! order, with which metadata, is the operation's business; how a format lays them out is only
-//! here.
+//! Every operation that writes a state dict (split, merge, convert, the ZeRO merge) hands a
+//! target format's planner (`formats::plan_state_dict`) a list of [`Out`] tensors (a catalog
+//! tensor, the dtype to write it as, and the storage it belongs to) and a [`Dest`]: one file,
+//! or a folder of huggingface_hub shards. The planner lays the files out and places each
+//! tensor as range copies or a gather (`write::TargetFile::place`); the executor does the rest.
+//! Which tensors, in which order, with which metadata, is the operation's business; how a
+//! format lays them out is its own module's; how they are cut into shards ([`cut`]) is here.
 
 pub(crate) mod shares;
 pub(crate) mod size;
@@ -15,14 +16,8 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
-use crate::formats::hf_index;
-use crate::formats::safetensors::{self as st, OutTensor};
-use crate::formats::torch::writer::{self, TorchSeal, WStorage, WTensor, WValue};
-use crate::formats::torch::{TORCH_INDEX_NAME, TORCH_SINGLE_NAME};
 use crate::read::catalog::{Checkpoint, TensorInfo};
 use crate::read::dtype::Dtype;
-use crate::read::value::Leaf;
-use crate::write::{self, Plan, TargetFile};
 
 /// One tensor to write.
 #[derive(Clone, Debug)]
@@ -106,7 +101,9 @@ impl Meta {
         Meta { format, user }
     }
 
-    fn file(&self, with_user: bool) -> Vec<(String, String)> {
+    /// The metadata a file carries: `format`, and the rest when `with_user` (an unsharded
+    /// output).
+    pub(crate) fn file(&self, with_user: bool) -> Vec<(String, String)> {
         let format = self.format.iter().map(|f| ("format".to_string(), f.clone()));
         let user = self.user.iter().filter(|_| with_user).map(|(k, v)| (k.clone(), json_text(v)));
         format.chain(user).collect()
@@ -187,12 +184,14 @@ fn shard_names(dir: &Path, n: usize, single: &str, stem: &str, ext: &str) -> Vec
     (1..=n).map(|i| dir.join(format!("{stem}-{i:05}-of-{n:05}{ext}"))).collect()
 }
 
-fn file_name(p: &Path) -> String {
-    p.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default()
-}
-
 /// Cuts `outs` into the destination's files: `(path, members)` per file, and the total bytes.
-fn cut<'o>(outs: &'o [Out<'o>], dest: &Dest, single: &str, stem: &str, ext: &str) -> (Vec<(PathBuf, Vec<usize>)>, u64) {
+pub(crate) fn cut<'o>(
+    outs: &'o [Out<'o>],
+    dest: &Dest,
+    single: &str,
+    stem: &str,
+    ext: &str,
+) -> (Vec<(PathBuf, Vec<usize>)>, u64) {
     let items: Vec<(usize, u64)> = outs.iter().map(|o| (o.key, o.byte_len())).collect();
     let (shards, total) = match dest {
         Dest::File(_) => {
@@ -209,44 +208,6 @@ fn cut<'o>(outs: &'o [Out<'o>], dest: &Dest, single: &str, stem: &str, ext: &str
         Dest::Shards { dir, .. } => shard_names(dir, shards.len(), single, stem, ext),
     };
     (paths.into_iter().zip(shards).collect(), total)
-}
-
-/// The index of a sharded output, the previous checkpoint's files to sweep, and the outcome.
-fn finish_sharded(
-    plan: &mut Plan,
-    files: &[(PathBuf, Vec<usize>)],
-    outs: &[Out<'_>],
-    dest: &Dest,
-    meta: &Meta,
-    total: u64,
-    (stem, ext, index_name): (&str, &str, &str),
-) -> Result<Placed> {
-    let mut placed = Placed { files: files.iter().map(|(p, _)| p.clone()).collect(), index: None, bytes: total };
-    let Dest::Shards { dir, style, .. } = dest else { return Ok(placed) };
-    if files.len() > 1 {
-        let mut weight_map: Vec<(String, String)> = Vec::with_capacity(outs.len());
-        for (path, members) in files {
-            let name = file_name(path);
-            weight_map.extend(members.iter().map(|&i| (outs[i].tensor.name.clone(), name.clone())));
-        }
-        let mut index_meta = serde_json::Map::new();
-        index_meta.insert("total_size".into(), total.into());
-        for (k, v) in &meta.user {
-            index_meta.insert(k.clone(), v.clone());
-        }
-        if *style == IndexStyle::ZeroToFp32 {
-            weight_map.sort();
-        }
-        let mut text = hf_index::render(&index_meta, &weight_map);
-        if *style == IndexStyle::ZeroToFp32 {
-            text.push(b'\n');
-        }
-        let index = dir.join(index_name);
-        plan.trailers.push((index.clone(), text));
-        placed.index = Some(index);
-    }
-    plan.stale = write::stale_files(dir, |n| hf_index::is_managed_name(n, stem, ext), |n| n.ends_with(".index.json"))?;
-    Ok(placed)
 }
 
 /// Refuses a broadcast view (`expand`) that would be written far larger than its storage,
@@ -279,78 +240,6 @@ impl Checkpoint {
         }
         Ok(())
     }
-}
-
-/// Plans `outs` as safetensors files at `dest`.
-pub(crate) fn safetensors(outs: &[Out<'_>], meta: &Meta, dest: &Dest, plan: &mut Plan) -> Result<Placed> {
-    for o in outs {
-        if !o.dtype.in_safetensors() {
-            return Err(Error::NotInSafetensors { tensor: o.tensor.name.clone(), dtype: o.dtype.to_string() });
-        }
-    }
-    let (files, total) = cut(outs, dest, hf_index::SINGLE_NAME, "model", ".safetensors");
-    let one = files.len() == 1;
-    for (path, members) in &files {
-        let tensors: Vec<OutTensor<'_>> = members
-            .iter()
-            .map(|&i| {
-                let o = &outs[i];
-                OutTensor { name: &o.tensor.name, dtype: o.dtype, shape: &o.tensor.shape, len: o.byte_len() }
-            })
-            .collect();
-        let layout = st::layout(&tensors, &meta.file(one), path)?;
-        drop(tensors);
-        let mut target = TargetFile::new(path.clone(), layout.head, layout.file_len);
-        for (&i, &at) in members.iter().zip(&layout.offsets) {
-            let o = &outs[i];
-            target.place(o.tensor, o.dtype, at, o.compute.clone());
-        }
-        plan.targets.push(target);
-    }
-    finish_sharded(plan, &files, outs, dest, meta, total, ("model", ".safetensors", hf_index::INDEX_NAME))
-}
-
-/// Plans `outs` as `torch.save` files at `dest`, with the non-tensor `values` in the first
-/// file's pickle. A tensor tied to another in the same file shares its storage.
-pub(crate) fn torch(
-    outs: &[Out<'_>],
-    values: &[(String, Leaf)],
-    meta: &Meta,
-    dest: &Dest,
-    plan: &mut Plan,
-) -> Result<Placed> {
-    let (files, total) = cut(outs, dest, TORCH_SINGLE_NAME, "pytorch_model", ".bin");
-    for (si, (path, members)) in files.iter().enumerate() {
-        let mut storages: Vec<WStorage> = Vec::new();
-        let mut storage_of: HashMap<usize, usize> = HashMap::new();
-        let mut entries = Vec::with_capacity(members.len());
-        for &i in members {
-            let o = &outs[i];
-            let owner = o.tied_to.filter(|k| members.contains(k)).unwrap_or(i);
-            let sidx = *storage_of.entry(owner).or_insert_with(|| {
-                storages.push(WStorage { dtype: o.dtype, byte_len: o.byte_len() });
-                storages.len() - 1
-            });
-            let t = WTensor { dtype: o.dtype, shape: o.tensor.shape.clone(), storage: sidx, offset: 0 };
-            entries.push((o.tensor.name.clone(), WValue::Tensor(t)));
-        }
-        if si == 0 {
-            entries.extend(values.iter().map(|(k, v)| (k.clone(), WValue::Leaf(v.clone()))));
-        }
-        let layout = writer::layout(&writer::archive_name(path), &entries, &storages, path)?;
-        let mut target = TargetFile::new(path.clone(), Vec::new(), layout.file_len);
-        for &i in members {
-            let o = &outs[i];
-            if o.tied_to.is_some_and(|k| members.contains(&k)) {
-                continue;
-            }
-            let off = storage_of.get(&i).and_then(|&s| layout.storage_offsets.get(s)).copied().unwrap_or(0);
-            target.place(o.tensor, o.dtype, off, o.compute.clone());
-        }
-        target.seal = Some(Box::new(TorchSeal(vec![(0, layout)])));
-        plan.targets.push(target);
-    }
-    finish_sharded(plan, &files, outs, dest, meta, total, ("pytorch_model", ".bin", TORCH_INDEX_NAME))
 }
 
 #[cfg(test)]

@@ -42,15 +42,16 @@ pub struct OpenOptions {
 }
 
 impl OpenOptions {
-    /// Refuses options that do not apply to `format`.
+    /// Refuses options that do not apply to `format`, as the format says which it takes.
     fn check(&self, format: Format, root: &Path) -> Result<()> {
-        if self.tag.is_some() && format != Format::DeepSpeed {
+        let refused = |option| !formats::takes(format, option);
+        if self.tag.is_some() && refused(Opt::Tag) {
             return Err(not_for_format(Opt::Tag, root, format));
         }
-        if !self.allow_globals.is_empty() && !matches!(format, Format::Torch | Format::TorchSharded) {
+        if !self.allow_globals.is_empty() && refused(Opt::AllowGlobals) {
             return Err(not_for_format(Opt::AllowGlobals, root, format));
         }
-        if self.as_stored && format != Format::MegatronTorchDist {
+        if self.as_stored && refused(Opt::AsStored) {
             return Err(not_for_format(Opt::AsStored, root, format));
         }
         Ok(())
@@ -112,24 +113,7 @@ fn detect_path(path: &Path) -> Result<(Format, PathBuf)> {
         // A FIFO, socket or device: the one check that refuses it by name, before any open.
         crate::read::io::open(path)?;
     }
-    for (format, detect) in formats::DETECTORS {
-        if let Some(root) = detect(path)? {
-            return Ok((*format, root));
-        }
-    }
-    if meta.is_dir() {
-        // Say what is there when it looks like a checkpoint but fits no layout.
-        let (_, singles) = formats::safetensors::folder_files(path)?;
-        if !singles.is_empty() {
-            let found = singles.iter().take(4).filter_map(|p| p.file_name()).map(|n| n.to_string_lossy().into_owned());
-            return Err(Error::UnknownSafetensorsLayout {
-                path: path.to_path_buf(),
-                count: singles.len(),
-                found: found.collect(),
-            });
-        }
-    }
-    Err(Error::NotACheckpoint { path: path.to_path_buf() })
+    formats::detect(path, meta.is_dir())
 }
 
 /// Reads a detected checkpoint, collecting the problems `verify` reports.

@@ -9,8 +9,8 @@
 //!   one entry at a time, so the catalog of a million tensors never stands as one JSON tree;
 //! - `statekit.verify/1` for a [`Report`];
 //! - `statekit.outcome/2` for an [`Outcome`], what split, merge, convert and reshard wrote;
-//! - the `components` of an accelerate `save_state` or `Trainer` folder ([`SaveState`]),
-//!   inside the inspect document.
+//! - inside the inspect document, the fields a format adds of its own (an accelerate folder's
+//!   `components`, a Megatron run's `megatron`), as its [`crate::Description`] gives them.
 //!
 //! Paths are JSON strings; a name that is not UTF-8 (a file planted in a `save_state` folder)
 //! is written with U+FFFD in place of its invalid bytes rather than failing the document.
@@ -21,8 +21,6 @@ use serde::ser::{SerializeMap, SerializeSeq};
 use serde::{Serialize, Serializer};
 use serde_json::{json, Value};
 
-use crate::formats::accelerate::trainer::TrainerState;
-use crate::formats::accelerate::{Component, OptimizerState, SaveState};
 use crate::ops::outcome::Outcome;
 use crate::read::catalog::{Checkpoint, TensorBox, TensorInfo};
 use crate::report::verify::Report;
@@ -34,8 +32,8 @@ pub const VERIFY_SCHEMA: &str = "statekit.verify/1";
 /// The schema of [`Outcome`]'s document (`ckpt split|merge|convert|reshard --json`).
 pub const OUTCOME_SCHEMA: &str = "statekit.outcome/2";
 
-/// `statekit.inspect/2`: the catalog, its files, its non-tensor values and totals, and for a
-/// `save_state` folder its `components`.
+/// `statekit.inspect/2`: the catalog, its files, its non-tensor values and totals, and what
+/// the format adds.
 impl Serialize for Checkpoint {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         let values: serde_json::Map<String, Value> =
@@ -58,11 +56,10 @@ impl Serialize for Checkpoint {
         let merged: Option<serde_json::Map<String, Value>> =
             self.file_metadata().ok().map(|m| m.into_iter().map(|(k, v)| (k, Value::String(v))).collect());
         map.serialize_entry("metadata", &merged)?;
-        if let Some(state) = self.save_state() {
-            map.serialize_entry("components", state)?;
-        }
-        if let Some(m) = self.megatron() {
-            map.serialize_entry("megatron", m)?;
+        // What the format adds (an accelerate folder's `components`, a Megatron run's
+        // `megatron`), as it describes itself.
+        for (key, value) in self.describe().json {
+            map.serialize_entry(key, &value)?;
         }
         map.end()
     }
@@ -175,93 +172,6 @@ impl Serialize for Outcome {
         })
         .serialize(s)
     }
-}
-
-/// The `components` of the inspect document (the README documents the schema).
-impl Serialize for SaveState {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        self.to_json().serialize(s)
-    }
-}
-
-impl SaveState {
-    /// The components as the JSON `ckpt inspect --json` prints under `components`.
-    pub fn to_json(&self) -> Value {
-        let models: Vec<_> = self
-            .models
-            .iter()
-            .map(|m| {
-                let ck = &m.checkpoint;
-                json!({ "index": m.index, "path": text(&m.path), "format": ck.format().name(), "tensors": ck.tensors().len(),
-                        "bytes": ck.total_bytes(), "world_size": ck.world_size(), "zero_stage": ck.zero_stage() })
-            })
-            .collect();
-        let optimizers: Vec<_> = self
-            .optimizers
-            .iter()
-            .map(|o| {
-                let format = match &o.state {
-                    OptimizerState::Own(ck) => ck.format().name(),
-                    _ => "in-model",
-                };
-                json!({ "index": o.index, "path": text(&o.path), "format": format, "param_groups": o.param_groups, "params": o.params,
-                        "state_tensors": o.state_tensors, "step": o.step })
-            })
-            .collect();
-        let rng: Vec<_> = self
-            .rng
-            .iter()
-            .map(|r| json!({ "rank": r.rank, "path": text(&r.path), "step": r.state.step, "generators": r.state.generators }))
-            .collect();
-        let data: Vec<_> = self
-            .data
-            .iter()
-            .map(|(c, p)| {
-                let mut v = component(c);
-                if let (Some(p), Some(m)) = (p, v.as_object_mut()) {
-                    m.insert(
-                        "position".into(),
-                        json!({ "kind": p.kind, "epoch": p.epoch, "seed": p.seed, "batches_yielded": p.batches_yielded,
-                        "samples_yielded": p.samples_yielded, "finished": p.finished, "num_workers": p.num_workers }),
-                    );
-                }
-                v
-            })
-            .collect();
-        json!({
-            "world_size": self.world_size,
-            "models": models,
-            "optimizers": optimizers,
-            "schedulers": self.schedulers.iter().map(component).collect::<Vec<_>>(),
-            "scaler": self.scaler.as_ref().map(component),
-            "rng": rng,
-            "data": data,
-            "custom": self.custom.iter().map(component).collect::<Vec<_>>(),
-            "other_files": self.other.iter().map(|p| text(p)).collect::<Vec<_>>(),
-            "trainer": self.trainer.as_ref().map(trainer),
-            "training_args": self.training_args.as_ref().map(component),
-        })
-    }
-}
-
-/// A values file: its values, the classes it names, and the global a refused pickle names.
-fn component(c: &Component) -> Value {
-    let values: serde_json::Map<String, Value> = c.values.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
-    json!({ "index": c.index, "path": text(&c.path), "values": values, "classes": c.classes, "refused": c.refused })
-}
-
-/// `components.trainer`: what `trainer_state.json` says.
-fn trainer(t: &TrainerState) -> Value {
-    json!({
-        "path": text(&t.path),
-        "global_step": t.global_step,
-        "epoch": t.epoch,
-        "max_steps": t.max_steps,
-        "train_batch_size": t.train_batch_size,
-        "num_train_epochs": t.num_train_epochs,
-        "log_entries": t.log_entries,
-        "last_log": t.last_log,
-    })
 }
 
 /// A path as JSON text.

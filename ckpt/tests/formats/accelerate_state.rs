@@ -64,6 +64,34 @@ fn every_folder_opens_as_accelerate_state_with_each_component_listed() {
 }
 
 #[test]
+fn a_folder_describes_its_components_as_one_section_and_the_inspect_document_s_components() {
+    for (name, _) in folders() {
+        let ck = open(&root().join(&name));
+        let s = ck.save_state().unwrap();
+        let d = ck.describe();
+        assert_eq!(d.title, format!("an accelerate save_state folder of {} ranks", s.world_size), "{name}");
+        assert!(d.facts.is_empty(), "{name}: {:?}", d.facts);
+        assert_eq!(d.sections.len(), 1, "{name}");
+        let section = &d.sections[0];
+        assert_eq!(section.heading, format!("accelerate save_state, saved by {} rank(s):", s.world_size));
+        // One line per model, optimizer, scheduler, rng file, data position, custom state and
+        // other file, plus the scaler and the training arguments where the folder has them.
+        let items = s.models.len()
+            + s.optimizers.len()
+            + s.schedulers.len()
+            + s.rng.len()
+            + s.data.len()
+            + s.custom.len()
+            + s.other.len()
+            + usize::from(s.scaler.is_some())
+            + usize::from(s.training_args.is_some());
+        assert_eq!(section.lines.len(), items, "{name}: {:?}", section.lines);
+        assert!(section.lines[0].starts_with("model 0: "), "{name}: {:?}", section.lines);
+        assert_eq!(d.json, vec![("components", s.to_json())], "{name}");
+    }
+}
+
+#[test]
 fn component_values_are_what_torch_load_gives() {
     for (name, files) in folders() {
         let ck = open(&root().join(&name));

@@ -78,6 +78,17 @@ fn accelerate(case: &str) {
 }
 
 #[test]
+fn a_dcp_folder_is_named_by_its_rank_files_and_adds_nothing_to_inspect() {
+    for (case, world) in [("fsdp2_w2_f32", 2), ("fsdp2_w3_bf16", 3)] {
+        let src = root().join(case).join("checkpoint");
+        let ck = Checkpoint::open(src.to_str().unwrap()).unwrap();
+        let d = ck.describe();
+        assert_eq!(d.title, format!("a DCP checkpoint of {world} rank file(s)"), "{case}");
+        assert!(d.facts.is_empty() && d.sections.is_empty() && d.json.is_empty(), "{case}: {d:?}");
+    }
+}
+
+#[test]
 fn fsdp2_w2_f32() {
     combined("fsdp2_w2_f32");
 }

@@ -116,6 +116,24 @@ fn inspect_names_the_format_and_the_model() {
 }
 
 #[test]
+fn a_megatron_checkpoint_describes_its_run_and_model_and_names_itself_by_its_layout() {
+    for (dir, case) in cases() {
+        let ck = open(&source(&dir, &case), false);
+        let m = ck.megatron().unwrap();
+        let d = ck.describe();
+        assert!(d.title.starts_with(&format!("a Megatron {} checkpoint", m.layout)), "{}: {}", dir.display(), d.title);
+        let labels: Vec<&str> = d.facts.iter().map(|(label, _)| *label).collect();
+        assert_eq!(labels, ["megatron", "model"], "{}", dir.display());
+        assert!(d.facts[0].1.starts_with(m.layout), "{}: {:?}", dir.display(), d.facts);
+        if let Some(layers) = m.num_layers {
+            assert!(d.facts[1].1.starts_with(&format!("layers {layers}, ")), "{}: {:?}", dir.display(), d.facts);
+        }
+        assert!(d.sections.is_empty(), "{}", dir.display());
+        assert_eq!(d.json, vec![("megatron", serde_json::to_value(m).unwrap())], "{}", dir.display());
+    }
+}
+
+#[test]
 fn the_model_converts_to_dcp_and_torch_and_merges_back_to_the_same_bytes() {
     for (dir, case) in cases() {
         let tmp = tempfile::tempdir().unwrap();

@@ -95,6 +95,25 @@ fn a_rank_file_missing() {
 }
 
 #[test]
+fn megatron_classes_are_admitted_in_a_megatron_save_only() {
+    // The same DCP folder without megatron's `metadata.json` is a plain DCP folder: the save
+    // plans megatron pickles into its `.metadata` are then refused like any foreign class.
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("dcp");
+    common::copy_tree(&fixture(), &dir);
+    std::fs::remove_file(dir.join("metadata.json")).unwrap();
+    refused_as(
+        &dir,
+        "dcp",
+        &format!(
+            "{}: refusing global `torch.distributed.checkpoint.planner.SavePlan`: only the tensor-rebuilding \
+             globals of torch's weights-only loader are allowed",
+            dir.join(".metadata").display()
+        ),
+    );
+}
+
+#[test]
 fn another_backend_is_refused_by_name() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("ckpt");

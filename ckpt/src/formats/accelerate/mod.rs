@@ -30,6 +30,7 @@
 //! `Trainer`'s own names beside accelerate's ([`trainer`]).
 
 mod check;
+mod describe;
 mod names;
 mod position;
 mod produce;
@@ -49,6 +50,7 @@ use crate::write::WriteOptions;
 use names::{classify, Kind};
 use rng::RngState;
 
+pub(crate) use describe::describe;
 pub(crate) use position::write_loader_state;
 
 /// A model of the folder.
@@ -244,6 +246,10 @@ pub(crate) fn catalog(root: PathBuf) -> Result<Scan> {
 pub(crate) struct AccelerateFormat;
 
 impl super::FormatOps for AccelerateFormat {
+    fn describe(&self, ck: &Checkpoint) -> crate::report::describe::Description {
+        describe(ck)
+    }
+
     fn catalog(&self, _: Format, root: PathBuf, _: &crate::OpenOptions) -> Result<Scan> {
         catalog(root)
     }

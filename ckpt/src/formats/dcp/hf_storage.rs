@@ -107,6 +107,10 @@ struct Found {
 pub(crate) struct DcpSafetensorsFormat;
 
 impl crate::formats::FormatOps for DcpSafetensorsFormat {
+    fn describe(&self, ck: &crate::Checkpoint) -> crate::report::describe::Description {
+        super::describe(ck)
+    }
+
     fn catalog(&self, _: Format, root: PathBuf, _: &crate::OpenOptions) -> Result<Scan> {
         catalog(root)
     }

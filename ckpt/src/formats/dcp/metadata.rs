@@ -32,29 +32,33 @@ use crate::formats::torch::pickle::{self, Global, Obj, Pickle, Refusal, V};
 use crate::read::dtype::Dtype;
 
 const MD: &str = "torch.distributed.checkpoint.metadata.";
-/// The classes a DCP `.metadata` pickle names besides torch dtypes and `torch.Size`; nothing
-/// else is accepted (fixtures/dcp/README.md lists what torch 2.13 writes).
-pub(crate) const CLASSES: &[&str] = &[
-    "torch.distributed.checkpoint.metadata.Metadata",
-    "torch.distributed.checkpoint.metadata.TensorStorageMetadata",
-    "torch.distributed.checkpoint.metadata.ChunkStorageMetadata",
-    "torch.distributed.checkpoint.metadata.BytesStorageMetadata",
-    "torch.distributed.checkpoint.metadata.TensorProperties",
-    "torch.distributed.checkpoint.metadata._MEM_FORMAT_ENCODING",
-    "torch.distributed.checkpoint.metadata.MetadataIndex",
-    "torch.distributed.checkpoint.metadata.StorageMeta",
-    "torch.distributed.checkpoint.filesystem._StorageInfo",
-    "torch.serialization._get_layout",
-    "pathlib.PosixPath",
-    // Megatron's `all_local_plans` (every rank's save plan, kept to check a later save against)
-    // and the placeholder classes older megatron versions pickled there: records nobody reads.
-    "torch.distributed.checkpoint.planner.SavePlan",
-    "torch.distributed.checkpoint.planner.WriteItem",
-    "torch.distributed.checkpoint.planner.WriteItemType",
-    "torch.distributed.checkpoint.planner.TensorWriteData",
-    "megatron.core.dist_checkpointing.strategies.torch.MCoreMetadata",
-    "megatron.core.dist_checkpointing.strategies.torch.MCoreSavePlan",
-];
+
+/// The classes a DCP `.metadata` pickle names besides torch dtypes and `torch.Size`, followed
+/// by the `extra` ones a format that writes DCP folders adds to its metadata (Megatron's, see
+/// `formats::megatron`); nothing else is accepted (fixtures/dcp/README.md lists what torch 2.13
+/// writes). A macro, because the unpickler takes one static list.
+macro_rules! metadata_classes {
+    ($($extra:literal),* $(,)?) => {
+        &[
+            "torch.distributed.checkpoint.metadata.Metadata",
+            "torch.distributed.checkpoint.metadata.TensorStorageMetadata",
+            "torch.distributed.checkpoint.metadata.ChunkStorageMetadata",
+            "torch.distributed.checkpoint.metadata.BytesStorageMetadata",
+            "torch.distributed.checkpoint.metadata.TensorProperties",
+            "torch.distributed.checkpoint.metadata._MEM_FORMAT_ENCODING",
+            "torch.distributed.checkpoint.metadata.MetadataIndex",
+            "torch.distributed.checkpoint.metadata.StorageMeta",
+            "torch.distributed.checkpoint.filesystem._StorageInfo",
+            "torch.serialization._get_layout",
+            "pathlib.PosixPath",
+            $($extra),*
+        ]
+    };
+}
+pub(crate) use metadata_classes;
+
+/// The classes of a plain DCP folder's `.metadata`.
+pub(crate) const CLASSES: &[&str] = metadata_classes!();
 
 /// One element of a state-dict path: a dict key or a list index.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -110,15 +114,21 @@ pub(crate) struct Metadata {
     pub items: Vec<Item>,
 }
 
-/// Parses the `.metadata` bytes read from `path`.
+/// Parses the `.metadata` bytes read from `path`, a plain DCP folder's.
 pub(crate) fn parse(data: &[u8], path: &Path) -> Result<Metadata> {
+    parse_with(data, path, CLASSES)
+}
+
+/// Parses the `.metadata` bytes read from `path`, admitting `classes` (a [`metadata_classes`]
+/// list) and nothing else.
+pub(crate) fn parse_with(data: &[u8], path: &Path, classes: &'static [&'static str]) -> Result<Metadata> {
     let bad = |reason: String| Error::BadDcpMetadata { path: path.to_path_buf(), reason };
     if data.first() == Some(&b'{') {
         return Err(bad("this is the JSON metadata of torch's Hugging Face storage writer, not a pickle; \
                         hint: its files are safetensors, open them directly"
             .into()));
     }
-    let p = pickle::load(data, pickle::Load::default().classes(CLASSES)).map_err(|r| match r {
+    let p = pickle::load(data, pickle::Load::default().classes(classes)).map_err(|r| match r {
         Refusal::Global(global) => Error::RefusedGlobal { path: path.to_path_buf(), global },
         Refusal::Bad { at, reason } => {
             Error::BadPickle { path: path.to_path_buf(), record: ".metadata".into(), at, reason }

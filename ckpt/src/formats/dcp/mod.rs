@@ -57,10 +57,12 @@ use crate::error::Result;
 use crate::map::model::{ModelMap, Target};
 use crate::ops::outcome::Outcome;
 use crate::read::catalog::{Checkpoint, Format, Parts, Scan, SourceFile, TensorData, TensorInfo};
+use crate::report::describe::Description;
 use crate::write::WriteOptions;
+pub(crate) use metadata::metadata_classes;
 use metadata::PathElem;
 use plan::{SrcBytes, SrcTensor};
-pub(crate) use read::{read_with as read_folder_with, Dcp as DcpSource, DcpTensor};
+pub(crate) use read::{read_with as read_folder_with, Classes, Dcp as DcpSource, DcpTensor};
 
 /// The metadata file of a DCP folder.
 pub(crate) const METADATA_NAME: &str = ".metadata";
@@ -82,6 +84,10 @@ pub(crate) fn detect(path: &Path) -> Result<Option<PathBuf>> {
 pub(crate) struct DcpFormat;
 
 impl super::FormatOps for DcpFormat {
+    fn describe(&self, ck: &Checkpoint) -> Description {
+        describe(ck)
+    }
+
     fn catalog(&self, _: Format, root: PathBuf, _: &crate::OpenOptions) -> Result<Scan> {
         catalog(root)
     }
@@ -125,6 +131,14 @@ pub(crate) fn catalog(dir: PathBuf) -> Result<Scan> {
     parts.members = crate::read::io::regular_files(&parts.root)?;
     parts.detail = Some(Arc::new(dcp));
     Ok(Scan::clean(Checkpoint::new(parts)?))
+}
+
+/// How a DCP folder (or DCP's Hugging Face storage) is named: by its rank files.
+pub(crate) fn describe(ck: &Checkpoint) -> Description {
+    match ck.world_size() {
+        Some(w) => Description::titled(format!("a DCP checkpoint of {w} rank file(s)")),
+        None => Description::of_files(ck),
+    }
 }
 
 /// The folder's data files, the first carrying the `__metadata__` that

@@ -59,18 +59,31 @@ pub(crate) struct Dcp {
     pub bytes: Vec<DcpBytes>,
 }
 
-/// Reads the DCP folder `dir`.
-pub(crate) fn read(dir: &Path) -> Result<Dcp> {
-    read_with(dir, &[])
+/// The classes a format that writes DCP folders pickles of its own, admitted as inert records.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Classes {
+    /// In `.metadata`: DCP's own, and the format's extra ones ([`metadata::metadata_classes`]).
+    pub metadata: &'static [&'static str],
+    /// In the non-tensor items, besides torch's weights-only globals (Megatron pickles its
+    /// `args` as an `argparse.Namespace`).
+    pub values: &'static [&'static str],
 }
 
-/// Reads the DCP folder `dir`, its non-tensor items admitting the format's own `classes` as
-/// inert records besides torch's weights-only globals (Megatron pickles its `args` as an
-/// `argparse.Namespace`).
-pub(crate) fn read_with(dir: &Path, classes: &'static [&'static str]) -> Result<Dcp> {
+impl Classes {
+    /// A plain DCP folder's: DCP's metadata classes, and torch's globals alone in its values.
+    pub(crate) const DCP: Classes = Classes { metadata: metadata::CLASSES, values: &[] };
+}
+
+/// Reads the DCP folder `dir`.
+pub(crate) fn read(dir: &Path) -> Result<Dcp> {
+    read_with(dir, Classes::DCP)
+}
+
+/// Reads the DCP folder `dir` that a format saved with its own `classes`.
+pub(crate) fn read_with(dir: &Path, classes: Classes) -> Result<Dcp> {
     let meta_path = dir.join(super::METADATA_NAME);
     let data = read_metadata(dir, &meta_path)?;
-    let md = metadata::parse(&data, &meta_path)?;
+    let md = metadata::parse_with(&data, &meta_path, classes.metadata)?;
 
     let mut files =
         Files { dir, meta_path: &meta_path, list: Vec::new(), by_name: HashMap::new(), records: Vec::new() };
@@ -88,7 +101,8 @@ pub(crate) fn read_with(dir: &Path, classes: &'static [&'static str]) -> Result<
             Kind::Bytes { storage } => {
                 let (fi, rank) = files.get(&item.key, &storage)?;
                 let path = files.list[fi].path.clone();
-                let (value, inner) = read_bytes_item(&path, fi, rank, &item.key, &storage, &values_budget, classes)?;
+                let (value, inner) =
+                    read_bytes_item(&path, fi, rank, &item.key, &storage, &values_budget, classes.values)?;
                 for (t, record) in inner {
                     files.records[fi].push(record);
                     tensors.push(t);

@@ -60,9 +60,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::error::Result;
+use crate::ops::misuse::Opt;
 use crate::ops::outcome::Outcome;
 use crate::read::catalog::{Checkpoint, Format, Parts, Scan, TensorInfo};
 use crate::read::dtype::Dtype;
+use crate::report::describe::Description;
 use crate::write::WriteOptions;
 pub(crate) use read::is_zero_checkpoint;
 pub(crate) use read::ZeroCheckpoint;
@@ -118,6 +120,19 @@ pub(crate) fn catalog(dir: PathBuf, tag: Option<&str>) -> Result<Scan> {
 pub(crate) struct DeepSpeedFormat;
 
 impl super::FormatOps for DeepSpeedFormat {
+    /// Named by its stage and its data-parallel world.
+    fn describe(&self, ck: &Checkpoint) -> Description {
+        match (ck.zero_stage(), ck.world_size()) {
+            (Some(stage), Some(w)) => Description::titled(format!("a ZeRO-{stage} checkpoint of {w} ranks")),
+            _ => Description::of_files(ck),
+        }
+    }
+
+    /// A ZeRO folder holds a save per tag.
+    fn takes(&self, _: Format, option: Opt) -> bool {
+        option == Opt::Tag
+    }
+
     fn catalog(&self, _: Format, root: PathBuf, options: &crate::OpenOptions) -> Result<Scan> {
         catalog(root, options.tag.as_deref())
     }

@@ -5,6 +5,7 @@
 use super::{names, Location};
 use crate::formats::dcp::DcpSource;
 use crate::read::value::Leaf;
+use crate::report::describe::Description;
 
 /// A Megatron checkpoint as the catalog's detail: the summary, and what the reader kept.
 #[derive(Debug)]
@@ -155,4 +156,40 @@ pub(crate) fn describe(loc: &Location, dcp: &DcpSource) -> MegatronInfo {
         m.hidden_size.or_else(|| key_shape("embedding.word_embeddings.weight").and_then(|s| s.get(1).copied()));
     m.tied_embeddings = m.tied_embeddings.or_else(|| Some(key_shape("output_layer.weight").is_none()));
     m
+}
+
+/// What `inspect` shows of a Megatron checkpoint: its run and model as two facts (the
+/// settings it does not record left out), and the whole [`MegatronInfo`] as the inspect
+/// document's `megatron`.
+pub(crate) fn description(m: &MegatronInfo) -> Description {
+    let n = |label: &str, v: Option<u64>| v.map(|v| format!("{label} {v}"));
+    let b = |label: &str, v: Option<bool>| v.map(|v| format!("{label} {}", if v { "yes" } else { "no" }));
+    let run: Vec<String> = [
+        n("iteration", m.iteration),
+        n("tensor parallel", m.tensor_parallel),
+        n("pipeline parallel", m.pipeline_parallel),
+        m.optimizer.as_ref().map(|o| format!("optimizer {}", crate::escape_controls(o))),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    let model: Vec<String> = [
+        n("layers", m.num_layers),
+        n("hidden", m.hidden_size),
+        n("ffn", m.ffn_hidden_size),
+        n("heads", m.num_attention_heads),
+        n("query groups", m.num_query_groups),
+        b("swiglu", m.swiglu),
+        b("tied embeddings", m.tied_embeddings),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    let run = if run.is_empty() { String::new() } else { format!(" ({})", run.join(", ")) };
+    Description {
+        title: format!("a Megatron {} checkpoint{run}", m.layout),
+        facts: vec![("megatron", format!("{}{run}", m.layout)), ("model", model.join(", "))],
+        json: vec![("megatron", serde_json::json!(m))],
+        ..Description::default()
+    }
 }

@@ -51,7 +51,9 @@ pub use info::MegatronInfo;
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
+use crate::formats::dcp;
 use crate::read::catalog::{Checkpoint, Format, Scan, TensorInfo};
+use crate::report::describe::Description;
 
 /// The file a Megatron-LM run writes last, naming its newest complete iteration.
 pub(crate) const TRACKER_NAME: &str = "latest_checkpointed_iteration.txt";
@@ -61,6 +63,23 @@ pub(crate) const CONFIG_NAME: &str = "metadata.json";
 const MAX_TRACKER_LEN: u64 = 64;
 /// The longest `metadata.json` we read (megatron's is under 100 bytes).
 const MAX_CONFIG_LEN: u64 = 1 << 16;
+
+/// What a `torch_dist` folder pickles beyond a plain DCP folder: in `.metadata`, megatron's
+/// `all_local_plans` (every rank's save plan, kept to check a later save against) and the
+/// placeholder classes older megatron versions pickled there, records nobody reads; in its
+/// values, the saved `args` ([`SAVE_GLOBALS`]). A plain DCP folder naming any of these is
+/// refused.
+const DCP_CLASSES: dcp::Classes = dcp::Classes {
+    metadata: dcp::metadata_classes!(
+        "torch.distributed.checkpoint.planner.SavePlan",
+        "torch.distributed.checkpoint.planner.WriteItem",
+        "torch.distributed.checkpoint.planner.WriteItemType",
+        "torch.distributed.checkpoint.planner.TensorWriteData",
+        "megatron.core.dist_checkpointing.strategies.torch.MCoreMetadata",
+        "megatron.core.dist_checkpointing.strategies.torch.MCoreSavePlan",
+    ),
+    values: SAVE_GLOBALS,
+};
 
 /// The globals a Megatron-LM save pickles besides torch's weights-only list: the saved
 /// `args` and the enums its fields hold, all read as inert records.
@@ -212,6 +231,16 @@ pub(super) fn parse_config(data: &[u8], config: &Path) -> Result<bool> {
 pub(crate) struct MegatronFormat;
 
 impl super::FormatOps for MegatronFormat {
+    fn describe(&self, ck: &Checkpoint) -> Description {
+        describe(ck)
+    }
+
+    /// A `torch_dist` save stores its tensors other than as the model (stacked layers, its own
+    /// keys), which `as_stored` shows; a legacy save stores the ranks' own pieces.
+    fn takes(&self, format: Format, option: crate::Opt) -> bool {
+        format == Format::MegatronTorchDist && option == crate::Opt::AsStored
+    }
+
     fn catalog(&self, format: Format, root: PathBuf, options: &crate::OpenOptions) -> Result<Scan> {
         match format {
             Format::MegatronLegacy => catalog_legacy(root),
@@ -248,6 +277,14 @@ pub(crate) fn catalog_legacy(root: PathBuf) -> Result<Scan> {
         return Err(Error::NotACheckpoint { path: root });
     };
     legacy::catalog(root, loc)
+}
+
+/// What `inspect` shows of a Megatron checkpoint (see [`info::description`]).
+pub(crate) fn describe(ck: &crate::Checkpoint) -> Description {
+    match ck.megatron() {
+        Some(m) => info::description(m),
+        None => Description::of_files(ck),
+    }
 }
 
 impl crate::Checkpoint {

@@ -16,7 +16,7 @@ use crate::read::catalog::{Checkpoint, Format, Parts, Scan, TensorData, TensorIn
 /// The catalog of the `torch_dist` checkpoint at `loc`, named by `root`: its stored tensors,
 /// seen through a model map (the identity with `as_stored`, else the one-rank model).
 pub(super) fn catalog(root: PathBuf, loc: Location, as_stored: bool) -> Result<Scan> {
-    let dcp = dcp::read_folder_with(&loc.dir, super::SAVE_GLOBALS)?;
+    let dcp = dcp::read_folder_with(&loc.dir, super::DCP_CLASSES)?;
     let meta = info::describe(&loc, &dcp);
     let sources: Vec<TensorInfo> = dcp.tensors.iter().map(self::as_stored).collect();
     let map = if as_stored { ModelMap::identity("stored view", &sources) } else { one_rank(&dcp, &loc)? };

@@ -671,6 +671,12 @@ pub(crate) fn detect_folder(path: &Path) -> Result<Option<PathBuf>> {
 pub(crate) struct TorchFormat;
 
 impl super::FormatOps for TorchFormat {
+    /// Its pickles may name globals beyond torch's weights-only list, which `allow_globals`
+    /// admits as inert data.
+    fn takes(&self, _: Format, option: crate::Opt) -> bool {
+        option == crate::Opt::AllowGlobals
+    }
+
     fn catalog(&self, format: Format, root: PathBuf, options: &crate::OpenOptions) -> Result<Scan> {
         catalog(root, format, &options.allow_globals)
     }

@@ -17,6 +17,7 @@
 //! written up front, and [`TorchLayout::finish`] computes the storages' CRC32s from the written
 //! file and writes their descriptors and the central directory.
 
+use std::collections::HashMap;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
@@ -24,8 +25,12 @@ use std::path::Path;
 use super::flatten::Leaf;
 use super::pickle::{storage_class, torch_dtype_name};
 use super::zip::{self, PlacedRecord};
+use super::{TORCH_INDEX_NAME, TORCH_SINGLE_NAME};
 use crate::error::{Error, IoContext, Result};
+use crate::formats::hf_index;
+use crate::plan::{cut, Dest, Meta, Out, Placed};
 use crate::read::dtype::Dtype;
+use crate::write::{Plan, TargetFile};
 
 /// A tensor to write: contiguous, at `offset` elements into storage `storage`.
 #[derive(Clone, Debug)]
@@ -473,4 +478,47 @@ fn node(p: &mut Vec<u8>, n: &WNode, storages: &[WStorage]) {
             }
         }
     }
+}
+
+/// Plans `outs` as `torch.save` files at `dest`, with the non-tensor `values` in the first
+/// file's pickle. A tensor tied to another in the same file shares its storage.
+pub(crate) fn plan(
+    outs: &[Out<'_>],
+    values: &[(String, Leaf)],
+    meta: &Meta,
+    dest: &Dest,
+    plan: &mut Plan,
+) -> Result<Placed> {
+    let (files, total) = cut(outs, dest, TORCH_SINGLE_NAME, "pytorch_model", ".bin");
+    for (si, (path, members)) in files.iter().enumerate() {
+        let mut storages: Vec<WStorage> = Vec::new();
+        let mut storage_of: HashMap<usize, usize> = HashMap::new();
+        let mut entries = Vec::with_capacity(members.len());
+        for &i in members {
+            let o = &outs[i];
+            let owner = o.tied_to.filter(|k| members.contains(k)).unwrap_or(i);
+            let sidx = *storage_of.entry(owner).or_insert_with(|| {
+                storages.push(WStorage { dtype: o.dtype, byte_len: o.byte_len() });
+                storages.len() - 1
+            });
+            let t = WTensor { dtype: o.dtype, shape: o.tensor.shape.clone(), storage: sidx, offset: 0 };
+            entries.push((o.tensor.name.clone(), WValue::Tensor(t)));
+        }
+        if si == 0 {
+            entries.extend(values.iter().map(|(k, v)| (k.clone(), WValue::Leaf(v.clone()))));
+        }
+        let layout = layout(&archive_name(path), &entries, &storages, path)?;
+        let mut target = TargetFile::new(path.clone(), Vec::new(), layout.file_len);
+        for &i in members {
+            let o = &outs[i];
+            if o.tied_to.is_some_and(|k| members.contains(&k)) {
+                continue;
+            }
+            let off = storage_of.get(&i).and_then(|&s| layout.storage_offsets.get(s)).copied().unwrap_or(0);
+            target.place(o.tensor, o.dtype, off, o.compute.clone());
+        }
+        target.seal = Some(Box::new(TorchSeal(vec![(0, layout)])));
+        plan.targets.push(target);
+    }
+    hf_index::finish_sharded(plan, &files, outs, dest, meta, total, ("pytorch_model", ".bin", TORCH_INDEX_NAME))
 }
