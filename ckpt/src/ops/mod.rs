@@ -15,6 +15,7 @@
 //! An accelerate `save_state` folder is its parts: `merge` merges one of its models (and its
 //! optimizer) as that model's own format merges, `reshard` rewrites the whole folder.
 
+pub(crate) mod local;
 pub(crate) mod misuse;
 pub(crate) mod outcome;
 pub(crate) mod save;
