@@ -20,8 +20,10 @@ CKPT_BIN=$PWD/$CKPT BENCH_DIR=bench/work/torch bash -c 'mkdir -p "$BENCH_DIR" &&
 # on 512 oversubscribed ranks take a quarter of an hour on 2 cores.
 "$PY" bench/ranks.py --ckpt "$CKPT"
 # The CRC32 checks' cost: against this tree's ckpt built with the checks off (its own target folder).
+# The switch is a `cfg` given in RUSTFLAGS, not a feature, so `--all-features` never reaches it.
 BASE=bench/work/crc-base
-CARGO_TARGET_DIR="$BASE/target" cargo build --release --locked -p statekit-cli --features bench-unchecked
+RUSTFLAGS="${RUSTFLAGS:-} --cfg statekit_bench_unchecked" CARGO_TARGET_DIR="$BASE/target" \
+    cargo build --release --locked -p statekit-cli
 "$PY" bench/crc_cost.py --ckpt "$CKPT" --baseline "$BASE/target/release/ckpt" --pairs "${VS_CP_PAIRS:-7}"
 "$PY" bench/fp8_bench.py --ckpt "$CKPT"
 # hf://: remote inspect and download against huggingface_hub, both on the test Hub (tests/hub).

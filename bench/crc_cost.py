@@ -5,10 +5,12 @@ alternated on the same inputs as bench/vs_cp.py.
     /opt/statekit-venv/bin/python bench/crc_cost.py --baseline bench/work/crc-base/target/release/ckpt [--pairs 7]
         [--ops convert,dcp,zero,dcp_tp] [--ckpt target/release/ckpt] [--no-write]
 
-The baseline binary is the same tree with the checks turned off, the `bench-unchecked` feature
-(bench/all.sh builds it so):
+The baseline binary is the same tree with the checks turned off by the `statekit_bench_unchecked`
+cfg, which only RUSTFLAGS sets (no cargo feature reaches it, so `--all-features` builds check
+every record; bench/all.sh builds it so):
 
-    CARGO_TARGET_DIR=bench/work/crc-base/target cargo build --release -p statekit-cli --features bench-unchecked
+    RUSTFLAGS="--cfg statekit_bench_unchecked" CARGO_TARGET_DIR=bench/work/crc-base/target \
+        cargo build --release -p statekit-cli
 
 (copying `target/release` there first saves rebuilding the dependencies). Runs before 2026-12-04
 used `ckpt` built at the commit before the checks landed (f1f2783), which differs in more than
@@ -103,7 +105,7 @@ def report(results, pairs, warmup, baseline, loads):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--baseline", required=True, help="ckpt built with --features bench-unchecked")
+    ap.add_argument("--baseline", required=True, help="ckpt built with RUSTFLAGS='--cfg statekit_bench_unchecked'")
     ap.add_argument("--pairs", type=int, default=7)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--ops", default=",".join(OPS))

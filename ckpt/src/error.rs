@@ -474,14 +474,6 @@ pub enum Error {
         /// Whether `allow_globals` named anything.
         allowing: bool,
     },
-    /// An option's value that cannot be used.
-    #[error("`{option}`: {reason}")]
-    BadOption {
-        /// The option's name (`allow_globals`, `as_stored`).
-        option: &'static str,
-        /// Why its value cannot be used.
-        reason: String,
-    },
     /// A pickle that does not decode: anything wrong with it but a refused global.
     #[error("{path}: `{record}` at byte {at}: {reason}")]
     BadPickle {
@@ -522,24 +514,81 @@ pub enum Error {
         /// Its dtype.
         dtype: String,
     },
-    /// A conversion (or a sharded save) that cannot be carried out with this checkpoint and
-    /// these options.
-    #[error("cannot convert to {dst}: {reason}")]
-    BadConvert {
-        /// The output asked for or a file in it (the source, for an option that does not
-        /// fit it).
-        dst: PathBuf,
-        /// Why it cannot be carried out.
-        reason: String,
-    },
-    /// Convert options that cannot be carried out together ([`crate::ConvertOptions::check`]);
-    /// each edge words `misuse` with its own spelling of the options.
-    #[error("cannot convert to {dst}: {misuse}")]
+    /// Options that cannot be carried out as given: convert options that clash, a value out of
+    /// range, an open option the source's format does not take, an `allow_globals` pattern that
+    /// does not parse. The one variant for every option misuse; each edge words `misuse` with
+    /// its own spelling of the options.
+    #[error("{}", misuse_text(.path, .misuse))]
     Misuse {
+        /// The output asked for, or the source when the misuse is about it (then `misuse`
+        /// names it, see [`crate::Misuse::names_its_source`]); empty for an `allow_globals`
+        /// pattern, checked before any file is named.
+        path: PathBuf,
+        /// Which options, and how.
+        misuse: crate::Misuse,
+    },
+    /// An output that must be new (a sharded save's folder, a universal checkpoint) exists
+    /// already, or appeared while it was being written.
+    #[error("{path}: {}", match .appeared { false => "already exists; refusing to write over it", true => "appeared while the output was written; nothing was committed" })]
+    OutputExists {
+        /// The output.
+        path: PathBuf,
+        /// Whether it appeared during the write (another writer raced this one).
+        appeared: bool,
+    },
+    /// A merge whose optimizer states would be written to the weights' own file.
+    #[error(
+        "cannot convert to {path}: the weights and the optimizer states would both be `{}`",
+        crate::OPTIMIZER_NAME
+    )]
+    OptimizerCollides {
+        /// The file both would be.
+        path: PathBuf,
+    },
+    /// Quantizing a weight that has its block scales already.
+    #[error("cannot convert to {dst}: `{scale}` already exists; `{weight}` is not quantized twice")]
+    AlreadyQuantized {
         /// The output asked for.
         dst: PathBuf,
-        /// Which options clash, and how.
-        misuse: crate::Misuse,
+        /// The weight.
+        weight: String,
+        /// Its scales tensor, present in the source.
+        scale: String,
+    },
+    /// A tensor to be written in a torch file (or a DCP folder) whose dtype torch cannot store.
+    #[error("cannot convert to {dst}: tensor `{tensor}` has dtype `{dtype}`, which torch cannot store")]
+    NotInTorch {
+        /// The output asked for, or the file in it.
+        dst: PathBuf,
+        /// The tensor's name (`storage N` for a storage of no one tensor).
+        tensor: String,
+        /// Its dtype.
+        dtype: crate::Dtype,
+    },
+    /// A buffer handed to [`crate::Checkpoint::read_tensor_into`] of another length than the
+    /// tensor's bytes.
+    #[error("{path}: the buffer for `{tensor}` has {found} bytes, not {expected}")]
+    WrongBufferLen {
+        /// The checkpoint's root.
+        path: PathBuf,
+        /// The tensor's name.
+        tensor: String,
+        /// The tensor's length in bytes.
+        expected: u64,
+        /// The buffer's.
+        found: u64,
+    },
+    /// A push while `HF_HUB_OFFLINE` is set.
+    #[error("cannot push to `{dst}`: `HF_HUB_OFFLINE` is set, and a push needs the Hub")]
+    PushOffline {
+        /// The `hf://` destination.
+        dst: String,
+    },
+    /// A push of a folder that holds no file to push (hidden files stay behind).
+    #[error("{path} holds no file to push")]
+    NothingToPush {
+        /// The folder.
+        path: PathBuf,
     },
     /// `reshard` of a checkpoint that is not laid out for ranks (`convert` to DCP lays out any).
     #[error(
@@ -550,15 +599,16 @@ pub enum Error {
         /// The checkpoint's root.
         path: PathBuf,
     },
-    /// A tensor handed to [`crate::save_safetensors`] that cannot be saved as it is.
-    #[error("cannot save {dst}: tensor `{tensor}` {reason}")]
+    /// A tensor handed to [`crate::save_safetensors`] or [`crate::save_sharded`] that cannot be
+    /// saved as it is.
+    #[error("cannot save {dst}: tensor `{tensor}` {problem}")]
     BadSaveTensor {
-        /// The output asked for.
+        /// The output asked for (a sharded save: this rank's file).
         dst: PathBuf,
         /// The tensor's name.
         tensor: String,
-        /// What is wrong with it (a phrase following the tensor's name).
-        reason: String,
+        /// What is wrong with it.
+        problem: SaveTensorProblem,
     },
     /// An FP8 weight whose block scales are missing or do not fit it.
     #[error("block-scaled weight `{weight}` with scales `{scale}`: {reason}")]
@@ -839,6 +889,116 @@ pub enum Error {
         /// The save's pipeline stages.
         pp: u64,
     },
+}
+
+/// What is wrong with a tensor handed to a save ([`Error::BadSaveTensor`]); `Display` gives the
+/// phrase that follows the tensor's name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SaveTensorProblem {
+    /// The tensor's name appears twice in one save.
+    NamedTwice,
+    /// Its bytes are not what its shape and dtype hold (`holds` is `None` past 2^64 bytes).
+    ByteLen {
+        /// The bytes given.
+        len: u64,
+        /// Its shape.
+        shape: Vec<u64>,
+        /// Its dtype.
+        dtype: crate::Dtype,
+        /// The bytes its shape and dtype hold.
+        holds: Option<u64>,
+    },
+    /// A dtype the save cannot write.
+    Dtype {
+        /// The dtype.
+        dtype: crate::Dtype,
+    },
+    /// A row (every dim past the first) of more than 2^64 bytes.
+    RowTooLarge,
+    /// A 0-d tensor whose bytes are not one element's, or given at a row past 0.
+    ScalarBytes {
+        /// The bytes one element takes.
+        row: u64,
+        /// The bytes given.
+        len: u64,
+        /// The row the slice was given at.
+        at: u64,
+    },
+    /// A slice whose bytes are not whole rows.
+    PartialRows {
+        /// The bytes given.
+        len: u64,
+        /// The bytes of one row.
+        row: u64,
+    },
+    /// A slice whose rows reach past the tensor's first dim.
+    RowsBeyond {
+        /// The slice's first row.
+        at: u64,
+        /// Its rows.
+        rows: u64,
+        /// The tensor's rows.
+        n0: u64,
+    },
+    /// A dtype another rank named that this build does not know.
+    UnknownDtype {
+        /// The name it sent.
+        name: String,
+    },
+    /// An entry two ranks gave with other dtypes or shapes, or as a tensor and as a value.
+    DiffersAcrossRanks,
+    /// A non-tensor value two ranks both gave.
+    ValueOnTwoRanks,
+    /// Rows `from..to` that two ranks both gave.
+    RowsOnTwoRanks {
+        /// The first of them.
+        from: u64,
+        /// Past the last.
+        to: u64,
+    },
+    /// Rows `from..to` that no rank gave.
+    RowsOnNoRank {
+        /// The first of them.
+        from: u64,
+        /// Past the last.
+        to: u64,
+    },
+}
+
+impl std::fmt::Display for SaveTensorProblem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SaveTensorProblem::NamedTwice => write!(f, "is named twice"),
+            SaveTensorProblem::ByteLen { len, shape, dtype, holds } => {
+                let holds = holds.map_or_else(|| "more than 2^64".to_string(), |w| w.to_string());
+                write!(f, "has {len} bytes, but shape {shape:?} of `{}` holds {holds}", dtype.safetensors_name())
+            }
+            SaveTensorProblem::Dtype { dtype } => write!(f, "has dtype `{dtype}`, which cannot be saved"),
+            SaveTensorProblem::RowTooLarge => write!(f, "has rows of more than 2^64 bytes"),
+            SaveTensorProblem::ScalarBytes { row, len, at } => {
+                write!(f, "is 0-d and holds {row} bytes, not {len} at row {at}")
+            }
+            SaveTensorProblem::PartialRows { len, row } => write!(f, "has {len} bytes, not whole rows of {row} bytes"),
+            SaveTensorProblem::RowsBeyond { at, rows, n0 } => {
+                write!(f, "has rows {at}..+{rows}, beyond its {n0} rows")
+            }
+            SaveTensorProblem::UnknownDtype { name } => write!(f, "has unknown dtype `{name}`"),
+            SaveTensorProblem::DiffersAcrossRanks => write!(f, "has another dtype, shape or kind than on another rank"),
+            SaveTensorProblem::ValueOnTwoRanks => write!(f, "is a value saved by two ranks"),
+            SaveTensorProblem::RowsOnTwoRanks { from, to } => write!(f, "has rows {from}..{to} on two ranks"),
+            SaveTensorProblem::RowsOnNoRank { from, to } => write!(f, "has rows {from}..{to} on no rank"),
+        }
+    }
+}
+
+/// [`Error::Misuse`]'s message: the misuse, after the destination unless it names its source.
+fn misuse_text(path: &std::path::Path, misuse: &crate::Misuse) -> String {
+    if misuse.names_its_source() {
+        misuse.to_string()
+    } else {
+        format!("cannot convert to {}: {misuse}", path.display())
+    }
 }
 
 /// `text` with every control character escaped as Rust's `escape_debug` writes it.

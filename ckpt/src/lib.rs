@@ -44,7 +44,11 @@
 //!   byte-source seam every read goes through (`read::io`), dtypes, strided shapes, non-tensor
 //!   values, and the CRC checks of zip records.
 //! - `formats/`: one module per format. Each states its on-disk layout in its opening comment,
-//!   detects its sources, catalogs them, and says what it can produce.
+//!   detects its sources, catalogs them, and says what it can produce through one interface,
+//!   `formats::FormatOps` (its merge, reshard and optimizer outputs: an output the planner
+//!   plans, the format's own write, or a refusal naming the format and the output). A new
+//!   format is one module with a unit struct implementing it, a line in `formats::DETECTORS`
+//!   and one in `formats::ops_of`.
 //! - `map/`: what happens to a tensor between reading and writing: float casts with torch's
 //!   bits, block-scaled FP8.
 //! - `plan/`: target planners (safetensors, torch files; the sharding they share), shard sizes,
@@ -53,7 +57,8 @@
 //!   staged, the commit (index or metadata last), the destination lock, the ranks of a job and
 //!   how they agree, and the only `unsafe` (`write::sys`).
 //! - `ops/`: the public operations (split, merge, convert, reshard, saves from memory), their
-//!   options and what they report.
+//!   options and what they report. They open, ask the source's format, plan and execute, and
+//!   name no format; what they ask and the answers are `ops::request`.
 //! - `report/`: verify's report and the versioned JSON documents.
 //! - `hub/`: `hf://` sources and pushes.
 
@@ -69,7 +74,7 @@ mod read;
 mod report;
 mod write;
 
-pub use error::{escape_controls, Error, ErrorKind, Result};
+pub use error::{escape_controls, Error, ErrorKind, Result, SaveTensorProblem};
 pub use formats::megatron::MegatronInfo;
 pub use formats::torch::allow::AllowGlobals;
 pub use fsdp_state::Region;

@@ -28,9 +28,14 @@ pub fn world_size() -> clap::builder::RangedU64ValueParser<u64> {
     clap::value_parser!(u64).range(1..=ckpt::MAX_WORLD_SIZE)
 }
 
-/// How a source is opened, shared by the commands that read one.
+/// How a source is opened: every option of [`ckpt::OpenOptions`] a user sets, declared once and
+/// taken by every command that reads a checkpoint. The library refuses an option that does not
+/// apply to the source it opens (a tag for a folder that is not DeepSpeed's), so none is ignored.
 #[derive(clap::Args, Clone, Debug, Default)]
 pub struct OpenArgs {
+    /// DeepSpeed checkpoints: the tag folder to read (default: the one named in `latest`).
+    #[arg(long)]
+    pub tag: Option<String>,
     /// Torch files: read a global beyond torch's weights-only list as inert data (a dotted
     /// name, a prefix ending in `.*`, or `*` for any; repeatable). Nothing is imported or
     /// called: objects become records of their class and state, numpy arrays tensors.
@@ -48,15 +53,43 @@ pub struct OpenArgs {
 }
 
 impl OpenArgs {
-    /// The library's options, with the DeepSpeed `tag` when the command has one.
-    pub fn options(&self, tag: Option<String>) -> anyhow::Result<ckpt::OpenOptions> {
+    /// The library's options.
+    pub fn options(&self) -> anyhow::Result<ckpt::OpenOptions> {
         Ok(ckpt::OpenOptions {
-            tag,
+            tag: self.tag.clone(),
             allow_globals: ckpt::AllowGlobals::new(&self.allow_global)?,
             as_stored: self.as_stored,
             revision: self.revision.clone(),
             ..Default::default()
         })
+    }
+}
+
+/// `--json`, declared once for every command that prints a JSON document (`inspect`, `verify`,
+/// the commands that write, `data plan`, `data state`).
+#[derive(clap::Args, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct JsonArg {
+    /// Print JSON instead of text (each command's schema is in the README).
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `--max-shard-size`, declared once for the commands that shard their output.
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct ShardArgs {
+    /// Shard the output into a folder of huggingface_hub-style files of at most this size, in
+    /// huggingface_hub's units (`5GB` is 5·10⁹ bytes; a bare number is bytes). Without it
+    /// `split` and `convert` to a folder shard at 5GB, and `merge` writes one file.
+    // Kept as text and parsed once by `bytes`, after the ranks of a job have started, so that
+    // a bad size is reported once, by rank 0, as every other refused option is.
+    #[arg(long, value_name = "SIZE")]
+    pub max_shard_size: Option<String>,
+}
+
+impl ShardArgs {
+    /// The size in bytes, parsed by the library's one rule ([`ckpt::parse_size`]).
+    pub fn bytes(&self) -> ckpt::Result<Option<u64>> {
+        self.max_shard_size.as_deref().map(ckpt::parse_size).transpose()
     }
 }
 
@@ -78,9 +111,8 @@ pub enum Command {
         /// A `.safetensors` file, an index, a folder, or `hf://ORG/NAME[@REV][/PATH]` (read on
         /// the Hub by its headers when not in the cache, not downloaded).
         path: String,
-        /// Print JSON (schema in the README).
-        #[arg(long)]
-        json: bool,
+        #[command(flatten)]
+        json: JsonArg,
         #[command(flatten)]
         open: OpenArgs,
     },
@@ -90,12 +122,8 @@ pub enum Command {
         src: String,
         /// Output folder (created if missing). A previous checkpoint there is replaced.
         out_dir: PathBuf,
-        /// Largest shard, in huggingface_hub's units: `5GB` is 5·10⁹ bytes.
-        #[arg(long, default_value = ckpt::DEFAULT_MAX_SHARD_SIZE)]
-        max_shard_size: String,
-        /// Also write a `SHA256SUMS` manifest that `ckpt verify` checks.
-        #[arg(long)]
-        checksums: bool,
+        #[command(flatten)]
+        shards: ShardArgs,
         #[command(flatten)]
         write: WriteArgs,
         #[command(flatten)]
@@ -125,20 +153,15 @@ pub enum Command {
         /// `pytorch_model_fsdp_0/` or `pytorch_model/`; 1 the second prepared model, ...).
         #[arg(long, value_name = "N")]
         model: Option<usize>,
-        /// Also write a `SHA256SUMS` manifest beside the output.
-        #[arg(long)]
-        checksums: bool,
-        /// DeepSpeed: the tag folder to merge (default: the one named in `latest`).
-        #[arg(long)]
-        tag: Option<String>,
         /// DeepSpeed, Megatron, or an accelerate `save_state` folder: also write the merged
         /// optimizer state (Adam moments; Megatron: fp32 main params too) to
         /// `optimizer.safetensors` beside OUT.
         #[arg(long)]
         optimizer: bool,
-        /// DeepSpeed: shard into OUT (a folder) like huggingface_hub, files of at most this size.
-        #[arg(long)]
-        max_shard_size: Option<String>,
+        // DeepSpeed only (the library refuses it elsewhere): shards into OUT, a folder, as
+        // `zero_to_fp32 --max_shard_size` does.
+        #[command(flatten)]
+        shards: ShardArgs,
         #[command(flatten)]
         write: WriteArgs,
         #[command(flatten)]
@@ -149,6 +172,7 @@ pub enum Command {
     /// The format follows DST's extension (`.safetensors`; `.bin`, `.pt`, `.pth`), or `--to`;
     /// any other DST is a folder of huggingface_hub-style shards. Torch files are read without
     /// executing their pickle.
+    #[command(group(clap::ArgGroup::new("blocks").args(["dequantize", "quantize"])))]
     Convert {
         /// A safetensors file or sharded folder, a torch file, or a `pytorch_model.bin.index.json` set.
         src: String,
@@ -171,12 +195,11 @@ pub enum Command {
         /// With `--quantize`: also quantize embeddings and the head (every 2-D `*weight`).
         #[arg(long, requires = "quantize")]
         quantize_all: bool,
-        /// The block edge of `--dequantize`/`--quantize`.
-        #[arg(long, default_value_t = 128)]
-        block_size: u64,
-        /// Shard into DST (a folder) with files of at most this size (`5GB` is 5·10⁹ bytes).
-        #[arg(long)]
-        max_shard_size: Option<String>,
+        /// The block edge of `--dequantize`/`--quantize` (default 128).
+        #[arg(long, value_name = "N", requires = "blocks")]
+        block_size: Option<u64>,
+        #[command(flatten)]
+        shards: ShardArgs,
         /// The output format, when DST's extension does not say it: `safetensors`, `torch`, or
         /// `dcp` (a torch.distributed.checkpoint folder; needs `--world-size`).
         #[arg(long, value_parser = str::parse::<ckpt::TargetFormat>)]
@@ -214,6 +237,8 @@ pub enum Command {
         world_size: u64,
         #[command(flatten)]
         write: WriteArgs,
+        #[command(flatten)]
+        open: OpenArgs,
     },
     /// Push a folder (a converted model, a split) to a Hub repository as one commit.
     ///
@@ -235,9 +260,8 @@ pub enum Command {
     /// Check headers, offsets, indexes, CRC32s and checksums. Exit 0 valid, 1 problems, 2 error.
     Verify {
         path: String,
-        /// Print JSON (schema in the README).
-        #[arg(long)]
-        json: bool,
+        #[command(flatten)]
+        json: JsonArg,
         /// Check the headers and indexes only (no CRC32s, no checksum manifest): an `hf://`
         /// model not in the cache is then read by range requests, not downloaded.
         #[arg(long)]
@@ -247,16 +271,21 @@ pub enum Command {
     },
 }
 
-/// The flags every command that writes a checkpoint shares.
+/// The flags every command that writes a checkpoint shares, declared once: each command passes
+/// all of them to the library's [`ckpt::WriteOptions`].
 #[derive(clap::Args, Clone, Copy, Debug, Default)]
 pub struct WriteArgs {
+    /// Also write a `SHA256SUMS` manifest of the written files beside them, which `ckpt verify`
+    /// and `sha256sum -c` check.
+    #[arg(long)]
+    pub checksums: bool,
     /// Write broadcast views (`expand`) at full size instead of refusing ones far larger than
     /// the storage they read (a tiny file must not start a write of gigabytes).
     #[arg(long)]
     pub allow_expanded: bool,
-    /// Print what was written as JSON (schema `statekit.outcome/2` in the README), not its paths.
-    #[arg(long)]
-    pub json: bool,
+    // `--json`: what was written (schema `statekit.outcome/2`), not its paths.
+    #[command(flatten)]
+    pub json: JsonArg,
     /// Plan the write and print each rank's share (files, bytes read and written); write
     /// nothing.
     #[arg(long)]
@@ -278,8 +307,8 @@ impl Command {
     /// `--json`: the command prints its JSON document instead of text.
     pub fn json(&self) -> bool {
         match self {
-            Command::Inspect { json, .. } | Command::Verify { json, .. } => *json,
-            _ => self.write().is_some_and(|w| w.json),
+            Command::Inspect { json, .. } | Command::Verify { json, .. } => json.json,
+            _ => self.write().is_some_and(|w| w.json.json),
         }
     }
 }
@@ -301,4 +330,39 @@ pub enum QuantArg {
     /// `float8_e4m3fn` weights, f32 scales.
     #[value(name = "fp8-e4m3")]
     Fp8E4m3,
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::Cli;
+
+    /// The long flags of subcommand `name` (`data plan` as `["data", "plan"]`).
+    fn flags(path: &[&str]) -> Vec<String> {
+        let mut cmd = Cli::command();
+        for name in path {
+            cmd = cmd.find_subcommand(name).cloned().unwrap_or_else(|| panic!("no subcommand {name}"));
+        }
+        cmd.get_arguments().filter_map(|a| a.get_long().map(str::to_owned)).collect()
+    }
+
+    #[test]
+    fn shared_flag_groups_reach_every_command_that_takes_them() {
+        let group = |flags: &[&str], commands: &[&[&str]]| {
+            for path in commands {
+                let have = self::flags(path);
+                for f in flags {
+                    assert!(have.iter().any(|h| h == f), "`{}` lacks `--{f}`", path.join(" "));
+                }
+            }
+        };
+        let writers: &[&[&str]] = &[&["split"], &["merge"], &["convert"], &["reshard"]];
+        group(&["checksums", "json", "dry-run", "allow-expanded"], writers);
+        group(&["tag", "allow-global", "as-stored", "revision"], &[writers, &[&["inspect"], &["verify"]]].concat());
+        group(&["max-shard-size"], &[&["split"], &["merge"], &["convert"]]);
+        group(&["json"], &[&["inspect"], &["verify"], &["data", "plan"], &["data", "state"]]);
+        // Where a flag cannot apply, clap refuses it rather than the command ignoring it.
+        assert!(!flags(&["reshard"]).iter().any(|f| f == "max-shard-size"));
+    }
 }

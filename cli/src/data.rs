@@ -63,6 +63,22 @@ pub struct LoaderArgs {
 }
 
 impl LoaderArgs {
+    /// The flags given, as the command line spells them: a state FILE holds its own loader, so
+    /// any of them beside one would be ignored, and is refused instead.
+    fn given(&self) -> Vec<&'static str> {
+        let flags = [
+            (self.len.is_some(), "--len"),
+            (self.batch_size.is_some(), "--batch-size"),
+            (self.split_batches, "--split-batches"),
+            (self.no_even_batches, "--no-even-batches"),
+            (self.drop_last, "--drop-last"),
+            (self.dispatch_batches, "--dispatch-batches"),
+            (self.shuffle, "--shuffle"),
+            (self.seed.is_some(), "--seed"),
+        ];
+        flags.into_iter().filter(|(given, _)| *given).map(|(_, flag)| flag).collect()
+    }
+
     fn loader(&self, world_size: u64, rank: u64) -> anyhow::Result<ShardedSampler> {
         Ok(self.builder(world_size, rank)?.build()?)
     }
@@ -110,9 +126,8 @@ pub struct PlanArgs {
     /// accelerate's `skip_first_batches(K)`, applied on every rank.
     #[arg(long, value_name = "K", default_value_t = 0)]
     pub skip_batches: u64,
-    /// Print JSON.
-    #[arg(long)]
-    pub json: bool,
+    #[command(flatten)]
+    pub json: crate::args::JsonArg,
 }
 
 /// Arguments of `ckpt data state`.
@@ -160,9 +175,8 @@ pub struct StateArgs {
     /// With `--from-accelerate`: the epoch, where `sampler.bin` does not say.
     #[arg(long, value_name = "E", requires = "from_accelerate")]
     pub epoch: Option<u64>,
-    /// Print JSON.
-    #[arg(long)]
-    pub json: bool,
+    #[command(flatten)]
+    pub json: crate::args::JsonArg,
 }
 
 /// Runs a `ckpt data` subcommand.
@@ -215,7 +229,7 @@ fn list(b: &[u64]) -> String {
 
 fn plan(args: &PlanArgs) -> anyhow::Result<String> {
     let ranks = args.compute()?;
-    if args.json {
+    if args.json.json {
         return Ok(serde_json::to_string(&PlanOut { ranks })? + "\n");
     }
     let mut out = String::new();
@@ -230,18 +244,20 @@ fn plan(args: &PlanArgs) -> anyhow::Result<String> {
 
 fn state(args: &StateArgs) -> anyhow::Result<String> {
     let st = match (&args.file, &args.from_accelerate, &args.loader) {
-        (Some(_), _, l) if l.len.is_some() || l.batch_size.is_some() => {
+        (Some(_), _, l) if !l.given().is_empty() => {
+            let flags: Vec<String> = l.given().iter().map(|f| format!("`{f}`")).collect();
             anyhow::bail!(
-                "`--len` and `--batch-size` describe the loader of `--from-accelerate`; a state FILE holds its own"
+                "{} describe the loader of `--from-accelerate`, `--from-trainer` or `--mixture`; a state FILE holds its own",
+                flags.join(", ")
             )
         }
         (Some(file), _, _) => {
-            let text = std::fs::read_to_string(file).with_context(|| format!("cannot read `{}`", file.display()))?;
+            let text = read_user_file(file, MAX_STATE_LEN)?;
             LoaderState::from_json(&text).with_context(|| format!("`{}` is not a loader state", file.display()))?
         }
         (None, Some(dir), loader) => {
             let st = from_accelerate(dir, loader, args)?;
-            if args.json {
+            if args.json.json {
                 return Ok(st.to_json()? + "\n");
             }
             st
@@ -249,7 +265,7 @@ fn state(args: &StateArgs) -> anyhow::Result<String> {
         (None, None, loader) if args.mixture.is_some() => at_mixture(args.mixture.as_deref(), loader, args)?,
         (None, None, loader) if args.from_trainer.is_some() => {
             let st = from_trainer(args.from_trainer.as_deref().unwrap_or(std::path::Path::new(".")), loader, args)?;
-            if args.json {
+            if args.json.json {
                 return Ok(st.to_json()? + "\n");
             }
             st
@@ -260,17 +276,29 @@ fn state(args: &StateArgs) -> anyhow::Result<String> {
     };
     // The document and the text are dataload's own, one rendering for every caller.
     let report = dataload::StateReport::new(&st)?;
-    if args.json {
+    if args.json.json {
         return Ok(serde_json::to_string_pretty(&report)? + "\n");
     }
     Ok(report.to_string())
+}
+
+/// The most a loader state or a mixture definition the command line names may hold: both are
+/// small JSON documents (a mixture of a million sources is a few tens of megabytes), and a
+/// larger file, or a device or a FIFO given by mistake, is refused before it is read.
+const MAX_STATE_LEN: u64 = 64 << 20;
+
+/// The whole of the user's file `path` as text, read by the library's capped reader (only a
+/// regular file, at most `max` bytes; each error names the file).
+fn read_user_file(path: &std::path::Path, max: u64) -> anyhow::Result<String> {
+    let bytes = ckpt::read_small_file(path, max)?;
+    String::from_utf8(bytes).with_context(|| format!("`{}` is not UTF-8 text", path.display()))
 }
 
 /// The state of the loader of `loader` reading the mixture of `file` in order on
 /// `--world-size` ranks, at `--cursor`.
 fn at_mixture(file: Option<&std::path::Path>, loader: &LoaderArgs, args: &StateArgs) -> anyhow::Result<LoaderState> {
     let file = file.unwrap_or(std::path::Path::new("."));
-    let text = std::fs::read_to_string(file).with_context(|| format!("cannot read `{}`", file.display()))?;
+    let text = read_user_file(file, MAX_STATE_LEN)?;
     let spec: dataload::MixtureSpec =
         serde_json::from_str(&text).with_context(|| format!("`{}` is not a mixture definition", file.display()))?;
     let len = dataload::Mixture::new(spec.clone())?.len();

@@ -10,6 +10,10 @@ use clap::Parser;
 
 use args::{Cli, Command, CopyArg, OpenArgs, QuantArg};
 
+/// The block edge of `--dequantize`/`--quantize` when `--block-size` does not give one
+/// (DeepSeek-V3's 128×128 blocks).
+const DEFAULT_BLOCK_SIZE: u64 = 128;
+
 mod args;
 mod data;
 mod output;
@@ -66,9 +70,12 @@ fn report_error(err: &anyhow::Error, job: &ckpt::Job<'_>) -> ExitCode {
     }
     let lib = err.chain().find_map(|c| c.downcast_ref::<ckpt::Error>());
     let mut stderr = std::io::stderr().lock();
-    // Options that do not go together are a usage error worded with the flags alone.
+    // Options that cannot be carried out are a usage error worded with the flags alone.
     if let Some(ckpt::Error::Misuse { misuse, .. }) = lib {
         let _ = writeln!(stderr, "{rank}error: {}", ckpt::escape_controls(&misuse.describe(&flag)));
+        if let Some(hint) = lib.and_then(hint) {
+            let _ = writeln!(stderr, "{}", ckpt::escape_controls(&hint));
+        }
         return ExitCode::from(2);
     }
     // Our library errors already include their cause; print each cause only once. A library
@@ -113,6 +120,13 @@ fn flag(option: ckpt::Opt, value: Option<&str>) -> String {
         ckpt::Opt::WorldSize => "--world-size",
         ckpt::Opt::Dequantize => "--dequantize",
         ckpt::Opt::Quantize => "--quantize",
+        ckpt::Opt::AllowGlobals => "--allow-global",
+        ckpt::Opt::AsStored => "--as-stored",
+        ckpt::Opt::Tag => "--tag",
+        ckpt::Opt::Revision => "--revision",
+        ckpt::Opt::Model => "--model",
+        ckpt::Opt::Optimizer => "--optimizer",
+        ckpt::Opt::Checksums => "--checksums",
         _ => "an option",
     };
     match value {
@@ -127,9 +141,9 @@ fn run(cli: &Cli, job: &ckpt::Job<'_>) -> anyhow::Result<ExitCode> {
         Command::Data { cmd } => return data::run(cmd.clone()),
         Command::Inspect { path, json, open } => {
             // The catalog alone: an `hf://` model is read by its headers, not downloaded.
-            let options = ckpt::OpenOptions { headers_only: true, ..open.options(None)? };
+            let options = ckpt::OpenOptions { headers_only: true, ..open.options()? };
             let ck = ckpt::Checkpoint::open_with(path, &options)?;
-            if *json {
+            if json.json {
                 output::json(&mut out, &ck)?;
             } else {
                 output::inspect_text(&mut out, &ck)?;
@@ -156,12 +170,12 @@ fn run(cli: &Cli, job: &ckpt::Job<'_>) -> anyhow::Result<ExitCode> {
             }
         }
         Command::Verify { path, json, headers_only, open } => {
-            let quiet = cli.quiet || *json;
-            let options = ckpt::OpenOptions { headers_only: *headers_only, ..open.options(None)? };
+            let quiet = cli.quiet || json.json;
+            let options = ckpt::OpenOptions { headers_only: *headers_only, ..open.options()? };
             let report = progress::downloading(quiet, |p| {
                 ckpt::verify_with(path, &ckpt::OpenOptions { progress: p, ..options.clone() })
             })?;
-            if *json {
+            if json.json {
                 output::json(&mut out, &report)?;
             } else {
                 output::verify_text(&mut out, &report)?;
@@ -181,13 +195,14 @@ fn run(cli: &Cli, job: &ckpt::Job<'_>) -> anyhow::Result<ExitCode> {
                 CopyArg::Auto => ckpt::CopyMethod::Auto,
                 CopyArg::Mmap => ckpt::CopyMethod::Mapped,
             };
-            let allow_expanded = op.write().is_some_and(|w| w.allow_expanded);
-            let write = |checksums: bool| ckpt::WriteOptions {
+            // Every shared write flag reaches the library, for every command that writes.
+            let flags = op.write().unwrap_or_default();
+            let write = ckpt::WriteOptions {
                 job: Some(job),
                 copy,
-                checksums,
+                checksums: flags.checksums,
                 progress: Some(&report),
-                allow_expanded,
+                allow_expanded: flags.allow_expanded,
             };
             let (ck, done, verb) = operate(op, &bar, &write, quiet, job)?;
             bar.finish();
@@ -213,19 +228,19 @@ fn run(cli: &Cli, job: &ckpt::Job<'_>) -> anyhow::Result<ExitCode> {
 }
 
 /// Runs a command that writes a checkpoint: the source it read, what it wrote, and its verb.
-fn operate<'a>(
+fn operate(
     command: &Command,
     bar: &progress::Bar,
-    write: &dyn Fn(bool) -> ckpt::WriteOptions<'a>,
+    write: &ckpt::WriteOptions<'_>,
     quiet: bool,
     job: &ckpt::Job<'_>,
 ) -> anyhow::Result<(ckpt::Checkpoint, ckpt::Outcome, &'static str)> {
     // Every rank opens the source (its catalog: headers and indexes, not the tensors); the
     // ranks agree that all of them could before any goes on, so one that could not reports
     // it alone and none waits for it in the operation.
-    let open = |src: &str, open: &OpenArgs, tag: Option<String>, verb: &str| {
+    let open = |src: &str, open: &OpenArgs, verb: &str| {
         // An `hf://` source is downloaded first, under a bar of its own.
-        let ck = open.options(tag).and_then(|o| {
+        let ck = open.options().and_then(|o| {
             progress::downloading(quiet, |p| {
                 ckpt::Checkpoint::open_with(src, &ckpt::OpenOptions { progress: p, ..o })
                     .and_then(|ck| job.fault_at_open(src.as_ref()).map(|()| ck))
@@ -234,20 +249,22 @@ fn operate<'a>(
         });
         settle(job, src, ck.inspect(|ck| bar.set_total(ck.total_bytes())))
     };
-    let size = |s: &Option<String>| s.as_deref().map(ckpt::parse_size).transpose();
+    // The shard size is parsed on every rank and settled, so a bad one is reported once.
+    let size = |src: &str, shards: &args::ShardArgs| settle(job, src, shards.bytes().map_err(Into::into));
     Ok(match command {
-        Command::Split { src, out_dir, max_shard_size, checksums, open: o, .. } => {
-            let max = settle(job, src, ckpt::parse_size(max_shard_size).map_err(Into::into))?;
-            let ck = open(src, o, None, "splitting")?;
-            let done = ckpt::split(&ck, out_dir, max, &write(*checksums)).or_else(|e| named(e, "splitting", src));
+        Command::Split { src, out_dir, shards, open: o, .. } => {
+            let default = || ckpt::parse_size(ckpt::DEFAULT_MAX_SHARD_SIZE);
+            let max = size(src, shards)?.map_or_else(default, Ok)?;
+            let ck = open(src, o, "splitting")?;
+            let done = ckpt::split(&ck, out_dir, max, write).or_else(|e| named(e, "splitting", src));
             let done = settle(job, src, done)?;
             (ck, done, "split")
         }
-        Command::Merge { src, out: dst, model, checksums, tag, optimizer, max_shard_size, open: o, .. } => {
-            let max_shard_size = settle(job, src, size(max_shard_size).map_err(Into::into))?;
+        Command::Merge { src, out: dst, model, optimizer, shards, open: o, .. } => {
+            let max_shard_size = size(src, shards)?;
             let options = ckpt::MergeOptions { max_shard_size, optimizer: *optimizer, model: *model };
-            let ck = open(src, o, tag.clone(), "merging")?;
-            let done = ckpt::merge(&ck, dst, &options, &write(*checksums)).or_else(|e| named(e, "merging", src));
+            let ck = open(src, o, "merging")?;
+            let done = ckpt::merge(&ck, dst, &options, write).or_else(|e| named(e, "merging", src));
             let done = settle(job, src, done)?;
             (ck, done, "merged")
         }
@@ -259,21 +276,22 @@ fn operate<'a>(
             quantize,
             quantize_all,
             block_size,
-            max_shard_size,
+            shards,
             to,
             dedupe,
             world_size,
             open: o,
             ..
         } => {
-            let max_shard_size = settle(job, src, size(max_shard_size).map_err(Into::into))?;
+            let max_shard_size = size(src, shards)?;
+            let block = block_size.unwrap_or(DEFAULT_BLOCK_SIZE);
             let options = ckpt::ConvertOptions {
                 to: *to,
                 dtype: *dtype,
                 blocks: match (dequantize, quantize) {
-                    (Some(to), _) => Some(ckpt::BlockScaling::Dequantize { to: *to, block: *block_size }),
+                    (Some(to), _) => Some(ckpt::BlockScaling::Dequantize { to: *to, block }),
                     (None, Some(QuantArg::Fp8E4m3)) => {
-                        Some(ckpt::BlockScaling::Quantize { block: *block_size, all_2d: *quantize_all })
+                        Some(ckpt::BlockScaling::Quantize { block, all_2d: *quantize_all })
                     }
                     (None, None) => None,
                 },
@@ -283,17 +301,17 @@ fn operate<'a>(
             };
             // The library's check of the options, before anything is read.
             let format = settle(job, src, options.check(dst).map_err(Into::into))?;
-            let ck = open(src, o, None, "converting")?;
-            let done = ckpt::convert(&ck, dst, &options, &write(false)).or_else(|e| named(e, "converting", src));
+            let ck = open(src, o, "converting")?;
+            let done = ckpt::convert(&ck, dst, &options, write).or_else(|e| named(e, "converting", src));
             let done = settle(job, src, done)?;
             if !quiet {
                 notes(&done, format);
             }
             (ck, done, "converted")
         }
-        Command::Reshard { src, out: dst, world_size, .. } => {
-            let ck = open(src, &OpenArgs::default(), None, "resharding")?;
-            let done = ckpt::reshard(&ck, dst, *world_size, &write(false)).or_else(|e| named(e, "resharding", src));
+        Command::Reshard { src, out: dst, world_size, open: o, .. } => {
+            let ck = open(src, o, "resharding")?;
+            let done = ckpt::reshard(&ck, dst, *world_size, write).or_else(|e| named(e, "resharding", src));
             let done = settle(job, src, done)?;
             (ck, done, "resharded")
         }
@@ -332,7 +350,12 @@ fn notes(done: &ckpt::Outcome, format: ckpt::TargetFormat) {
 /// pattern it cannot take, or for a checkpoint `reshard` cannot lay out for ranks.
 fn hint(e: &ckpt::Error) -> Option<String> {
     match e {
-        ckpt::Error::BadOption { option: "allow_globals", .. } => {
+        ckpt::Error::Misuse {
+            misuse:
+                ckpt::Misuse::BadGlobalPattern { .. }
+                | ckpt::Misuse::OptionNotForFormat { option: ckpt::Opt::AllowGlobals, .. },
+            ..
+        } => {
             return Some(
                 "hint: `--allow-global` applies to torch files and takes a dotted name, a prefix ending in `.*` \
                  (quoted: `'omegaconf.*'`), or `'*'`"

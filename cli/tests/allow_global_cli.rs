@@ -53,7 +53,7 @@ fn a_bad_pattern_is_a_usage_error() {
     assert_eq!(out.status.code(), Some(2));
     assert_eq!(
         stderr(&out),
-        "error: `allow_globals`: `posix*` is not a dotted name (`omegaconf.dictconfig.DictConfig`), a prefix ending in \
+        "error: `--allow-global`: `posix*` is not a dotted name (`omegaconf.dictconfig.DictConfig`), a prefix ending in \
          `.*` (`omegaconf.*`), or `*`\nhint: `--allow-global` applies to torch files and takes a dotted name, a prefix \
          ending in `.*` (quoted: `'omegaconf.*'`), or `'*'`\n"
     );

@@ -198,3 +198,140 @@ fn split_replaces_a_previous_checkpoint_in_the_folder() {
     assert_eq!(names, vec!["model.safetensors"]);
     assert_eq!(std::fs::read(out.join("model.safetensors")).unwrap(), small_bytes);
 }
+
+/// Copies the files of `from` (and of its sub-folders) into `to`.
+fn copy_tree(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        match e.file_type().unwrap().is_dir() {
+            true => copy_tree(&e.path(), &to.join(e.file_name())),
+            false => drop(std::fs::copy(e.path(), to.join(e.file_name())).unwrap()),
+        }
+    }
+}
+
+/// `ckpt verify PATH`'s line, which counts the checksums it matched.
+fn verified(path: &std::path::Path) -> String {
+    let out = run(&["verify", path.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    stdout(&out)
+}
+
+#[test]
+fn checksums_are_written_by_every_command_that_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = fixtures().join("safetensors/model_single/model.safetensors");
+    let s = |p: &std::path::Path| p.to_str().unwrap().to_owned();
+    // convert: one file, and a folder of shards.
+    let bin = dir.path().join("one/model.bin");
+    std::fs::create_dir(dir.path().join("one")).unwrap();
+    assert!(run(&["convert", &s(&src), &s(&bin), "--checksums"]).status.success());
+    assert!(verified(&bin).contains("1 checksum(s) matched"), "{}", verified(&bin));
+    let shards = dir.path().join("shards");
+    let out = run(&["convert", &s(&src), &s(&shards), "--max-shard-size", "4KB", "--checksums"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(verified(&shards).contains("5 checksum(s) matched"), "{}", verified(&shards));
+    // reshard: the manifest beside the rank files, which `verify` checks in a DCP folder.
+    let dcp = dir.path().join("dcp");
+    let out = run(&["reshard", &s(&fixtures().join("dcp/fsdp2_w2_f32/checkpoint")), &s(&dcp), "--world-size", "3"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(!dcp.join("SHA256SUMS").exists(), "none without the flag");
+    let dcp3 = dir.path().join("dcp3");
+    let src3 = fixtures().join("dcp/fsdp2_w2_f32/checkpoint");
+    let out = run(&["reshard", &s(&src3), &s(&dcp3), "--world-size", "3", "--checksums"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let manifest = std::fs::read_to_string(dcp3.join("SHA256SUMS")).unwrap();
+    let names: Vec<&str> = manifest.lines().map(|l| &l[66..]).collect();
+    assert_eq!(names, ["__0_0.distcp", "__1_0.distcp", "__2_0.distcp"]);
+    assert!(verified(&dcp3).contains("3 checksum(s) matched"), "{}", verified(&dcp3));
+}
+
+#[test]
+fn checksums_are_refused_for_an_output_spread_over_folders() {
+    // A universal checkpoint keeps each parameter in a folder of its own: one `SHA256SUMS` of
+    // plain names cannot list them, so the flag is refused rather than writing a wrong one.
+    let dir = tempfile::tempdir().unwrap();
+    let out_dir = dir.path().join("universal");
+    let src = fixtures().join("deepspeed/z2_fp32_ws2");
+    let out = run(&["reshard", src.to_str().unwrap(), out_dir.to_str().unwrap(), "--world-size", "3", "--checksums"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(
+        stderr(&out),
+        "error: `--checksums` writes one `SHA256SUMS` for the files of one folder, and this output has files in \
+         `zero/embed.weight` too\n"
+    );
+    assert!(!out_dir.exists(), "nothing is written");
+}
+
+#[test]
+fn every_command_that_reads_a_checkpoint_takes_the_open_options() {
+    // A DeepSpeed folder whose `latest` names a tag that is not there: `--tag` picks the one
+    // that is, for inspect, verify, merge and reshard alike.
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("ds");
+    copy_tree(&fixtures().join("deepspeed/z2_fp32_ws2"), &src);
+    std::fs::write(src.join("latest"), "global_step9").unwrap();
+    let src = src.to_str().unwrap();
+    let merged = dir.path().join("m.safetensors");
+    let universal = dir.path().join("u");
+    let (m, u) = (merged.to_str().unwrap(), universal.to_str().unwrap());
+    let commands: [&[&str]; 4] =
+        [&["inspect", src], &["verify", src], &["merge", src, m], &["reshard", src, u, "--world-size", "3"]];
+    for args in commands {
+        let without = run(args);
+        assert_eq!(without.status.code(), Some(2), "{args:?}");
+        assert!(stderr(&without).contains("global_step9"), "{args:?}: {}", stderr(&without));
+        let with = run(&[args, &["--tag", "global_step2"]].concat());
+        assert!(with.status.success(), "{args:?}: {}", stderr(&with));
+    }
+    assert!(universal.join("global_step2_universal").is_dir());
+    // Where a source does not have what the option is about, the library refuses it.
+    let dcp = fixtures().join("dcp/fsdp2_w2_f32/checkpoint");
+    let out = run(&["reshard", dcp.to_str().unwrap(), u, "--world-size", "2", "--tag", "global_step2"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("a tag applies to DeepSpeed checkpoints only; this is dcp"), "{}", stderr(&out));
+    let out = run(&["reshard", dcp.to_str().unwrap(), u, "--world-size", "2", "--as-stored"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("applies to Megatron `torch_dist` checkpoints only"), "{}", stderr(&out));
+}
+
+#[test]
+fn max_shard_size_is_one_flag_parsed_one_way() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = fixtures().join("safetensors/model_single/model.safetensors");
+    let src = src.to_str().unwrap();
+    let o = |name: &str| dir.path().join(name).to_str().unwrap().to_owned();
+    // Every command that shards its output reads the size the same way, and refuses a bad one
+    // with the same message.
+    let (split, convert) = (o("split"), o("convert"));
+    for args in [["split", src, &split], ["convert", src, &convert]] {
+        let out = run(&[&args[..], &["--max-shard-size", "4KB"]].concat());
+        assert!(out.status.success(), "{args:?}: {}", stderr(&out));
+        let bad = run(&[&args[..], &["--max-shard-size", "5GiB"]].concat());
+        assert_eq!(bad.status.code(), Some(2));
+        assert!(stderr(&bad).starts_with("error: invalid size `5GiB`: unit `IB`"), "{args:?}: {}", stderr(&bad));
+    }
+    assert_eq!(std::fs::read_dir(&split).unwrap().count(), std::fs::read_dir(&convert).unwrap().count());
+    // DeepSpeed merges shard as `zero_to_fp32 --max_shard_size` does.
+    let ds = fixtures().join("deepspeed/z2_fp32_ws2");
+    let out = run(&["merge", ds.to_str().unwrap(), &o("ds"), "--max-shard-size", "1KB"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(dir.path().join("ds/model.safetensors.index.json").exists());
+    // `reshard` lays files out by rank, not by size: clap refuses the flag there.
+    let dcp = fixtures().join("dcp/fsdp2_w2_f32/checkpoint");
+    let out = run(&["reshard", dcp.to_str().unwrap(), &o("r"), "--world-size", "2", "--max-shard-size", "1KB"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("unexpected argument '--max-shard-size'"), "{}", stderr(&out));
+}
+
+#[test]
+fn block_size_without_block_scaling_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = fixtures().join("safetensors/model_single/model.safetensors");
+    let dst = dir.path().join("o.safetensors");
+    let out = run(&["convert", src.to_str().unwrap(), dst.to_str().unwrap(), "--block-size", "64"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("<--dequantize <DEQUANTIZE>|--quantize <QUANTIZE>>"), "{}", stderr(&out));
+    assert!(!dst.exists());
+}

@@ -191,3 +191,41 @@ fn state_explains_a_mixture_at_a_cursor() {
     assert_eq!(code, 2);
     assert!(err.contains("`--cursor 4001` is past the end"), "{err}");
 }
+
+#[test]
+fn state_refuses_loader_flags_beside_a_state_file() {
+    // A state FILE holds its own loader: a flag describing another one would be ignored.
+    let dir = tempfile::tempdir().unwrap();
+    let l = ShardedSampler::builder().dataset_len(10).batch_size(2).world_size(1).rank(0).build().unwrap();
+    let path = dir.path().join("state.json");
+    std::fs::write(&path, l.state_dict().to_json().unwrap()).unwrap();
+    let (code, out, err) = ckpt(&["data", "state", path.to_str().unwrap(), "--drop-last", "--split-batches"]);
+    assert_eq!(code, 2);
+    assert!(out.is_empty());
+    assert_eq!(
+        err,
+        "error: `--split-batches`, `--drop-last` describe the loader of `--from-accelerate`, `--from-trainer` or \
+         `--mixture`; a state FILE holds its own\n"
+    );
+}
+
+#[test]
+fn state_reads_user_files_with_a_cap() {
+    let dir = tempfile::tempdir().unwrap();
+    // Sparse: over the cap by its length alone, refused before a byte is read.
+    let big = dir.path().join("big.json");
+    std::fs::File::create(&big).unwrap().set_len((64 << 20) + 1).unwrap();
+    let (code, _, err) = ckpt(&["data", "state", big.to_str().unwrap()]);
+    assert_eq!(code, 2);
+    assert_eq!(
+        err,
+        format!("error: {}: record `the whole file` is 67108865 bytes, over the 67108864-byte limit\n", big.display())
+    );
+    let (code, _, err) = ckpt(&["data", "state", "--mixture", big.to_str().unwrap(), "--batch-size", "4"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("over the 67108864-byte limit"), "{err}");
+    // A device given by mistake is refused by name, not read without end.
+    let (code, _, err) = ckpt(&["data", "state", "/dev/zero"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("/dev/zero: is a device, not a regular file"), "{err}");
+}

@@ -1,6 +1,6 @@
 //! `ckpt` on DeepSpeed ZeRO folders: inspect lists the merged tensors, verify reports defective
 //! partitions as problems, reshard writes ds_to_universal's layout (resumed by real DeepSpeed in
-//! `tests/python/test_deepspeed_interop.py`).
+//! `tests/python/interop/test_deepspeed_interop.py`).
 #![allow(clippy::unwrap_used)]
 
 mod common;

@@ -4,7 +4,7 @@
 //! or swapping, and its peak RSS (`VmHWM`, polled while it runs) stays within the unpickler's
 //! budget that the message states, plus what the binary holds reading a real file. The limit
 //! is 512 MiB, or the budget and room for the binary where the budget is larger (the 1 GiB cap).
-//! The exact messages are pinned in `ckpt/tests/hostile_pickle_budget.rs`.
+//! The exact messages are pinned in `ckpt/tests/hostile/pickle_budget.rs`.
 #![cfg(target_os = "linux")]
 #![allow(clippy::unwrap_used)]
 

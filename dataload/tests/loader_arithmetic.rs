@@ -1,6 +1,6 @@
 //! The arithmetic the Python package takes from `dataload` instead of computing it itself:
 //! accelerate's lengths and remainders, pinned against the values accelerate's classes give
-//! (the cases `tests/python/test_bindings_iterable.py`, `test_bindings_dispatch.py` and
+//! (the cases `tests/python/data/test_bindings_iterable.py`, `test_bindings_dispatch.py` and
 //! `test_statekit_accelerate.py` compare with accelerate).
 #![allow(clippy::unwrap_used)]
 

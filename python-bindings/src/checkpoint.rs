@@ -23,7 +23,7 @@ pub(crate) struct PyCheckpoint {
 /// How every function here opens its source: a DeepSpeed `tag`; `allow_globals`, the globals a
 /// torch file may name beyond torch's weights-only list, read as inert data; and `as_stored`,
 /// a Megatron `torch_dist` checkpoint's tensors under their stored keys instead of the model
-/// megatron holds on one rank (refused, `BadOption`, for any other format).
+/// megatron holds on one rank (refused, `BadOption` from `Error::Misuse`, for any other format).
 ///
 /// An `hf://` source is downloaded into the Hugging Face cache (as huggingface_hub lays it out)
 /// unless it is there already; [`PyCheckpoint::new`] with `headers_only` reads only its catalog,

@@ -154,8 +154,11 @@ fn class_named(variant: &str, kind: ckpt::ErrorKind) -> &'static str {
         "RefusedGlobal" | "GlobalNotAllowed" => "UnsafePickle",
         "BadPickle" => "BadPickle",
         "ChecksumMismatch" => "ChecksumMismatch",
-        "BadOption" => "BadOption",
-        "BadHubUrl" | "NotInHubCache" | "HubAuth" | "HubNotFound" | "HubRequest" | "HubCorrupt" => "HubError",
+        // Every option misuse; `BadOption` is a `BadOutput`, as convert's misuses were.
+        "Misuse" => "BadOption",
+        "PushOffline" | "BadHubUrl" | "NotInHubCache" | "HubAuth" | "HubNotFound" | "HubRequest" | "HubCorrupt" => {
+            "HubError"
+        }
         "DestinationLocked" => "DestinationLocked",
         "DestinationsDiffer" => "DestinationsDiffer",
         _ => match kind {

@@ -88,10 +88,15 @@ impl Error {
             | Error::BadHubUrl { .. }
             | Error::HubAuth { .. }
             | Error::OutputIsSource { .. }
-            | Error::BadOption { .. }
             | Error::NotInSafetensors { .. }
-            | Error::BadConvert { .. }
             | Error::Misuse { .. }
+            | Error::OutputExists { .. }
+            | Error::OptimizerCollides { .. }
+            | Error::AlreadyQuantized { .. }
+            | Error::NotInTorch { .. }
+            | Error::WrongBufferLen { .. }
+            | Error::PushOffline { .. }
+            | Error::NothingToPush { .. }
             | Error::NotReshardable { .. }
             | Error::BadSaveTensor { .. }
             | Error::DestinationLocked { .. } => ErrorKind::Usage,
@@ -149,13 +154,18 @@ impl Error {
             Error::InflateOverrun { .. } => "InflateOverrun",
             Error::RefusedGlobal { .. } => "RefusedGlobal",
             Error::GlobalNotAllowed { .. } => "GlobalNotAllowed",
-            Error::BadOption { .. } => "BadOption",
             Error::BadPickle { .. } => "BadPickle",
             Error::BadTorchFile { .. } => "BadTorchFile",
             Error::BadTorchTensor { .. } => "BadTorchTensor",
             Error::NotInSafetensors { .. } => "NotInSafetensors",
-            Error::BadConvert { .. } => "BadConvert",
             Error::Misuse { .. } => "Misuse",
+            Error::OutputExists { .. } => "OutputExists",
+            Error::OptimizerCollides { .. } => "OptimizerCollides",
+            Error::AlreadyQuantized { .. } => "AlreadyQuantized",
+            Error::NotInTorch { .. } => "NotInTorch",
+            Error::WrongBufferLen { .. } => "WrongBufferLen",
+            Error::PushOffline { .. } => "PushOffline",
+            Error::NothingToPush { .. } => "NothingToPush",
             Error::NotReshardable { .. } => "NotReshardable",
             Error::BadSaveTensor { .. } => "BadSaveTensor",
             Error::BadBlockScale { .. } => "BadBlockScale",

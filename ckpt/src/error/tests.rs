@@ -22,7 +22,15 @@ fn variant_name_is_the_debug_name() {
             stored: 1,
             actual: 2,
         },
-        Error::BadOption { option: "allow_globals", reason: "no".into() },
+        Error::Misuse { path: "".into(), misuse: crate::Misuse::BadGlobalPattern { pattern: "om*".into() } },
+        Error::OutputExists { path: "out".into(), appeared: true },
+        Error::OptimizerCollides { path: "out/optimizer.safetensors".into() },
+        Error::AlreadyQuantized { dst: "out".into(), weight: "w".into(), scale: "w_scale_inv".into() },
+        Error::NotInTorch { dst: "out".into(), tensor: "w".into(), dtype: crate::Dtype::F4 },
+        Error::WrongBufferLen { path: "m.safetensors".into(), tensor: "w".into(), expected: 8, found: 4 },
+        Error::PushOffline { dst: "hf://o/n".into() },
+        Error::NothingToPush { path: "out".into() },
+        Error::BadSaveTensor { dst: "out".into(), tensor: "w".into(), problem: SaveTensorProblem::NamedTwice },
         Error::Collective {
             dir: "out".into(),
             source: collective::CollectiveError::NoSuchRoot { op: "broadcast", rank: 0, root: 3, world_size: 2 },
@@ -144,6 +152,91 @@ fn typed_variants_keep_their_messages() {
         ),
     ];
     for (e, want) in cases {
+        assert_eq!(e.to_string(), want);
+    }
+}
+
+/// Each option misuse is one variant, worded with the library's own option names; a misuse of an
+/// option a source does not take names the source, the others the destination.
+#[test]
+fn misuses_name_the_option_and_the_file() {
+    let not_megatron = crate::Misuse::OptionNotForFormat {
+        option: crate::Opt::AsStored,
+        source: "m.safetensors".into(),
+        format: crate::Format::Safetensors,
+    };
+    let cases = [
+        (
+            Error::Misuse { path: "m.safetensors".into(), misuse: not_megatron },
+            "`as_stored` applies to Megatron `torch_dist` checkpoints only; m.safetensors is safetensors",
+        ),
+        (
+            Error::Misuse { path: "out".into(), misuse: crate::Misuse::WorldSizeOutOfRange { world: 0 } },
+            "cannot convert to out: `world_size` must be from 1 to 1048576, not 0",
+        ),
+        (
+            Error::Misuse { path: "out".into(), misuse: crate::Misuse::ZeroBlock { blocks: crate::Opt::Quantize } },
+            "cannot convert to out: the block size of `blocks: Quantize` must be at least 1",
+        ),
+        (
+            Error::Misuse { path: "".into(), misuse: crate::Misuse::BadGlobalPattern { pattern: "om*".into() } },
+            "`allow_globals`: `om*` is not a dotted name (`omegaconf.dictconfig.DictConfig`), a prefix ending in \
+             `.*` (`omegaconf.*`), or `*`",
+        ),
+        (
+            Error::Misuse { path: "x".into(), misuse: crate::Misuse::RevisionForPath { source: "x".into() } },
+            "`revision` applies to `hf://` sources only; x is a path",
+        ),
+    ];
+    for (e, want) in cases {
+        assert_eq!(e.kind(), ErrorKind::Usage, "{e:?}");
+        assert_eq!(e.to_string(), want);
+    }
+}
+
+/// What happened, not a sentence: the refusals that were one `BadConvert` each say it in their
+/// own variant, with the file they are about.
+#[test]
+fn refusals_say_what_happened() {
+    let cases = [
+        (Error::OutputExists { path: "out".into(), appeared: false }, "out: already exists; refusing to write over it"),
+        (
+            Error::OutputExists { path: "out".into(), appeared: true },
+            "out: appeared while the output was written; nothing was committed",
+        ),
+        (
+            Error::OptimizerCollides { path: "o/optimizer.safetensors".into() },
+            "cannot convert to o/optimizer.safetensors: the weights and the optimizer states would both be \
+             `optimizer.safetensors`",
+        ),
+        (
+            Error::AlreadyQuantized { dst: "q".into(), weight: "w".into(), scale: "w_scale_inv".into() },
+            "cannot convert to q: `w_scale_inv` already exists; `w` is not quantized twice",
+        ),
+        (
+            Error::BadSaveTensor {
+                dst: "s.safetensors".into(),
+                tensor: "w".into(),
+                problem: SaveTensorProblem::ByteLen {
+                    len: 3,
+                    shape: vec![2],
+                    dtype: crate::Dtype::F32,
+                    holds: Some(8),
+                },
+            },
+            "cannot save s.safetensors: tensor `w` has 3 bytes, but shape [2] of `F32` holds 8",
+        ),
+        (
+            Error::BadSaveTensor {
+                dst: "__0_0.distcp".into(),
+                tensor: "w".into(),
+                problem: SaveTensorProblem::RowsBeyond { at: 2, rows: 3, n0: 4 },
+            },
+            "cannot save __0_0.distcp: tensor `w` has rows 2..+3, beyond its 4 rows",
+        ),
+    ];
+    for (e, want) in cases {
+        assert_eq!(e.kind(), ErrorKind::Usage, "{e:?}");
         assert_eq!(e.to_string(), want);
     }
 }

@@ -117,6 +117,16 @@ pub(crate) fn detect(path: &Path) -> Result<Option<PathBuf>> {
     })
 }
 
+/// huggingface_hub's sharded safetensors: merged and converted as stored, not laid out for
+/// ranks.
+pub(crate) struct HfShardedFormat;
+
+impl super::FormatOps for HfShardedFormat {
+    fn catalog(&self, _: Format, root: PathBuf, _: &crate::OpenOptions) -> Result<Scan> {
+        catalog(root)
+    }
+}
+
 /// The catalog of a sharded checkpoint, with every disagreement between the index and its
 /// shards collected as a problem (so `verify` lists them all) rather than stopping at the first.
 pub(crate) fn catalog(index_path: PathBuf) -> Result<Scan> {

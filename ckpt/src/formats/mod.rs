@@ -1,7 +1,12 @@
-//! On-disk formats. Each module opens with a description of its layout, and offers the same
-//! two things: `detect` (is this path, file or folder, a checkpoint of mine, and where is its
-//! root?) and `catalog` (read it into a [`crate::Checkpoint`]). Adding a format is one module
-//! and one line in [`DETECTORS`] and [`catalog`].
+//! On-disk formats. Each module opens with a description of its layout, and answers for its own
+//! sources through one interface, [`FormatOps`]: what a source is (`detect`, in [`DETECTORS`],
+//! and its catalog) and what it can produce (its merge, its reshard, its optimizer's state), as
+//! an output the generic planner plans, as the format's own write, or as a typed refusal. The
+//! operations (`ops/`) open a source, ask its format ([`Format::ops`]), plan and execute; they
+//! name no format.
+//!
+//! Adding a format is one module with a unit struct implementing [`FormatOps`], one line in
+//! [`DETECTORS`] and one in [`ops_of`].
 
 pub(crate) mod accelerate;
 pub(crate) mod dcp;
@@ -13,8 +18,13 @@ pub(crate) mod torch;
 
 use std::path::{Path, PathBuf};
 
-use crate::error::Result;
-use crate::read::catalog::{Format, Scan};
+use crate::error::{Error, Result};
+use crate::ops::misuse::{Misuse, Opt};
+use crate::ops::outcome::Outcome;
+use crate::ops::request::{Merge, MergeOptions};
+use crate::read::catalog::{Checkpoint, Format, Scan, TensorInfo};
+use crate::read::OpenOptions;
+use crate::write::WriteOptions;
 
 /// A format's detector: the checkpoint root `path` names, if it is one of the format's.
 type Detect = fn(&Path) -> Result<Option<PathBuf>>;
@@ -37,18 +47,160 @@ pub(crate) const DETECTORS: &[(Format, Detect)] = &[
     (Format::Torch, torch::detect_folder),
 ];
 
-/// Reads a checkpoint whose format detection decided, as `options` say.
-pub(crate) fn catalog(format: Format, root: PathBuf, options: &crate::OpenOptions) -> Result<Scan> {
-    let (tag, allow) = (options.tag.as_deref(), &options.allow_globals);
+/// What a format answers for its own sources. One unit struct per format implements it, and
+/// [`ops_of`] finds it for a [`Format`]; only the format looks inside its source's detail.
+///
+/// What a format cannot produce it refuses by default, naming itself and what was asked (the
+/// option asking for it: [`Misuse::OptionNotForFormat`]; a reshard: [`Error::NotReshardable`]),
+/// so a format states only what it can do.
+pub(crate) trait FormatOps: Sync {
+    /// Reads a checkpoint detection found at `root` as `format` (one of this format's), as
+    /// `options` say.
+    fn catalog(&self, format: Format, root: PathBuf, options: &OpenOptions) -> Result<Scan>;
+
+    /// How `merge` writes `ck` into `out`. By default its catalog as stored, with the optimizer's
+    /// state beside it where [`FormatOps::optimizer_state`] gives one, and in one file unless
+    /// [`FormatOps::merges_into_shards`].
+    fn merge<'a>(&self, ck: &'a Checkpoint, _out: &Path, options: &MergeOptions) -> Result<Merge<'a>> {
+        merge_as_stored(self, ck, options)
+    }
+
+    /// The optimizer's state per parameter (`<param>.exp_avg`, …), as tensors of `ck`'s files,
+    /// which a merge writes beside the weights. By default refused: the source holds none.
+    fn optimizer_state(&self, ck: &Checkpoint) -> Result<Vec<TensorInfo>> {
+        Err(not_for_format(Opt::Optimizer, ck))
+    }
+
+    /// Whether a merge of this format may be sharded into a folder, as `zero_to_fp32
+    /// --max_shard_size` does. By default not: `split` shards a checkpoint.
+    fn merges_into_shards(&self) -> bool {
+        false
+    }
+
+    /// Writes `ck` again for `world` ranks into `out` (checked to be a valid world size), as
+    /// `reshard` does. By default refused: only checkpoints laid out for ranks are resharded.
+    fn reshard(&self, ck: &Checkpoint, out: &Path, world: u64, opts: &WriteOptions<'_>) -> Result<Outcome> {
+        let _ = (out, world, opts);
+        Err(Error::NotReshardable { path: ck.root.clone() })
+    }
+
+    /// Writes `ck` as a DCP folder for `world` ranks into `out` (`convert` to DCP). By default
+    /// as FSDP2 saves a model's state dict; a DCP source is resharded.
+    fn to_dcp(&self, ck: &Checkpoint, out: &Path, world: u64, opts: &WriteOptions<'_>) -> Result<Outcome> {
+        dcp::write(ck, out, world, opts)
+    }
+}
+
+/// The interface of each format.
+pub(crate) fn ops_of(format: Format) -> &'static dyn FormatOps {
     match format {
-        Format::Safetensors => safetensors::catalog(root),
-        Format::HfSharded => hf_index::catalog(root),
-        Format::Torch | Format::TorchSharded => torch::catalog(root, format, allow),
-        Format::Dcp => dcp::catalog(root),
-        Format::DcpSafetensors => dcp::hf_storage::catalog(root),
-        Format::DeepSpeed => deepspeed::catalog(root, tag),
-        Format::AccelerateState | Format::Trainer => accelerate::catalog(root),
-        Format::MegatronTorchDist => megatron::catalog_torch_dist(root, options.as_stored),
-        Format::MegatronLegacy => megatron::catalog_legacy(root),
+        Format::Safetensors => &safetensors::SafetensorsFormat,
+        Format::HfSharded => &hf_index::HfShardedFormat,
+        Format::Torch | Format::TorchSharded => &torch::TorchFormat,
+        Format::Dcp => &dcp::DcpFormat,
+        Format::DcpSafetensors => &dcp::hf_storage::DcpSafetensorsFormat,
+        Format::DeepSpeed => &deepspeed::DeepSpeedFormat,
+        Format::AccelerateState | Format::Trainer => &accelerate::AccelerateFormat,
+        Format::MegatronTorchDist | Format::MegatronLegacy => &megatron::MegatronFormat,
+    }
+}
+
+impl Format {
+    /// What this format answers for its sources (see [`FormatOps`]).
+    pub(crate) fn ops(self) -> &'static dyn FormatOps {
+        ops_of(self)
+    }
+}
+
+/// Reads a checkpoint whose format detection decided, as `options` say.
+pub(crate) fn catalog(format: Format, root: PathBuf, options: &OpenOptions) -> Result<Scan> {
+    ops_of(format).catalog(format, root, options)
+}
+
+/// The refusal of an `option` asking `ck`'s format for an output it cannot make of it.
+pub(crate) fn not_for_format(option: Opt, ck: &Checkpoint) -> Error {
+    let misuse = Misuse::OptionNotForFormat { option, source: ck.root.clone(), format: ck.format };
+    Error::Misuse { path: ck.root.clone(), misuse }
+}
+
+/// Refuses [`MergeOptions::model`], which picks a model of a folder of several, for a source
+/// that is one model.
+pub(crate) fn refuse_model(ck: &Checkpoint, options: &MergeOptions) -> Result<()> {
+    match options.model {
+        Some(_) => Err(not_for_format(Opt::Model, ck)),
+        None => Ok(()),
+    }
+}
+
+/// The merge of a format whose merged state dict is its catalog as stored (see
+/// [`FormatOps::merge`]): every option checked against what `format` can do before anything is
+/// read.
+pub(crate) fn merge_as_stored<'a, F: FormatOps + ?Sized>(
+    format: &F,
+    ck: &'a Checkpoint,
+    options: &MergeOptions,
+) -> Result<Merge<'a>> {
+    refuse_model(ck, options)?;
+    if options.max_shard_size.is_some() && !format.merges_into_shards() {
+        return Err(not_for_format(Opt::MaxShardSize, ck));
+    }
+    let optimizer = match options.optimizer {
+        true => Some(format.optimizer_state(ck)?),
+        false => None,
+    };
+    Ok(Merge::Catalog { optimizer })
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    /// A one-tensor safetensors file, opened.
+    fn safetensors_source(dir: &Path) -> Checkpoint {
+        let data = vec![1u8; 8];
+        let view = ::safetensors::tensor::TensorView::new(::safetensors::Dtype::F32, vec![2], &data).unwrap();
+        let path = dir.join("m.safetensors");
+        ::safetensors::serialize_to_file([("w", view)], None, &path).unwrap();
+        Checkpoint::open(path.to_str().unwrap()).unwrap()
+    }
+
+    #[test]
+    fn a_format_asked_for_an_output_it_cannot_make_refuses_naming_itself_and_the_output() {
+        let tmp = tempfile::tempdir().unwrap();
+        let ck = safetensors_source(tmp.path());
+        let out = tmp.path().join("merged.safetensors");
+
+        let asked = MergeOptions { optimizer: true, ..MergeOptions::default() };
+        let err = ck.format.ops().merge(&ck, &out, &asked).unwrap_err();
+        let Error::Misuse { misuse: Misuse::OptionNotForFormat { option, source, format }, .. } = &err else {
+            panic!("{err:?}")
+        };
+        assert_eq!((*option, source, *format), (Opt::Optimizer, &ck.root, Format::Safetensors));
+        let text = err.to_string();
+        assert!(text.contains("`optimizer` applies to merges of DeepSpeed and Megatron checkpoints"), "{text}");
+        assert!(text.ends_with("is safetensors"), "{text}");
+        assert_eq!(err.kind(), crate::ErrorKind::Usage);
+
+        let sharded = MergeOptions { max_shard_size: Some(1 << 20), ..MergeOptions::default() };
+        let err = ck.format.ops().merge(&ck, &out, &sharded).unwrap_err();
+        assert!(
+            matches!(err, Error::Misuse { misuse: Misuse::OptionNotForFormat { option: Opt::MaxShardSize, .. }, .. }),
+            "{err:?}"
+        );
+
+        let err = ck.format.ops().reshard(&ck, &tmp.path().join("r"), 2, &WriteOptions::default()).unwrap_err();
+        assert!(matches!(&err, Error::NotReshardable { path } if *path == ck.root), "{err:?}");
+        assert!(!tmp.path().join("r").exists(), "a refusal writes nothing");
+    }
+
+    #[test]
+    fn what_a_format_can_make_it_answers_as_an_output_to_plan() {
+        let tmp = tempfile::tempdir().unwrap();
+        let ck = safetensors_source(tmp.path());
+        let merge = ck.format.ops().merge(&ck, &tmp.path().join("o.safetensors"), &MergeOptions::default()).unwrap();
+        assert!(matches!(merge, Merge::Catalog { optimizer: None }), "{merge:?}");
+        assert!(!ck.format.ops().merges_into_shards(), "`split` shards a safetensors checkpoint");
+        assert!(ops_of(Format::DeepSpeed).merges_into_shards(), "as `zero_to_fp32 --max_shard_size` does");
     }
 }

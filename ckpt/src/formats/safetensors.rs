@@ -152,6 +152,15 @@ fn is_lone_shard(path: &Path) -> bool {
     of.len() == 5 && of.bytes().all(|b| b.is_ascii_digit()) && of != "00001"
 }
 
+/// One safetensors file: merged and converted as stored, not laid out for ranks.
+pub(crate) struct SafetensorsFormat;
+
+impl super::FormatOps for SafetensorsFormat {
+    fn catalog(&self, _: Format, root: PathBuf, _: &crate::OpenOptions) -> Result<Scan> {
+        catalog(root)
+    }
+}
+
 /// The catalog of one safetensors file.
 pub(crate) fn catalog(root: PathBuf) -> Result<Scan> {
     let (file, header) = read_file(&root)?;

@@ -130,10 +130,8 @@ pub(crate) fn cache_dir() -> PathBuf {
 pub(crate) fn locate(src: &str, revision: Option<&str>, need: Need, progress: Option<&Progress>) -> Result<Located> {
     let Some(addr) = HubAddress::parse_with(src, revision) else {
         if revision.is_some() {
-            return Err(Error::BadOption {
-                option: "revision",
-                reason: format!("applies to `hf://` sources only; {} is a path", crate::escape_controls(src)),
-            });
+            let misuse = crate::Misuse::RevisionForPath { source: src.to_string() };
+            return Err(Error::Misuse { path: PathBuf::from(src), misuse });
         }
         return Ok(Located::Path(PathBuf::from(src)));
     };
@@ -231,16 +229,13 @@ pub fn push(local: &Path, dst: &str, revision: Option<&str>, message: Option<&st
     })?;
     let revision = addr.revision.clone();
     if remote::env_true("HF_HUB_OFFLINE") {
-        return Err(Error::BadOption {
-            option: "push",
-            reason: "`HF_HUB_OFFLINE` is set, and a push needs the Hub".into(),
-        });
+        return Err(Error::PushOffline { dst: dst.to_string() });
     }
     let prefix = addr.path.as_deref().map(|p| format!("{}/", p.trim_end_matches('/'))).unwrap_or_default();
     let mut found = Vec::new();
     walk(local, local, &mut found)?;
     if found.is_empty() {
-        return Err(Error::BadOption { option: "push", reason: format!("{} holds no file to push", local.display()) });
+        return Err(Error::NothingToPush { path: local.to_path_buf() });
     }
     let files = found
         .into_iter()

@@ -1,11 +1,16 @@
-//! Options that cannot be carried out together, found by the library before anything is read,
-//! and worded by each edge in its own terms.
+//! Options that cannot be carried out as given, found by the library before anything is
+//! written, and worded by each edge in its own terms.
 //!
-//! The library checks a combination of options once ([`crate::ConvertOptions::check`]), for
-//! every caller. What it finds is a [`Misuse`] naming [`Opt`]s, not a sentence: the `ckpt` CLI
-//! words it with its flags (`--to dcp`), the Python package with its keywords (`to="dcp"`), and
-//! the library's own `Display` with the fields of its option structs.
+//! Every option misuse of the library is one [`crate::Error::Misuse`]: a combination of convert
+//! options ([`crate::ConvertOptions::check`]), a value out of range, an open option that does
+//! not apply to the source's format, a pattern that does not parse. What the library finds is a
+//! [`Misuse`] naming [`Opt`]s, not a sentence: the `ckpt` CLI words it with its flags
+//! (`--to dcp`), the Python package with its keywords (`to="dcp"`), and the library's own
+//! `Display` with the fields of its option structs.
 
+use std::path::PathBuf;
+
+use crate::read::catalog::Format;
 use crate::read::dtype::Dtype;
 
 /// An option of the operations, as a [`Misuse`] names it.
@@ -26,6 +31,20 @@ pub enum Opt {
     Dequantize,
     /// [`crate::ConvertOptions::blocks`] set to [`crate::BlockScaling::Quantize`].
     Quantize,
+    /// [`crate::OpenOptions::allow_globals`].
+    AllowGlobals,
+    /// [`crate::OpenOptions::as_stored`].
+    AsStored,
+    /// [`crate::OpenOptions::tag`], DeepSpeed's tag folder.
+    Tag,
+    /// [`crate::OpenOptions::revision`], a Hub revision.
+    Revision,
+    /// [`crate::MergeOptions::model`], which model of a `save_state` folder.
+    Model,
+    /// [`crate::MergeOptions::optimizer`], the optimizer states beside the weights.
+    Optimizer,
+    /// [`crate::WriteOptions::checksums`], the `SHA256SUMS` manifest.
+    Checksums,
 }
 
 impl Opt {
@@ -40,6 +59,13 @@ impl Opt {
             Opt::WorldSize => "world_size",
             Opt::Dequantize => "blocks: Dequantize",
             Opt::Quantize => "blocks: Quantize",
+            Opt::AllowGlobals => "allow_globals",
+            Opt::AsStored => "as_stored",
+            Opt::Tag => "tag",
+            Opt::Revision => "revision",
+            Opt::Model => "model",
+            Opt::Optimizer => "optimizer",
+            Opt::Checksums => "checksums",
         };
         match value {
             Some(v) => format!("`{name}` = `{v}`"),
@@ -48,7 +74,7 @@ impl Opt {
     }
 }
 
-/// Convert options that cannot be carried out as given.
+/// Options that cannot be carried out as given.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Misuse {
@@ -85,6 +111,57 @@ pub enum Misuse {
         /// The dtype asked for.
         dtype: Dtype,
     },
+    /// A block size of 0 for block scaling.
+    ZeroBlock {
+        /// Which block scaling was given.
+        blocks: Opt,
+    },
+    /// A world size of 0, or over [`crate::MAX_WORLD_SIZE`].
+    WorldSizeOutOfRange {
+        /// The world size asked for.
+        world: u64,
+    },
+    /// An option that applies to other formats than the source's.
+    OptionNotForFormat {
+        /// The option given.
+        option: Opt,
+        /// The source.
+        source: PathBuf,
+        /// The source's format.
+        format: Format,
+    },
+    /// A revision for a source that is a path, not an `hf://` address.
+    RevisionForPath {
+        /// The source as given.
+        source: String,
+    },
+    /// An `allow_globals` pattern that is neither a dotted name, a prefix ending in `.*`, nor `*`.
+    BadGlobalPattern {
+        /// The pattern as given.
+        pattern: String,
+    },
+    /// A checksum manifest for an output whose files are not all in one folder: a manifest
+    /// lists plain file names in its own folder (what `sha256sum -c` and `verify` check), and
+    /// this output (a DeepSpeed universal checkpoint's `zero/<param>/` folders) has files in
+    /// `folder` too.
+    ChecksumsSpanFolders {
+        /// A folder of the output other than the manifest's (relative to it, when inside it).
+        folder: std::path::PathBuf,
+    },
+}
+
+/// What an option that [`Misuse::OptionNotForFormat`] refuses applies to.
+fn applies_to(option: Opt) -> &'static str {
+    match option {
+        Opt::AllowGlobals => "torch files (`.bin`, `.pt`, `.ckpt`, and their sharded sets)",
+        Opt::AsStored => "Megatron `torch_dist` checkpoints",
+        Opt::Tag => "DeepSpeed checkpoints",
+        Opt::Model => "accelerate `save_state` folders",
+        Opt::Optimizer => "merges of DeepSpeed and Megatron checkpoints and accelerate `save_state` folders",
+        Opt::MaxShardSize => "merges of DeepSpeed checkpoints (`split` shards any checkpoint)",
+        Opt::Revision => "`hf://` sources",
+        _ => "other checkpoints",
+    }
 }
 
 impl Misuse {
@@ -111,7 +188,45 @@ impl Misuse {
             Misuse::DequantizeToNarrow { dtype } => {
                 format!("{} writes f32, f16 or bf16, not `{dtype}`", spell(Opt::Dequantize, None))
             }
+            Misuse::ZeroBlock { blocks } => format!("the block size of {} must be at least 1", spell(*blocks, None)),
+            Misuse::WorldSizeOutOfRange { world } => {
+                format!("{} must be from 1 to {}, not {world}", spell(Opt::WorldSize, None), crate::MAX_WORLD_SIZE)
+            }
+            Misuse::OptionNotForFormat { option, source, format } => format!(
+                "{} applies to {} only; {} is {}",
+                spell(*option, None),
+                applies_to(*option),
+                source.display(),
+                format.name()
+            ),
+            Misuse::RevisionForPath { source } => {
+                format!(
+                    "{} applies to {} only; {source} is a path",
+                    spell(Opt::Revision, None),
+                    applies_to(Opt::Revision)
+                )
+            }
+            Misuse::BadGlobalPattern { pattern } => format!(
+                "{}: `{pattern}` is not a dotted name (`omegaconf.dictconfig.DictConfig`), a prefix ending in `.*` \
+                 (`omegaconf.*`), or `*`",
+                spell(Opt::AllowGlobals, None)
+            ),
+            Misuse::ChecksumsSpanFolders { folder } => format!(
+                "{} writes one `SHA256SUMS` for the files of one folder, and this output has files in \
+                 `{}` too",
+                spell(Opt::Checksums, None),
+                crate::escape_controls(&folder.display().to_string())
+            ),
         }
+    }
+
+    /// Whether the sentence names the source it is about, so that the error need not prefix
+    /// the destination (`cannot convert to DST: ...`).
+    pub fn names_its_source(&self) -> bool {
+        matches!(
+            self,
+            Misuse::OptionNotForFormat { .. } | Misuse::RevisionForPath { .. } | Misuse::BadGlobalPattern { .. }
+        )
     }
 }
 

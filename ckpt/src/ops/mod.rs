@@ -1,5 +1,7 @@
-//! The operations: split, merge, convert, reshard. Each takes an opened [`Checkpoint`], decides
-//! what to write from its format, plans it with the target format's planner, and runs the plan.
+//! The operations: split, merge, convert, reshard. Each takes an opened [`Checkpoint`], asks its
+//! format what it can produce (its `FormatOps`: an output to plan, the format's own write,
+//! or a refusal), plans it with the target format's planner, and runs the plan. No operation
+//! names a format.
 //!
 //! - `split` writes huggingface_hub's sharded safetensors layout.
 //! - `merge` writes one state dict in one safetensors file: a DCP folder as `accelerate
@@ -12,45 +14,30 @@
 //! Each claims its destination first (`claim.rs`): a second writer of it is refused, and the
 //! ranks of a job must all name it.
 //!
-//! An accelerate `save_state` folder is its parts: `merge` merges one of its models (and its
-//! optimizer) as that model's own format merges, `reshard` rewrites the whole folder.
+//! A folder of parts (an accelerate `save_state` folder) answers a merge with its members, each
+//! merged here as its own format merges it; its reshard rewrites the whole folder.
 
 pub(crate) mod local;
 pub(crate) mod misuse;
 pub(crate) mod outcome;
+pub(crate) mod request;
 pub(crate) mod save;
 pub(crate) mod sharded;
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use crate::error::{Error, IoContext, Result};
-use crate::formats::accelerate::{OptimizerState, SaveState};
-use crate::formats::{self, dcp, deepspeed};
+use crate::error::{Error, Result};
 use crate::map::blockscale::{self, BlockScaling, Compute};
 use crate::ops::misuse::{Misuse, Opt};
 pub use crate::ops::outcome::Outcome;
+use crate::ops::request::Merge;
+pub use crate::ops::request::MergeOptions;
 use crate::plan::{self, Dest, IndexStyle, Meta, Out};
 use crate::read::catalog::{Checkpoint, TensorInfo};
 use crate::read::dtype::Dtype;
 use crate::write::claim::claim;
 use crate::write::{Plan, WriteOptions};
-
-/// Options for [`merge`].
-#[derive(Clone, Debug, Default)]
-pub struct MergeOptions {
-    /// Shard the merged weights into the output folder with files of at most this many bytes
-    /// (DeepSpeed checkpoints, as `zero_to_fp32 --max_shard_size` does).
-    pub max_shard_size: Option<u64>,
-    /// Also write the merged Adam moments (`<param>.exp_avg`, `<param>.exp_avg_sq`) to
-    /// `optimizer.safetensors` beside the weights (DeepSpeed checkpoints; for an accelerate
-    /// `save_state` folder, the optimizer of the merged model, whatever its format; for a
-    /// Megatron checkpoint, `optimizer.state.{param,exp_avg,exp_avg_sq}.<stored key>`, whatever
-    /// form its optimizer was saved in).
-    pub optimizer: bool,
-    /// Which model of an accelerate `save_state` folder to merge (default 0).
-    pub model: Option<usize>,
-}
 
 /// The output format of [`convert`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -112,7 +99,7 @@ impl ConvertOptions {
     /// them impossible, found before anything is read: the one check of these options, for
     /// every caller.
     pub fn check(&self, dst: &Path) -> Result<TargetFormat> {
-        let misuse = |misuse| Error::Misuse { dst: dst.to_path_buf(), misuse };
+        let misuse = |misuse| Error::Misuse { path: dst.to_path_buf(), misuse };
         let file = file_format(dst);
         let single = file.is_some();
         let format = match (self.to, file) {
@@ -182,17 +169,13 @@ pub const MAX_WORLD_SIZE: u64 = 1 << 20;
 
 fn check_world(world: u64, out: &Path) -> Result<()> {
     if world == 0 || world > MAX_WORLD_SIZE {
-        return Err(bad(out, format!("the world size must be from 1 to {MAX_WORLD_SIZE}, not {world}")));
+        return Err(Error::Misuse { path: out.to_path_buf(), misuse: Misuse::WorldSizeOutOfRange { world } });
     }
     Ok(())
 }
 
 /// The name of the merged optimizer file written beside the weights.
 pub const OPTIMIZER_NAME: &str = "optimizer.safetensors";
-
-fn bad(dst: &Path, reason: impl Into<String>) -> Error {
-    Error::BadConvert { dst: dst.to_path_buf(), reason: reason.into() }
-}
 
 /// Every tensor of `ck` written as it is, sharing storages as the data says.
 fn as_stored(ck: &Checkpoint) -> Vec<Out<'_>> {
@@ -267,50 +250,53 @@ fn merge_claimed(ck: &Checkpoint, out: &Path, options: &MergeOptions, opts: &Wri
 }
 
 fn merge_here(ck: &Checkpoint, out: &Path, options: &MergeOptions, opts: &WriteOptions<'_>) -> Result<Outcome> {
-    if let Some(state) = ck.save_state() {
-        return merge_save_state(state, out, options, opts);
-    }
-    if let Some(n) = options.model {
-        return Err(bad(
-            out,
-            format!(
-                "`model` {n} applies to accelerate `save_state` folders; {} is {}",
-                ck.root.display(),
-                ck.format.name()
-            ),
-        ));
-    }
-    // DCP's HF storage merged into a folder is what torch's consolidation writes.
-    let to_folder = out.is_dir() || out.extension().is_none_or(|e| !e.eq_ignore_ascii_case("safetensors"));
-    if let (Some(hf), true) = (ck.detail::<dcp::hf_storage::HfStorage>(), to_folder) {
-        if options.optimizer || options.max_shard_size.is_some() {
-            return Err(bad(out, "`optimizer` and `max_shard_size` do not apply to DCP safetensors shards"));
+    match ck.format().ops().merge(ck, out, options)? {
+        Merge::Catalog { optimizer } => merge_catalog(ck, out, options.max_shard_size, optimizer, opts),
+        Merge::Members { model, options: inner, optimizer } => {
+            merge_members(model, &inner, optimizer, out, options.max_shard_size.is_some(), opts)
         }
-        return dcp::hf_storage::write_consolidated(ck, hf, out, opts);
+        Merge::Own(write) => write(opts),
     }
-    let zero = ck.detail::<deepspeed::ZeroCheckpoint>();
-    let megatron = ck.megatron().is_some();
-    if zero.is_none() && ((options.optimizer && !megatron) || options.max_shard_size.is_some()) {
-        return Err(bad(
-            out,
-            format!(
-                "`optimizer` applies to DeepSpeed and Megatron checkpoints and accelerate `save_state` folders, \
-                 `max_shard_size` to DeepSpeed checkpoints only; {} is {} \
-                 (hint: `ckpt split` shards a checkpoint)",
-                ck.root.display(),
-                ck.format.name()
-            ),
-        ));
+}
+
+/// A folder's members merged in its place: `model` into `out` with `options`, and `optimizer`
+/// (its optimizer's own checkpoint) into `optimizer.safetensors` beside it (inside `out` when
+/// `sharded`).
+fn merge_members(
+    model: &Checkpoint,
+    options: &MergeOptions,
+    optimizer: Option<&Checkpoint>,
+    out: &Path,
+    sharded: bool,
+    opts: &WriteOptions<'_>,
+) -> Result<Outcome> {
+    let mut done = merge_claimed(model, out, options, opts)?;
+    let Some(ock) = optimizer else { return Ok(done) };
+    let dir = if sharded { out.to_path_buf() } else { out.parent().map(Path::to_path_buf).unwrap_or_default() };
+    let path = dir.join(OPTIMIZER_NAME);
+    if done.files.contains(&path) {
+        return Err(Error::OptimizerCollides { path });
     }
-    // The optimizer's state per parameter, written beside the weights.
-    let moments = match (options.optimizer, zero) {
-        (false, _) => None,
-        (true, Some(z)) => Some(deepspeed::moments(z)),
-        (true, None) => Some(formats::megatron::optimizer_state(ck)?),
-    };
+    let o = merge_claimed(ock, &path, &MergeOptions::default(), opts)?;
+    done.files.extend(o.files);
+    done.tensors += o.tensors;
+    done.bytes += o.bytes;
+    Ok(done)
+}
+
+/// `ck`'s catalog as stored merged into `out` (into `zero_to_fp32`'s shards with
+/// `max_shard_size`), and `moments`, the optimizer's state per parameter, into
+/// `optimizer.safetensors` beside it.
+fn merge_catalog(
+    ck: &Checkpoint,
+    out: &Path,
+    max_shard_size: Option<u64>,
+    moments: Option<Vec<TensorInfo>>,
+    opts: &WriteOptions<'_>,
+) -> Result<Outcome> {
     let outs = as_stored(ck);
     let meta = Meta::from_folded(ck.metadata()?);
-    let dest = match options.max_shard_size {
+    let dest = match max_shard_size {
         Some(max) => Dest::Shards { dir: out.to_path_buf(), max, style: IndexStyle::ZeroToFp32 },
         None => Dest::File(out.to_path_buf()),
     };
@@ -327,7 +313,7 @@ fn merge_here(ck: &Checkpoint, out: &Path, options: &MergeOptions, opts: &WriteO
         };
         let path = dir.join(OPTIMIZER_NAME);
         if files.contains(&path) {
-            return Err(bad(&path, format!("the weights and the optimizer states would both be `{OPTIMIZER_NAME}`")));
+            return Err(Error::OptimizerCollides { path });
         }
         let refs: Vec<&TensorInfo> = moments.iter().collect();
         let outs: Vec<Out> = refs
@@ -395,7 +381,7 @@ fn convert_here(ck: &Checkpoint, dst: &Path, options: &ConvertOptions, opts: &Wr
     if format == TargetFormat::Dcp {
         let world = options.world_size.unwrap_or_default();
         check_world(world, dst)?;
-        return dcp::write(ck, dst, world, opts);
+        return ck.format().ops().to_dcp(ck, dst, world, opts);
     }
     let blocks = match options.blocks {
         Some(b) => Some(block_plan(ck, b, dst)?),
@@ -492,7 +478,14 @@ fn block_plan(ck: &Checkpoint, scaling: BlockScaling, dst: &Path) -> Result<Bloc
     let mut p = BlockPlan { computed: HashMap::new(), dropped: Default::default(), added: HashMap::new() };
     let index: HashMap<&str, usize> = ck.tensors.iter().enumerate().map(|(i, t)| (t.name.as_str(), i)).collect();
     let srcs = crate::read::io::Sources::of(&ck.files)?;
-    let check_block = |b: u64| if b == 0 { Err(bad(dst, "the block size must be at least 1")) } else { Ok(b) };
+    let blocks = match scaling {
+        BlockScaling::Dequantize { .. } => Opt::Dequantize,
+        BlockScaling::Quantize { .. } => Opt::Quantize,
+    };
+    let check_block = |b: u64| match b {
+        0 => Err(Error::Misuse { path: dst.to_path_buf(), misuse: Misuse::ZeroBlock { blocks } }),
+        b => Ok(b),
+    };
     match scaling {
         BlockScaling::Dequantize { to, block } => {
             let block = check_block(block)?;
@@ -522,10 +515,11 @@ fn block_plan(ck: &Checkpoint, scaling: BlockScaling, dst: &Path) -> Result<Bloc
                     continue;
                 }
                 if index.contains_key(scale_name.as_str()) {
-                    return Err(bad(
-                        dst,
-                        format!("`{scale_name}` already exists; `{}` is not quantized twice", t.name),
-                    ));
+                    return Err(Error::AlreadyQuantized {
+                        dst: dst.to_path_buf(),
+                        weight: t.name.clone(),
+                        scale: scale_name,
+                    });
                 }
                 let scale = blockscale::quantize_scales(&srcs, t, block)?;
                 let shape = blockscale::scale_shape(&t.shape, block).unwrap_or_default();
@@ -551,230 +545,5 @@ pub fn reshard(ck: &Checkpoint, out: &Path, world_size: u64, opts: &WriteOptions
 
 fn reshard_here(ck: &Checkpoint, out: &Path, world_size: u64, opts: &WriteOptions<'_>) -> Result<Outcome> {
     check_world(world_size, out)?;
-    if let Some(state) = ck.save_state() {
-        return reshard_save_state(state, out, world_size, opts);
-    }
-    if let Some(z) = ck.detail::<deepspeed::ZeroCheckpoint>() {
-        return deepspeed::reshard(ck, z, out, world_size, opts);
-    }
-    // DCP's safetensors shards reshard to a DCP folder, which `dcp.load` reads on any mesh.
-    match ck.detail::<dcp::DcpSource>().is_some() || ck.format == crate::Format::DcpSafetensors {
-        true => dcp::write(ck, out, world_size, opts),
-        false => Err(Error::NotReshardable { path: ck.root.clone() }),
-    }
-}
-
-/// Model `options.model` of a `save_state` folder, merged as its own format merges (DCP as
-/// `accelerate merge-weights`, ZeRO as `zero_to_fp32`, a file as itself), and with
-/// `options.optimizer` its optimizer to `optimizer.safetensors` beside it.
-fn merge_save_state(state: &SaveState, out: &Path, options: &MergeOptions, opts: &WriteOptions<'_>) -> Result<Outcome> {
-    let n = options.model.unwrap_or(0);
-    let Some(model) = state.model(n) else {
-        let have: Vec<String> = state.models.iter().map(|m| m.index.to_string()).collect();
-        return Err(Error::BadSaveState {
-            path: state.root.clone(),
-            rank: None,
-            reason: format!(
-                "has no model {n} (models: {})",
-                if have.is_empty() { "none".into() } else { have.join(", ") }
-            ),
-        });
-    };
-    let in_model = matches!(state.optimizer(n).map(|o| &o.state), Some(OptimizerState::InModel));
-    let inner = MergeOptions { optimizer: options.optimizer && in_model, model: None, ..options.clone() };
-    let mut done = merge_claimed(&model.checkpoint, out, &inner, opts)?;
-    if !options.optimizer || in_model {
-        return Ok(done);
-    }
-    let Some(OptimizerState::Own(ock)) = state.optimizer(n).map(|o| &o.state) else {
-        return Err(Error::BadSaveState {
-            path: state.root.clone(),
-            rank: None,
-            reason: format!("model {n} has no optimizer"),
-        });
-    };
-    let dir = if options.max_shard_size.is_some() {
-        out.to_path_buf()
-    } else {
-        out.parent().map(Path::to_path_buf).unwrap_or_default()
-    };
-    let path = dir.join(OPTIMIZER_NAME);
-    if done.files.contains(&path) {
-        return Err(bad(&path, format!("the weights and the optimizer states would both be `{OPTIMIZER_NAME}`")));
-    }
-    let o = merge_claimed(ock, &path, &MergeOptions::default(), opts)?;
-    done.files.extend(o.files);
-    done.tensors += o.tensors;
-    done.bytes += o.bytes;
-    Ok(done)
-}
-
-/// A whole `save_state` folder for `world` ranks, built in a temporary folder beside `out` and
-/// renamed into place when complete:
-/// - DCP models and optimizers are resharded to FSDP2's layout for `world` ranks;
-/// - a ZeRO model becomes DeepSpeed's universal checkpoint, under the tag accelerate loads
-///   (`pytorch_model[_i]/`), with `latest` naming the last;
-/// - files that do not depend on the world size are copied byte for byte;
-/// - rank `r`'s RNG file is the source's rank `r mod N` (ranks past the old world repeat the
-///   streams of the ranks they map to; accelerate's `step` is kept);
-/// - a stateful dataloader's position moves by `dataload`'s N → M rule: the `N·k` batches all
-///   ranks had read become `⌊N·k/M⌋` per rank, the remainder read again.
-fn reshard_save_state(state: &SaveState, out: &Path, world: u64, opts: &WriteOptions<'_>) -> Result<Outcome> {
-    // A data position that cannot be read cannot be laid out for another world size; copying
-    // it as it is would carry a refused pickle along.
-    if let Some(e) = state.unreadable_positions(None).into_iter().next() {
-        return Err(e);
-    }
-    // A new folder only: `Stage::folder` refuses an existing path (or link) before writing. Over
-    // the ranks of a job, every plan is written by all of them and the file work between plans
-    // (renames, small files, the commit) by rank 0; a dry run only plans.
-    let job = opts.job;
-    let dry = job.is_some_and(crate::Job::is_dry_run);
-    let stage = if dry { None } else { Some(crate::write::execute::stage_folder(job, out)?) };
-    let tmp = stage.as_ref().map_or_else(|| out.to_path_buf(), |s| s.path().to_path_buf());
-    let files = |f: &dyn Fn() -> Result<()>| if dry { Ok(()) } else { crate::write::execute::on_root(job, out, f) };
-    let mut outcome = Outcome { world_size: Some(world), ..Outcome::default() };
-    let mut done = reshard_models(state, &tmp, world, opts, &files, &mut outcome)?;
-    reshard_optimizers(state, &tmp, world, opts, &mut done.paths, &mut outcome)?;
-    files(&|| copy_per_world(state, &tmp, world, &done))?;
-    let Some(stage) = stage else { return Ok(outcome) };
-    files(&|| stage.commit_ref())?;
-    outcome.files = crate::read::io::files_under(out)?;
-    Ok(outcome)
-}
-
-/// Runs a step of file work once for a job (on rank 0; not at all in a dry run).
-type OnRoot<'a> = dyn Fn(&dyn Fn() -> Result<()>) -> Result<()> + 'a;
-
-/// What resharding a `save_state` folder's models and optimizers did: the sources laid out
-/// (not copied), the tag `latest` names, and whether a ZeRO model was resharded.
-struct Resharded<'a> {
-    paths: Vec<&'a Path>,
-    last_tag: Option<String>,
-    zero: bool,
-}
-
-/// `a`'s tensors and bytes added to `outcome`.
-fn add_counts(a: Outcome, outcome: &mut Outcome) {
-    outcome.tensors += a.tensors;
-    outcome.bytes += a.bytes;
-}
-
-/// The folder's ZeRO models as universal checkpoints and its DCP models for `world` ranks, into
-/// `tmp`.
-fn reshard_models<'a>(
-    state: &'a SaveState,
-    tmp: &Path,
-    world: u64,
-    opts: &WriteOptions<'_>,
-    files: &OnRoot<'_>,
-    outcome: &mut Outcome,
-) -> Result<Resharded<'a>> {
-    let mut done = Resharded { paths: Vec::new(), last_tag: None, zero: false };
-    for m in &state.models {
-        let name = m.path.file_name().map(PathBuf::from).unwrap_or_default();
-        if let Some(z) = m.checkpoint.detail::<deepspeed::ZeroCheckpoint>() {
-            let scratch = tmp.join(format!(".universal_{}", m.index));
-            let o = deepspeed::reshard(&m.checkpoint, z, &scratch, world, opts)?;
-            let universal = format!("{}_universal", z.tag);
-            if state.trainer.is_some() {
-                // The `Trainer` resumes from any `global_step*` folder, and DeepSpeed with
-                // `load_universal` follows `latest_universal`: DeepSpeed's own names stay.
-                files(&|| {
-                    std::fs::rename(scratch.join(&universal), tmp.join(&universal)).at(tmp.join(&universal))?;
-                    let latest = scratch.join("latest_universal");
-                    std::fs::rename(&latest, tmp.join("latest_universal")).at(tmp.join("latest_universal"))?;
-                    std::fs::remove_dir_all(&scratch).at(&scratch)
-                })?;
-            } else {
-                // accelerate's `load_state` loads the tag it saved, by name.
-                let tag = name.to_string_lossy().into_owned();
-                files(&|| {
-                    std::fs::rename(scratch.join(&universal), tmp.join(&tag)).at(tmp.join(&tag))?;
-                    std::fs::remove_dir_all(&scratch).at(&scratch)
-                })?;
-                done.last_tag = Some(tag);
-            }
-            done.zero = true;
-            add_counts(o, outcome);
-        } else if m.checkpoint.detail::<dcp::DcpSource>().is_some() {
-            add_counts(dcp::write(&m.checkpoint, &tmp.join(&name), world, opts)?, outcome);
-        } else {
-            continue;
-        }
-        done.paths.push(&m.path);
-    }
-    Ok(done)
-}
-
-/// The folder's DCP optimizers for `world` ranks, into `tmp`; each source goes into `done`.
-fn reshard_optimizers<'a>(
-    state: &'a SaveState,
-    tmp: &Path,
-    world: u64,
-    opts: &WriteOptions<'_>,
-    done: &mut Vec<&'a Path>,
-    outcome: &mut Outcome,
-) -> Result<()> {
-    for o in &state.optimizers {
-        if let OptimizerState::Own(ock) = &o.state {
-            if ock.detail::<dcp::DcpSource>().is_some() {
-                let name = o.path.file_name().map(PathBuf::from).unwrap_or_default();
-                add_counts(dcp::write(ock, &tmp.join(&name), world, opts)?, outcome);
-                done.push(&o.path);
-            }
-        }
-    }
-    Ok(())
-}
-
-/// The per-rank files for `world` ranks (RNG files, dataloader positions) and a copy of
-/// everything else at the top of the folder that `done` did not lay out, into `tmp`; then
-/// `latest`, where a ZeRO model was resharded under accelerate's tag.
-fn copy_per_world(state: &SaveState, tmp: &Path, world: u64, done: &Resharded<'_>) -> Result<()> {
-    let mut skip = done.paths.clone();
-    skip.extend(state.rng.iter().map(|r| r.path.as_path()));
-    skip.extend(
-        state
-            .data
-            .iter()
-            .filter(|(_, pos)| pos.as_ref().is_some_and(|p| p.kind == "dl_state_dict"))
-            .map(|(c, _)| c.path.as_path()),
-    );
-    let deepspeed_root: Vec<PathBuf> = match done.zero {
-        true => ["latest", "latest_universal", "zero_to_fp32.py"].iter().map(|f| state.root.join(f)).collect(),
-        false => Vec::new(),
-    };
-    // Rank r of the new world continues rank r mod N's generators.
-    let n = state.rng.len() as u64;
-    for r in (0..world).filter(|_| n > 0) {
-        let src = &state.rng[(r % n) as usize].path;
-        crate::write::copy_durable(src, &tmp.join(state.rng_name(r, world)))?;
-    }
-    for (c, pos) in &state.data {
-        if pos.as_ref().is_some_and(|p| p.kind == "dl_state_dict") {
-            let name = c.path.file_name().map(PathBuf::from).unwrap_or_default();
-            formats::accelerate::write_loader_state(&c.path, &tmp.join(name), state.world_size, world)?;
-        }
-    }
-    // Everything else at the top of the folder is independent of the world size.
-    for entry in std::fs::read_dir(&state.root).at(&state.root)? {
-        let path = entry.at(&state.root)?.path();
-        if skip.contains(&path.as_path()) || deepspeed_root.contains(&path) {
-            continue;
-        }
-        if path.is_dir() {
-            return Err(Error::BadSaveState {
-                path,
-                rank: None,
-                reason: "a folder this reshard does not know how to lay out for another world size".into(),
-            });
-        }
-        let name = path.file_name().map(PathBuf::from).unwrap_or_default();
-        crate::write::copy_durable(&path, &tmp.join(name))?;
-    }
-    if let Some(tag) = &done.last_tag {
-        crate::write::write_small(&tmp.join("latest"), tag.as_bytes())?;
-    }
-    Ok(())
+    ck.format().ops().reshard(ck, out, world_size, opts)
 }

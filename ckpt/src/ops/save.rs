@@ -11,7 +11,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, SaveTensorProblem};
 use crate::ops::outcome::Outcome;
 use crate::plan::{self, Dest, IndexStyle, Meta, Out};
 use crate::read::catalog::{Chunk, TensorInfo};
@@ -74,8 +74,7 @@ fn save_here(
     opts: &WriteOptions<'_>,
 ) -> Result<Outcome> {
     let _held = crate::write::claim::claim(path, opts)?;
-    let bad =
-        |tensor: &str, reason: String| Error::BadSaveTensor { dst: path.to_path_buf(), tensor: tensor.into(), reason };
+    let bad = |tensor: &str, problem| Error::BadSaveTensor { dst: path.to_path_buf(), tensor: tensor.into(), problem };
     let mut infos = Vec::with_capacity(tensors.len());
     let mut seen = std::collections::HashSet::with_capacity(tensors.len());
     for (i, t) in tensors.iter().enumerate() {
@@ -83,14 +82,13 @@ fn save_here(
             return Err(Error::NotInSafetensors { tensor: t.name.to_string(), dtype: t.dtype.to_string() });
         }
         if !seen.insert(t.name) {
-            return Err(bad(t.name, "is named twice".into()));
+            return Err(bad(t.name, SaveTensorProblem::NamedTwice));
         }
         let want = numel(t.shape).and_then(|n| t.dtype.byte_len(n));
         let len = t.bytes.len() as u64;
         if want != Some(len) {
-            let want = want.map_or_else(|| "more than 2^64".to_string(), |w| w.to_string());
-            let dtype = t.dtype.safetensors_name();
-            return Err(bad(t.name, format!("has {len} bytes, but shape {:?} of `{dtype}` holds {want}", t.shape)));
+            let problem = SaveTensorProblem::ByteLen { len, shape: t.shape.to_vec(), dtype: t.dtype, holds: want };
+            return Err(bad(t.name, problem));
         }
         let chunk = Chunk { file: i, offset: 0, len };
         infos.push(TensorInfo::ranges(t.name.to_string(), t.dtype, t.shape.to_vec(), vec![chunk]));

@@ -90,10 +90,7 @@ fn save_here(
 /// Refuses a `dir` that exists: a sharded save makes a new folder.
 fn refuse_existing(dir: &Path) -> Result<()> {
     match std::fs::symlink_metadata(dir) {
-        Ok(_) => Err(Error::Io {
-            path: dir.to_path_buf(),
-            source: std::io::Error::new(std::io::ErrorKind::AlreadyExists, "it exists already"),
-        }),
+        Ok(_) => Err(Error::OutputExists { path: dir.to_path_buf(), appeared: false }),
         Err(_) => Ok(()),
     }
 }
@@ -320,7 +317,7 @@ mod tests {
         std::fs::create_dir(&dir).expect("mkdir");
         for out in save(&dir, 2, false) {
             let e = out.expect_err("exists").to_string();
-            assert!(e.contains("it exists already"), "{e}");
+            assert!(e.contains("already exists; refusing to write over it"), "{e}");
         }
     }
 
@@ -358,9 +355,9 @@ mod tests {
             let errors: Vec<Error> =
                 save_with_a_bad_rank(&dir, world, bad).into_iter().map(|r| r.expect_err("bad rank")).collect();
             let want = format!(
-                "sharded save failed on rank {bad}: cannot save {}: tensor `model.w{bad}` has 20 bytes, which are \
-                 not whole rows of 12 bytes",
-                dir.display()
+                "sharded save failed on rank {bad}: cannot save {}: tensor `model.w{bad}` has 20 bytes, not whole \
+                 rows of 12 bytes",
+                dir.join(format!("__{bad}_0.distcp")).display()
             );
             for (r, e) in errors.iter().enumerate() {
                 assert_eq!(e.to_string(), want, "rank {r} of {world}");
@@ -388,7 +385,7 @@ mod tests {
         let errors: Vec<Error> = save(&dir, 3, false).into_iter().map(|r| r.expect_err("exists")).collect();
         for e in &errors {
             assert_eq!(e.to_string(), errors[0].to_string());
-            assert_eq!(e.kind(), ErrorKind::Io);
+            assert_eq!(e.kind(), ErrorKind::Usage);
             assert!(matches!(e, Error::ShardedSave { rank: 0, .. }), "{e:?}");
         }
     }

@@ -10,8 +10,9 @@
 //! boxes tile it exactly, once for every format. Reading the tensor row-major merges the boxes'
 //! runs in order ([`TensorInfo::runs`]). A tensor also says
 //! the dtype its bytes are stored in, which may differ from the dtype it is written as (ZeRO's
-//! bf16 frozen parameters merge to fp32). Operations never look at formats again: they plan
-//! copies from these descriptions.
+//! bf16 frozen parameters merge to fp32). Operations never look inside a format's source again:
+//! they plan copies from these descriptions, and ask the source's format (its `FormatOps`) for
+//! what only the format knows (its merge, its reshard, its optimizer's state).
 //!
 //! This module is types only. Readers live in `formats/`; every one of them builds its
 //! [`Checkpoint`] through [`Checkpoint::new`], the one place that checks the catalog's
@@ -550,13 +551,11 @@ impl Checkpoint {
         let sources = crate::read::io::Sources::of(&self.files)?;
         for (tensor, out) in jobs.iter_mut() {
             let have = out.len();
-            let wrong = || Error::BadConvert {
-                dst: self.root.clone(),
-                reason: format!(
-                    "the buffer for `{}` has {have} bytes, not {}",
-                    crate::error::escape_controls(&tensor.name),
-                    tensor.byte_len()
-                ),
+            let wrong = || Error::WrongBufferLen {
+                path: self.root.clone(),
+                tensor: tensor.name.clone(),
+                expected: tensor.byte_len(),
+                found: have as u64,
             };
             if u64::try_from(have).ok() != Some(tensor.byte_len()) {
                 return Err(wrong());

@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use crate::error::{Error, IoContext, Result};
 use crate::formats;
 use crate::hub;
+use crate::ops::misuse::{Misuse, Opt};
 use crate::read::catalog::{Checkpoint, Format, Scan};
 use crate::AllowGlobals;
 
@@ -44,33 +45,22 @@ impl OpenOptions {
     /// Refuses options that do not apply to `format`.
     fn check(&self, format: Format, root: &Path) -> Result<()> {
         if self.tag.is_some() && format != Format::DeepSpeed {
-            return Err(Error::BadConvert {
-                dst: root.to_path_buf(),
-                reason: format!("a tag applies to DeepSpeed checkpoints only; this is {}", format.name()),
-            });
+            return Err(not_for_format(Opt::Tag, root, format));
         }
         if !self.allow_globals.is_empty() && !matches!(format, Format::Torch | Format::TorchSharded) {
-            return Err(Error::BadOption {
-                option: "allow_globals",
-                reason: format!(
-                    "applies to torch files (`.bin`, `.pt`, `.ckpt`, and their sharded sets) only; {} is {}",
-                    crate::escape_controls(&root.display().to_string()),
-                    format.name()
-                ),
-            });
+            return Err(not_for_format(Opt::AllowGlobals, root, format));
         }
         if self.as_stored && format != Format::MegatronTorchDist {
-            return Err(Error::BadOption {
-                option: "as_stored",
-                reason: format!(
-                    "applies to Megatron `torch_dist` checkpoints only; {} is {}",
-                    crate::escape_controls(&root.display().to_string()),
-                    format.name()
-                ),
-            });
+            return Err(not_for_format(Opt::AsStored, root, format));
         }
         Ok(())
     }
+}
+
+/// The misuse of an open `option` that the source `root`, of `format`, does not take.
+fn not_for_format(option: Opt, root: &Path, format: Format) -> Error {
+    let misuse = Misuse::OptionNotForFormat { option, source: root.to_path_buf(), format };
+    Error::Misuse { path: root.to_path_buf(), misuse }
 }
 
 impl Checkpoint {

@@ -118,8 +118,12 @@ pub fn verify_with(src: &str, options: &OpenOptions) -> Result<Report> {
             ));
         }
     }
-    // The manifest sits beside the file or the index.
-    let manifest_path = ck.root().parent().map(|d| d.join(manifest::MANIFEST_NAME));
+    // The manifest sits beside the file or the index, or in the folder a checkpoint opened as a
+    // folder is (a DCP folder's, where the writer puts it beside the rank files).
+    let manifest_path = match ck.root().is_dir() {
+        true => Some(ck.root().join(manifest::MANIFEST_NAME)),
+        false => ck.root().parent().map(|d| d.join(manifest::MANIFEST_NAME)),
+    };
     if let Some(mp) = manifest_path.filter(|p| p.is_file() && !options.headers_only) {
         let names: Vec<String> =
             ck.files().iter().filter_map(|f| f.path.file_name().map(|n| n.to_string_lossy().into_owned())).collect();

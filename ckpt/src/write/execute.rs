@@ -134,6 +134,19 @@ pub(crate) fn execute_from(
 /// planted while the plan runs).
 fn check(plan: &Plan, members: &[PathBuf], manifest: Option<&PathBuf>) -> Result<()> {
     refuse_overwriting_sources(plan, members)?;
+    // A manifest names plain files of its own folder: an output spread over folders would get
+    // one listing bare names of files elsewhere, which no checker could find, so it is refused
+    // before anything is written.
+    if let Some(m) = manifest {
+        if let Some(t) = plan.targets.iter().find(|t| t.path.parent() != m.parent()) {
+            // Named under the manifest's folder where it is inside it (that folder may be a
+            // staging folder's temporary name, which means nothing to the user).
+            let folder = t.path.parent().unwrap_or(Path::new(""));
+            let folder = m.parent().and_then(|d| folder.strip_prefix(d).ok()).unwrap_or(folder).to_path_buf();
+            let misuse = crate::Misuse::ChecksumsSpanFolders { folder };
+            return Err(Error::Misuse { path: m.parent().map(Path::to_path_buf).unwrap_or_default(), misuse });
+        }
+    }
     for out in plan.outputs().iter().chain(manifest) {
         refuse_planted_link(out, plan)?;
     }

@@ -1,4 +1,4 @@
-# Stubs of the native module (python-bindings/src). tests/python/test_bindings_api.py checks
+# Stubs of the native module (python-bindings/src). tests/python/bindings/test_bindings_api.py checks
 # that they name exactly what the module exports.
 #
 # Bytes cross as buffers (`Buffer`: numpy arrays, `bytearray`, `memoryview`), never as

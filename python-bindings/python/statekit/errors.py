@@ -53,11 +53,6 @@ class UnsafePickle(InvalidCheckpoint):
     globals: list[str]
 
 
-class BadOption(CheckpointError, ValueError):
-    """An option's value that cannot be used: an ``allow_globals`` pattern that is not a dotted
-    name, a prefix ending in ``.*`` or ``*``, or an option that does not apply to the format."""
-
-
 class BadPickle(InvalidCheckpoint):
     """A pickle that does not parse, or exceeds its memory budget."""
 
@@ -72,6 +67,13 @@ class NotACheckpoint(CheckpointError):
 
 class BadOutput(CheckpointError, ValueError):
     """The output or the options of an operation are refused (it is a source, a bad size)."""
+
+
+class BadOption(BadOutput):
+    """An option that cannot be carried out as given (every ``Misuse`` of the Rust library):
+    options that do not combine (``to="dcp"`` with ``dtype``), a value out of range, an option
+    that does not apply to the source's format (``as_stored`` for a file that is not Megatron's),
+    an ``allow_globals`` pattern that is not a dotted name, a prefix ending in ``.*`` or ``*``."""
 
 
 class DestinationLocked(CheckpointError):

@@ -32,6 +32,7 @@
 mod check;
 mod names;
 mod position;
+mod produce;
 mod read;
 pub(crate) mod rng;
 pub(crate) mod trainer;
@@ -41,7 +42,10 @@ use std::sync::Arc;
 
 use crate::error::{Error, IoContext, Result};
 use crate::formats::dcp;
+use crate::ops::outcome::Outcome;
+use crate::ops::request::{Merge, MergeOptions};
 use crate::read::catalog::{Checkpoint, Format, Parts, Scan};
+use crate::write::WriteOptions;
 use names::{classify, Kind};
 use rng::RngState;
 
@@ -232,6 +236,31 @@ pub(crate) fn catalog(root: PathBuf) -> Result<Scan> {
     parts.members = crate::read::io::files_under(&root)?;
     parts.detail = Some(Arc::new(state));
     Ok(Scan { checkpoint: Checkpoint::new(parts)?, problems })
+}
+
+/// accelerate's `save_state` folders and `Trainer` folders: a merge is one of its models (and
+/// its optimizer) merged as that model's own format merges it; a reshard rewrites the whole
+/// folder for another world size ([`produce`]).
+pub(crate) struct AccelerateFormat;
+
+impl super::FormatOps for AccelerateFormat {
+    fn catalog(&self, _: Format, root: PathBuf, _: &crate::OpenOptions) -> Result<Scan> {
+        catalog(root)
+    }
+
+    fn merge<'a>(&self, ck: &'a Checkpoint, _: &Path, options: &MergeOptions) -> Result<Merge<'a>> {
+        match ck.save_state() {
+            Some(state) => produce::merge(state, options),
+            None => super::merge_as_stored(self, ck, options),
+        }
+    }
+
+    fn reshard(&self, ck: &Checkpoint, out: &Path, world: u64, opts: &WriteOptions<'_>) -> Result<Outcome> {
+        match ck.save_state() {
+            Some(state) => produce::reshard(state, out, world, opts),
+            None => Err(Error::NotReshardable { path: ck.root.clone() }),
+        }
+    }
 }
 
 impl SaveState {

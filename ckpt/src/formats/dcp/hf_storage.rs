@@ -34,7 +34,9 @@ use fsdp_state::Region;
 use crate::error::{Error, IoContext, Result};
 use crate::formats::hf_index;
 use crate::formats::safetensors as st;
+use crate::ops::misuse::Opt;
 use crate::ops::outcome::Outcome;
+use crate::ops::request::{names_a_folder, Merge, MergeOptions};
 use crate::read::catalog::{Checkpoint, Format, Parts, Scan, SourceFile, TensorBox, TensorData, TensorInfo};
 use crate::read::dtype::Dtype;
 use crate::read::shape;
@@ -97,6 +99,34 @@ struct Found {
     dtype: Dtype,
     boxes: Vec<TensorBox>,
     file_of: (u64, u64),
+}
+
+/// DCP's Hugging Face storage: merged into one file as stored, or into a folder as torch's
+/// `consolidate_safetensors_files` writes it; resharded to a DCP folder, which `dcp.load` reads
+/// on any mesh.
+pub(crate) struct DcpSafetensorsFormat;
+
+impl crate::formats::FormatOps for DcpSafetensorsFormat {
+    fn catalog(&self, _: Format, root: PathBuf, _: &crate::OpenOptions) -> Result<Scan> {
+        catalog(root)
+    }
+
+    fn merge<'a>(&self, ck: &'a Checkpoint, out: &Path, options: &MergeOptions) -> Result<Merge<'a>> {
+        let hf = ck.detail::<HfStorage>().filter(|_| names_a_folder(out));
+        let Some(hf) = hf.filter(|_| options.model.is_none()) else {
+            return crate::formats::merge_as_stored(self, ck, options);
+        };
+        if options.optimizer || options.max_shard_size.is_some() {
+            let option = if options.optimizer { Opt::Optimizer } else { Opt::MaxShardSize };
+            return Err(crate::formats::not_for_format(option, ck));
+        }
+        let out = out.to_path_buf();
+        Ok(Merge::Own(Box::new(move |opts| write_consolidated(ck, hf, &out, opts))))
+    }
+
+    fn reshard(&self, ck: &Checkpoint, out: &Path, world: u64, opts: &WriteOptions<'_>) -> Result<Outcome> {
+        super::write(ck, out, world, opts)
+    }
 }
 
 /// Reads the shard folder `dir` into a catalog: one box per tensor per shard file.

@@ -78,6 +78,20 @@ pub(crate) fn detect(path: &Path) -> Result<Option<PathBuf>> {
     Ok(None)
 }
 
+/// A `torch.distributed.checkpoint` folder: merged as `accelerate merge-weights` merges it (its
+/// catalog as stored), resharded to FSDP2's layout for another world size.
+pub(crate) struct DcpFormat;
+
+impl super::FormatOps for DcpFormat {
+    fn catalog(&self, _: Format, root: PathBuf, _: &crate::OpenOptions) -> Result<Scan> {
+        catalog(root)
+    }
+
+    fn reshard(&self, ck: &Checkpoint, out: &Path, world: u64, opts: &WriteOptions<'_>) -> Result<Outcome> {
+        write(ck, out, world, opts)
+    }
+}
+
 /// The catalog view of the DCP folder `dir`.
 pub(crate) fn catalog(dir: PathBuf) -> Result<Scan> {
     let dcp = read::read(&dir)?;

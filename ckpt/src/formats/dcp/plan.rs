@@ -63,11 +63,11 @@ pub(crate) fn write_dcp(
     world: u64,
     opts: &WriteOptions<'_>,
 ) -> Result<Outcome> {
-    let bad = |reason: String| Error::BadConvert { dst: out.to_path_buf(), reason };
-    let world_len = usize::try_from(world).map_err(|_| bad(format!("world size {world} is too large")))?;
+    let world_len = usize::try_from(world)
+        .map_err(|_| Error::Misuse { path: out.to_path_buf(), misuse: crate::Misuse::WorldSizeOutOfRange { world } })?;
     for t in tensors {
         if !t.info.dtype.bits().is_multiple_of(8) {
-            return Err(bad(format!("tensor `{}` has dtype `{}`, which torch cannot store", t.key, t.info.dtype)));
+            return Err(Error::NotInTorch { dst: out.to_path_buf(), tensor: t.key.clone(), dtype: t.info.dtype });
         }
     }
     let per_rank = place(tensors, values, world, world_len);

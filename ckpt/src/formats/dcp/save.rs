@@ -32,7 +32,7 @@ use super::encode::{self, OutChunk, OutItem, OutKind};
 use super::metadata::PathElem;
 use super::plan::RankFile;
 use super::METADATA_NAME;
-use crate::error::{Error, IoContext, Result};
+use crate::error::{Error, IoContext, Result, SaveTensorProblem};
 use crate::formats::torch::writer::{self, TorchLayout};
 use crate::ops::local::{KeyPart, LocalTensor, LocalValue};
 use crate::ops::outcome::Outcome;
@@ -111,7 +111,7 @@ pub(crate) fn lay_out_rank<'a>(
     let mut said = Said::default();
     let mut storages = Vec::new();
     for t in tensors {
-        let Some(desc) = lay_out_tensor(dir, &mut file, t)? else { continue };
+        let Some(desc) = lay_out_tensor(&mut file, t)? else { continue };
         said.items.push(desc);
         storages.push(t.bytes);
     }
@@ -144,29 +144,30 @@ impl RankLayout<'_> {
 
 /// Checks this rank's slice of a tensor and lays it out as the next item of `file`: its
 /// descriptor, or `None` for a slice of no rows.
-fn lay_out_tensor(dir: &Path, file: &mut RankFile, t: &LocalTensor<'_>) -> Result<Option<Desc>> {
+fn lay_out_tensor(file: &mut RankFile, t: &LocalTensor<'_>) -> Result<Option<Desc>> {
     let key = key_of(&t.path);
-    let bad = |reason: String| Error::BadSaveTensor { dst: dir.to_path_buf(), tensor: key.clone(), reason };
+    let bad = |problem| Error::BadSaveTensor { dst: file.path.clone(), tensor: key.clone(), problem };
     if !t.dtype.bits().is_multiple_of(8) || !t.dtype.in_safetensors() {
-        return Err(bad(format!("has dtype `{}`, which cannot be saved", t.dtype)));
+        return Err(bad(SaveTensorProblem::Dtype { dtype: t.dtype }));
     }
     let row = numel(t.global_shape.get(1..).unwrap_or_default())
         .and_then(|n| n.checked_mul(t.dtype.bits() / 8))
-        .ok_or_else(|| bad("is too large".into()))?;
+        .ok_or_else(|| bad(SaveTensorProblem::RowTooLarge))?;
     let len = t.bytes.len() as u64;
+    let at = t.dim0_offset;
     let rows = if t.global_shape.is_empty() {
-        if len != row || t.dim0_offset != 0 {
-            return Err(bad(format!("is 0-d: it holds {row} bytes, not {len} at row {}", t.dim0_offset)));
+        if len != row || at != 0 {
+            return Err(bad(SaveTensorProblem::ScalarBytes { row, len, at }));
         }
         1
     } else {
         if row == 0 || !len.is_multiple_of(row) {
-            return Err(bad(format!("has {len} bytes, which are not whole rows of {row} bytes")));
+            return Err(bad(SaveTensorProblem::PartialRows { len, row }));
         }
         let rows = len / row;
         let n0 = t.global_shape[0];
-        if t.dim0_offset.checked_add(rows).is_none_or(|end| end > n0) {
-            return Err(bad(format!("has rows {}..+{rows} beyond its {n0} rows", t.dim0_offset)));
+        if at.checked_add(rows).is_none_or(|end| end > n0) {
+            return Err(bad(SaveTensorProblem::RowsBeyond { at, rows, n0 }));
         }
         rows
     };
@@ -258,8 +259,8 @@ pub(crate) fn plan_folder<'a>(dir: &Path, mine: RankLayout<'a>, gathered: &[Vec<
 /// agree on dtype and shape and to tile its rows, each value saved once. A fault is
 /// [`Error::ShardedSave`] blaming the rank whose descriptor shows it.
 fn metadata_items(dir: &Path, said: &[Said]) -> Result<Vec<OutItem>> {
-    let bad = |rank: u64, key: &str, reason: String| {
-        let e = Error::BadSaveTensor { dst: dir.to_path_buf(), tensor: key.to_string(), reason };
+    let bad = |rank: u64, key: &str, problem| {
+        let e = Error::BadSaveTensor { dst: dir.to_path_buf(), tensor: key.to_string(), problem };
         Error::ShardedSave { dir: dir.to_path_buf(), rank, source: Box::new(e) }
     };
     let mut per_key: BTreeMap<&str, Entry<'_>> = BTreeMap::new();
@@ -270,7 +271,7 @@ fn metadata_items(dir: &Path, said: &[Said]) -> Result<Vec<OutItem>> {
             let dtype = match &d.dtype {
                 Some(n) => Some(
                     Dtype::from_safetensors_name(n)
-                        .ok_or_else(|| bad(r, &d.key, format!("has unknown dtype `{n}`")))?,
+                        .ok_or_else(|| bad(r, &d.key, SaveTensorProblem::UnknownDtype { name: n.clone() }))?,
                 ),
                 None => None,
             };
@@ -280,10 +281,10 @@ fn metadata_items(dir: &Path, said: &[Said]) -> Result<Vec<OutItem>> {
                 (path, dtype.map(|t| (t, d.shape.clone())), Vec::new())
             });
             if entry.1 != dtype.map(|t| (t, d.shape.clone())) {
-                return Err(bad(r, &d.key, "has another dtype, shape or kind than on another rank".into()));
+                return Err(bad(r, &d.key, SaveTensorProblem::DiffersAcrossRanks));
             }
             if dtype.is_none() && !entry.2.is_empty() {
-                return Err(bad(r, &d.key, "is a value saved by two ranks".into()));
+                return Err(bad(r, &d.key, SaveTensorProblem::ValueOnTwoRanks));
             }
             entry.2.push((r, d));
         }
@@ -306,16 +307,16 @@ fn metadata_items(dir: &Path, said: &[Said]) -> Result<Vec<OutItem>> {
                 for (r, d) in &chunks {
                     let at = d.offsets.first().copied().unwrap_or(0);
                     if at < next {
-                        return Err(bad(*r, key, format!("has rows {at}..{next} on two ranks")));
+                        return Err(bad(*r, key, SaveTensorProblem::RowsOnTwoRanks { from: at, to: next }));
                     }
                     if at > next {
-                        return Err(bad(*r, key, format!("has rows {next}..{at} on no rank")));
+                        return Err(bad(*r, key, SaveTensorProblem::RowsOnNoRank { from: next, to: at }));
                     }
                     next = at + d.sizes.first().copied().unwrap_or(1);
                 }
                 if next != total {
                     let r = chunks.last().map_or(0, |(r, _)| *r);
-                    return Err(bad(r, key, format!("has rows {next}..{total} on no rank")));
+                    return Err(bad(r, key, SaveTensorProblem::RowsOnNoRank { from: next, to: total }));
                 }
                 OutKind::Tensor { dtype, size, chunks: chunks.iter().map(|(r, d)| chunk(*r, d)).collect() }
             }

@@ -113,8 +113,33 @@ pub(crate) fn catalog(dir: PathBuf, tag: Option<&str>) -> Result<Scan> {
     Ok(Scan::clean(Checkpoint::new(parts)?))
 }
 
+/// A DeepSpeed ZeRO checkpoint: merged as `zero_to_fp32` merges it (optionally into its shards,
+/// with the Adam moments beside the weights), resharded as DeepSpeed's universal checkpoint.
+pub(crate) struct DeepSpeedFormat;
+
+impl super::FormatOps for DeepSpeedFormat {
+    fn catalog(&self, _: Format, root: PathBuf, options: &crate::OpenOptions) -> Result<Scan> {
+        catalog(root, options.tag.as_deref())
+    }
+
+    fn optimizer_state(&self, ck: &Checkpoint) -> Result<Vec<TensorInfo>> {
+        Ok(ck.detail::<ZeroCheckpoint>().map(moments).unwrap_or_default())
+    }
+
+    fn merges_into_shards(&self) -> bool {
+        true
+    }
+
+    fn reshard(&self, ck: &Checkpoint, out: &Path, world: u64, opts: &WriteOptions<'_>) -> Result<Outcome> {
+        match ck.detail::<ZeroCheckpoint>() {
+            Some(zero) => universal::reshard_zero(ck, zero, out, world, opts),
+            None => Err(crate::Error::NotReshardable { path: ck.root.clone() }),
+        }
+    }
+}
+
 /// The merged Adam moments: for each trainable param, `.exp_avg` then `.exp_avg_sq`.
-pub(crate) fn moments(zero: &ZeroCheckpoint) -> Vec<TensorInfo> {
+fn moments(zero: &ZeroCheckpoint) -> Vec<TensorInfo> {
     let mut out = Vec::with_capacity(zero.params.len() * 2);
     for p in &zero.params {
         for (suffix, chunks) in [("exp_avg", &p.exp_avg), ("exp_avg_sq", &p.exp_avg_sq)] {
@@ -124,13 +149,23 @@ pub(crate) fn moments(zero: &ZeroCheckpoint) -> Vec<TensorInfo> {
     out
 }
 
-/// Writes the checkpoint as DeepSpeed's universal checkpoint for `world_size` ranks.
-pub(crate) fn reshard(
+/// Writes the universal checkpoint of `source` (a ZeRO checkpoint) for `world` ranks with its
+/// tag folder at `dir` and, when given, `latest_universal` naming it at `latest`: where a
+/// folder that holds it lays it out (an accelerate `save_state` folder, a `Trainer` folder).
+pub(crate) fn write_universal(
     source: &Checkpoint,
-    zero: &ZeroCheckpoint,
-    out: &Path,
-    world_size: u64,
+    dir: &Path,
+    latest: Option<&Path>,
+    world: u64,
     opts: &WriteOptions<'_>,
 ) -> Result<Outcome> {
-    universal::reshard_zero(source, zero, out, world_size, opts)
+    match source.detail::<ZeroCheckpoint>() {
+        Some(zero) => universal::write_universal(source, zero, dir, latest, world, opts),
+        None => Err(crate::Error::NotReshardable { path: source.root.clone() }),
+    }
+}
+
+/// The name of the universal checkpoint's tag folder for a ZeRO checkpoint's tag `tag`.
+pub(crate) fn universal_tag(source: &Checkpoint) -> Option<String> {
+    source.detail::<ZeroCheckpoint>().map(universal::tag_of)
 }

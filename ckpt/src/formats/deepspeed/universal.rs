@@ -44,10 +44,6 @@ use crate::write::{Plan, RangeCopy, TargetFile, WriteOptions};
 /// The file naming the universal tag, beside it.
 pub(super) const LATEST_UNIVERSAL: &str = "latest_universal";
 
-fn refuse(dst: &Path, reason: impl Into<String>) -> Error {
-    Error::BadConvert { dst: dst.to_path_buf(), reason: reason.into() }
-}
-
 /// A torch file to write: its layout and where each storage's bytes come from.
 struct TorchTarget {
     path: PathBuf,
@@ -130,6 +126,12 @@ fn scalar(f: &TorchFile, key: &str) -> Result<Chunk> {
     Ok(Chunk { file: 0, offset: s.file_offset + t.offset * 4, len: 4 })
 }
 
+/// The tag folder's name of `ck`'s universal checkpoint: `<tag>_universal`, as DeepSpeed's
+/// `ds_to_universal.py` names it.
+pub(super) fn tag_of(ck: &ZeroCheckpoint) -> String {
+    format!("{}_universal", ck.tag)
+}
+
 /// Writes `ck` as a universal checkpoint under `out` for resuming on `world` ranks (any world
 /// size loads the same files; `world` is checked, not encoded).
 pub(crate) fn reshard_zero(
@@ -139,25 +141,43 @@ pub(crate) fn reshard_zero(
     world: u64,
     opts: &WriteOptions<'_>,
 ) -> Result<Outcome> {
-    let tag = format!("{}_universal", ck.tag);
-    let dir = out.join(&tag);
-    let latest = out.join(LATEST_UNIVERSAL);
-    for p in [&dir, &latest] {
+    write_universal(source, ck, &out.join(tag_of(ck)), Some(&out.join(LATEST_UNIVERSAL)), world, opts)
+}
+
+/// Writes `ck` as a universal checkpoint whose tag folder is `dir`, with `latest` (a
+/// `latest_universal`) naming it when given, in one plan: the tag folder and its pointer are
+/// committed together, the pointer last.
+pub(crate) fn write_universal(
+    source: &Checkpoint,
+    ck: &ZeroCheckpoint,
+    dir: &Path,
+    latest: Option<&Path>,
+    world: u64,
+    opts: &WriteOptions<'_>,
+) -> Result<Outcome> {
+    for p in std::iter::once(dir).chain(latest) {
         if p.exists() {
-            return Err(refuse(p, "already exists; refusing to overwrite a universal checkpoint"));
+            return Err(Error::OutputExists { path: p.to_path_buf(), appeared: false });
         }
     }
-    let r0_path = ck.files.first().map(|s| s.path.clone()).ok_or_else(|| refuse(out, "no rank files"))?;
+    let r0_path = ck.files.first().map(|s| s.path.clone()).ok_or_else(|| Error::MissingRankFile {
+        path: source.root.join(&ck.tag),
+        rank: 0,
+        world: ck.world,
+    })?;
     let r0 = torch::read_with_classes(&r0_path, OPTIM_CLASSES)?;
     let zero = dir.join("zero");
     let mut plan = Plan::default();
-    plan_model_states(ck, &dir, &mut plan);
+    plan_model_states(ck, dir, &mut plan);
     let bytes = plan_param_states(ck, &r0, &r0_path, &zero, &mut plan)?;
     plan_optimizer_state(ck, &r0, &r0_path, &zero, &mut plan)?;
-    plan.trailers.push((latest.clone(), tag.into_bytes()));
+    if let Some(latest) = latest {
+        let tag = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        plan.trailers.push((latest.to_path_buf(), tag.into_bytes()));
+    }
     crate::write::execute::execute(&plan, source, opts)?;
     let mut files: Vec<PathBuf> = plan.targets.iter().map(|t| t.path.clone()).collect();
-    files.push(latest);
+    files.extend(latest.map(Path::to_path_buf));
     Ok(Outcome { files, tensors: ck.params.len(), bytes, world_size: Some(world), ..Outcome::default() })
 }
 

@@ -45,12 +45,11 @@ mod optimizer;
 mod torch_dist;
 
 pub use info::MegatronInfo;
-pub(crate) use optimizer::optimizer_state;
 
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
-use crate::read::catalog::Scan;
+use crate::read::catalog::{Checkpoint, Format, Scan, TensorInfo};
 
 /// The file a Megatron-LM run writes last, naming its newest complete iteration.
 pub(crate) const TRACKER_NAME: &str = "latest_checkpointed_iteration.txt";
@@ -202,6 +201,24 @@ pub(super) fn parse_config(data: &[u8], config: &Path) -> Result<bool> {
         Some(other) => {
             Err(bad(format!("the checkpoint's backend is `{}`; only `torch_dist` is read", other.escape_debug())))
         }
+    }
+}
+
+/// Megatron's checkpoints, `torch_dist` and legacy: merged as the model one rank holds (the
+/// catalog as stored), with the distributed optimizer's state per parameter beside it; not
+/// laid out for ranks again.
+pub(crate) struct MegatronFormat;
+
+impl super::FormatOps for MegatronFormat {
+    fn catalog(&self, format: Format, root: PathBuf, options: &crate::OpenOptions) -> Result<Scan> {
+        match format {
+            Format::MegatronLegacy => catalog_legacy(root),
+            _ => catalog_torch_dist(root, options.as_stored),
+        }
+    }
+
+    fn optimizer_state(&self, ck: &Checkpoint) -> Result<Vec<TensorInfo>> {
+        optimizer::optimizer_state(ck)
     }
 }
 

@@ -274,13 +274,8 @@ fn dotted(s: &str, n: usize) -> bool {
 }
 
 fn bad_pattern(p: &str) -> crate::Error {
-    crate::Error::BadOption {
-        option: "allow_globals",
-        reason: format!(
-            "`{}` is not a dotted name (`omegaconf.dictconfig.DictConfig`), a prefix ending in `.*` (`omegaconf.*`), or `*`",
-            crate::escape_controls(p)
-        ),
-    }
+    let misuse = crate::Misuse::BadGlobalPattern { pattern: p.to_string() };
+    crate::Error::Misuse { path: std::path::PathBuf::new(), misuse }
 }
 
 /// The name Python 3 resolves a global to: protocol 2 writes builtins under their Python 2

@@ -674,6 +674,16 @@ pub(crate) fn detect_folder(path: &Path) -> Result<Option<PathBuf>> {
     Ok((path.is_dir() && single.is_file()).then_some(single))
 }
 
+/// `torch.save` files, one or sharded (and TorchScript archives, read as their weights): merged
+/// and converted as stored, not laid out for ranks.
+pub(crate) struct TorchFormat;
+
+impl super::FormatOps for TorchFormat {
+    fn catalog(&self, format: Format, root: PathBuf, options: &crate::OpenOptions) -> Result<Scan> {
+        catalog(root, format, &options.allow_globals)
+    }
+}
+
 /// The catalog view of a torch checkpoint: every tensor a strided view on its storage record
 /// (a numpy array decoded from the pickle: on its bytes, held past the end of the file), every
 /// non-tensor value by its dotted name.
