@@ -12,10 +12,16 @@
 //! `statekit-train`, the Python exceptions, and the JSON view of a [`crate::Report`].
 
 mod kind;
+mod problem;
 
 use std::path::PathBuf;
 
 pub use kind::ErrorKind;
+pub use problem::{
+    BlockScaleProblem, BoxProblem, ChunkProblem, EntryProblem, HeaderJsonProblem, HubCorruption, HubUrlProblem,
+    IndexProblem, JsonKind, ManifestProblem, MetadataProblem, SaveTensorProblem, SizeProblem, TorchTensorProblem,
+    ZipProblem,
+};
 
 /// Everything that can go wrong while reading, planning or writing a checkpoint.
 #[derive(Debug, thiserror::Error)]
@@ -62,24 +68,24 @@ pub enum Error {
     },
     /// A safetensors header that is not UTF-8 JSON object text, or one being written that
     /// cannot be serialised.
-    #[error("{path}: header is not valid JSON: {reason}")]
+    #[error("{path}: header is not valid JSON: {problem}")]
     BadHeaderJson {
         /// The safetensors file read or written.
         path: PathBuf,
-        /// What the JSON parser (or serialiser) said.
-        reason: String,
+        /// What is wrong with it.
+        problem: HeaderJsonProblem,
     },
     /// A tensor whose header entry does not parse, or whose shape and bytes cannot be
     /// reconciled: a shape that overflows, bytes past the end of its file, a byte count that
     /// is not what its shape needs.
-    #[error("{path}: tensor `{tensor}`: {reason}")]
+    #[error("{path}: tensor `{tensor}`: {problem}")]
     BadTensorEntry {
         /// The file holding the tensor (the checkpoint's root when it has none).
         path: PathBuf,
         /// The tensor's name.
         tensor: String,
         /// What is wrong with it.
-        reason: String,
+        problem: EntryProblem,
     },
     /// A safetensors tensor whose `dtype` names no dtype safetensors defines.
     #[error("{path}: tensor `{tensor}` has unknown dtype `{dtype}`")]
@@ -152,20 +158,20 @@ pub enum Error {
         expected: u64,
     },
     /// A safetensors `__metadata__` that is not an object of strings to strings.
-    #[error("{path}: `__metadata__` must map strings to strings: {reason}")]
+    #[error("{path}: `__metadata__` must map strings to strings: {problem}")]
     BadMetadata {
         /// The safetensors file.
         path: PathBuf,
         /// What is wrong with it.
-        reason: String,
+        problem: MetadataProblem,
     },
     /// A sharded checkpoint's index (`*.index.json`) that is not JSON or not shaped as one.
-    #[error("{path}: index is invalid: {reason}")]
+    #[error("{path}: index is invalid: {problem}")]
     BadIndex {
         /// The index file.
         path: PathBuf,
         /// What is wrong with it.
-        reason: String,
+        problem: IndexProblem,
     },
     /// A shard named by an index (or a DCP `.metadata`) that is not in the folder.
     #[error("{index}: tensor `{tensor}` is mapped to `{file}`, which does not exist")]
@@ -238,20 +244,20 @@ pub enum Error {
         found: Vec<String>,
     },
     /// A shard size (`5GB`, `500MB`, a byte count) that does not parse.
-    #[error("invalid size `{input}`: {reason}")]
+    #[error("invalid size `{input}`: {problem}")]
     BadSize {
         /// The size as given.
         input: String,
         /// Why it does not parse.
-        reason: String,
+        problem: SizeProblem,
     },
     /// An `hf://ORG/NAME[@REV][/PATH]` address that does not parse.
-    #[error("invalid hub address `{input}`: {reason}")]
+    #[error("invalid hub address `{input}`: {problem}")]
     BadHubUrl {
         /// The address as given.
         input: String,
         /// What is wrong with it.
-        reason: String,
+        problem: HubUrlProblem,
     },
     /// An `hf://` address whose files are not in the local Hugging Face cache.
     #[error("`{repo}` (revision `{revision}`) has no `{file}` in the local Hugging Face cache {cache}")]
@@ -299,18 +305,20 @@ pub enum Error {
         /// The URL asked, which names the repository, the revision and the file.
         url: String,
         /// What went wrong.
+        // Free text: the HTTP client's and the Hub's own words (a transport error, an answer's body), which this
+        // crate does not enumerate.
         reason: String,
     },
     /// A downloaded file that is not what the Hub announced: an LFS file whose SHA-256 is not its
     /// ETag, or a size other than the one announced. The bytes were discarded.
-    #[error("`{file}` of `{repo}`: {reason}; the download was discarded")]
+    #[error("`{file}` of `{repo}`: {problem}; the download was discarded")]
     HubCorrupt {
         /// The repository (`ORG/NAME`).
         repo: String,
         /// The file in the repository.
         file: String,
         /// What did not match.
-        reason: String,
+        problem: HubCorruption,
     },
     /// An output file that is one of the files the checkpoint is read from.
     #[error("`{path}` is the source, refusing to overwrite it")]
@@ -376,23 +384,23 @@ pub enum Error {
         found: String,
     },
     /// A checksum manifest line that is not `<sha256>  <file>`.
-    #[error("{path}: bad checksum manifest line {line}: {reason}")]
+    #[error("{path}: bad checksum manifest line {line}: {problem}")]
     BadManifest {
         /// The manifest file.
         path: PathBuf,
         /// The line number, from 1.
         line: usize,
         /// What is wrong with the line.
-        reason: String,
+        problem: ManifestProblem,
     },
     /// A torch file (or a DCP item) that is not a readable zip archive, or holds a corrupt
     /// deflate stream.
-    #[error("{path}: not a valid zip archive: {reason}")]
+    #[error("{path}: not a valid zip archive: {problem}")]
     BadZip {
         /// The file.
         path: PathBuf,
         /// What is wrong with the archive.
-        reason: String,
+        problem: ZipProblem,
     },
     /// A zip record (or a legacy torch file's storage) whose declared bytes run past the end
     /// of its file.
@@ -484,6 +492,8 @@ pub enum Error {
         /// The byte of the pickle where decoding stopped.
         at: usize,
         /// What is wrong.
+        // Free text: the pickle machine stops on any of dozens of opcodes and stack states, and says which in its own
+        // words; the typed part is where (`record`, `at`).
         reason: String,
     },
     /// A torch file whose structure cannot be read (or, when writing, holds what a torch file
@@ -493,18 +503,20 @@ pub enum Error {
         /// The torch file read or written.
         path: PathBuf,
         /// What is wrong with it.
+        // Free text: the findings of the torch readers walking a file's object graph (flattening, TorchScript, RNG
+        // states), as open-ended as the graphs they walk.
         reason: String,
     },
     /// A tensor of a torch file that cannot be rebuilt: its storage, dtype, shape or strides
     /// do not hold together.
-    #[error("{path}: tensor `{tensor}`: {reason}")]
+    #[error("{path}: tensor `{tensor}`: {problem}")]
     BadTorchTensor {
         /// The torch file.
         path: PathBuf,
         /// The tensor's name.
         tensor: String,
         /// What is wrong with it.
-        reason: String,
+        problem: TorchTensorProblem,
     },
     /// A tensor to be written as safetensors whose dtype safetensors cannot store.
     #[error("tensor `{tensor}` has dtype `{dtype}`, which safetensors cannot store")]
@@ -611,14 +623,14 @@ pub enum Error {
         problem: SaveTensorProblem,
     },
     /// An FP8 weight whose block scales are missing or do not fit it.
-    #[error("block-scaled weight `{weight}` with scales `{scale}`: {reason}")]
+    #[error("block-scaled weight `{weight}` with scales `{scale}`: {problem}")]
     BadBlockScale {
         /// The weight's name.
         weight: String,
         /// The name of its scales tensor.
         scale: String,
         /// What is wrong.
-        reason: String,
+        problem: BlockScaleProblem,
     },
     /// A DeepSpeed ZeRO checkpoint whose rank file lacks or mangles an entry the merge needs.
     #[error("{path}: rank {rank}, `{tensor}`: {reason}")]
@@ -630,6 +642,8 @@ pub enum Error {
         /// The entry (a parameter or a dotted key of the state).
         tensor: String,
         /// What is wrong with it.
+        // Free text: some thirty structural checks of DeepSpeed's nested state dicts, each naming its key; the typed
+        // part is the file, the rank and the key.
         reason: String,
     },
     /// A DeepSpeed ZeRO rank file whose flat state vector is not of the dtype DeepSpeed keeps
@@ -664,6 +678,8 @@ pub enum Error {
         /// The metadata file, or the shard.
         path: PathBuf,
         /// What is wrong with it.
+        // Free text: the checks of the pickled `Metadata` object graph, one per field and class of torch's DCP
+        // metadata.
         reason: String,
     },
     /// A DCP `.metadata` larger than what the items the folder's other files can hold need:
@@ -695,7 +711,7 @@ pub enum Error {
     },
     /// A DCP item that cannot be read from its data file: past its end, not a `torch.save`
     /// archive, or not the tensor or value the metadata says.
-    #[error("{path}{}: tensor `{tensor}`: {reason}", rank_note(.rank))]
+    #[error("{path}{}: tensor `{tensor}`: {problem}", rank_note(.rank))]
     BadDcpChunk {
         /// The data file.
         path: PathBuf,
@@ -704,7 +720,7 @@ pub enum Error {
         /// The rank whose data file it is, when its name (`__R_N.distcp`) gives one.
         rank: Option<u64>,
         /// What is wrong with it.
-        reason: String,
+        problem: ChunkProblem,
     },
     /// A DCP item holding a tensor of another dtype than the metadata gives its chunk.
     #[error(
@@ -727,7 +743,7 @@ pub enum Error {
     },
     /// A box of a tensor (a DCP chunk, a rank's shard) that does not fit the tensor or its file:
     /// out of bounds, overlapping another, or leaving part of the tensor uncovered.
-    #[error("{path}{}: tensor `{tensor}`: {reason}", rank_note(.rank))]
+    #[error("{path}{}: tensor `{tensor}`: {problem}", rank_note(.rank))]
     BadBox {
         /// The file holding the box (the checkpoint's root when it is not one file's).
         path: PathBuf,
@@ -736,7 +752,7 @@ pub enum Error {
         /// The rank whose file holds the box, where known.
         rank: Option<u64>,
         /// What is wrong with it.
-        reason: String,
+        problem: BoxProblem,
     },
     /// A tensor whose boxes, in the shards of one checkpoint, are of different dtypes.
     #[error("{path}{}: tensor `{tensor}`: its box is `{found}` where another shard's is `{other}`", rank_note(.rank))]
@@ -828,6 +844,7 @@ pub enum Error {
         /// Its variant's name ([`Error::variant_name`]).
         variant: String,
         /// Its message.
+        // Free text: another rank's message, which crossed between processes as text.
         message: String,
     },
     /// An accelerate or Trainer `save_state` folder that cannot be read or does not hold
@@ -840,6 +857,8 @@ pub enum Error {
         /// The rank whose file it is, where it is one rank's.
         rank: Option<u64>,
         /// What is wrong.
+        // Free text: the cross-checks of a `save_state` folder's many component files (models, optimizers,
+        // schedulers, RNG and position files).
         reason: String,
     },
     /// A `save_state` folder whose RNG files leave out one rank of the world that saved it.
@@ -872,6 +891,8 @@ pub enum Error {
         /// The tensor-parallel rank whose file it is, where it is one rank's.
         rank: Option<u64>,
         /// What is wrong.
+        // Free text: Megatron's consistency checks across trackers, configs, ranks and stacked layers; the typed part
+        // is the file, the key and the rank.
         reason: String,
     },
     /// A Megatron save missing the file of one of its tensor-parallel × pipeline ranks.
@@ -889,107 +910,6 @@ pub enum Error {
         /// The save's pipeline stages.
         pp: u64,
     },
-}
-
-/// What is wrong with a tensor handed to a save ([`Error::BadSaveTensor`]); `Display` gives the
-/// phrase that follows the tensor's name.
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum SaveTensorProblem {
-    /// The tensor's name appears twice in one save.
-    NamedTwice,
-    /// Its bytes are not what its shape and dtype hold (`holds` is `None` past 2^64 bytes).
-    ByteLen {
-        /// The bytes given.
-        len: u64,
-        /// Its shape.
-        shape: Vec<u64>,
-        /// Its dtype.
-        dtype: crate::Dtype,
-        /// The bytes its shape and dtype hold.
-        holds: Option<u64>,
-    },
-    /// A dtype the save cannot write.
-    Dtype {
-        /// The dtype.
-        dtype: crate::Dtype,
-    },
-    /// A row (every dim past the first) of more than 2^64 bytes.
-    RowTooLarge,
-    /// A 0-d tensor whose bytes are not one element's, or given at a row past 0.
-    ScalarBytes {
-        /// The bytes one element takes.
-        row: u64,
-        /// The bytes given.
-        len: u64,
-        /// The row the slice was given at.
-        at: u64,
-    },
-    /// A slice whose bytes are not whole rows.
-    PartialRows {
-        /// The bytes given.
-        len: u64,
-        /// The bytes of one row.
-        row: u64,
-    },
-    /// A slice whose rows reach past the tensor's first dim.
-    RowsBeyond {
-        /// The slice's first row.
-        at: u64,
-        /// Its rows.
-        rows: u64,
-        /// The tensor's rows.
-        n0: u64,
-    },
-    /// A dtype another rank named that this build does not know.
-    UnknownDtype {
-        /// The name it sent.
-        name: String,
-    },
-    /// An entry two ranks gave with other dtypes or shapes, or as a tensor and as a value.
-    DiffersAcrossRanks,
-    /// A non-tensor value two ranks both gave.
-    ValueOnTwoRanks,
-    /// Rows `from..to` that two ranks both gave.
-    RowsOnTwoRanks {
-        /// The first of them.
-        from: u64,
-        /// Past the last.
-        to: u64,
-    },
-    /// Rows `from..to` that no rank gave.
-    RowsOnNoRank {
-        /// The first of them.
-        from: u64,
-        /// Past the last.
-        to: u64,
-    },
-}
-
-impl std::fmt::Display for SaveTensorProblem {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            SaveTensorProblem::NamedTwice => write!(f, "is named twice"),
-            SaveTensorProblem::ByteLen { len, shape, dtype, holds } => {
-                let holds = holds.map_or_else(|| "more than 2^64".to_string(), |w| w.to_string());
-                write!(f, "has {len} bytes, but shape {shape:?} of `{}` holds {holds}", dtype.safetensors_name())
-            }
-            SaveTensorProblem::Dtype { dtype } => write!(f, "has dtype `{dtype}`, which cannot be saved"),
-            SaveTensorProblem::RowTooLarge => write!(f, "has rows of more than 2^64 bytes"),
-            SaveTensorProblem::ScalarBytes { row, len, at } => {
-                write!(f, "is 0-d and holds {row} bytes, not {len} at row {at}")
-            }
-            SaveTensorProblem::PartialRows { len, row } => write!(f, "has {len} bytes, not whole rows of {row} bytes"),
-            SaveTensorProblem::RowsBeyond { at, rows, n0 } => {
-                write!(f, "has rows {at}..+{rows}, beyond its {n0} rows")
-            }
-            SaveTensorProblem::UnknownDtype { name } => write!(f, "has unknown dtype `{name}`"),
-            SaveTensorProblem::DiffersAcrossRanks => write!(f, "has another dtype, shape or kind than on another rank"),
-            SaveTensorProblem::ValueOnTwoRanks => write!(f, "is a value saved by two ranks"),
-            SaveTensorProblem::RowsOnTwoRanks { from, to } => write!(f, "has rows {from}..{to} on two ranks"),
-            SaveTensorProblem::RowsOnNoRank { from, to } => write!(f, "has rows {from}..{to} on no rank"),
-        }
-    }
 }
 
 /// [`Error::Misuse`]'s message: the misuse, after the destination unless it names its source.

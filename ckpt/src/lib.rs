@@ -74,7 +74,11 @@ mod read;
 mod report;
 mod write;
 
-pub use error::{escape_controls, Error, ErrorKind, Result, SaveTensorProblem};
+pub use error::{
+    escape_controls, BlockScaleProblem, BoxProblem, ChunkProblem, EntryProblem, Error, ErrorKind, HeaderJsonProblem,
+    HubCorruption, HubUrlProblem, IndexProblem, JsonKind, ManifestProblem, MetadataProblem, Result, SaveTensorProblem,
+    SizeProblem, TorchTensorProblem, ZipProblem,
+};
 pub use formats::megatron::MegatronInfo;
 pub use formats::torch::allow::AllowGlobals;
 pub use fsdp_state::Region;

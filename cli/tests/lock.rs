@@ -137,7 +137,7 @@ fn a_merge_into_a_file_being_written_is_refused_and_a_killed_writers_lock_is_tak
 }
 
 /// Only a `ckpt` without the `mpi` feature has this check: one with it runs as the job's ranks
-/// (cli/tests/ranks_mpi.rs). `make test` builds with MPI, so this runs in `cargo test -p
+/// (cli/tests/ranks/mpi.rs). `make test` builds with MPI, so this runs in `cargo test -p
 /// statekit-cli` (the launchers' variables themselves are tested in the `collective` crate).
 #[cfg(not(feature = "mpi"))]
 #[test]

@@ -16,7 +16,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use super::safetensors::{self as st, Entries};
-use crate::error::{Error, Result};
+use crate::error::{Error, IndexProblem, Result};
 use crate::read::catalog::{Checkpoint, Format, Parts, Scan, SourceFile};
 use crate::read::io::is_plain_file_name;
 
@@ -46,18 +46,19 @@ impl Index {
 
     /// Parses and validates index JSON.
     pub(crate) fn parse(text: &[u8], path: &Path) -> Result<Index> {
-        let bad = |reason: String| Error::BadIndex { path: path.to_path_buf(), reason };
-        let root: serde_json::Value = serde_json::from_slice(text).map_err(|e| bad(format!("not JSON: {e}")))?;
+        let bad = |problem| Error::BadIndex { path: path.to_path_buf(), problem };
+        let not_json = |e: serde_json::Error| bad(IndexProblem::NotJson { parser: e.to_string() });
+        let root: serde_json::Value = serde_json::from_slice(text).map_err(not_json)?;
         let serde_json::Value::Object(mut root) = root else {
-            return Err(bad("expected a JSON object".into()));
+            return Err(bad(IndexProblem::NotAnObject));
         };
         let metadata = match root.remove("metadata") {
             None | Some(serde_json::Value::Null) => serde_json::Map::new(),
             Some(serde_json::Value::Object(m)) => m,
-            Some(_) => return Err(bad("`metadata` must be an object".into())),
+            Some(_) => return Err(bad(IndexProblem::MetadataNotAnObject)),
         };
         if !matches!(root.get("weight_map"), Some(serde_json::Value::Object(_))) {
-            return Err(bad("`weight_map` is missing or not an object".into()));
+            return Err(bad(IndexProblem::NoWeightMap));
         }
         // The parsed map kept one of any repeated key; read the entries again in file order,
         // duplicates kept, to refuse them as safetensors headers refuse repeated names.
@@ -65,15 +66,15 @@ impl Index {
         struct Raw {
             weight_map: Entries<serde_json::Value>,
         }
-        let raw: Raw = serde_json::from_slice(text).map_err(|e| bad(format!("not JSON: {e}")))?;
+        let raw: Raw = serde_json::from_slice(text).map_err(not_json)?;
         let mut weight_map = Vec::with_capacity(raw.weight_map.0.len());
         let mut seen = std::collections::HashSet::with_capacity(raw.weight_map.0.len());
         for (tensor, file) in raw.weight_map.0 {
             if !seen.insert(tensor.clone()) {
-                return Err(bad(format!("`weight_map` lists tensor `{tensor}` twice")));
+                return Err(bad(IndexProblem::ListedTwice { tensor }));
             }
             let serde_json::Value::String(file) = file else {
-                return Err(bad(format!("`weight_map` entry `{tensor}` is not a string")));
+                return Err(bad(IndexProblem::FileNotAString { tensor }));
             };
             if !is_plain_file_name(&file) {
                 return Err(Error::UnsafeShardPath { index: path.to_path_buf(), tensor, file });

@@ -24,7 +24,7 @@ use std::path::{Path, PathBuf};
 use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
 
-use crate::error::{Error, IoContext, Result};
+use crate::error::{EntryProblem, Error, HeaderJsonProblem, IoContext, JsonKind, MetadataProblem, Result};
 use crate::read::catalog::{Checkpoint, Chunk, Format, Parts, Scan, SourceFile, TensorInfo};
 use crate::read::dtype::Dtype;
 use crate::read::io;
@@ -203,14 +203,18 @@ pub(crate) fn header_tensors(header: Header, file: usize) -> Vec<TensorInfo> {
 
 /// Parses and validates header JSON; everything but the file-length check.
 pub(crate) fn parse_header(json: &[u8], header_len: u64, path: &Path) -> Result<Header> {
-    let bad_json = |reason: String| Error::BadHeaderJson { path: path.to_path_buf(), reason };
-    let text = std::str::from_utf8(json).map_err(|e| bad_json(format!("not UTF-8 ({e})")))?;
-    let entries: Entries<&serde_json::value::RawValue> = serde_json::from_str(text).map_err(|_| {
-        // The raw pass stops at the same byte; the message of a full parse names what it
-        // expected there more precisely (an object, not any value).
-        let full = serde_json::from_str::<Entries<serde_json::Value>>(text).err();
-        bad_json(full.map_or_else(|| "invalid JSON".to_string(), |e| e.to_string()))
-    })?;
+    let bad_json = |problem| Error::BadHeaderJson { path: path.to_path_buf(), problem };
+    let text = std::str::from_utf8(json).map_err(|e| bad_json(HeaderJsonProblem::NotUtf8(e)))?;
+    let entries: Entries<&serde_json::value::RawValue> =
+        serde_json::from_str(text).map_err(|_| {
+            // The raw pass stops at the same byte; the message of a full parse names what it
+            // expected there more precisely (an object, not any value).
+            let full = serde_json::from_str::<Entries<serde_json::Value>>(text).err();
+            bad_json(full.map_or_else(
+                || HeaderJsonProblem::Json { parser: "invalid JSON".into() },
+                |e| HeaderJsonProblem::json(&e),
+            ))
+        })?;
 
     let mut metadata = None;
     let mut tensors = Vec::with_capacity(entries.0.len());
@@ -223,7 +227,8 @@ pub(crate) fn parse_header(json: &[u8], header_len: u64, path: &Path) -> Result<
     drop(seen);
     for (name, raw) in entries.0 {
         // Each entry is parsed only now, one at a time.
-        let value: serde_json::Value = serde_json::from_str(raw.get()).map_err(|e| bad_json(e.to_string()))?;
+        let value: serde_json::Value =
+            serde_json::from_str(raw.get()).map_err(|e| bad_json(HeaderJsonProblem::json(&e)))?;
         if name == "__metadata__" {
             metadata = Some(parse_metadata(value, path)?);
         } else {
@@ -235,14 +240,14 @@ pub(crate) fn parse_header(json: &[u8], header_len: u64, path: &Path) -> Result<
 }
 
 fn parse_metadata(value: serde_json::Value, path: &Path) -> Result<Vec<(String, String)>> {
-    let bad = |reason: String| Error::BadMetadata { path: path.to_path_buf(), reason };
+    let bad = |problem| Error::BadMetadata { path: path.to_path_buf(), problem };
     let serde_json::Value::Object(map) = value else {
-        return Err(bad(format!("expected an object, found {}", json_kind(&value))));
+        return Err(bad(MetadataProblem::NotAnObject { found: JsonKind::of(&value) }));
     };
     map.into_iter()
         .map(|(k, v)| match v {
             serde_json::Value::String(s) => Ok((k, s)),
-            other => Err(bad(format!("value of `{k}` is {}", json_kind(&other)))),
+            other => Err(bad(MetadataProblem::NotAString { found: JsonKind::of(&other), key: k })),
         })
         .collect()
 }
@@ -258,7 +263,7 @@ fn parse_tensor(name: String, value: serde_json::Value, path: &Path) -> Result<H
     let raw: RawTensor = serde_json::from_value(value).map_err(|e| Error::BadTensorEntry {
         path: path.to_path_buf(),
         tensor: name.clone(),
-        reason: e.to_string(),
+        problem: EntryProblem::NotParsed { parser: e.to_string() },
     })?;
     let Some(dtype) = Dtype::from_safetensors_name(&raw.dtype) else {
         return Err(Error::UnknownDtype { path: path.to_path_buf(), tensor: name, dtype: raw.dtype });
@@ -283,7 +288,7 @@ fn validate_offsets(tensors: &mut [HeaderTensor], path: &Path) -> Result<()> {
         let expected = numel(&t.shape).and_then(|n| t.dtype.byte_len(n)).ok_or_else(|| Error::BadTensorEntry {
             path: path.to_path_buf(),
             tensor: t.name.clone(),
-            reason: format!("shape {:?} of `{}` overflows or is not a whole number of bytes", t.shape, t.dtype),
+            problem: EntryProblem::ShapeBytes { shape: t.shape.clone(), dtype: t.dtype },
         })?;
         let found = t.end - t.begin;
         if expected != found {
@@ -299,17 +304,6 @@ fn validate_offsets(tensors: &mut [HeaderTensor], path: &Path) -> Result<()> {
         next = t.end;
     }
     Ok(())
-}
-
-fn json_kind(v: &serde_json::Value) -> &'static str {
-    match v {
-        serde_json::Value::Null => "null",
-        serde_json::Value::Bool(_) => "a boolean",
-        serde_json::Value::Number(_) => "a number",
-        serde_json::Value::String(_) => "a string",
-        serde_json::Value::Array(_) => "an array",
-        serde_json::Value::Object(_) => "an object",
-    }
 }
 
 /// A JSON object read as its entries in file order, duplicates kept, so that we can refuse them
@@ -371,7 +365,8 @@ pub(crate) fn layout(tensors: &[OutTensor<'_>], metadata: &[(String, String)], o
     if let Some(tensor) = duplicate(tensors, !metadata.is_empty()) {
         return Err(Error::DuplicateInFile { path: out.to_path_buf(), tensor: tensor.to_string() });
     }
-    let json_err = |e: serde_json::Error| Error::BadHeaderJson { path: out.to_path_buf(), reason: e.to_string() };
+    let json_err =
+        |e: serde_json::Error| Error::BadHeaderJson { path: out.to_path_buf(), problem: HeaderJsonProblem::json(&e) };
     // The 8 bytes of `N` first, filled in once the header is written.
     let mut head = vec![0u8; 8];
     head.push(b'{');

@@ -26,7 +26,7 @@ use std::sync::Arc;
 
 use hf_hub::{Cache, Repo, RepoType};
 
-use crate::error::{Error, Result};
+use crate::error::{Error, HubUrlProblem, Result};
 use crate::formats::hf_index::{self, Index};
 use crate::formats::safetensors as st;
 use crate::read::catalog::Scan;
@@ -73,7 +73,7 @@ impl HubAddress {
     /// Parses `hf://ORG/NAME[@REV][/PATH]`; `None` when `s` is not an `hf://` address at all.
     pub(crate) fn parse(s: &str) -> Option<Result<HubAddress>> {
         let rest = s.strip_prefix("hf://")?;
-        let bad = |reason: &str| Error::BadHubUrl { input: s.to_string(), reason: reason.to_string() };
+        let bad = |problem| Error::BadHubUrl { input: s.to_string(), problem };
         let mut parts = rest.splitn(3, '/');
         let org = parts.next().unwrap_or_default();
         let name_rev = parts.next().unwrap_or_default();
@@ -83,16 +83,16 @@ impl HubAddress {
             None => (name_rev, "main".to_string()),
         };
         if org.is_empty() || name.is_empty() {
-            return Some(Err(bad("expected `hf://ORG/NAME[@REV][/PATH]`")));
+            return Some(Err(bad(HubUrlProblem::Shape)));
         }
         if revision.is_empty() {
-            return Some(Err(bad("empty revision after `@`")));
+            return Some(Err(bad(HubUrlProblem::EmptyRevision)));
         }
         if revision == "." || revision == ".." {
-            return Some(Err(bad("`.` and `..` are no revision")));
+            return Some(Err(bad(HubUrlProblem::DotRevision)));
         }
         if path.as_deref().is_some_and(|p| p.split('/').any(|c| c == "..")) {
-            return Some(Err(bad("`..` is not allowed in the path")));
+            return Some(Err(bad(HubUrlProblem::DotDotPath)));
         }
         Some(Ok(HubAddress { repo: format!("{org}/{name}"), revision, path }))
     }
@@ -102,14 +102,14 @@ impl HubAddress {
     pub(crate) fn parse_with(src: &str, revision: Option<&str>) -> Option<Result<HubAddress>> {
         let parsed = HubAddress::parse(src)?;
         let Some(rev) = revision else { return Some(parsed) };
-        let bad = |reason: String| Error::BadHubUrl { input: src.to_string(), reason };
+        let bad = |problem| Error::BadHubUrl { input: src.to_string(), problem };
         Some(parsed.and_then(|mut addr| {
             let named = src.trim_start_matches("hf://").split('/').nth(1).is_some_and(|n| n.contains('@'));
             if named && addr.revision != rev {
-                return Err(bad(format!("names revision `{}` and the revision option `{rev}`", addr.revision)));
+                return Err(bad(HubUrlProblem::RevisionsDiffer { named: addr.revision, option: rev.to_string() }));
             }
             if !remote::is_safe_relative(rev) {
-                return Err(bad(format!("revision `{rev}` is not a branch, tag or commit name")));
+                return Err(bad(HubUrlProblem::BadRevision { revision: rev.to_string() }));
             }
             addr.revision = rev.to_string();
             Ok(addr)
@@ -224,9 +224,8 @@ pub struct Pushed {
 /// not exist is created. Hidden files (a name starting with `.`) stay behind. Takes a token
 /// with write access (`HF_TOKEN`, or the token file).
 pub fn push(local: &Path, dst: &str, revision: Option<&str>, message: Option<&str>) -> Result<Pushed> {
-    let addr = HubAddress::parse_with(dst, revision).unwrap_or_else(|| {
-        Err(Error::BadHubUrl { input: dst.into(), reason: "a push goes to `hf://ORG/NAME[@BRANCH][/PATH]`".into() })
-    })?;
+    let addr = HubAddress::parse_with(dst, revision)
+        .unwrap_or_else(|| Err(Error::BadHubUrl { input: dst.into(), problem: HubUrlProblem::NotAPushTarget }))?;
     let revision = addr.revision.clone();
     if remote::env_true("HF_HUB_OFFLINE") {
         return Err(Error::PushOffline { dst: dst.to_string() });
@@ -293,7 +292,7 @@ fn folder_of(file: &str) -> String {
 /// An error about the blob `from` as one about the snapshot's file `to`, the name users know.
 fn rename_path(e: Error, from: &Path, to: &Path) -> Error {
     match e {
-        Error::BadIndex { path, reason } if path == from => Error::BadIndex { path: to.to_path_buf(), reason },
+        Error::BadIndex { path, problem } if path == from => Error::BadIndex { path: to.to_path_buf(), problem },
         Error::UnsafeShardPath { index, tensor, file } if index == from => {
             Error::UnsafeShardPath { index: to.to_path_buf(), tensor, file }
         }

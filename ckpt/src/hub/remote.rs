@@ -37,7 +37,7 @@ use hf_hub::{Cache, Repo, RepoType};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
-use crate::error::{Error, IoContext, Result};
+use crate::error::{Error, HubCorruption, IoContext, Result};
 
 mod push;
 pub(crate) use push::Upload;
@@ -435,23 +435,23 @@ impl Hub {
             have = self.fetch_into(repo, commit, f, &part, &mut out, have, &mut digest, report)?;
         }
         out.sync_all().at(&part)?;
-        let corrupt = |reason: String| {
+        let corrupt = |problem| {
             let _ = std::fs::remove_file(&part);
-            Error::HubCorrupt { repo: repo.into(), file: f.file.clone(), reason }
+            Error::HubCorrupt { repo: repo.into(), file: f.file.clone(), problem }
         };
         if have != f.meta.size {
-            return Err(corrupt(format!("{have} bytes arrived where the Hub announced {}", f.meta.size)));
+            return Err(corrupt(HubCorruption::Size { got: have, announced: f.meta.size }));
         }
         if f.meta.lfs {
             let found = hex(&digest.finalize());
             if found != f.meta.etag {
-                return Err(corrupt(format!("its SHA-256 is {found}, not {} as the Hub's ETag says", f.meta.etag)));
+                return Err(corrupt(HubCorruption::Sha256 { found, etag: f.meta.etag.clone() }));
             }
         } else if f.meta.etag.len() == 40 {
             // A file kept in git: its ETag is the git blob id, SHA-1 of `blob <len>\0` + bytes.
             let found = git_blob_id(&mut out, have).at(&part)?;
             if found != f.meta.etag {
-                return Err(corrupt(format!("its git blob id is {found}, not {} as the Hub's ETag says", f.meta.etag)));
+                return Err(corrupt(HubCorruption::GitBlob { found, etag: f.meta.etag.clone() }));
             }
         }
         std::fs::rename(&part, blob).at(blob)?;

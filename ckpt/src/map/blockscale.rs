@@ -19,7 +19,7 @@
 
 use std::sync::Arc;
 
-use crate::error::{Error, Result};
+use crate::error::{BlockScaleProblem, Error, Result};
 use crate::map::cast::{self, fp8};
 use crate::read::catalog::TensorInfo;
 use crate::read::dtype::Dtype;
@@ -77,26 +77,21 @@ pub(crate) fn scale_shape(shape: &[u64], b: u64) -> Option<Vec<u64>> {
     }
 }
 
-fn bad_scale(weight: &TensorInfo, scale: &TensorInfo, reason: String) -> Error {
-    Error::BadBlockScale { weight: weight.name.clone(), scale: scale.name.clone(), reason }
+fn bad_scale(weight: &TensorInfo, scale: &TensorInfo, problem: BlockScaleProblem) -> Error {
+    Error::BadBlockScale { weight: weight.name.clone(), scale: scale.name.clone(), problem }
 }
 
 /// Checks `scale` against `weight` and reads it as f32 values.
 pub(crate) fn read_scales(srcs: &Sources, weight: &TensorInfo, scale: &TensorInfo, block: u64) -> Result<Vec<f32>> {
     let want = scale_shape(&weight.shape, block)
-        .ok_or_else(|| bad_scale(weight, scale, format!("the weight has shape {:?}, not 2-D", weight.shape)))?;
+        .ok_or_else(|| bad_scale(weight, scale, BlockScaleProblem::WeightNot2d { shape: weight.shape.clone() }))?;
     if scale.shape != want {
-        return Err(bad_scale(
-            weight,
-            scale,
-            format!(
-                "the scales have shape {:?}, but a weight of shape {:?} in blocks of {block} needs {want:?}",
-                scale.shape, weight.shape
-            ),
-        ));
+        let problem =
+            BlockScaleProblem::Shape { found: scale.shape.clone(), weight: weight.shape.clone(), block, want };
+        return Err(bad_scale(weight, scale, problem));
     }
     if !cast::is_castable(scale.stored) || fp8::Format::of(scale.stored).is_some() {
-        return Err(bad_scale(weight, scale, format!("the scales are {}, not a wide float", scale.stored)));
+        return Err(bad_scale(weight, scale, BlockScaleProblem::Dtype { dtype: scale.stored }));
     }
     let mut raw = Vec::new();
     for (file, off, len) in scale.runs() {

@@ -270,17 +270,26 @@ fn merge_members(
     sharded: bool,
     opts: &WriteOptions<'_>,
 ) -> Result<Outcome> {
-    let mut done = merge_claimed(model, out, options, opts)?;
-    let Some(ock) = optimizer else { return Ok(done) };
+    let Some(ock) = optimizer else { return merge_claimed(model, out, options, opts) };
+    // Two plans write into one folder: each would leave a manifest of its own files only, the
+    // second replacing the first, so the manifest of both is written once both are in place.
+    let plans = WriteOptions { checksums: false, ..opts.clone() };
+    let mut done = merge_claimed(model, out, options, &plans)?;
     let dir = if sharded { out.to_path_buf() } else { out.parent().map(Path::to_path_buf).unwrap_or_default() };
     let path = dir.join(OPTIMIZER_NAME);
     if done.files.contains(&path) {
         return Err(Error::OptimizerCollides { path });
     }
-    let o = merge_claimed(ock, &path, &MergeOptions::default(), opts)?;
+    let o = merge_claimed(ock, &path, &MergeOptions::default(), &plans)?;
     done.files.extend(o.files);
     done.tensors += o.tensors;
     done.bytes += o.bytes;
+    if opts.checksums && !opts.job.is_some_and(crate::Job::is_dry_run) {
+        // The tensor files, as a plan's manifest lists them (an index is not among them).
+        let listed: Vec<std::path::PathBuf> =
+            done.files.iter().filter(|f| f.extension().is_some_and(|e| e == "safetensors")).cloned().collect();
+        crate::write::execute::on_root(opts.job, out, || crate::write::manifest::write_for(&dir, &listed))?;
+    }
     Ok(done)
 }
 
@@ -498,7 +507,7 @@ fn block_plan(ck: &Checkpoint, scaling: BlockScaling, dst: &Path) -> Result<Bloc
                     return Err(Error::BadBlockScale {
                         weight: t.name.clone(),
                         scale: scale_name,
-                        reason: "the weight is FP8 but the checkpoint has no such scales".into(),
+                        problem: crate::error::BlockScaleProblem::Missing,
                     });
                 };
                 let scale = blockscale::read_scales(&srcs, t, &ck.tensors[si], block)?;

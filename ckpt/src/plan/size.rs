@@ -4,20 +4,21 @@
 //! characters case-insensitively, with a decimal number before them (`"1.5gb"`). A bare integer
 //! is a byte count, as the Python API's integer argument is.
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, SizeProblem};
 
 /// huggingface_hub's default `max_shard_size`.
 pub const DEFAULT_MAX_SHARD_SIZE: &str = "5GB";
 
 /// Parses a shard size into bytes.
 pub fn parse_size(input: &str) -> Result<u64> {
-    let bad = |reason: String| Error::BadSize { input: input.to_string(), reason };
+    let bad = |problem| Error::BadSize { input: input.to_string(), problem };
     let s = input.trim();
     if !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) {
-        return s.parse().map_err(|e| bad(format!("{e}")));
+        // All digits: only a count past `u64::MAX` fails.
+        return s.parse().map_err(|_| bad(SizeProblem::TooLarge));
     }
     if !s.is_ascii() || s.len() < 2 {
-        return Err(bad("expected a number followed by `KB`, `MB`, `GB` or `TB`".into()));
+        return Err(bad(SizeProblem::NoUnit));
     }
     let (number, unit) = s.split_at(s.len() - 2);
     let multiplier: f64 = match unit.to_ascii_uppercase().as_str() {
@@ -25,15 +26,12 @@ pub fn parse_size(input: &str) -> Result<u64> {
         "MB" => 1e6,
         "GB" => 1e9,
         "TB" => 1e12,
-        other => {
-            return Err(bad(format!(
-                "unit `{other}` is not one of `KB`, `MB`, `GB`, `TB` (sizes are decimal: `5GB` is 5·10⁹ bytes)"
-            )))
-        }
+        other => return Err(bad(SizeProblem::Unit { unit: other.to_string() })),
     };
-    let value: f64 = number.trim().parse().map_err(|_| bad(format!("`{}` is not a number", number.trim())))?;
+    let value: f64 =
+        number.trim().parse().map_err(|_| bad(SizeProblem::NotANumber { number: number.trim().to_string() }))?;
     if !value.is_finite() || value < 0.0 {
-        return Err(bad("the size must be a finite, non-negative number".into()));
+        return Err(bad(SizeProblem::Negative));
     }
     // Python computes `int(value * multiplier)`: a float product truncated toward zero.
     Ok((value * multiplier) as u64)

@@ -23,7 +23,7 @@ use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::error::{Error, Result};
+use crate::error::{BoxProblem, EntryProblem, Error, Result};
 use crate::read::dtype::Dtype;
 use crate::read::shape::{self, Walk};
 use crate::read::value::Leaf;
@@ -674,9 +674,9 @@ fn own_members(p: &Parts) -> Vec<PathBuf> {
 }
 
 /// A tensor entry that does not hold, at the file of its first byte (else the root).
-fn entry_error(p: &Parts, t: &TensorInfo, reason: String) -> Error {
+fn entry_error(p: &Parts, t: &TensorInfo, problem: EntryProblem) -> Error {
     let path = t.location().and_then(|(f, _)| p.files.get(f)).map_or(p.root.clone(), |f| f.path.clone());
-    Error::BadTensorEntry { path, tensor: t.name.clone(), reason }
+    Error::BadTensorEntry { path, tensor: t.name.clone(), problem }
 }
 
 /// One tensor's sizes computable without overflow (stored and as its dtype) and its bytes in
@@ -684,10 +684,10 @@ fn entry_error(p: &Parts, t: &TensorInfo, reason: String) -> Error {
 fn check_tensor(p: &Parts, t: &TensorInfo) -> Result<()> {
     let elem = t.stored.bits() / 8;
     let Some(need) = shape::numel(&t.shape).and_then(|n| n.checked_mul(elem)) else {
-        return Err(entry_error(p, t, format!("shape {:?} overflows", t.shape)));
+        return Err(entry_error(p, t, EntryProblem::ShapeOverflows { shape: t.shape.clone() }));
     };
     if shape::numel(&t.shape).and_then(|n| n.checked_mul(t.dtype.bits() / 8)).is_none() {
-        return Err(entry_error(p, t, format!("shape {:?} overflows", t.shape)));
+        return Err(entry_error(p, t, EntryProblem::ShapeOverflows { shape: t.shape.clone() }));
     }
     match &t.data {
         TensorData::Ranges(chunks) => check_ranges(p, t, chunks, need),
@@ -699,23 +699,16 @@ fn check_tensor(p: &Parts, t: &TensorInfo) -> Result<()> {
 fn check_ranges(p: &Parts, t: &TensorInfo, chunks: &[Chunk], need: u64) -> Result<()> {
     let mut total = 0u64;
     for c in chunks {
-        let file = p.files.get(c.file).ok_or_else(|| entry_error(p, t, "names an unknown source file".into()))?;
+        let file = p.files.get(c.file).ok_or_else(|| entry_error(p, t, EntryProblem::UnknownFile))?;
         if c.offset.checked_add(c.len).is_none_or(|end| end > file.extent()) {
-            return Err(entry_error(
-                p,
-                t,
-                format!(
-                    "bytes {}..{} lie past the end of the {}-byte file",
-                    c.offset,
-                    c.offset.saturating_add(c.len),
-                    file.len
-                ),
-            ));
+            let problem =
+                EntryProblem::PastFile { start: c.offset, end: c.offset.saturating_add(c.len), file_len: file.len };
+            return Err(entry_error(p, t, problem));
         }
-        total = total.checked_add(c.len).ok_or_else(|| entry_error(p, t, "byte count overflows".into()))?;
+        total = total.checked_add(c.len).ok_or_else(|| entry_error(p, t, EntryProblem::CountOverflows))?;
     }
     if total != need {
-        return Err(entry_error(p, t, format!("holds {total} bytes, its shape needs {need}")));
+        return Err(entry_error(p, t, EntryProblem::ByteCount { total, need }));
     }
     Ok(())
 }
@@ -724,25 +717,21 @@ fn check_ranges(p: &Parts, t: &TensorInfo, chunks: &[Chunk], need: u64) -> Resul
 /// boxes together tiling the tensor.
 fn check_boxes(p: &Parts, t: &TensorInfo, boxes: &[TensorBox], elem: u64) -> Result<()> {
     for b in boxes {
-        let at = |reason: String| box_error(p, t, b, reason);
-        let f = p.files.get(b.file).ok_or_else(|| entry_error(p, t, "names an unknown source file".into()))?;
+        let at = |problem| box_error(p, t, b, problem);
+        let f = p.files.get(b.file).ok_or_else(|| entry_error(p, t, EntryProblem::UnknownFile))?;
         if b.base.checked_add(b.len).is_none_or(|end| end > f.extent()) {
-            return Err(at(format!(
-                "the storage of the box at offsets {:?} lies past the end of the file",
-                b.region.offsets
-            )));
+            return Err(at(BoxProblem::StoragePastFile { offsets: b.region.offsets.clone() }));
         }
         if b.strides.len() != b.region.sizes.len() {
-            return Err(at(format!(
-                "the box at offsets {:?} has {} strides for {} dims",
-                b.region.offsets,
-                b.strides.len(),
-                b.region.sizes.len()
-            )));
+            return Err(at(BoxProblem::StrideCount {
+                offsets: b.region.offsets.clone(),
+                strides: b.strides.len(),
+                dims: b.region.sizes.len(),
+            }));
         }
         let extent = shape::extent(b.offset, &b.region.sizes, &b.strides).and_then(|e| e.checked_mul(elem));
         if extent.is_none_or(|e| e > b.len) {
-            return Err(at(format!("the view of the box at offsets {:?} reaches past its storage", b.region.offsets)));
+            return Err(at(BoxProblem::ViewPastStorage { offsets: b.region.offsets.clone() }));
         }
     }
     // One box that is the whole tensor (every torch tensor) tiles it trivially.
@@ -751,10 +740,13 @@ fn check_boxes(p: &Parts, t: &TensorInfo, boxes: &[TensorBox], elem: u64) -> Res
         let regions: Vec<Region> = boxes.iter().map(|b| b.region.clone()).collect();
         if let Err(e) = fsdp_state::check_tiling(&t.shape, &regions) {
             return Err(match e.index().and_then(|i| boxes.get(i)) {
-                Some(b) => box_error(p, t, b, e.to_string()),
-                None => {
-                    Error::BadBox { path: p.root.clone(), tensor: t.name.clone(), rank: None, reason: e.to_string() }
-                }
+                Some(b) => box_error(p, t, b, BoxProblem::Tiling(e)),
+                None => Error::BadBox {
+                    path: p.root.clone(),
+                    tensor: t.name.clone(),
+                    rank: None,
+                    problem: BoxProblem::Tiling(e),
+                },
             });
         }
     }
@@ -762,13 +754,13 @@ fn check_boxes(p: &Parts, t: &TensorInfo, boxes: &[TensorBox], elem: u64) -> Res
 }
 
 /// A problem with one box of `t`, named by the file that holds it and the rank that saved it.
-fn box_error(p: &Parts, t: &TensorInfo, b: &TensorBox, reason: String) -> Error {
+fn box_error(p: &Parts, t: &TensorInfo, b: &TensorBox, problem: BoxProblem) -> Error {
     let file = p.files.get(b.file);
     Error::BadBox {
         path: file.map_or_else(|| p.root.clone(), |f| f.path.clone()),
         tensor: t.name.clone(),
         rank: file.and_then(|f| f.rank),
-        reason,
+        problem,
     }
 }
 

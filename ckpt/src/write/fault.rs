@@ -1,6 +1,6 @@
 //! The fault switch of test builds: `STATEKIT_FAULT=RANK:PHASE` makes rank `RANK` of a job fail
 //! at `PHASE`, alone, with an ordinary I/O error that names the path it was working on and says
-//! `injected fault at PHASE`. The multi-rank protocol is tested with it (`cli/tests/rank_faults.rs`):
+//! `injected fault at PHASE`. The multi-rank protocol is tested with it (`cli/tests/ranks/faults.rs`):
 //! whichever rank fails wherever, every rank must end, nothing may be committed, and the error
 //! must be reported once.
 //!

@@ -7,7 +7,7 @@ use std::path::Path;
 
 use sha2::{Digest, Sha256};
 
-use crate::error::{Error, IoContext, Result};
+use crate::error::{Error, IoContext, ManifestProblem, Result};
 
 pub(crate) const MANIFEST_NAME: &str = "SHA256SUMS";
 /// The largest manifest we read (a million files' lines).
@@ -28,6 +28,15 @@ pub(crate) fn sha256_file(path: &Path) -> Result<String> {
     Ok(hasher.finalize().iter().map(|b| format!("{b:02x}")).collect())
 }
 
+/// Writes `dir`'s manifest of `files` (each in `dir`), hashing them as they are on disk now:
+/// for an operation that wrote them in separate plans, whose own manifests would each list
+/// only their plan's files.
+pub(crate) fn write_for(dir: &Path, files: &[std::path::PathBuf]) -> Result<()> {
+    let entries =
+        files.iter().map(|f| Ok((crate::write::file_name(f), sha256_file(f)?))).collect::<Result<Vec<_>>>()?;
+    crate::write::write_atomic(&dir.join(MANIFEST_NAME), render(&entries).as_bytes(), &crate::write::Plan::default())
+}
+
 /// Renders entries `(file name, hex digest)` sorted by name.
 pub(crate) fn render(entries: &[(String, String)]) -> String {
     let mut sorted: Vec<&(String, String)> = entries.iter().collect();
@@ -42,17 +51,17 @@ pub(crate) fn parse(text: &str, path: &Path) -> Result<Vec<(String, String)>> {
         if line.trim().is_empty() {
             continue;
         }
-        let bad = |reason: &str| Error::BadManifest { path: path.to_path_buf(), line: i + 1, reason: reason.into() };
-        let (sum, rest) = line.split_at_checked(64).ok_or_else(|| bad("expected `<sha256>  <file>`"))?;
+        let bad = |problem| Error::BadManifest { path: path.to_path_buf(), line: i + 1, problem };
+        let (sum, rest) = line.split_at_checked(64).ok_or_else(|| bad(ManifestProblem::Shape))?;
         if !sum.bytes().all(|b| b.is_ascii_hexdigit()) {
-            return Err(bad("the checksum is not 64 hex digits"));
+            return Err(bad(ManifestProblem::NotHex));
         }
         let name = rest
             .strip_prefix("  ")
             .or_else(|| rest.strip_prefix(" *"))
-            .ok_or_else(|| bad("expected two spaces or ` *` after the checksum"))?;
+            .ok_or_else(|| bad(ManifestProblem::Separator))?;
         if !crate::read::io::is_plain_file_name(name) {
-            return Err(bad("the file name must be a plain name in the manifest's folder"));
+            return Err(bad(ManifestProblem::NotPlainName));
         }
         out.push((name.to_string(), sum.to_ascii_lowercase()));
     }

@@ -203,7 +203,7 @@ pub enum CopyMethod {
 }
 
 /// Options for writing.
-#[derive(Default)]
+#[derive(Clone, Default)]
 pub struct WriteOptions<'a> {
     /// The ranks this operation runs over, each writing its share (see [`crate::Job`]); one
     /// process when `None`.

@@ -6,7 +6,7 @@
 //! and the walks over its objects charge what they build to it, as allocated (the pickle itself,
 //! buffers by capacity and allocator chunk, hash tables, each value's JSON and each tensor's
 //! catalog entry). The same files are read by the `ckpt` binary under an address-space limit in
-//! `cli/tests/hostile_memory.rs`, which checks that its peak RSS stays within the budget.
+//! `cli/tests/hostile/memory.rs`, which checks that its peak RSS stays within the budget.
 #![allow(clippy::unwrap_used)]
 
 use std::path::PathBuf;

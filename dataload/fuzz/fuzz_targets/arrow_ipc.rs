@@ -6,7 +6,7 @@
 //! catches around arrow's decoder (`arrow_file::unpanicked`) and returns as an error naming the
 //! file. Our checks do not foresee every malformed buffer (a found one: an offsets buffer whose
 //! length is not a multiple of 4, which arrow's validation asserts on); the test
-//! `a_panic_inside_arrows_decoder_is_an_error` in `dataload/tests/hostile_sources.rs` pins that
+//! `a_panic_inside_arrows_decoder_is_an_error` in `dataload/tests/sources/hostile.rs` pins that
 //! case. libFuzzer's hook, which aborts, still sees every other panic.
 #![no_main]
 

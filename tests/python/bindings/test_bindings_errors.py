@@ -2,7 +2,7 @@
 CLI's flags, and the exception class follows the Rust error's kind (`ckpt::Error::kind`).
 
 The checks of the options are the library's own (`ConvertOptions::check`), the same that refuse
-the CLI's flags in `cli/tests/dcp_cli.rs`; only the wording differs by edge."""
+the CLI's flags in `cli/tests/formats/dcp.rs`; only the wording differs by edge."""
 
 from pathlib import Path
 

@@ -31,7 +31,7 @@ use std::sync::Arc;
 
 use fsdp_state::Region;
 
-use crate::error::{Error, IoContext, Result};
+use crate::error::{BoxProblem, Error, IoContext, Result};
 use crate::formats::hf_index;
 use crate::formats::safetensors as st;
 use crate::ops::misuse::Opt;
@@ -159,35 +159,27 @@ fn read_shard(
 ) -> Result<(SourceFile, Vec<String>)> {
     let (mut file, header) = st::read_file(path)?;
     let rank = name.shard - 1;
-    let bad = |tensor: &str, reason: String| Error::BadBox {
+    let bad = |tensor: &str, problem| Error::BadBox {
         path: path.to_path_buf(),
         tensor: tensor.to_string(),
         rank: Some(rank),
-        reason,
+        problem,
     };
     let info = sharding_info(&file, path)?;
     let offsets_of = |tensor: &str| -> Result<Vec<u64>> {
         let v = info.get(tensor).and_then(|e| e.get("saved_offsets"));
         let Some(serde_json::Value::Array(a)) = v else {
-            return Err(bad(tensor, format!("`{SHARDING_KEY}` has no `saved_offsets` list for it")));
+            return Err(bad(tensor, BoxProblem::NoSavedOffsets));
         };
         a.iter()
-            .map(|x| x.as_u64().ok_or_else(|| bad(tensor, format!("`saved_offsets` holds {x}, not an offset"))))
+            .map(|x| x.as_u64().ok_or_else(|| bad(tensor, BoxProblem::NotAnOffset { value: x.to_string() })))
             .collect()
     };
     let start = header.data_start();
     for t in &header.tensors {
         let offsets = offsets_of(&t.name)?;
         if offsets.len() != t.shape.len() {
-            return Err(bad(
-                &t.name,
-                format!(
-                    "`saved_offsets` {offsets:?} has {} dims, its shape {:?} has {}",
-                    offsets.len(),
-                    t.shape,
-                    t.shape.len()
-                ),
-            ));
+            return Err(bad(&t.name, BoxProblem::OffsetDims { offsets, shape: t.shape.clone() }));
         }
         let strides = shape::contiguous_strides(&t.shape).unwrap_or_default();
         let b = TensorBox {
@@ -213,16 +205,14 @@ fn read_shard(
             });
         }
         if entry.file_of != (name.index, name.of) {
-            let (k, n) = entry.file_of;
-            return Err(bad(
-                &t.name,
-                format!("it is in output file {} of {} here and {k} of {n} in another shard", name.index, name.of),
-            ));
+            let (other_index, other_of) = entry.file_of;
+            let problem = BoxProblem::OutputFileDiffers { index: name.index, of: name.of, other_index, other_of };
+            return Err(bad(&t.name, problem));
         }
         entry.boxes.push(b);
     }
     if let Some(extra) = info.keys().find(|k| !header.tensors.iter().any(|t| &t.name == *k)) {
-        return Err(bad(extra, format!("`{SHARDING_KEY}` lists it but the file holds no such tensor")));
+        return Err(bad(extra, BoxProblem::NotInFile));
     }
     // Only `format` is the checkpoint's metadata; the rest describes this one shard.
     file.metadata.retain(|(k, _)| k == "format");
@@ -263,7 +253,7 @@ fn global_tensors(
                 path: files.get(b.file).map_or_else(|| dir.to_path_buf(), |f| f.path.clone()),
                 tensor: name,
                 rank: files.get(b.file).and_then(|f| f.rank),
-                reason: format!("its box has {} dims where another shard's has {dims}", b.region.sizes.len()),
+                problem: BoxProblem::DimsDiffer { dims: b.region.sizes.len(), other: dims },
             });
         }
         let mut size = vec![0u64; dims];

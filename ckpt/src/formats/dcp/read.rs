@@ -7,7 +7,7 @@ use std::path::Path;
 use std::rc::Rc;
 
 use super::metadata::{self, ChunkMeta, Kind, PathElem, StorageInfo};
-use crate::error::{Error, IoContext, Result};
+use crate::error::{ChunkProblem, Error, IoContext, Result};
 use crate::formats::torch::flatten::{self, Leaf};
 use crate::formats::torch::pickle::{self, Limits, Obj, Refusal};
 use crate::formats::torch::zip;
@@ -194,7 +194,7 @@ impl Files<'_> {
                             path,
                             tensor: key.to_string(),
                             rank,
-                            reason: "its data file is not a plain file".into(),
+                            problem: ChunkProblem::NotAPlainFile,
                         })
                     }
                     Err(e) => return Err(Error::Io { path, source: e }),
@@ -211,10 +211,7 @@ impl Files<'_> {
                 path: f.path.clone(),
                 tensor: key.to_string(),
                 rank,
-                reason: format!(
-                    "item at byte {} of {} bytes runs past the end of the {}-byte file",
-                    storage.offset, storage.length, f.len
-                ),
+                problem: ChunkProblem::PastFile { at: storage.offset, len: storage.length, file_len: f.len },
             });
         }
         Ok((fi, rank))
@@ -235,22 +232,23 @@ fn open_item(
     budget: Option<&Rc<pickle::Budget>>,
     classes: &'static [&'static str],
 ) -> Result<(zip::Archive, String, pickle::Pickle)> {
-    let bad = |reason: String| Error::BadDcpChunk { path: path.to_path_buf(), tensor: key.to_string(), rank, reason };
+    let bad = |problem| Error::BadDcpChunk { path: path.to_path_buf(), tensor: key.to_string(), rank, problem };
     let file = crate::read::io::open(path)?;
     // An item is a byte range of its data file, read as a zip archive of its own.
     let item = crate::read::io::Window { file: &file, base: storage.offset };
-    let archive = zip::Archive::open(&item, storage.length, path).map_err(|e| {
-        bad(format!("item at byte {} is not a `torch.save` archive: {}", storage.offset, strip_path(&e, path)))
-    })?;
+    let archive = zip::Archive::open(&item, storage.length, path)
+        .map_err(|e| bad(ChunkProblem::NotAnArchive { at: storage.offset, cause: strip_path(&e, path) }))?;
     // torch names the records `archive/…`; any one-level folder is accepted, as `torch.load` does.
     let found = archive.entries.iter().find_map(|e| match e.name.split_once('/') {
         Some((folder, "data.pkl")) => Some((e, format!("{folder}/"))),
         _ => None,
     });
     let Some((pkl, prefix)) = found else {
-        return Err(bad(format!("item at byte {} has no `data.pkl` record", storage.offset)));
+        return Err(bad(ChunkProblem::NoDataPkl { at: storage.offset }));
     };
-    let data = archive.read_entry(&item, pkl, MAX_ITEM_PICKLE).map_err(|e| bad(strip_path(&e, path)))?;
+    let data = archive
+        .read_entry(&item, pkl, MAX_ITEM_PICKLE)
+        .map_err(|e| bad(ChunkProblem::Unreadable { cause: strip_path(&e, path) }))?;
     let how = pickle::Load::default().classes(classes);
     let p = match budget {
         Some(b) => pickle::load(&data, how.charging(b)),
@@ -259,7 +257,7 @@ fn open_item(
     let p = p.map_err(|r| match r {
         Refusal::Global(global) => Error::RefusedGlobal { path: path.to_path_buf(), global },
         Refusal::Bad { at, reason } => {
-            bad(format!("`{}` of the item at byte {}: byte {at}: {reason}", pkl.name, storage.offset))
+            bad(ChunkProblem::Pickle { record: pkl.name.clone(), at: storage.offset, byte: at, cause: reason })
         }
     })?;
     Ok((archive, prefix, p))
@@ -284,22 +282,19 @@ fn read_bytes_item(
     budget: &Rc<pickle::Budget>,
     classes: &'static [&'static str],
 ) -> Result<(Leaf, Vec<(DcpTensor, Record)>)> {
-    let bad = |reason: String| Error::BadDcpChunk {
-        path: path.to_path_buf(),
-        tensor: key.to_string(),
-        rank,
-        reason: format!("non-tensor item at byte {}: {reason}", storage.offset),
-    };
+    let bad = |problem| Error::BadDcpChunk { path: path.to_path_buf(), tensor: key.to_string(), rank, problem };
+    let value_bad = |cause| bad(ChunkProblem::Value { at: storage.offset, cause });
     let (archive, prefix, p) = open_item(path, rank, key, storage, Some(budget), classes)?;
     if classes.is_empty() {
-        return Ok((flatten::leaf_of(&p).map_err(bad)?, Vec::new()));
+        return Ok((flatten::leaf_of(&p).map_err(value_bad)?, Vec::new()));
     }
-    let value = flatten::leaf_of_describing_tensors(&p).map_err(bad)?;
+    let value = flatten::leaf_of_describing_tensors(&p).map_err(value_bad)?;
     let mut inner = Vec::new();
-    for (name, t) in flatten::flatten(&p).map_err(bad)?.tensors {
+    for (name, t) in flatten::flatten(&p).map_err(value_bad)?.tensors {
         let name = if name.is_empty() { key.to_string() } else { format!("{key}.{name}") };
-        let (b, record) = stored_view(&archive, &prefix, &t, fi, storage.offset)
-            .map_err(|reason| bad(format!("tensor `{name}` in it: {reason}")))?;
+        let (b, record) = stored_view(&archive, &prefix, &t, fi, storage.offset).map_err(|cause| {
+            bad(ChunkProblem::ValueTensor { at: storage.offset, name: name.clone(), cause: Box::new(cause) })
+        })?;
         let record = Record { tensor: name.clone(), ..record };
         let tensor = DcpTensor {
             key: name.clone(),
@@ -322,19 +317,16 @@ fn stored_view(
     t: &pickle::TensorRef,
     fi: usize,
     at: u64,
-) -> std::result::Result<(TensorBox, Record), String> {
+) -> std::result::Result<(TensorBox, Record), ChunkProblem> {
     let rec = format!("{prefix}data/{}", t.storage.key);
     let Some(e) = archive.find(&rec) else {
-        return Err(format!("the item at byte {at} has no storage record `{rec}`"));
+        return Err(ChunkProblem::NoStorageRecord { at, record: rec });
     };
     if e.method != zip::Method::Stored {
-        return Err(format!("storage record `{rec}` of the item at byte {at} is compressed"));
+        return Err(ChunkProblem::CompressedStorage { at, record: rec });
     }
     if t.storage.numel.checked_mul(t.storage.kind.elem_bytes()) != Some(e.size) {
-        return Err(format!(
-            "storage `{rec}` of the item at byte {at} declares {} elements but holds {} bytes",
-            t.storage.numel, e.size
-        ));
+        return Err(ChunkProblem::StorageSize { at, record: rec, numel: t.storage.numel, size: e.size });
     }
     // The catalog checks that the view stays inside the storage record.
     let b = TensorBox {
@@ -360,11 +352,11 @@ fn tensor_item(
     dtype: Dtype,
     c: &ChunkMeta,
 ) -> Result<(TensorBox, Record)> {
-    let bad = |reason: String| Error::BadDcpChunk { path: path.to_path_buf(), tensor: key.to_string(), rank, reason };
+    let bad = |problem| Error::BadDcpChunk { path: path.to_path_buf(), tensor: key.to_string(), rank, problem };
     let at = c.storage.offset;
     let (archive, prefix, p) = open_item(path, rank, key, &c.storage, None, &[])?;
     let Some(Obj::Tensor(t)) = p.obj(p.root) else {
-        return Err(bad(format!("the item at byte {at} does not hold a tensor")));
+        return Err(bad(ChunkProblem::NotATensor { at }));
     };
     if t.dtype != dtype {
         return Err(Error::DcpItemDtype {
@@ -377,10 +369,12 @@ fn tensor_item(
         });
     }
     if t.shape != c.sizes {
-        return Err(bad(format!(
-            "the item at byte {at} holds shape {:?} where the chunk at offsets {:?} has sizes {:?}",
-            t.shape, c.offsets, c.sizes
-        )));
+        return Err(bad(ChunkProblem::Shape {
+            at,
+            shape: t.shape.clone(),
+            offsets: c.offsets.clone(),
+            sizes: c.sizes.clone(),
+        }));
     }
     let (mut b, record) = stored_view(&archive, &prefix, t, fi, at).map_err(bad)?;
     b.region = Region::new(c.offsets.clone(), c.sizes.clone());
@@ -395,7 +389,7 @@ fn tensor_boxes(files: &mut Files<'_>, key: &str, dtype: Dtype, chunks: &[ChunkM
             path: files.meta_path.to_path_buf(),
             tensor: key.to_string(),
             rank: None,
-            reason: format!("dtype `{dtype}` is not supported"),
+            problem: ChunkProblem::Dtype { dtype },
         });
     }
     let mut out = Vec::with_capacity(chunks.len());

@@ -60,7 +60,7 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 
-use crate::error::{Error, IoContext, Result};
+use crate::error::{Error, IoContext, Result, TorchTensorProblem};
 use crate::formats::hf_index::Index;
 use crate::read::catalog::{Checkpoint, Format, Parts, Scan, SourceFile, TensorBox, TensorData, TensorInfo};
 use crate::read::checksum::{Checks, Record};
@@ -348,14 +348,10 @@ fn read_zip(file: &File, len: u64, path: &Path, admit: Admit<'_>, budget: &Rc<Bu
             None => {
                 let rec = format!("{prefix}data/{}", t.storage.key);
                 let Some(e) = archive.find(&rec) else {
-                    return Err(bad_tensor(path, &name, format!("its storage record `{rec}` is missing")));
+                    return Err(bad_tensor(path, &name, TorchTensorProblem::MissingRecord { record: rec }));
                 };
                 if e.method != zip::Method::Stored {
-                    return Err(bad_tensor(
-                        path,
-                        &name,
-                        format!("storage record `{rec}` is compressed; only stored records can be read in place"),
-                    ));
+                    return Err(bad_tensor(path, &name, TorchTensorProblem::CompressedRecord { record: rec }));
                 }
                 storages.push(Storage {
                     key: t.storage.key.clone(),
@@ -396,8 +392,8 @@ fn inline_storages(arrays: &[Vec<u8>], len: u64, storages: &mut Vec<Storage>) ->
     (tail, at)
 }
 
-fn bad_tensor(path: &Path, tensor: &str, reason: String) -> Error {
-    Error::BadTorchTensor { path: path.to_path_buf(), tensor: tensor.to_string(), reason }
+fn bad_tensor(path: &Path, tensor: &str, problem: TorchTensorProblem) -> Error {
+    Error::BadTorchTensor { path: path.to_path_buf(), tensor: tensor.to_string(), problem }
 }
 
 fn check_tensor(
@@ -407,23 +403,19 @@ fn check_tensor(
     si: usize,
     storages: &[Storage],
 ) -> Result<TorchTensor> {
-    let s = storages.get(si).ok_or_else(|| bad_tensor(path, &name, "storage vanished".into()))?;
+    let s = storages.get(si).ok_or_else(|| bad_tensor(path, &name, TorchTensorProblem::StorageVanished))?;
     let declared = t.storage.numel.checked_mul(t.storage.kind.elem_bytes());
     if declared != Some(s.byte_len) {
-        return Err(bad_tensor(
-            path,
-            &name,
-            format!(
-                "storage `{}` declares {} elements of {} bytes but its record holds {} bytes",
-                s.key,
-                t.storage.numel,
-                t.storage.kind.elem_bytes(),
-                s.byte_len
-            ),
-        ));
+        let problem = TorchTensorProblem::StorageSize {
+            key: s.key.clone(),
+            numel: t.storage.numel,
+            elem: t.storage.kind.elem_bytes(),
+            len: s.byte_len,
+        };
+        return Err(bad_tensor(path, &name, problem));
     }
     if !t.dtype.bits().is_multiple_of(8) {
-        return Err(bad_tensor(path, &name, format!("dtype `{}` is not supported", t.dtype)));
+        return Err(bad_tensor(path, &name, TorchTensorProblem::Dtype { dtype: t.dtype }));
     }
     let elem = t.dtype.bits() / 8;
     let needed = strided::extent(t.offset, &t.shape, &t.strides)
@@ -432,14 +424,14 @@ fn check_tensor(
     match needed {
         Some(n) if n <= s.byte_len => {}
         _ => {
-            return Err(bad_tensor(
-                path,
-                &name,
-                format!(
-                    "offset {} with shape {:?} and strides {:?} reaches past its {}-byte storage `{}`",
-                    t.offset, t.shape, t.strides, s.byte_len, s.key
-                ),
-            ))
+            let problem = TorchTensorProblem::PastStorage {
+                offset: t.offset,
+                shape: t.shape,
+                strides: t.strides,
+                len: s.byte_len,
+                key: s.key.clone(),
+            };
+            return Err(bad_tensor(path, &name, problem));
         }
     }
     Ok(TorchTensor { name, dtype: t.dtype, shape: t.shape, strides: t.strides, offset: t.offset, storage: si })
@@ -525,7 +517,7 @@ fn read_legacy(file: &File, len: u64, path: &Path, allow: &AllowGlobals, budget:
             continue;
         }
         let Some(&si) = by_key.get(&t.storage.key) else {
-            return Err(bad_tensor(path, &name, format!("its storage `{}` is not in the file", t.storage.key)));
+            return Err(bad_tensor(path, &name, TorchTensorProblem::MissingStorage { key: t.storage.key }));
         };
         tensors.push(check_tensor(path, name, t, si, &storages)?);
     }

@@ -25,7 +25,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::error::{Error, IoContext, Result};
+use crate::error::{Error, IoContext, Result, ZipProblem};
 
 const LOCAL_SIG: u32 = 0x0403_4b50;
 const CENTRAL_SIG: u32 = 0x0201_4b50;
@@ -86,14 +86,13 @@ impl Archive {
         let src = Source { file, len, path };
         let (count, cd_size, cd_off) = src.directory_bounds()?;
         if count > MAX_ENTRIES || cd_size > MAX_CENTRAL_DIR {
-            return Err(src.bad(format!("central directory of {count} entries and {cd_size} bytes is over the limit")));
+            return Err(src.bad(ZipProblem::DirectoryTooLarge { count, size: cd_size }));
         }
         let cd = src.read(cd_off, cd_size)?;
         let mut entries = Vec::with_capacity(usize::try_from(count).unwrap_or(0));
         let mut at = 0usize;
         for _ in 0..count {
-            let (entry, next) =
-                central_entry(&cd, at).ok_or_else(|| src.bad(format!("bad central entry at byte {at}")))?;
+            let (entry, next) = central_entry(&cd, at).ok_or_else(|| src.bad(ZipProblem::BadCentralEntry { at }))?;
             at = next;
             entries.push(entry);
         }
@@ -135,7 +134,10 @@ impl Archive {
                     } else {
                         Error::BadZip {
                             path: self.path.clone(),
-                            reason: format!("`{}`: corrupt deflate stream ({:?})", entry.name, e.status),
+                            problem: ZipProblem::CorruptDeflate {
+                                entry: entry.name.clone(),
+                                status: format!("{:?}", e.status),
+                            },
                         }
                     }
                 })?;
@@ -173,17 +175,18 @@ struct Source<'a, F: ReadAt + ?Sized> {
 }
 
 impl<F: ReadAt + ?Sized> Source<'_, F> {
-    fn bad(&self, reason: String) -> Error {
-        Error::BadZip { path: self.path.to_path_buf(), reason }
+    fn bad(&self, problem: ZipProblem) -> Error {
+        Error::BadZip { path: self.path.to_path_buf(), problem }
     }
 
     /// `n` bytes at `off`, refused where they run past the end of the file.
     fn read(&self, off: u64, n: u64) -> Result<Vec<u8>> {
         let len = self.len;
-        let end = off.checked_add(n).filter(|&e| e <= len).ok_or_else(|| {
-            self.bad(format!("a record at byte {off} of {n} bytes runs past the end of the {len}-byte file"))
-        })?;
-        let mut buf = vec![0u8; usize::try_from(end - off).map_err(|_| self.bad("record too large".into()))?];
+        let end = off
+            .checked_add(n)
+            .filter(|&e| e <= len)
+            .ok_or_else(|| self.bad(ZipProblem::PastFile { offset: off, len: n, file_len: len }))?;
+        let mut buf = vec![0u8; usize::try_from(end - off).map_err(|_| self.bad(ZipProblem::RecordTooLarge))?];
         self.file.read_exact_at(&mut buf, off).at(self.path)?;
         Ok(buf)
     }
@@ -198,12 +201,12 @@ impl<F: ReadAt + ?Sized> Source<'_, F> {
         let eocd_pos = (0..tail.len().saturating_sub(21))
             .rev()
             .find(|&i| u32_at(&tail, i) == Some(EOCD_SIG))
-            .ok_or_else(|| self.bad("no end-of-central-directory record".into()))?;
+            .ok_or_else(|| self.bad(ZipProblem::NoEndRecord))?;
         let eocd = tail.get(eocd_pos..).unwrap_or_default();
-        let field = |at| u16_at(eocd, at).ok_or_else(|| self.bad("truncated end record".into()));
+        let field = |at| u16_at(eocd, at).ok_or_else(|| self.bad(ZipProblem::TruncatedEndRecord));
         let mut count = u64::from(field(10)?);
-        let mut cd_size = u64::from(u32_at(eocd, 12).ok_or_else(|| self.bad("truncated end record".into()))?);
-        let mut cd_off = u64::from(u32_at(eocd, 16).ok_or_else(|| self.bad("truncated end record".into()))?);
+        let mut cd_size = u64::from(u32_at(eocd, 12).ok_or_else(|| self.bad(ZipProblem::TruncatedEndRecord))?);
+        let mut cd_off = u64::from(u32_at(eocd, 16).ok_or_else(|| self.bad(ZipProblem::TruncatedEndRecord))?);
         let eocd_abs = tail_start + eocd_pos as u64;
         if eocd_abs >= 20 {
             let loc = self.read(eocd_abs - 20, 20)?;
@@ -211,7 +214,7 @@ impl<F: ReadAt + ?Sized> Source<'_, F> {
                 let rec_off = u64_at(&loc, 8).unwrap_or(u64::MAX);
                 let rec = self.read(rec_off, 56)?;
                 if u32_at(&rec, 0) != Some(EOCD64_SIG) {
-                    return Err(self.bad(format!("zip64 end record expected at byte {rec_off}")));
+                    return Err(self.bad(ZipProblem::NoZip64EndRecord { at: rec_off }));
                 }
                 count = u64_at(&rec, 32).unwrap_or(0);
                 cd_size = u64_at(&rec, 40).unwrap_or(0);
@@ -225,7 +228,7 @@ impl<F: ReadAt + ?Sized> Source<'_, F> {
     fn locate(&self, c: Central) -> Result<Entry> {
         let local = self.read(c.header_offset, 30)?;
         if u32_at(&local, 0) != Some(LOCAL_SIG) {
-            return Err(self.bad(format!("`{}`: no local header at byte {}", c.name, c.header_offset)));
+            return Err(self.bad(ZipProblem::NoLocalHeader { entry: c.name, at: c.header_offset }));
         }
         let name_len = u64::from(u16_at(&local, 26).unwrap_or(0));
         let extra_len = u64::from(u16_at(&local, 28).unwrap_or(0));
@@ -233,13 +236,10 @@ impl<F: ReadAt + ?Sized> Source<'_, F> {
         let method = match c.method {
             0 => Method::Stored,
             8 => Method::Deflated,
-            m => return Err(self.bad(format!("`{}`: unsupported compression method {m}", c.name))),
+            method => return Err(self.bad(ZipProblem::CompressionMethod { entry: c.name, method })),
         };
         if method == Method::Stored && c.compressed != c.size {
-            return Err(self.bad(format!(
-                "`{}`: stored entry with {} compressed and {} plain bytes",
-                c.name, c.compressed, c.size
-            )));
+            return Err(self.bad(ZipProblem::StoredSizes { entry: c.name, compressed: c.compressed, size: c.size }));
         }
         if data_offset.checked_add(c.compressed).is_none_or(|end| end > self.len) {
             return Err(Error::RecordBeyondFile {
@@ -264,7 +264,7 @@ impl<F: ReadAt + ?Sized> Source<'_, F> {
         for w in spans.windows(2) {
             if let [(a_off, a_len, a), (b_off, _, b)] = w {
                 if a_off + a_len > *b_off {
-                    return Err(self.bad(format!("entries `{a}` and `{b}` overlap")));
+                    return Err(self.bad(ZipProblem::Overlap { first: a.to_string(), second: b.to_string() }));
                 }
             }
         }

@@ -10,7 +10,7 @@
 #![cfg(all(feature = "mpi", debug_assertions))]
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -3,7 +3,7 @@
 //! `tests/python/interop/test_deepspeed_interop.py`).
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::path::Path;

@@ -5,7 +5,7 @@
 //! instead of swapping.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};

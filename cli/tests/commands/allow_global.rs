@@ -3,7 +3,7 @@
 //! data with it by every command that opens a source, and the payload never run.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use common::{fixtures, run, stderr, stdout};
 

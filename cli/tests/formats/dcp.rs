@@ -2,7 +2,7 @@
 //! merge-weights`), reshard and convert `--to dcp`, and how usage mistakes are refused.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use common::*;
 

@@ -2,7 +2,7 @@
 //! in-process collective.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use common::loader;
 use dataload::{Collective, DataLoaderConfiguration, DataloadError, InProcessGroup, LoaderState, ShardedSampler};

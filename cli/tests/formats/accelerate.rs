@@ -4,7 +4,7 @@
 //! never written.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use common::*;
 

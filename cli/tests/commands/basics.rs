@@ -1,7 +1,7 @@
 //! The `ckpt` binary end to end: exit codes, what goes to stdout and stderr, and `--help`.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use common::*;
 
@@ -245,6 +245,15 @@ fn checksums_are_written_by_every_command_that_writes() {
     let names: Vec<&str> = manifest.lines().map(|l| &l[66..]).collect();
     assert_eq!(names, ["__0_0.distcp", "__1_0.distcp", "__2_0.distcp"]);
     assert!(verified(&dcp3).contains("3 checksum(s) matched"), "{}", verified(&dcp3));
+    // merge: an accelerate folder's model and its optimizer, written by two plans into one
+    // folder, are both in its manifest.
+    let model = dir.path().join("merged/model.safetensors");
+    let state = fixtures().join("accelerate/fsdp2_w2");
+    let out = run(&["merge", &s(&state), &s(&model), "--optimizer", "--checksums"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    for file in [model.clone(), model.with_file_name("optimizer.safetensors")] {
+        assert!(verified(&file).contains("1 checksum(s) matched"), "{}", verified(&file));
+    }
 }
 
 #[test]
@@ -290,10 +299,15 @@ fn every_command_that_reads_a_checkpoint_takes_the_open_options() {
     let dcp = fixtures().join("dcp/fsdp2_w2_f32/checkpoint");
     let out = run(&["reshard", dcp.to_str().unwrap(), u, "--world-size", "2", "--tag", "global_step2"]);
     assert_eq!(out.status.code(), Some(2));
-    assert!(stderr(&out).contains("a tag applies to DeepSpeed checkpoints only; this is dcp"), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.starts_with("error: `--tag` applies to DeepSpeed checkpoints only;") && err.ends_with(" is dcp\n"),
+        "{err}"
+    );
     let out = run(&["reshard", dcp.to_str().unwrap(), u, "--world-size", "2", "--as-stored"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains("applies to Megatron `torch_dist` checkpoints only"), "{}", stderr(&out));
+    assert!(!universal.join("__0_0.distcp").exists(), "nothing is written where an option is refused");
 }
 
 #[test]

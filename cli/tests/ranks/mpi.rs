@@ -9,7 +9,7 @@
 #![cfg(feature = "mpi")]
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

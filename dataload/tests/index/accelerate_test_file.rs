@@ -3,7 +3,7 @@
 //! reference and the closed form.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use common::{b, batches, fixture, inner_batches, loader, u};
 use dataload::{

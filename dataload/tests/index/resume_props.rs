@@ -3,7 +3,7 @@
 //! exactly once and then behaves like a fresh run of the new world.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use common::{inner_batches, loader};
 use dataload::{

@@ -2,7 +2,7 @@
 //! (fixtures/gen/dataload_vectors.py).
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use common::{b, batches, fixture, inner_batches, loader, seed, u};
 use dataload::{

@@ -4,7 +4,7 @@
 //! save. The references are the files megatron and torch wrote beside each fixture.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use common::*;
 

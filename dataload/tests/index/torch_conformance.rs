@@ -2,7 +2,7 @@
 //! (fixtures/gen/dataload_vectors.py).
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use common::{fixture, seed, u, wsum};
 use dataload::{randperm, TorchGenerator, TorchVersion};

@@ -4,7 +4,7 @@
 //! never the `--step K` way out); a rank in a file name is one line naming that file, at once.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use common::*;
 

@@ -4,7 +4,7 @@
 //! machine without it fails here rather than skipping.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read};
