@@ -824,16 +824,32 @@ pub enum Error {
         /// The destination it named.
         other: PathBuf,
     },
-    /// A step of a sharded save that failed on one of its ranks.
-    #[error("{dir}: sharded save failed on rank {rank}: {reason}")]
+    /// A sharded save ([`crate::save_sharded`]) that failed on one of its ranks. Every rank of
+    /// the job returns it, with the same kind and text: the rank that saw the error with the
+    /// error itself as `source`, the others with what that rank reported of it
+    /// ([`Error::Reported`]).
+    #[error("sharded save failed on rank {rank}: {source}")]
     ShardedSave {
         /// The output folder.
         dir: PathBuf,
-        /// The rank that failed.
+        /// The rank the error blames (the one whose part was at fault).
         rank: u64,
-        /// What it reported.
-        // Free text: the failing rank's message, which crossed between processes as text.
-        reason: String,
+        /// What went wrong there.
+        source: Box<Error>,
+    },
+    /// An error another rank of a job saw, as that rank reported it: its kind, the name of its
+    /// variant and its message. The message is a string because the error crossed between
+    /// processes as text; the kind and the name keep what the edges act on (an exit code, an
+    /// exception class).
+    #[error("{message}")]
+    Reported {
+        /// The error's kind.
+        kind: crate::ErrorKind,
+        /// Its variant's name ([`Error::variant_name`]).
+        variant: String,
+        /// Its message.
+        // Free text: another rank's message, which crossed between processes as text.
+        message: String,
     },
     /// An accelerate or Trainer `save_state` folder that cannot be read or does not hold
     /// together: a component, a model or optimizer asked for that it lacks, a part reshard

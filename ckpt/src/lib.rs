@@ -89,9 +89,10 @@ pub use formats::torch::allow::AllowGlobals;
 pub use fsdp_state::Region;
 pub use hub::{push, DownloadProgress, Pushed};
 pub use map::blockscale::BlockScaling;
+pub use ops::local::{KeyPart, LocalTensor, LocalValue};
 pub use ops::misuse::{Misuse, Opt};
 pub use ops::save::{save_safetensors, MemoryTensor, SaveOptions};
-pub use ops::sharded::{save_sharded, KeyPart, LocalTensor, LocalValue};
+pub use ops::sharded::save_sharded;
 pub use ops::{
     convert, merge, reshard, split, ConvertOptions, MergeOptions, Outcome, TargetFormat, MAX_WORLD_SIZE, OPTIMIZER_NAME,
 };
@@ -116,6 +117,10 @@ pub mod accelerate {
         Component, DataPosition, Model, Optimizer, OptimizerState, ResumePoint, Rng, SaveState,
     };
 }
+
+/// The format [`save_sharded`] writes (DCP): the ranks' files laid out from memory and planned
+/// from every rank's descriptors. Named here so that `ops` names no format.
+use formats::dcp::save as sharded_format;
 
 #[doc(hidden)]
 pub mod fuzz;

@@ -112,6 +112,18 @@ pub(crate) fn ckpt_doing(e: ckpt::Error, verb: (&str, &str)) -> PyErr {
                 d.set_item("lock", lock.display().to_string())?;
                 d.set_item("pid", *pid)?;
             }
+            // The same fields on every rank: what failed is in `cause` (its variant) and in
+            // the message, never as an `OSError` of one rank only.
+            ckpt::Error::ShardedSave { dir, rank, source } => {
+                d.set_item("sharded", true)?;
+                d.set_item("path", dir.display().to_string())?;
+                d.set_item("rank", *rank)?;
+                let cause = match &**source {
+                    ckpt::Error::Reported { variant, .. } => variant.as_str(),
+                    e => e.variant_name(),
+                };
+                d.set_item("cause", cause)?;
+            }
             ckpt::Error::DestinationsDiffer { dst, rank, other } => {
                 d.set_item("path", dst.display().to_string())?;
                 d.set_item("rank", *rank)?;
@@ -124,25 +136,32 @@ pub(crate) fn ckpt_doing(e: ckpt::Error, verb: (&str, &str)) -> PyErr {
 }
 
 /// The `statekit.errors` class of `e`: the class of its [`ckpt::ErrorKind`], or a subclass of
-/// it for the errors a Python caller catches by name.
+/// it for the errors a Python caller catches by name. A sharded save's failure is of the class
+/// of what failed, on every rank (the rank that saw it holds the error, the others its report);
+/// `_from_native` makes it a `ShardedSaveError` too.
 fn class_of(e: &ckpt::Error) -> &'static str {
-    use ckpt::{Error as E, ErrorKind as K};
     match e {
-        E::RefusedGlobal { .. } | E::GlobalNotAllowed { .. } => "UnsafePickle",
-        E::BadPickle { .. } => "BadPickle",
-        E::ChecksumMismatch { .. } => "ChecksumMismatch",
+        ckpt::Error::ShardedSave { source, .. } => class_of(source),
+        ckpt::Error::Reported { variant, kind, .. } => class_named(variant, *kind),
+        e => class_named(e.variant_name(), e.kind()),
+    }
+}
+
+/// The class of an error of the variant named `variant` and of `kind`.
+fn class_named(variant: &str, kind: ckpt::ErrorKind) -> &'static str {
+    use ckpt::ErrorKind as K;
+    match variant {
+        "RefusedGlobal" | "GlobalNotAllowed" => "UnsafePickle",
+        "BadPickle" => "BadPickle",
+        "ChecksumMismatch" => "ChecksumMismatch",
         // Every option misuse; `BadOption` is a `BadOutput`, as convert's misuses were.
-        E::Misuse { .. } => "BadOption",
-        E::PushOffline { .. } => "HubError",
-        E::BadHubUrl { .. }
-        | E::NotInHubCache { .. }
-        | E::HubAuth { .. }
-        | E::HubNotFound { .. }
-        | E::HubRequest { .. }
-        | E::HubCorrupt { .. } => "HubError",
-        E::DestinationLocked { .. } => "DestinationLocked",
-        E::DestinationsDiffer { .. } => "DestinationsDiffer",
-        _ => match e.kind() {
+        "Misuse" => "BadOption",
+        "PushOffline" | "BadHubUrl" | "NotInHubCache" | "HubAuth" | "HubNotFound" | "HubRequest" | "HubCorrupt" => {
+            "HubError"
+        }
+        "DestinationLocked" => "DestinationLocked",
+        "DestinationsDiffer" => "DestinationsDiffer",
+        _ => match kind {
             K::InvalidData => "InvalidCheckpoint",
             K::NotFound => "NotACheckpoint",
             K::Usage => "BadOutput",

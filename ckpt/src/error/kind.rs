@@ -18,7 +18,7 @@ pub enum ErrorKind {
     Usage,
     /// The file system failed under a valid request.
     Io,
-    /// Another rank of a sharded save failed, or the collective between them did.
+    /// Another rank of a job failed (and reports why), or the collective between the ranks did.
     Collective,
 }
 
@@ -27,6 +27,9 @@ impl Error {
     /// what it is instead of falling into a default.
     pub fn kind(&self) -> ErrorKind {
         match self {
+            // A rank's failure is of the kind of what failed, on every rank.
+            Error::ShardedSave { source, .. } => source.kind(),
+            Error::Reported { kind, .. } => *kind,
             Error::HeaderTooSmall { .. }
             | Error::HeaderTooLarge { .. }
             | Error::HeaderBeyondFile { .. }
@@ -100,7 +103,6 @@ impl Error {
             | Error::DestinationLocked { .. } => ErrorKind::Usage,
             Error::Io { .. } | Error::HubRequest { .. } => ErrorKind::Io,
             Error::Collective { .. }
-            | Error::ShardedSave { .. }
             | Error::OtherRank { .. }
             | Error::PlanMismatch { .. }
             | Error::DestinationsDiffer { .. } => ErrorKind::Collective,
@@ -183,6 +185,7 @@ impl Error {
             Error::DestinationLocked { .. } => "DestinationLocked",
             Error::DestinationsDiffer { .. } => "DestinationsDiffer",
             Error::ShardedSave { .. } => "ShardedSave",
+            Error::Reported { .. } => "Reported",
             Error::BadSaveState { .. } => "BadSaveState",
             Error::MissingRngFile { .. } => "MissingRngFile",
             Error::RankBeyondLimit { .. } => "RankBeyondLimit",

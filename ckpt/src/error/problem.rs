@@ -322,6 +322,29 @@ pub enum SaveTensorProblem {
         /// The tensor's rows.
         n0: u64,
     },
+    /// A dtype another rank named that this build does not know.
+    UnknownDtype {
+        /// The name it sent.
+        name: String,
+    },
+    /// An entry two ranks gave with other dtypes or shapes, or as a tensor and as a value.
+    DiffersAcrossRanks,
+    /// A non-tensor value two ranks both gave.
+    ValueOnTwoRanks,
+    /// Rows `from..to` that two ranks both gave.
+    RowsOnTwoRanks {
+        /// The first of them.
+        from: u64,
+        /// Past the last.
+        to: u64,
+    },
+    /// Rows `from..to` that no rank gave.
+    RowsOnNoRank {
+        /// The first of them.
+        from: u64,
+        /// Past the last.
+        to: u64,
+    },
 }
 
 impl fmt::Display for SaveTensorProblem {
@@ -341,6 +364,11 @@ impl fmt::Display for SaveTensorProblem {
             SaveTensorProblem::RowsBeyond { at, rows, n0 } => {
                 write!(f, "has rows {at}..+{rows}, beyond its {n0} rows")
             }
+            SaveTensorProblem::UnknownDtype { name } => write!(f, "has unknown dtype `{name}`"),
+            SaveTensorProblem::DiffersAcrossRanks => write!(f, "has another dtype, shape or kind than on another rank"),
+            SaveTensorProblem::ValueOnTwoRanks => write!(f, "is a value saved by two ranks"),
+            SaveTensorProblem::RowsOnTwoRanks { from, to } => write!(f, "has rows {from}..{to} on two ranks"),
+            SaveTensorProblem::RowsOnNoRank { from, to } => write!(f, "has rows {from}..{to} on no rank"),
         }
     }
 }

@@ -17,6 +17,7 @@
 //! A folder of parts (an accelerate `save_state` folder) answers a merge with its members, each
 //! merged here as its own format merges it; its reshard rewrites the whole folder.
 
+pub(crate) mod local;
 pub(crate) mod misuse;
 pub(crate) mod outcome;
 pub(crate) mod request;

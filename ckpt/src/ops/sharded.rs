@@ -7,131 +7,44 @@
 //!
 //! # Protocol
 //!
-//! Each step ends with the ranks' agreement (the one of `job.rs`): a step that failed anywhere
-//! ends the save everywhere, and every rank returns the failure of the lowest rank that failed,
-//! with its message, as [`Error::ShardedSave`].
+//! It is one operation of a [`crate::Job`] over the ranks, written by the plan executor and its
+//! stage like every other output. The destination is claimed first (the ranks agree on it, and
+//! rank 0 holds its lock until the commit); then
 //!
-//! 1. Rank 0 stages the folder (a [`crate::StagedFolder`] beside `dir`, `.{name}.{random}.tmp`)
-//!    and tells the others its name.
-//! 2. Every rank writes its items as `__{rank}_0.distcp` into it (an empty file when it holds
-//!    nothing, as torch writes one per rank) (each item a complete
-//!    `torch.save` archive laid out by our torch writer, the same bytes [`crate::reshard`] writes),
-//!    fsyncs it, and, once every rank has, contributes the items' descriptors (key, dtype,
-//!    global shape, chunk box, byte range) to an all-gather.
-//! 3. Rank 0 checks that the chunks of each tensor agree on dtype and shape and tile its rows
-//!    exactly, writes `.metadata` (the commit marker torch reads, in the 2.13 form) and commits
-//!    the staged folder (everything fsynced, renamed into place, its parent fsynced); all ranks
-//!    return only once the folder is committed.
+//! 1. every rank lays out its own file, rank 0 having refused a `dir` that exists, and the ranks
+//!    agree that all of them managed;
+//! 2. every rank tells the others its file's length and its items' descriptors, and builds the
+//!    same plan from all of them: one target per rank file, written by that rank alone from its
+//!    own buffers, and `.metadata` as the trailer, the commit marker torch reads (the layout is
+//!    the DCP format's, see its `save` module);
+//! 3. the executor runs the plan: the new folder staged beside `dir`, each rank's file created,
+//!    filled, sealed with torch's CRCs and made durable by its rank, then rank 0 renames the
+//!    files into place, writes `.metadata` last and renames the staged folder to `dir`; all
+//!    ranks return only once it is committed.
 //!
 //! A kill at any moment leaves either no `dir` or a complete one; a leftover temporary folder
 //! has a name no reader takes for a checkpoint. `dir` must not exist yet.
+//!
+//! # Errors, the same on every rank
+//!
+//! A failure anywhere ends the save everywhere (a rank failing alone is heard by the others in
+//! their next exchange, as in every operation of a job), and every rank returns the same
+//! [`Error::ShardedSave`], naming the rank it blames: the rank that saw the error holds the
+//! error itself, every other rank what that rank reported of it ([`Error::Reported`]: its kind,
+//! its variant's name and its message). So the error of every rank has the same kind and text,
+//! and a training loop's ranks all raise the same exception.
 
-use std::collections::BTreeMap;
-use std::os::unix::fs::FileExt;
 use std::path::Path;
 
 use collective::Collective;
 use serde::{Deserialize, Serialize};
 
-use crate::error::{Error, IoContext, Result, SaveTensorProblem};
-use crate::formats::dcp::encode::{self, OutChunk, OutItem, OutKind};
-use crate::formats::dcp::metadata::PathElem;
-use crate::formats::dcp::plan::RankFile;
-use crate::formats::dcp::METADATA_NAME;
-use crate::formats::torch::writer;
+use crate::error::{Error, ErrorKind, Result};
+use crate::ops::local::{KeyPart, LocalTensor, LocalValue};
 use crate::ops::outcome::Outcome;
-use crate::read::dtype::Dtype;
-use crate::read::io::fs_error;
-use crate::read::shape::numel;
-use crate::read::value::Leaf;
-use crate::write::job::agree_with;
-use crate::write::stage::Stage;
+use crate::sharded_format::{lay_out_rank, plan_folder};
+use crate::write::job::{agree, Job};
 use crate::write::WriteOptions;
-
-/// One element of a state-dict path: a dict key or a list index. The DCP key of an entry is
-/// its path joined with `.` (`model.embed.weight`, `optimizer.param_groups.0.lr`).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum KeyPart {
-    /// A dict key.
-    Key(String),
-    /// A list index.
-    Index(i64),
-}
-
-impl KeyPart {
-    fn elem(&self) -> PathElem {
-        match self {
-            KeyPart::Key(k) => PathElem::Key(k.clone()),
-            KeyPart::Index(i) => PathElem::Index(*i),
-        }
-    }
-}
-
-/// The key of an entry from its path parts, as DCP flattens it.
-fn key_of(path: &[KeyPart]) -> String {
-    path.iter().map(|p| p.elem().text()).collect::<Vec<_>>().join(".")
-}
-
-/// A rank's slice of a tensor: rows `dim0_offset..` of the row-major global tensor, as bytes.
-/// A 0-d tensor is one value with `global_shape` empty and `dim0_offset` 0.
-#[derive(Clone, Debug)]
-pub struct LocalTensor<'a> {
-    /// Where the tensor sits in the state dict.
-    pub path: Vec<KeyPart>,
-    /// Element type.
-    pub dtype: Dtype,
-    /// Shape of the whole tensor, across ranks.
-    pub global_shape: Vec<u64>,
-    /// First global row this rank holds.
-    pub dim0_offset: u64,
-    /// The rows, row-major, little-endian; their count is the byte length over a row's.
-    pub bytes: &'a [u8],
-}
-
-/// A non-tensor entry (an optimizer's `param_groups` fields), pickled as Python values.
-#[derive(Clone, Debug, PartialEq)]
-pub enum LocalValue {
-    /// `None`.
-    None,
-    /// A `bool`.
-    Bool(bool),
-    /// An `int`.
-    Int(i64),
-    /// A `float`.
-    Float(f64),
-    /// A `str`.
-    Str(String),
-    /// A `list`.
-    List(Vec<LocalValue>),
-}
-
-impl LocalValue {
-    fn leaf(&self) -> Leaf {
-        match self {
-            LocalValue::None => Leaf::None,
-            LocalValue::Bool(b) => Leaf::Bool(*b),
-            LocalValue::Int(i) => Leaf::Int(*i),
-            LocalValue::Float(f) => Leaf::Float(*f),
-            LocalValue::Str(s) => Leaf::Str(s.clone()),
-            LocalValue::List(l) => Leaf::List(l.iter().map(LocalValue::leaf).collect()),
-        }
-    }
-}
-
-/// What a rank wrote, as the all-gather carries it.
-#[derive(Serialize, Deserialize, Debug)]
-struct Desc {
-    key: String,
-    path: Vec<(Option<String>, i64)>,
-    /// `None` for a value.
-    dtype: Option<String>,
-    shape: Vec<u64>,
-    offsets: Vec<u64>,
-    sizes: Vec<u64>,
-    file: String,
-    offset: u64,
-    length: u64,
-}
 
 /// Saves this rank's `tensors` and `values` into the DCP folder `dir`, with every other rank of
 /// `comm` doing the same; returns once `dir` is committed (see the module docs). Every rank
@@ -143,61 +56,35 @@ pub fn save_sharded(
     comm: &dyn Collective,
     opts: &WriteOptions<'_>,
 ) -> Result<Outcome> {
-    let rank = comm.rank();
-    let coll = |source| Error::Collective { dir: dir.to_path_buf(), source };
-    let failed = |rank: u64| move |e: Error| sharded_failure(dir, rank, e.to_string());
-
-    // 1. The staged folder, made by rank 0 and heard by the others. Rank 0 holds the folder's
-    // lock until the commit (see `claim.rs`): another process saving there is refused by it.
-    let mut _held = None;
-    let made = match rank {
-        0 => durable::DestLock::acquire(dir).map_err(crate::read::io::fs_error).and_then(|lock| {
-            _held = lock;
-            refuse_existing(dir).and_then(|()| Stage::folder(dir)).map_err(failed(0))
-        }),
-        _ => Ok(Stage::default()),
+    let job = Job::new(comm);
+    let opts = WriteOptions {
+        job: Some(&job),
+        copy: opts.copy,
+        checksums: opts.checksums,
+        progress: opts.progress,
+        allow_expanded: opts.allow_expanded,
     };
-    let said = made.as_ref().map(Stage::said).unwrap_or_default();
-    let said = comm.broadcast(0, (rank == 0).then_some(said)).map_err(coll)?;
-    let made = agree_sharded(comm, dir, made)?;
-    let stage = if rank == 0 { made } else { Stage::heard(&said) };
+    job.operation(dir, || save_here(dir, tensors, values, &job, &opts)).map_err(|e| same_on_every_rank(comm, dir, e))
+}
 
-    // 2. This rank's file, then everyone's descriptors.
-    let descs = write_rank(stage.path(), rank, tensors, values, opts).map_err(failed(rank));
-    let descs = agree_sharded(comm, dir, descs)?;
-    let gathered = comm.all_gather(serde_json::to_vec(&descs).unwrap_or_default()).map_err(coll)?;
-
-    // 3. Rank 0 commits; every rank returns once it did.
-    let committed = match rank {
-        0 => commit(dir, &stage, &gathered).map_err(|(r, reason)| sharded_failure(dir, r, reason)),
+fn save_here(
+    dir: &Path,
+    tensors: &[LocalTensor<'_>],
+    values: &[(Vec<KeyPart>, LocalValue)],
+    job: &Job<'_>,
+    opts: &WriteOptions<'_>,
+) -> Result<Outcome> {
+    let _held = crate::write::claim::claim(dir, opts)?;
+    let rank = job.rank();
+    let existing = match rank {
+        0 => refuse_existing(dir),
         _ => Ok(()),
     };
-    agree_sharded(comm, dir, committed)?;
-    Ok(outcome_of(dir, &gathered, comm.world_size()))
-}
-
-/// A step of the save that failed, blaming rank `rank`.
-fn sharded_failure(dir: &Path, rank: u64, reason: String) -> Error {
-    Error::ShardedSave { dir: dir.to_path_buf(), rank, reason }
-}
-
-/// The ranks' agreement on a step (`crate::write::job`'s), where every rank returns the failure of the
-/// lowest rank that failed with its message: a training loop's every rank raises it. The note
-/// each failing rank sends is the rank its error blames (rank 0's commit blames the rank whose
-/// chunks did not fit) and the reason.
-fn agree_sharded<T>(comm: &dyn Collective, dir: &Path, mine: Result<T>) -> Result<T> {
-    let say = |e: &Error| {
-        let (rank, reason) = match e {
-            Error::ShardedSave { rank, reason, .. } => (*rank, reason.clone()),
-            e => (comm.rank(), e.to_string()),
-        };
-        Some(serde_json::to_vec(&(rank, reason)).unwrap_or_default())
-    };
-    let other = |first: u64, note: &[u8]| {
-        let (rank, reason) = serde_json::from_slice(note).unwrap_or((first, "malformed report".into()));
-        sharded_failure(dir, rank, reason)
-    };
-    agree_with(&crate::Job::new(comm), dir, mine, say, other, |e| e)
+    let laid = agree(job, dir, existing.and_then(|()| lay_out_rank(dir, rank, tensors, values)))?;
+    let gathered = job.exchange(dir, laid.said())?;
+    let folder = plan_folder(dir, laid, &gathered)?;
+    crate::write::execute::execute_from(&folder.plan, &folder.sources, &[], opts)?;
+    Ok(folder.outcome)
 }
 
 /// Refuses a `dir` that exists: a sharded save makes a new folder.
@@ -208,240 +95,91 @@ fn refuse_existing(dir: &Path) -> Result<()> {
     }
 }
 
-/// Step 2 on one rank: its items laid out, written into its file in the staged folder `tmp`,
-/// sealed and made durable; returns their descriptors.
-fn write_rank(
-    tmp: &Path,
+/// What the rank holding the error tells the others of it.
+#[derive(Serialize, Deserialize)]
+struct Note {
+    /// The rank the error blames.
     rank: u64,
-    tensors: &[LocalTensor<'_>],
-    values: &[(Vec<KeyPart>, LocalValue)],
-    opts: &WriteOptions<'_>,
-) -> Result<Vec<Desc>> {
-    let mut file = RankFile::new(tmp, rank);
-    let mut descs = Vec::new();
-    // Per item, in layout order: its storage bytes (a tensor) or none (a value).
-    let mut payloads: Vec<Option<(u64, &[u8])>> = Vec::new();
-    for t in tensors {
-        let Some((desc, data_at)) = lay_out_tensor(&mut file, t)? else { continue };
-        descs.push(desc);
-        payloads.push(Some((data_at, t.bytes)));
-    }
-    for (p, v) in values {
-        let layout = writer::layout_value("archive", &v.leaf(), &file.path)?;
-        let (offset, length) = file.push_layout(layout);
-        descs.push(Desc {
-            key: key_of(p),
-            path: path_of(p),
-            dtype: None,
-            shape: vec![],
-            offsets: vec![],
-            sizes: vec![],
-            file: file.name.clone(),
-            offset,
-            length,
-        });
-        payloads.push(None);
-    }
-    write_file(&file, &payloads, opts)?;
-    Ok(descs)
+    kind: String,
+    variant: String,
+    message: String,
 }
 
-/// Checks this rank's slice of a tensor and lays it out as the next item of `file`: its
-/// descriptor and where its bytes go, or `None` for a slice of no rows.
-fn lay_out_tensor(file: &mut RankFile, t: &LocalTensor<'_>) -> Result<Option<(Desc, u64)>> {
-    let key = key_of(&t.path);
-    let bad = |problem| Error::BadSaveTensor { dst: file.path.clone(), tensor: key.clone(), problem };
-    if !t.dtype.bits().is_multiple_of(8) || !t.dtype.in_safetensors() {
-        return Err(bad(SaveTensorProblem::Dtype { dtype: t.dtype }));
-    }
-    let row = numel(t.global_shape.get(1..).unwrap_or_default())
-        .and_then(|n| n.checked_mul(t.dtype.bits() / 8))
-        .ok_or_else(|| bad(SaveTensorProblem::RowTooLarge))?;
-    let len = t.bytes.len() as u64;
-    let at = t.dim0_offset;
-    let rows = if t.global_shape.is_empty() {
-        if len != row || at != 0 {
-            return Err(bad(SaveTensorProblem::ScalarBytes { row, len, at }));
-        }
-        1
-    } else {
-        if row == 0 || !len.is_multiple_of(row) {
-            return Err(bad(SaveTensorProblem::PartialRows { len, row }));
-        }
-        let rows = len / row;
-        let n0 = t.global_shape[0];
-        if at.checked_add(rows).is_none_or(|end| end > n0) {
-            return Err(bad(SaveTensorProblem::RowsBeyond { at, rows, n0 }));
-        }
-        rows
+/// The save failed on every rank (a job's operation ends the same way on all of them): each
+/// rank's error, made the same everywhere (see the module docs). `e` is this rank's own error,
+/// or [`Error::OtherRank`] where another rank's failure ended its part; the lowest rank that
+/// holds its own error tells the others of it.
+fn same_on_every_rank(comm: &dyn Collective, dir: &Path, e: Error) -> Error {
+    let mine = match e {
+        Error::OtherRank { rank } => Err(rank),
+        e @ Error::ShardedSave { .. } => Ok(e),
+        e => Ok(Error::ShardedSave { dir: dir.to_path_buf(), rank: comm.rank(), source: Box::new(e) }),
     };
-    if rows == 0 {
-        return Ok(None);
+    if comm.world_size() == 1 {
+        return mine.unwrap_or_else(|rank| Error::OtherRank { rank });
     }
-    let item = file.push_rows(t.dtype, &t.global_shape, t.dim0_offset, rows, row)?;
-    let c = item.chunk;
-    let desc = Desc {
-        key,
-        path: path_of(&t.path),
-        dtype: Some(t.dtype.safetensors_name().to_string()),
-        shape: t.global_shape.clone(),
-        offsets: c.offsets,
-        sizes: c.sizes,
-        file: c.file,
-        offset: c.offset,
-        length: c.length,
-    };
-    Ok(Some((desc, item.data_at)))
-}
-
-/// Writes the laid-out `file`: each tensor's bytes from memory where `payloads` puts them, then
-/// every archive's headers and CRCs (computed from the bytes in memory, not read back), then an
-/// fsync.
-fn write_file(file: &RankFile, payloads: &[Option<(u64, &[u8])>], opts: &WriteOptions<'_>) -> Result<()> {
-    let path = &file.path;
-    let f = durable::create_temp(path).map_err(fs_error)?;
-    f.set_len(file.len).at(path)?;
-    for (at, bytes) in payloads.iter().flatten() {
-        f.write_all_at(bytes, *at).at(path)?;
-        if let Some(progress) = opts.progress {
-            progress(bytes.len() as u64);
-        }
-    }
-    for ((base, layout), payload) in file.layouts.iter().zip(payloads) {
-        layout.write_fixed_at(&f, path, *base)?;
-        let storages: Vec<&[u8]> = payload.iter().map(|(_, b)| *b).collect();
-        layout.finish_from(&f, path, *base, &storages)?;
-    }
-    f.sync_all().at(path)
-}
-
-/// A key's path parts as the descriptors carry them.
-fn path_of(p: &[KeyPart]) -> Vec<(Option<String>, i64)> {
-    p.iter()
-        .map(|k| match k {
-            KeyPart::Key(s) => (Some(s.clone()), 0),
-            KeyPart::Index(i) => (None, *i),
+    let note = match &mine {
+        Ok(Error::ShardedSave { rank, source, .. }) => serde_json::to_vec(&Note {
+            rank: *rank,
+            kind: kind_name(source.kind()).into(),
+            variant: variant_of(source).into(),
+            message: source.to_string(),
         })
-        .collect()
-}
-
-type Failure = (u64, String);
-
-/// A key's path, its tensor dtype and shape (`None` for a value), and each rank's pieces.
-type Entry = (Vec<PathElem>, Option<(Dtype, Vec<u64>)>, Vec<(u64, Desc)>);
-
-/// Rank 0's commit: the chunks checked, `.metadata` written into the staged folder, and the
-/// folder committed. A failure blames the rank whose descriptors were at fault.
-fn commit(dir: &Path, stage: &Stage, gathered: &[Vec<u8>]) -> std::result::Result<(), Failure> {
-    let mut per_key: BTreeMap<String, Entry> = BTreeMap::new();
-    let mut order = Vec::new();
-    for (r, bytes) in gathered.iter().enumerate() {
-        let r = r as u64;
-        let descs: Vec<Desc> = serde_json::from_slice(bytes).map_err(|e| (r, format!("malformed descriptors: {e}")))?;
-        for d in descs {
-            let dtype = match &d.dtype {
-                Some(n) => Some(Dtype::from_safetensors_name(n).ok_or_else(|| (r, format!("unknown dtype `{n}`")))?),
-                None => None,
-            };
-            let path = d.path.iter().map(|(k, i)| k.clone().map_or(PathElem::Index(*i), PathElem::Key)).collect();
-            let entry = per_key.entry(d.key.clone()).or_insert_with(|| {
-                order.push(d.key.clone());
-                (path, dtype.map(|t| (t, d.shape.clone())), Vec::new())
-            });
-            if entry.1 != dtype.map(|t| (t, d.shape.clone())) {
-                return Err((r, format!("`{}` has another dtype, shape or kind than on another rank", d.key)));
-            }
-            if dtype.is_none() && !entry.2.is_empty() {
-                return Err((r, format!("value `{}` is saved by two ranks", d.key)));
-            }
-            entry.2.push((r, d));
-        }
-    }
-    let mut items = Vec::with_capacity(order.len());
-    for key in order {
-        let Some((path, kind, mut chunks)) = per_key.remove(&key) else { continue };
-        match kind {
-            Some((dtype, size)) => {
-                chunks.sort_by_key(|(_, d)| d.offsets.first().copied().unwrap_or(0));
-                let mut next = 0u64;
-                let total = size.first().copied().unwrap_or(1);
-                for (r, d) in &chunks {
-                    let at = d.offsets.first().copied().unwrap_or(0);
-                    if at < next {
-                        return Err((*r, format!("tensor `{key}`: rows {at}..{next} are on two ranks")));
-                    }
-                    if at > next {
-                        return Err((*r, format!("tensor `{key}`: rows {next}..{at} are on no rank")));
-                    }
-                    next = at + d.sizes.first().copied().unwrap_or(1);
-                }
-                if next != total {
-                    let r = chunks.last().map_or(0, |(r, _)| *r);
-                    return Err((r, format!("tensor `{key}`: rows {next}..{total} are on no rank")));
-                }
-                let chunks = chunks
-                    .into_iter()
-                    .map(|(_, d)| OutChunk {
-                        offsets: d.offsets,
-                        sizes: d.sizes,
-                        file: d.file,
-                        offset: d.offset,
-                        length: d.length,
-                    })
-                    .collect();
-                items.push(OutItem { key, path, kind: OutKind::Tensor { dtype, size, chunks } });
-            }
-            None => {
-                let Some((_, d)) = chunks.pop() else { continue };
-                items.push(OutItem {
-                    key,
-                    path,
-                    kind: OutKind::Bytes { file: d.file, offset: d.offset, length: d.length },
-                });
-            }
-        }
-    }
-    let io = |e: Error| (0u64, e.to_string());
-    let abs = std::fs::canonicalize(dir.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new(".")))
-        .map(|p| p.join(dir.file_name().unwrap_or_default()))
-        .at(dir)
-        .map_err(io)?;
-    let meta = encode::encode(&items, &abs, &encode::uuid4());
-    let meta_path = stage.path().join(METADATA_NAME);
-    let write_meta = || -> Result<()> {
-        crate::write::write_small(&meta_path, &meta)?;
-        refuse_existing(dir).map_err(|_| Error::OutputExists { path: dir.to_path_buf(), appeared: true })?;
-        stage.commit_ref()
+        .unwrap_or_default(),
+        _ => Vec::new(),
     };
-    write_meta().map_err(io)
+    let all = match comm.all_gather(note) {
+        Ok(all) => all,
+        Err(source) => return mine.unwrap_or_else(|_| Error::Collective { dir: dir.to_path_buf(), source }),
+    };
+    let first = all.iter().enumerate().find(|(_, n)| !n.is_empty());
+    match (first, mine) {
+        (Some((r, _)), Ok(e)) if r as u64 == comm.rank() => e,
+        (Some((_, note)), mine) => match serde_json::from_slice::<Note>(note) {
+            Ok(n) => Error::ShardedSave {
+                dir: dir.to_path_buf(),
+                rank: n.rank,
+                source: Box::new(Error::Reported { kind: kind_named(&n.kind), variant: n.variant, message: n.message }),
+            },
+            Err(_) => mine.unwrap_or_else(|rank| Error::OtherRank { rank }),
+        },
+        (None, mine) => mine.unwrap_or_else(|rank| Error::OtherRank { rank }),
+    }
 }
 
-/// What the ranks wrote together, from the descriptors.
-fn outcome_of(dir: &Path, gathered: &[Vec<u8>], world: u64) -> Outcome {
-    let mut files = Vec::new();
-    let mut keys = BTreeMap::new();
-    let mut values = Vec::new();
-    let mut bytes = 0;
-    for (r, g) in gathered.iter().enumerate() {
-        files.push(dir.join(format!("__{r}_0.distcp")));
-        let Ok(descs) = serde_json::from_slice::<Vec<Desc>>(g) else { continue };
-        for d in descs {
-            match d.dtype.as_deref().and_then(Dtype::from_safetensors_name) {
-                Some(t) => {
-                    bytes += numel(&d.sizes).unwrap_or(0) * (t.bits() / 8);
-                    keys.insert(d.key, ());
-                }
-                None => values.push(d.key),
-            }
-        }
+/// The name of an error's variant, as a rank reports it (a reported error keeps the name of
+/// the error it reports).
+fn variant_of(e: &Error) -> &str {
+    match e {
+        Error::Reported { variant, .. } => variant,
+        e => e.variant_name(),
     }
-    files.push(dir.join(METADATA_NAME));
-    Outcome { files, tensors: keys.len(), bytes, values, world_size: Some(world), ..Outcome::default() }
+}
+
+/// An [`ErrorKind`] as it crosses between ranks.
+fn kind_name(kind: ErrorKind) -> &'static str {
+    match kind {
+        ErrorKind::InvalidData => "InvalidData",
+        ErrorKind::NotFound => "NotFound",
+        ErrorKind::Usage => "Usage",
+        ErrorKind::Io => "Io",
+        ErrorKind::Collective => "Collective",
+    }
+}
+
+/// The [`ErrorKind`] [`kind_name`] named (a name this build does not know is an error of the
+/// ranks' collective work).
+fn kind_named(name: &str) -> ErrorKind {
+    [ErrorKind::InvalidData, ErrorKind::NotFound, ErrorKind::Usage, ErrorKind::Io]
+        .into_iter()
+        .find(|k| kind_name(*k) == name)
+        .unwrap_or(ErrorKind::Collective)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::read::dtype::Dtype;
     use collective::InProcessGroup;
 
     fn f32_bytes(v: &[f32]) -> Vec<u8> {
@@ -559,9 +297,15 @@ mod tests {
     fn overlapping_rows_fail_on_every_rank_and_leave_nothing() {
         let tmp = tempfile::tempdir().expect("tempdir");
         let dir = tmp.path().join("d");
+        let want = format!(
+            "sharded save failed on rank 1: cannot save {}: tensor `model.w` has rows 2..3 on two ranks",
+            dir.display()
+        );
         for out in save(&dir, 2, true) {
-            let e = out.expect_err("overlap").to_string();
-            assert!(e.contains("sharded save failed on rank 1: tensor `model.w`: rows 2..3 are on two ranks"), "{e}");
+            let e = out.expect_err("overlap");
+            assert_eq!(e.to_string(), want);
+            assert!(matches!(e, Error::ShardedSave { rank: 1, .. }), "{e:?}");
+            assert_eq!(e.kind(), ErrorKind::Usage);
         }
         assert_eq!(std::fs::read_dir(tmp.path()).expect("ls").count(), 0);
     }
@@ -574,6 +318,75 @@ mod tests {
         for out in save(&dir, 2, false) {
             let e = out.expect_err("exists").to_string();
             assert!(e.contains("already exists; refusing to write over it"), "{e}");
+        }
+    }
+
+    /// Rank `bad` of `world` passes a slice that is not whole rows; the others save well.
+    fn save_with_a_bad_rank(dir: &Path, world: u64, bad: u64) -> Vec<Result<Outcome>> {
+        let bytes = f32_bytes(&[1.0; 6]);
+        std::thread::scope(|s| {
+            let joins: Vec<_> = InProcessGroup::new(world)
+                .into_iter()
+                .map(|comm| {
+                    let bytes = &bytes;
+                    s.spawn(move || {
+                        let r = comm.rank();
+                        let len = if r == bad { 5 } else { 6 } * 4;
+                        let t = LocalTensor {
+                            path: key(&["model", &format!("w{r}")]),
+                            dtype: Dtype::F32,
+                            global_shape: vec![2, 3],
+                            dim0_offset: 0,
+                            bytes: &bytes[..len],
+                        };
+                        save_sharded(dir, &[t], &[], &comm, &WriteOptions::default())
+                    })
+                })
+                .collect();
+            joins.into_iter().map(|j| j.join().expect("rank thread")).collect()
+        })
+    }
+
+    #[test]
+    fn a_rank_failing_alone_makes_every_rank_return_its_error_with_its_kind() {
+        for (world, bad) in [(2, 1), (3, 1), (3, 0), (4, 3)] {
+            let tmp = tempfile::tempdir().expect("tempdir");
+            let dir = tmp.path().join("d");
+            let errors: Vec<Error> =
+                save_with_a_bad_rank(&dir, world, bad).into_iter().map(|r| r.expect_err("bad rank")).collect();
+            let want = format!(
+                "sharded save failed on rank {bad}: cannot save {}: tensor `model.w{bad}` has 20 bytes, not whole \
+                 rows of 12 bytes",
+                dir.join(format!("__{bad}_0.distcp")).display()
+            );
+            for (r, e) in errors.iter().enumerate() {
+                assert_eq!(e.to_string(), want, "rank {r} of {world}");
+                assert_eq!(e.kind(), ErrorKind::Usage, "rank {r} of {world}");
+                let Error::ShardedSave { rank, source, .. } = e else { panic!("rank {r}: {e:?}") };
+                assert_eq!(*rank, bad);
+                // The rank that saw it keeps the error itself; the others have its report.
+                match r as u64 == bad {
+                    true => assert!(matches!(**source, Error::BadSaveTensor { .. }), "{source:?}"),
+                    false => assert!(
+                        matches!(&**source, Error::Reported { variant, .. } if variant == "BadSaveTensor"),
+                        "{source:?}"
+                    ),
+                }
+            }
+            assert_eq!(std::fs::read_dir(tmp.path()).expect("ls").count(), 0, "nothing left, no lock");
+        }
+    }
+
+    #[test]
+    fn a_refused_destination_is_the_same_error_on_every_rank() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let dir = tmp.path().join("d");
+        std::fs::create_dir(&dir).expect("mkdir");
+        let errors: Vec<Error> = save(&dir, 3, false).into_iter().map(|r| r.expect_err("exists")).collect();
+        for e in &errors {
+            assert_eq!(e.to_string(), errors[0].to_string());
+            assert_eq!(e.kind(), ErrorKind::Usage);
+            assert!(matches!(e, Error::ShardedSave { rank: 0, .. }), "{e:?}");
         }
     }
 }

@@ -15,6 +15,8 @@
 //!   A copy is cut at any byte; a gather (a cast or a strided view) at an element; a computed
 //!   gather (block-scaled FP8) is never cut and goes whole to the stretch its start is in. A
 //!   target's owner is the rank whose stretch holds its first byte.
+//! - **Pinned files** when every target names its owner ([`TargetFile::owner`]): its bytes are
+//!   in that rank's memory alone (a rank's file of [`crate::save_sharded`]), so it writes it whole.
 //!
 //! Either way every byte of every target is written by exactly one rank (the property test
 //! below), and the bytes are those the one-process run writes, because the parts are slices of
@@ -158,7 +160,10 @@ pub(crate) fn deal(plan: &Plan, n: u64) -> Vec<Share> {
         .zip(&plan.targets)
         .map(|(i, t)| i.iter().map(Item::len).sum::<u64>() + t.head.len() as u64)
         .collect();
-    if let Some(owner) = whole_files(&sizes, n) {
+    // Targets whose bytes only one rank holds go whole to it; then no rank shares their files.
+    let pinned: Option<Vec<usize>> = plan.targets.iter().map(|t| t.owner.map(|r| r as usize % n)).collect();
+    let pinned = pinned.filter(|_| !plan.targets.is_empty());
+    if let Some(owner) = pinned.or_else(|| whole_files(&sizes, n)) {
         let mut shares: Vec<Share> = (0..n as u64).map(|rank| Share { rank, ..Share::default() }).collect();
         for (ti, (&r, t)) in owner.iter().zip(&plan.targets).enumerate() {
             shares[r].owned.push(ti);

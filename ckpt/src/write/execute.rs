@@ -442,6 +442,7 @@ pub(crate) fn fingerprint(plan: &Plan) -> u64 {
         t.path.hash(&mut h);
         t.len.hash(&mut h);
         t.head.hash(&mut h);
+        t.owner.hash(&mut h);
         for c in &t.copies {
             (c.src, c.src_off, c.dst_off, c.len).hash(&mut h);
         }

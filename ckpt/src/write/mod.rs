@@ -107,11 +107,14 @@ pub(crate) struct TargetFile {
     pub copies: Vec<RangeCopy>,
     pub gathers: Vec<Gather>,
     pub seal: Option<Box<dyn Seal>>,
+    /// The one rank that can write this target, when its bytes are in that rank's memory alone
+    /// (a rank's file of [`crate::save_sharded`]); `None`: any rank, as the plan is dealt.
+    pub owner: Option<u64>,
 }
 
 impl TargetFile {
     pub(crate) fn new(path: PathBuf, head: Vec<u8>, len: u64) -> TargetFile {
-        TargetFile { path, head, len, copies: Vec::new(), gathers: Vec::new(), seal: None }
+        TargetFile { path, head, len, copies: Vec::new(), gathers: Vec::new(), seal: None, owner: None }
     }
 
     /// Places `tensor`, written as `to`, at `dst_off`: as range copies when its stored bytes

@@ -2,8 +2,9 @@
 //! renamed into place, and only then named by a link such as `latest`.
 //!
 //! The one way a folder is staged: the plan executor's stage (`stage.rs`: a new folder, or a
-//! checkpoint's folder replaced whole) and [`crate::save_sharded`] build on it, and it is open
-//! to callers that fill a folder piece by piece themselves (a training loop's `step-N/`).
+//! checkpoint's folder replaced whole; every output, [`crate::save_sharded`]'s included) builds
+//! on it, and it is open to callers that fill a folder piece by piece themselves (a training
+//! loop's `step-N/`).
 
 use std::fs::File;
 use std::path::{Path, PathBuf};

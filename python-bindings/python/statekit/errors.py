@@ -107,7 +107,18 @@ class HubError(CheckpointError):
 
 
 class ShardedSaveError(CheckpointError):
-    """``save_sharded`` failed on a rank, or its collective did."""
+    """``save_sharded`` failed on a rank, or the collective of a job's ranks did.
+
+    A failed ``save_sharded`` raises the same exception on every rank: a ``ShardedSaveError``
+    that is also the class of what failed (a ``BadOutput`` for a tensor that cannot be saved, an
+    ``InvalidCheckpoint``, a ``DestinationLocked``, ...), with ``rank`` the rank it blames,
+    ``path`` the folder and ``cause`` the Rust variant of what failed (``variant`` is
+    ``ShardedSave``). An I/O failure is a ``ShardedSaveError`` whose ``cause`` is ``Io``: only
+    its rank saw the ``OSError``, so no rank raises one."""
+
+    rank: int
+    path: str
+    cause: str
 
 
 # dataload::DataloadError
@@ -205,6 +216,22 @@ _DATALOAD: Dict[str, Type[StatekitError]] = {
 }
 
 
+# The class a failed `save_sharded` raises for a cause of each class, made once per process so
+# that every rank raises a class of the same name.
+_SHARDED: Dict[Type[CheckpointError], Type[CheckpointError]] = {}
+
+
+def _sharded(base: Type[CheckpointError]) -> Type[CheckpointError]:
+    if issubclass(ShardedSaveError, base):
+        return ShardedSaveError
+    cls = _SHARDED.get(base)
+    if cls is None:
+        doc = f"A ``save_sharded`` that failed with a ``{base.__name__}`` (see ``ShardedSaveError``)."
+        cls = type(f"Sharded{base.__name__}", (ShardedSaveError, base), {"__doc__": doc, "__module__": __name__})
+        _SHARDED[base] = cls
+    return cls
+
+
 def _class_for(domain: str, cls: Optional[str]) -> Type[StatekitError]:
     if domain == "bindings":
         return UsageError
@@ -217,6 +244,8 @@ def _from_native(domain: str, variant: str, message: str, fields: Dict[str, Any]
     """Builds the exception for a Rust error (called by ``statekit._native``)."""
     fields = dict(fields)
     cls_name: Optional[str] = fields.pop("class", None)
+    if fields.pop("sharded", False):
+        return _sharded(_CKPT.get(cls_name or "", CheckpointError))(message, variant=variant, **fields)
     kind: Optional[str] = fields.pop("io_kind", None)
     if kind is not None:
         code = fields.pop("errno", None)

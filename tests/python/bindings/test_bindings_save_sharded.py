@@ -1,6 +1,7 @@
 """statekit.ckpt.save_sharded from a real FSDP2 job (torchrun, gloo, CPU): the DCP folder it
 writes is read by torch's dcp.load, accelerate merge-weights and ckpt merge, to the same bits."""
 
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -68,3 +69,21 @@ def test_save_sharded_on_one_rank_without_a_process_group_keeps_values(tmp_path)
     assert target["optim"]["param_groups"] == sd["optim"]["param_groups"]
     with pytest.raises(ShardedSaveError, match="already exists"):
         ckpt.save_sharded(sd, tmp_path / "c", rank=0, world_size=1)
+
+
+def test_a_save_failing_on_one_rank_raises_the_same_exception_on_every_rank(tmp_path):
+    world = 3
+    proc = torchrun(world, HERE / "sharded_failure_job.py", tmp_path, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    raised = [json.loads((tmp_path / f"raised{r}.json").read_text()) for r in range(world)]
+    for case, cls, cause in [("tensor", "BadOutput", "BadSaveTensor"), ("destination", "DestinationsDiffer", "DestinationsDiffer")]:
+        first = raised[0][case]
+        assert not first["ok"], (case, first)
+        assert "ShardedSaveError" in first["bases"] and cls in first["bases"], (case, first)
+        assert (first["variant"], first["rank"], first["cause"]) == ("ShardedSave", 1, cause), (case, first)
+        assert first["message"].startswith("sharded save failed on rank 1: "), (case, first)
+        for r in range(1, world):
+            assert raised[r][case] == first, (case, r, raised[r][case], first)
+    assert "whole rows" in raised[0]["tensor"]["message"], raised[0]
+    assert all(r["after"]["ok"] for r in raised), raised
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == ["after"], "nothing else committed"

@@ -41,13 +41,15 @@
 //! optimizer keeps its `param_groups` in the output's `__metadata__`.
 //!
 //! Writing ([`plan`]) lays out FSDP2's layout for M ranks and writes the `.metadata` pickle last
-//! ([`encode`]).
+//! ([`encode`]); the ranks of a running job write their own files from memory the same way
+//! ([`save`]).
 
 pub(crate) mod encode;
 pub(crate) mod hf_storage;
 pub(crate) mod metadata;
 pub(crate) mod plan;
 mod read;
+pub(crate) mod save;
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};

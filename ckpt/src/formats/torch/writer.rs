@@ -209,20 +209,20 @@ impl TorchLayout {
     /// Once storages are written: computes their CRC32 from the file, writes their descriptors
     /// and the central directory, for the archive at byte `base` of `file`.
     pub(crate) fn finish_at(&self, file: &File, path: &Path, base: u64) -> Result<()> {
-        self.finish_from(file, path, base, &[])
+        self.finish_known(file, path, base, &[])
     }
 
-    /// [`TorchLayout::finish_at`] for an archive whose storage bytes the caller still holds
-    /// (`storages`, by storage index): their CRCs come from memory instead of a read back.
-    pub(crate) fn finish_from(&self, file: &File, path: &Path, base: u64, storages: &[&[u8]]) -> Result<()> {
+    /// [`TorchLayout::finish_at`] for an archive whose storages' CRC32s the caller computed
+    /// from the bytes it wrote (`crcs`, by storage index), so nothing is read back.
+    pub(crate) fn finish_known(&self, file: &File, path: &Path, base: u64, crcs: &[u32]) -> Result<()> {
         let mut done = Vec::with_capacity(self.records.len());
         let mut buf = Vec::new();
         let mut storage = 0usize;
         for (r, crc) in self.records.iter().zip(&self.crcs) {
             let crc = match crc {
                 Some(c) => *c,
-                None if storages.get(storage).is_some_and(|b| b.len() as u64 == r.size) => {
-                    let c = crc32fast::hash(storages[storage]);
+                None if storage < crcs.len() => {
+                    let c = crcs[storage];
                     storage += 1;
                     file.write_all_at(&zip::descriptor(r, c), base + r.descriptor_offset).at(path)?;
                     c
