@@ -117,9 +117,9 @@ fixtures: setup mcore
 	PATH=$(VENV)/bin:$$PATH $(PY) fixtures/gen/accelerate_more_fixtures.py
 	PATH=$(VENV)/bin:$$PATH $(PY) fixtures/gen/trainer_fixtures.py
 	$(PY) fixtures/gen/unsafe_torch_fixtures.py
-	python3 fixtures/gen/hostile_accelerate_round2.py
+	python3 fixtures/gen/hostile_accelerate_positions.py
 	python3 fixtures/gen/hostile_pickle_budget.py
-	python3 fixtures/gen/hostile_round2.py
+	python3 fixtures/gen/hostile_broadcast_buffer.py
 	python3 fixtures/gen/hostile_package.py
 	PATH=$(VENV)/bin:$$PATH PYTHONPATH=$(MCORE) $(PY) fixtures/gen/megatron_fixtures.py
 	PATH=$(VENV)/bin:$$PATH PYTHONPATH=$(MCORE) $(PY) fixtures/gen/megatron_train_fixtures.py train_dp2 train_tp2dp2

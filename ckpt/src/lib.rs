@@ -118,10 +118,6 @@ pub mod accelerate {
     };
 }
 
-/// The format [`save_sharded`] writes (DCP): the ranks' files laid out from memory and planned
-/// from every rank's descriptors. Named here so that `ops` names no format.
-use formats::dcp::save as sharded_format;
-
 #[doc(hidden)]
 pub mod fuzz;
 

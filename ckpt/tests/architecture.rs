@@ -106,3 +106,61 @@ fn only_sys_uses_unsafe() {
         assert_eq!(uses, f.ends_with("sys.rs"), "{}", f.display());
     }
 }
+
+/// The format modules: every folder and file of `src/formats` but its `mod.rs`.
+fn format_modules() -> BTreeSet<String> {
+    let dir = src().join("formats");
+    std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.is_dir() || p.extension().is_some_and(|x| x == "rs"))
+        .map(|p| p.file_stem().unwrap().to_string_lossy().into_owned())
+        .filter(|m| m != "mod")
+        .collect()
+}
+
+/// The names a `crate::formats::` path reaches: the segment after it, or each name of a
+/// `{…}` group.
+fn formats_paths(text: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    for (i, _) in text.match_indices("formats::") {
+        let rest = &text[i + "formats::".len()..];
+        let group = match rest.strip_prefix('{') {
+            Some(g) => &g[..g.find('}').unwrap_or(g.len())],
+            None => rest,
+        };
+        let first_names = group.split(',').map(|s| s.trim());
+        for name in first_names {
+            let id: String = name.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
+            out.insert(id);
+            if rest.starts_with(|c: char| c != '{') {
+                break;
+            }
+        }
+    }
+    out
+}
+
+/// The seam: operations, planning, writing, reading and reports are generic; only a format's
+/// own module knows its layout. Outside `src/formats` (the crate's face, `lib.rs` and `fuzz.rs`,
+/// aside) no file names a format module or looks inside a source's detail.
+#[test]
+fn only_formats_name_a_format() {
+    let formats = format_modules();
+    assert!(formats.len() >= 7 && formats.contains("megatron"), "{formats:?}");
+    let mut files = Vec::new();
+    rust_files(&src(), &mut files);
+    let mut checked = 0;
+    for f in files {
+        let rel = f.strip_prefix(src()).unwrap();
+        if rel.starts_with("formats") || rel == Path::new("lib.rs") || rel == Path::new("fuzz.rs") {
+            continue;
+        }
+        checked += 1;
+        let text = std::fs::read_to_string(&f).unwrap();
+        let named: Vec<String> = formats_paths(&text).intersection(&formats).cloned().collect();
+        assert!(named.is_empty(), "{} names the format module(s) {named:?}", rel.display());
+        assert!(!text.contains("detail::<"), "{} looks inside a source's detail", rel.display());
+    }
+    assert!(checked > 20, "the scan found {checked} files");
+}

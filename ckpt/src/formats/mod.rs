@@ -184,6 +184,9 @@ pub(crate) fn plan_state_dict(
 // What the Hub reads of a repository's checkpoint by range requests, before (or instead of)
 // downloading it, with the local readers' caps and checks: a safetensors file's header and a
 // shard index. `hub/` reaches the layouts through these alone.
+/// The format [`crate::save_sharded`] writes (DCP): each rank's file laid out from its memory,
+/// and the folder planned from every rank's descriptors.
+pub(crate) use dcp::save::{lay_out_rank as lay_out_sharded_rank, plan_folder as plan_sharded_folder};
 pub(crate) use hf_index::{Index as ShardIndex, MAX_INDEX_LEN};
 pub(crate) use safetensors::Header as SafetensorsHeader;
 

@@ -40,9 +40,9 @@ use collective::Collective;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, ErrorKind, Result};
+use crate::formats::{lay_out_sharded_rank as lay_out_rank, plan_sharded_folder as plan_folder};
 use crate::ops::local::{KeyPart, LocalTensor, LocalValue};
 use crate::ops::outcome::Outcome;
-use crate::sharded_format::{lay_out_rank, plan_folder};
 use crate::write::job::{agree, Job};
 use crate::write::WriteOptions;
 

@@ -1,4 +1,4 @@
-//! Hostile accelerate and `Trainer` folders, round 2 (`fixtures/gen/hostile_accelerate_round2.py`):
+//! Hostile accelerate and `Trainer` folders (`fixtures/gen/hostile_accelerate_positions.py`):
 //! a data position file that cannot be read is refused naming the file and the global or the
 //! value, never replaced by a default; a rank taken from a file name never sizes an allocation
 //! or a loop, and missing ranks are one problem, as ranges, at the file responsible. One test per
@@ -14,7 +14,7 @@ use ckpt::Checkpoint;
 use common::copy_tree;
 
 fn hostile(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../fixtures/hostile/accelerate_round2").join(name)
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../fixtures/hostile/accelerate_positions").join(name)
 }
 
 fn open(dir: &Path) -> Checkpoint {

@@ -78,14 +78,14 @@ fn dcp_sparse_metadata_refused_before_it_is_read() {
 
 #[test]
 fn deepspeed_broadcast_buffer_is_one_view_not_a_range_per_element() {
-    // `fixtures/gen/hostile_round2.py`: the buffer `scale` is 2^30 fp32 elements of stride 0
+    // `fixtures/gen/hostile_broadcast_buffer.py`: the buffer `scale` is 2^30 fp32 elements of stride 0
     // over a 20-byte storage. It used to become one range per element (a 12 GB table).
     const LIMIT: u64 = 256 << 20;
     if let Some(peak) = peak_rss_of("deepspeed_broadcast_buffer_is_one_view_not_a_range_per_element") {
         assert!(peak < LIMIT, "peak RSS {peak} bytes, over {LIMIT}");
         return;
     }
-    let dir = fixtures().join("hostile/round2/deepspeed_broadcast_buffer");
+    let dir = fixtures().join("hostile/broadcast_buffer/deepspeed_broadcast_buffer");
     let src = dir.to_str().unwrap();
     let ck = ckpt::Checkpoint::open(src).unwrap();
     let scale = ck.tensors().iter().find(|t| t.name == "scale").unwrap();

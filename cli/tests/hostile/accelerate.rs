@@ -1,5 +1,5 @@
 //! `ckpt data state --from-accelerate` and `ckpt inspect` on the hostile folders of
-//! `fixtures/gen/hostile_accelerate_round2.py`: a position file that cannot be read is exit 2
+//! `fixtures/gen/hostile_accelerate_positions.py`: a position file that cannot be read is exit 2
 //! with one line naming the file and the global or value (never a sequential order at epoch 0,
 //! never the `--step K` way out); a rank in a file name is one line naming that file, at once.
 #![allow(clippy::unwrap_used)]
@@ -9,7 +9,7 @@ use crate::common;
 use common::*;
 
 fn hostile(name: &str) -> std::path::PathBuf {
-    fixtures().join("hostile").join("accelerate_round2").join(name)
+    fixtures().join("hostile").join("accelerate_positions").join(name)
 }
 
 /// `data state --from-accelerate DIR --json` for a 12-sample loader of batch 4, plus `extra`.

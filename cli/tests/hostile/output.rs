@@ -500,7 +500,8 @@ fn nothing_beside_a_file_output(input: &Path) -> (usize, usize) {
     let previous = write_checkpoint(&out, 1, 8, 9);
     let (_, ino) = entries_and_inode(&out_dir);
     // `--optimizer` writes a second file beside the first, from the formats that have one.
-    let with_optimizer = ["accelerate", "deepspeed", "round2"].iter().any(|c| input.parent().unwrap().ends_with(c));
+    let with_optimizer =
+        ["accelerate", "deepspeed", "broadcast_buffer"].iter().any(|c| input.parent().unwrap().ends_with(c));
     let ops: &[&[&str]] = match with_optimizer {
         true => &[&["merge"], &["merge", "--optimizer"], &["convert"]],
         false => &[&["merge"], &["convert"]],

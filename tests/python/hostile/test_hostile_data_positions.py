@@ -1,5 +1,5 @@
 """`ShardedBatchSampler.resume_from_accelerate` on the hostile folders of
-`fixtures/gen/hostile_accelerate_round2.py`: a `sampler.bin` that names `posix.system` or
+`fixtures/gen/hostile_accelerate_positions.py`: a `sampler.bin` that names `posix.system` or
 `builtins.eval`, or saves epoch -1, is refused naming the file and the global or the value; the
 sampler is left where it was, never moved to a sequential order at epoch 0."""
 
@@ -7,7 +7,7 @@ import pytest
 
 from conftest import ROOT
 
-HOSTILE = ROOT / "fixtures" / "hostile" / "accelerate_round2"
+HOSTILE = ROOT / "fixtures" / "hostile" / "accelerate_positions"
 REFUSED = "outside what this kind of file may hold; the data position is not read, and none is guessed"
 
 
