@@ -27,7 +27,7 @@ build: setup
 # fmt, clippy, the library docs (a broken link is an error), the Python package's lint, every
 # test (Rust unit, integration, CLI, kill; Python interop), then a bounded fuzzing run of every
 # parser target.
-test: setup
+test: setup mcore
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --exclude train --all-targets --features statekit-cli/mpi --locked -- -D warnings
 	$(TORCH_ENV) $(CARGO) clippy -p train --all-targets --locked -- -D warnings
@@ -82,7 +82,8 @@ bench: setup mcore
 	$(TORCH_ENV) $(CARGO) build --release --locked -p statekit-cli -p train --features statekit-cli/mpi
 	@$(TORCH_ENV) bash bench/all.sh
 
-# megatron-core 0.19.2 (for the Megatron fixtures and benchmark only): its wheels declare Python
+# megatron-core 0.19.2 (for the Megatron fixtures, the benchmark, and the interop test that loads
+# the run folders `ckpt convert --to megatron` writes): its wheels declare Python
 # >= 3.12, and its pure-Python code runs on the venv's 3.11; unpacked beside the venv, not into it.
 MCORE ?= /opt/mcore
 mcore: setup

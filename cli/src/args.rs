@@ -200,8 +200,9 @@ pub enum Command {
         block_size: Option<u64>,
         #[command(flatten)]
         shards: ShardArgs,
-        /// The output format, when DST's extension does not say it: `safetensors`, `torch`, or
-        /// `dcp` (a torch.distributed.checkpoint folder; needs `--world-size`).
+        /// The output format, when DST's extension does not say it: `safetensors`, `torch`,
+        /// `dcp` (a torch.distributed.checkpoint folder; needs `--world-size`), or `megatron` (a
+        /// Megatron-LM `torch_dist` run folder).
         #[arg(long, value_parser = str::parse::<ckpt::TargetFormat>)]
         to: Option<ckpt::TargetFormat>,
         /// Drop tensors that are exact aliases of another (tied weights) instead of copying them.

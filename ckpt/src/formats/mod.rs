@@ -113,6 +113,13 @@ pub(crate) trait FormatOps: Sync {
     fn to_dcp(&self, ck: &Checkpoint, out: &Path, world: u64, opts: &WriteOptions<'_>) -> Result<Outcome> {
         dcp::write(ck, out, world, opts)
     }
+
+    /// Writes `ck` as a Megatron-LM `torch_dist` run folder `out` (`convert` to Megatron). By
+    /// default refused: only a source whose tensors are megatron's own is written so.
+    fn to_megatron(&self, ck: &Checkpoint, out: &Path, opts: &WriteOptions<'_>) -> Result<Outcome> {
+        let _ = (out, opts);
+        Err(not_for_format(Opt::To, ck))
+    }
 }
 
 /// The interface of each format.
@@ -166,7 +173,8 @@ pub(crate) fn detect(path: &Path, is_dir: bool) -> Result<(Format, PathBuf)> {
 
 /// Plans a state dict as `to`'s files at `dest`, with the non-tensor `values` where the format
 /// keeps them (a torch file's pickle): torch files for [`TargetFormat::Torch`], safetensors
-/// otherwise (a DCP target is laid out for its ranks by `dcp::write`, never as one state dict).
+/// otherwise (a DCP target is laid out for its ranks by `dcp::write`, and a Megatron run folder by
+/// `FormatOps::to_megatron`, never as one state dict).
 pub(crate) fn plan_state_dict(
     to: TargetFormat,
     outs: &[Out<'_>],
@@ -177,7 +185,9 @@ pub(crate) fn plan_state_dict(
 ) -> Result<Placed> {
     match to {
         TargetFormat::Torch => torch::writer::plan(outs, values, meta, dest, plan),
-        TargetFormat::Safetensors | TargetFormat::Dcp => safetensors::plan(outs, meta, dest, plan),
+        TargetFormat::Safetensors | TargetFormat::Dcp | TargetFormat::Megatron => {
+            safetensors::plan(outs, meta, dest, plan)
+        }
     }
 }
 

@@ -87,6 +87,14 @@ pub enum Misuse {
     DcpNeedsWorldSize,
     /// A world size for an output that is not DCP.
     WorldSizeWithoutDcp,
+    /// An option of another output format for one that keeps tensors as its tool stores them
+    /// (a Megatron run folder).
+    NotForTarget {
+        /// The option given.
+        option: Opt,
+        /// The output format (`megatron`).
+        to: &'static str,
+    },
     /// The output format asked for is not the one the destination's extension names.
     ToContradictsExtension {
         /// The format asked for (`safetensors`, `torch`).
@@ -160,6 +168,7 @@ fn applies_to(option: Opt) -> &'static str {
         Opt::Optimizer => "merges of DeepSpeed and Megatron checkpoints and accelerate `save_state` folders",
         Opt::MaxShardSize => "merges of DeepSpeed checkpoints (`split` shards any checkpoint)",
         Opt::Revision => "`hf://` sources",
+        Opt::To => "Megatron `torch_dist` checkpoints",
         _ => "other checkpoints",
     }
 }
@@ -173,6 +182,11 @@ impl Misuse {
             Misuse::DcpTakesOnlyWorldSize { .. } => format!("{} takes only {}", dcp(), spell(Opt::WorldSize, None)),
             Misuse::DcpNeedsWorldSize => format!("{} needs {}", dcp(), spell(Opt::WorldSize, Some("M"))),
             Misuse::WorldSizeWithoutDcp => format!("{} only applies to {}", spell(Opt::WorldSize, None), dcp()),
+            Misuse::NotForTarget { option, to } => format!(
+                "{} does not apply to {}, which keeps the tensors as the tool stores them",
+                spell(*option, None),
+                spell(Opt::To, Some(to))
+            ),
             Misuse::ToContradictsExtension { to, ext } => {
                 format!("{} contradicts the `.{ext}` extension", spell(Opt::To, Some(to)))
             }

@@ -51,6 +51,9 @@ pub enum TargetFormat {
     Torch,
     /// A torch.distributed.checkpoint folder in FSDP2's layout (needs a world size).
     Dcp,
+    /// A Megatron-LM `torch_dist` run folder (tracker, `iter_NNNNNNN/`), which megatron-core
+    /// loads at any parallel layout.
+    Megatron,
 }
 
 impl TargetFormat {
@@ -60,6 +63,7 @@ impl TargetFormat {
             TargetFormat::Safetensors => "safetensors",
             TargetFormat::Torch => "torch",
             TargetFormat::Dcp => "dcp",
+            TargetFormat::Megatron => "megatron",
         }
     }
 }
@@ -67,12 +71,12 @@ impl TargetFormat {
 impl std::str::FromStr for TargetFormat {
     type Err = String;
 
-    /// `safetensors`, `torch` or `dcp`.
+    /// `safetensors`, `torch`, `dcp` or `megatron`.
     fn from_str(s: &str) -> std::result::Result<Self, String> {
-        [TargetFormat::Safetensors, TargetFormat::Torch, TargetFormat::Dcp]
+        [TargetFormat::Safetensors, TargetFormat::Torch, TargetFormat::Dcp, TargetFormat::Megatron]
             .into_iter()
             .find(|f| f.name() == s)
-            .ok_or_else(|| format!("the output format is `safetensors`, `torch` or `dcp`, not `{s}`"))
+            .ok_or_else(|| format!("the output format is `safetensors`, `torch`, `dcp` or `megatron`, not `{s}`"))
     }
 }
 
@@ -105,6 +109,7 @@ impl ConvertOptions {
         let single = file.is_some();
         let format = match (self.to, file) {
             (Some(TargetFormat::Dcp), _) => TargetFormat::Dcp,
+            (Some(TargetFormat::Megatron), _) => TargetFormat::Megatron,
             (Some(a), Some((b, ext))) if a != b => {
                 return Err(misuse(Misuse::ToContradictsExtension { to: a.name(), ext }));
             }
@@ -135,6 +140,21 @@ impl ConvertOptions {
         }
         if self.world_size.is_some() {
             return Err(misuse(Misuse::WorldSizeWithoutDcp));
+        }
+        if format == TargetFormat::Megatron {
+            // A run folder keeps the tensors as megatron stores them.
+            let extra = [
+                (self.dtype.is_some(), Opt::Dtype),
+                (self.max_shard_size.is_some(), Opt::MaxShardSize),
+                (self.dedupe, Opt::Dedupe),
+            ]
+            .into_iter()
+            .find_map(|(given, o)| given.then_some(o))
+            .or(blocks);
+            if let Some(option) = extra {
+                return Err(misuse(Misuse::NotForTarget { option, to: format.name() }));
+            }
+            return Ok(format);
         }
         if single && self.max_shard_size.is_some() {
             return Err(misuse(Misuse::ShardsNeedAFolder));
@@ -389,6 +409,9 @@ fn convert_here(ck: &Checkpoint, dst: &Path, options: &ConvertOptions, opts: &Wr
         let world = options.world_size.unwrap_or_default();
         check_world(world, dst)?;
         return ck.format().ops().to_dcp(ck, dst, world, opts);
+    }
+    if format == TargetFormat::Megatron {
+        return ck.format().ops().to_megatron(ck, dst, opts);
     }
     let blocks = match options.blocks {
         Some(b) => Some(block_plan(ck, b, dst)?),

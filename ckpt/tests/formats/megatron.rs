@@ -155,6 +155,57 @@ fn the_model_converts_to_dcp_and_torch_and_merges_back_to_the_same_bytes() {
     }
 }
 
+/// `convert --to megatron` of a `torch_dist` save: a Megatron-LM run folder (tracker last,
+/// `iter_NNNNNNN/` with megatron's `metadata.json`) holding every stored tensor bit for bit, which
+/// reads back as the same one-rank model; a bare `dist_checkpointing.save` folder gets the
+/// common state Megatron-LM's `load_checkpoint` needs (`checkpoint_version` 3.0).
+#[test]
+fn a_torch_dist_save_converts_to_a_megatron_run_with_the_same_stored_tensors() {
+    for (dir, case) in cases().into_iter().filter(|(_, c)| c["ckpt_format"] != "torch") {
+        let tmp = tempfile::tempdir().unwrap();
+        let src = source(&dir, &case);
+        let out = tmp.path().join("run");
+        let options = ConvertOptions { to: Some(TargetFormat::Megatron), ..Default::default() };
+        ckpt::convert(&open(&src, false), &out, &options, &WriteOptions::default()).unwrap();
+        let iteration = case["iteration"].as_u64().unwrap_or(0);
+        let tracker = std::fs::read_to_string(out.join("latest_checkpointed_iteration.txt")).unwrap();
+        assert_eq!(tracker, iteration.to_string(), "{}", dir.display());
+        let it = out.join(format!("iter_{iteration:07}"));
+        let config = std::fs::read_to_string(it.join("metadata.json")).unwrap();
+        assert_eq!(config, r#"{"sharded_backend": "torch_dist", "sharded_backend_version": 1}"#);
+        let stored = |p: &Path, name: &str| merged(&open(p, true), &tmp.path().join(name));
+        assert_eq!(stored(&out, "ours.safetensors"), stored(&src, "theirs.safetensors"), "{}", dir.display());
+        let model = |p: &Path, name: &str| merged(&open(p, false), &tmp.path().join(name));
+        assert_eq!(model(&out, "a.safetensors"), reference(&dir.join("expected_model.safetensors"), ""));
+        let m = open(&out, false).megatron().unwrap().clone();
+        assert_eq!((m.num_layers, m.hidden_size), (case["layers"].as_u64(), case["hidden"].as_u64()));
+        assert_eq!(m.iteration, Some(iteration), "{}", dir.display());
+    }
+}
+
+#[test]
+fn a_megatron_run_is_not_written_over_an_existing_iteration() {
+    let (dir, case) = cases().into_iter().find(|(d, _)| d.ends_with("run_tp2")).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("run");
+    std::fs::create_dir_all(out.join("iter_0000003")).unwrap();
+    let options = ConvertOptions { to: Some(TargetFormat::Megatron), ..Default::default() };
+    let err = ckpt::convert(&open(&source(&dir, &case), false), &out, &options, &WriteOptions::default()).unwrap_err();
+    assert!(err.to_string().contains("iter_0000003"), "{err}");
+    assert!(!out.join("latest_checkpointed_iteration.txt").exists());
+}
+
+#[test]
+fn megatron_output_keeps_tensors_as_stored_and_refuses_a_cast() {
+    let options =
+        ConvertOptions { to: Some(TargetFormat::Megatron), dtype: Some(ckpt::Dtype::BF16), ..Default::default() };
+    let err = options.check(Path::new("out")).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "cannot convert to out: `dtype` does not apply to `to` = `megatron`, which keeps the tensors as the tool stores them"
+    );
+}
+
 #[test]
 fn as_stored_applies_to_torch_dist_checkpoints_only() {
     let other = root().join("../safetensors");

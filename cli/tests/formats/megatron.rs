@@ -82,6 +82,30 @@ fn merge_as_stored_and_convert_to_dcp() {
 }
 
 #[test]
+fn convert_a_training_run_to_a_megatron_run_folder() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = train("fully_reshardable");
+    let run_dir = dir.path().join("run");
+    let out = run(&["convert", src.to_str().unwrap(), run_dir.to_str().unwrap(), "--to", "megatron"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(std::fs::read_to_string(run_dir.join("latest_checkpointed_iteration.txt")).unwrap(), "2");
+    let merged = dir.path().join("model.safetensors");
+    let out = run(&["merge", run_dir.to_str().unwrap(), merged.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(same_file_bytes(&merged, &fixtures().join("megatron/train_dp2/expected_model.safetensors")));
+    // The optimizer's state came along, bit for bit.
+    let opt = dir.path().join("o/model.safetensors");
+    let out = run(&["merge", run_dir.to_str().unwrap(), opt.to_str().unwrap(), "--optimizer"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let want = fixtures().join("megatron/train_dp2/expected_optimizer.safetensors");
+    assert!(same_file_bytes(&dir.path().join("o/optimizer.safetensors"), &want));
+    // Written again over the same iteration: refused, naming it, exit 2.
+    let out = run(&["convert", src.to_str().unwrap(), run_dir.to_str().unwrap(), "--to", "megatron"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("iter_0000002"), "{}", stderr(&out));
+}
+
+#[test]
 fn merge_a_legacy_save() {
     let dir = tempfile::tempdir().unwrap();
     let src = fixtures().join("megatron/legacy_tp2pp2");

@@ -329,7 +329,8 @@ def convert(
     as_stored: bool = False,
     group: Any = None,
 ) -> Outcome:
-    """``ckpt convert``: to safetensors, torch (``.bin``/``.pt``) or DCP (``to="dcp"``).
+    """``ckpt convert``: to safetensors, torch (``.bin``/``.pt``), DCP (``to="dcp"``) or a
+    Megatron-LM ``torch_dist`` run folder (``to="megatron"``).
     ``allow_globals`` and ``as_stored`` as in :func:`load`.
 
     Called from every rank of a torch.distributed job (the default process group when one is

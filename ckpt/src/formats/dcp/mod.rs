@@ -63,7 +63,7 @@ use crate::report::describe::Description;
 use crate::write::WriteOptions;
 pub(crate) use metadata::metadata_classes;
 use metadata::PathElem;
-use plan::{SrcBytes, SrcTensor};
+use plan::{SrcBytes, SrcTensor, ValueData};
 pub(crate) use read::{read_with as read_folder_with, Classes, Dcp as DcpSource, DcpTensor};
 
 /// The metadata file of a DCP folder.
@@ -197,8 +197,11 @@ pub(crate) fn write(ck: &Checkpoint, out: &Path, world_size: u64, opts: &WriteOp
                 sharded: !t.shape.is_empty() && (info.boxes().len() > 1 || one_rank),
             })
             .collect();
-        let values: Vec<SrcBytes> =
-            dcp.bytes.iter().map(|b| SrcBytes { key: b.key.clone(), path: b.path.clone(), chunk: b.chunk }).collect();
+        let values: Vec<SrcBytes> = dcp
+            .bytes
+            .iter()
+            .map(|b| SrcBytes { key: b.key.clone(), path: b.path.clone(), data: ValueData::Copied(b.chunk) })
+            .collect();
         return plan::write_dcp(ck, &tensors, &values, out, world_size, opts);
     }
     // DCP's safetensors shards tell parameters from replicated tensors as DCP does: by their

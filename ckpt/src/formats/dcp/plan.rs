@@ -41,12 +41,31 @@ pub(crate) struct SrcTensor {
 /// each rank's slice; more (tensor-parallel shards, views) are gathered slice by slice.
 const MAX_COPY_RUNS: u64 = 1 << 12;
 
-/// A non-tensor item to carry over verbatim.
+/// A non-tensor item to write: carried over verbatim, or a value laid out here.
 #[derive(Clone, Debug)]
 pub(crate) struct SrcBytes {
     pub key: String,
     pub path: Vec<PathElem>,
-    pub chunk: Chunk,
+    pub data: ValueData,
+}
+
+/// Where a non-tensor item's bytes come from.
+#[derive(Clone, Debug)]
+pub(crate) enum ValueData {
+    /// A complete archive in a source file, copied byte for byte.
+    Copied(Chunk),
+    /// A `torch.save` archive of a value, laid out by the torch writer and written whole by the
+    /// file's seal (a Megatron run's `common_state`, which no source holds).
+    Pickled(TorchLayout),
+}
+
+impl ValueData {
+    fn len(&self) -> u64 {
+        match self {
+            ValueData::Copied(c) => c.len,
+            ValueData::Pickled(l) => l.file_len,
+        }
+    }
 }
 
 enum Placement {
@@ -54,7 +73,8 @@ enum Placement {
     Bytes { b: usize },
 }
 
-/// Writes `tensors` and `values` (reading from `files`) as a DCP folder `out` for `world` ranks.
+/// Writes `tensors` and `values` (reading from `ck`'s files) as a DCP folder `out` for `world`
+/// ranks.
 pub(crate) fn write_dcp(
     ck: &Checkpoint,
     tensors: &[SrcTensor],
@@ -63,16 +83,6 @@ pub(crate) fn write_dcp(
     world: u64,
     opts: &WriteOptions<'_>,
 ) -> Result<Outcome> {
-    let world_len = usize::try_from(world)
-        .map_err(|_| Error::Misuse { path: out.to_path_buf(), misuse: crate::Misuse::WorldSizeOutOfRange { world } })?;
-    for t in tensors {
-        if !t.info.dtype.bits().is_multiple_of(8) {
-            return Err(Error::NotInTorch { dst: out.to_path_buf(), tensor: t.key.clone(), dtype: t.info.dtype });
-        }
-    }
-    let per_rank = place(tensors, values, world, world_len);
-    let (mut plan, items, bytes) = lay_out(tensors, values, &per_rank, out)?;
-
     // `.metadata` records the folder's absolute path; a dry run plans without creating it.
     let abs = match opts.job.is_some_and(crate::Job::is_dry_run) {
         true => std::path::absolute(out).at(out)?,
@@ -81,6 +91,7 @@ pub(crate) fn write_dcp(
             std::fs::canonicalize(out).at(out)?
         }
     };
+    let Planned { mut plan, bytes } = plan_dcp(tensors, values, out, &abs, world)?;
     let meta_path = out.join(super::METADATA_NAME);
     // A previous DCP checkpoint in `out`: `.metadata` first. Writing over the source folder is
     // refused by the executor.
@@ -89,7 +100,6 @@ pub(crate) fn write_dcp(
         |n| n == super::METADATA_NAME || (n.starts_with("__") && n.ends_with(".distcp")),
         |n| n == super::METADATA_NAME,
     )?;
-    plan.trailers.push((meta_path.clone(), encode::encode(&items, &abs, &encode::uuid4())));
 
     crate::write::execute::execute(&plan, ck, opts)?;
     let mut written = plan.outputs();
@@ -103,6 +113,35 @@ pub(crate) fn write_dcp(
         world_size: Some(world),
         ..Outcome::default()
     })
+}
+
+/// A DCP folder planned: its rank files and `.metadata` (the last trailer), and the tensor
+/// bytes it writes.
+pub(crate) struct Planned {
+    pub plan: Plan,
+    pub bytes: u64,
+}
+
+/// Plans `tensors` and `values` as the DCP folder `out` for `world` ranks, `.metadata` (which
+/// records `abs`, the folder's absolute path) its trailer. Nothing is created.
+pub(crate) fn plan_dcp(
+    tensors: &[SrcTensor],
+    values: &[SrcBytes],
+    out: &Path,
+    abs: &Path,
+    world: u64,
+) -> Result<Planned> {
+    let world_len = usize::try_from(world)
+        .map_err(|_| Error::Misuse { path: out.to_path_buf(), misuse: crate::Misuse::WorldSizeOutOfRange { world } })?;
+    for t in tensors {
+        if !t.info.dtype.bits().is_multiple_of(8) {
+            return Err(Error::NotInTorch { dst: out.to_path_buf(), tensor: t.key.clone(), dtype: t.info.dtype });
+        }
+    }
+    let per_rank = place(tensors, values, world, world_len);
+    let (mut plan, items, bytes) = lay_out(tensors, values, &per_rank, out)?;
+    plan.trailers.push((out.join(super::METADATA_NAME), encode::encode(&items, abs, &encode::uuid4())));
+    Ok(Planned { plan, bytes })
 }
 
 /// Who holds what: sharded rows first, then each whole tensor and value on the rank with the
@@ -136,7 +175,7 @@ fn place(tensors: &[SrcTensor], values: &[SrcBytes], world: u64, world_len: usiz
     }
     for (b, v) in values.iter().enumerate() {
         let r = least(&load);
-        load[r] += v.chunk.len;
+        load[r] += v.data.len();
         per_rank[r].push(Placement::Bytes { b });
     }
     per_rank
@@ -188,12 +227,18 @@ fn lay_out(
                     chunks_of[t].push(item.chunk);
                 }
                 Placement::Bytes { b } => {
-                    let c = values[b].chunk;
-                    let at = file.push_bytes(c.len);
-                    if c.len > 0 {
-                        copies.push(RangeCopy { src: c.file, src_off: c.offset, dst_off: at, len: c.len });
-                    }
-                    value_at[b] = Some((file.name.clone(), at, c.len));
+                    let (at, len) = match &values[b].data {
+                        ValueData::Copied(c) => {
+                            let at = file.push_bytes(c.len);
+                            if c.len > 0 {
+                                copies.push(RangeCopy { src: c.file, src_off: c.offset, dst_off: at, len: c.len });
+                            }
+                            (at, c.len)
+                        }
+                        // Written whole by the file's seal, with the tensor items' archives.
+                        ValueData::Pickled(layout) => file.push_layout(layout.clone()),
+                    };
+                    value_at[b] = Some((file.name.clone(), at, len));
                 }
             }
         }

@@ -36,6 +36,10 @@
 //! torch's `dcp_to_torch_save` gives them. Both views, and a legacy save's stitching of its
 //! ranks' pieces, are model maps ([`crate::map::model`]) over the tensors as stored, applied
 //! and checked like any other catalog.
+//!
+//! [`save`] writes a Megatron-LM run folder (`convert --to megatron`): megatron's stored keys
+//! and global shapes, each tensor whole, with the common state Megatron-LM's `load_checkpoint`
+//! reads, so that megatron loads it at any parallel layout.
 
 mod buckets;
 #[doc(hidden)]
@@ -44,6 +48,7 @@ mod info;
 mod legacy;
 pub(crate) mod names;
 mod optimizer;
+pub(crate) mod save;
 mod torch_dist;
 
 pub use info::MegatronInfo;
@@ -250,6 +255,15 @@ impl super::FormatOps for MegatronFormat {
 
     fn optimizer_state(&self, ck: &Checkpoint) -> Result<Vec<TensorInfo>> {
         optimizer::optimizer_state(ck)
+    }
+
+    /// A `torch_dist` save is written again as stored; a legacy save's pieces are not yet laid
+    /// out as megatron's global tensors for this.
+    fn to_megatron(&self, ck: &Checkpoint, out: &Path, opts: &crate::WriteOptions<'_>) -> Result<crate::Outcome> {
+        match ck.format {
+            Format::MegatronTorchDist => save::rewrite_torch_dist(ck, out, opts),
+            _ => Err(super::not_for_format(crate::Opt::To, ck)),
+        }
     }
 }
 

@@ -131,6 +131,16 @@ pub(crate) fn layout_value(prefix: &str, v: &Leaf, out: &Path) -> Result<TorchLa
     layout_pickle(prefix, pkl, &[], out)
 }
 
+/// Lays out a torch file whose object is the nested value `n` (records, tuples; no tensors):
+/// what `torch.save(value)` writes for a value beyond a plain [`Leaf`] (a Megatron-LM run's
+/// `common_state`, holding its `argparse.Namespace`).
+pub(crate) fn layout_node(prefix: &str, n: &WNode, out: &Path) -> Result<TorchLayout> {
+    let mut pkl = vec![0x80, 2];
+    node(&mut pkl, n, &[]);
+    pkl.push(b'.');
+    layout_pickle(prefix, pkl, &[], out)
+}
+
 fn layout_pickle(prefix: &str, pkl: Vec<u8>, storages: &[WStorage], out: &Path) -> Result<TorchLayout> {
     for d in storages.iter().map(|s| s.dtype) {
         if torch_dtype_name(d).is_none() {

@@ -1,0 +1,156 @@
+"""One rank of megatron-core 0.19.2 loading a run folder that `ckpt convert --to megatron` wrote
+(gloo on CPU, `fixtures/gen/megatron_cpu.py`'s patches), for test_megatron_save.py.
+
+    PYTHONPATH=/opt/mcore torchrun --nproc_per_node TP megatron_load_check.py SPEC.json
+
+SPEC.json: {"case": {...case.json...}, "tp": N, "reference": DIR, "ours": RUN_DIR,
+            "hf_logits": PATH (optional: safetensors with `tokens` and `logits` to match)}
+
+Each rank builds the case's GPTModel (local spec) at tensor parallel size `tp`, and:
+
+1. `dist_checkpointing.load(model.sharded_state_dict(), ITER)` of the reference (megatron's own
+   save, a run folder or a `dist_checkpointing.save` folder, when given) and of ours, each into a model whose parameters
+   were all NaN: every parameter of ours must equal the reference's bit for bit (or, without a
+   reference, hold no NaN);
+2. Megatron-LM's `load_checkpoint` with `--finetune --no-load-optim --no-load-rng` from ours
+   (args parsed and validated by `megatron.training.arguments`): it must start at iteration 0
+   with the same parameters;
+3. with `hf_logits`: the forward's logits of the loaded model, gathered over TP, must match
+   the recorded ones (max |diff| < 1e-4).
+"""
+
+import json
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+GEN = os.path.join(HERE, "..", "..", "..", "fixtures", "gen")
+sys.path.insert(0, GEN)
+import megatron_cpu  # noqa: E402  (must precede megatron imports)
+
+import torch  # noqa: E402
+
+
+def iteration_dir(run_dir):
+    """The folder megatron loads: the tracker's iteration of a run folder, or the folder itself
+    (what `dist_checkpointing.save` wrote)."""
+    tracker = os.path.join(run_dir, "latest_checkpointed_iteration.txt")
+    if not os.path.exists(tracker):
+        return run_dir
+    with open(tracker) as f:
+        return os.path.join(run_dir, f"iter_{int(f.read().strip()):07d}")
+
+
+def nan_model(case, tp):
+    import megatron_worker
+
+    model = megatron_worker.build_model(case, tp, 1)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.fill_(float("nan"))
+    return model
+
+
+def load_dist(case, tp, run_dir):
+    from megatron.core import dist_checkpointing
+
+    model = nan_model(case, tp)
+    sharded = model.sharded_state_dict()
+    loaded = dist_checkpointing.load(sharded, iteration_dir(run_dir))
+    # The common state (a run's `args`, `iteration`) comes back beside the model's keys.
+    model.load_state_dict({k: loaded[k] for k in sharded})
+    return model
+
+
+def params(model):
+    return {k: v.detach().clone() for k, v in model.state_dict().items() if not k.endswith("_extra_state")}
+
+
+def same(got, want, what):
+    assert sorted(got) == sorted(want), f"{what}: keys differ: {sorted(set(got) ^ set(want))}"
+    for k in want:
+        a, b = got[k], want[k]
+        assert a.dtype == b.dtype and a.shape == b.shape, f"{what}: {k}: {a.dtype}{list(a.shape)} vs {b.dtype}{list(b.shape)}"
+        assert a.reshape(-1).view(torch.uint8).equal(b.reshape(-1).view(torch.uint8)), f"{what}: {k} differs"
+
+
+def no_nan(got, what):
+    for k, v in got.items():
+        assert not (v.is_floating_point() and torch.isnan(v.float()).any()), f"{what}: {k} still NaN"
+
+
+class _CpuTensors:
+    """`torch` as Megatron-LM's checkpointing module sees it, where `torch.tensor(...,
+    device='cuda')` (`read_metadata`'s all-reduce of the tracker's iteration, which
+    megatron_cpu does not cover) makes a CPU tensor for gloo; everything else is torch's."""
+
+    def __getattr__(self, name):
+        return getattr(torch, name)
+
+    @staticmethod
+    def tensor(*args, **kwargs):
+        if kwargs.get("device") == "cuda":
+            kwargs["device"] = "cpu"
+        return torch.tensor(*args, **kwargs)
+
+
+def load_megatron_lm(case, tp, run_dir):
+    """Megatron-LM's `load_checkpoint`, as a fine-tuning run starting from `run_dir` calls it."""
+    import megatron_worker
+    from megatron.training import checkpointing, global_vars
+    from megatron.training.arguments import parse_args, validate_args
+    from megatron.training.checkpointing import load_checkpoint
+
+    case = {**case, "tp": tp, "pp": 1}
+    sys.argv = megatron_worker.megatron_lm_argv(case, "/nonexistent-save")
+    sys.argv += ["--load", run_dir, "--finetune", "--no-load-optim", "--no-load-rng"]
+    args = parse_args()
+    validate_args(args)
+    global_vars.set_global_variables(args, build_tokenizer=False)
+    checkpointing.torch = _CpuTensors()
+    model = nan_model(case, tp)
+    iteration, _ = load_checkpoint([model], None, None, strict=True)
+    assert iteration == 0, f"load_checkpoint started at iteration {iteration}, not 0 (--finetune)"
+    return model
+
+
+def logits(model, tokens, tp):
+    from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
+
+    model.eval()
+    b, s = tokens.shape
+    position_ids = torch.arange(s).unsqueeze(0).expand(b, s)
+    mask = torch.triu(torch.ones(s, s, dtype=torch.bool), diagonal=1).view(1, 1, s, s)
+    with torch.no_grad():
+        out = model(tokens, position_ids, mask)
+    return gather_from_tensor_model_parallel_region(out) if tp > 1 else out
+
+
+def main():
+    spec = json.load(open(sys.argv[1]))
+    megatron_cpu.install()
+    case, tp = spec["case"], spec["tp"]
+    megatron_worker = __import__("megatron_worker")
+    megatron_worker.init_parallel(tp, 1)
+    ours = params(load_dist(case, tp, spec["ours"]))
+    if spec.get("reference"):
+        same(ours, params(load_dist(case, tp, spec["reference"])), "dist_checkpointing.load")
+    else:
+        no_nan(ours, "dist_checkpointing.load")
+    lm = load_megatron_lm(case, tp, spec["ours"])
+    same(params(lm), ours, "load_checkpoint --finetune")
+    if spec.get("hf_logits"):
+        from safetensors.torch import load_file
+
+        want = load_file(spec["hf_logits"])
+        got = logits(lm, want["tokens"].long(), tp).float()
+        diff = (got - want["logits"].float()).abs().max().item()
+        assert diff < 1e-4, f"logits differ from the recorded ones by {diff}"
+        print(f"rank {torch.distributed.get_rank()}: logits max |diff| {diff:.3g}")
+    torch.distributed.barrier()
+    print(f"rank {torch.distributed.get_rank()}: ok")
+    torch.distributed.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,65 @@
+"""Megatron-LM run folders written by `ckpt convert SRC OUT --to megatron`, loaded by the real
+megatron-core 0.19.2 (`make mcore` unpacks it at /opt/mcore; CPU, gloo, with
+`fixtures/gen/megatron_cpu.py`'s patches).
+
+A `torch_dist` source written again keeps every stored tensor and value bit for bit; megatron
+then reads it at tensor parallel 2 (`megatron_load_check.py`): `dist_checkpointing.load` gives
+the parameters megatron reads from its own save, and Megatron-LM's `load_checkpoint` with
+`--finetune --no-load-optim --no-load-rng` starts from it at iteration 0 with the same ones.
+"""
+
+import json
+import os
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from conftest import FIXTURES, ROOT, run_ckpt, torchrun
+
+MCORE = os.environ.get("STATEKIT_MCORE", "/opt/mcore")
+CHECK = ROOT / "tests" / "python" / "interop" / "megatron_load_check.py"
+RUN_TP2 = FIXTURES / "megatron" / "run_tp2"
+
+
+def megatron_loads(tmp_path, case, ours, reference=None, tp=2, hf_logits=None):
+    assert os.path.isdir(os.path.join(MCORE, "megatron")), f"megatron-core is not at {MCORE} (`make mcore`)"
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"case": case, "tp": tp, "ours": str(ours),
+                                "reference": str(reference) if reference else None,
+                                "hf_logits": str(hf_logits) if hf_logits else None}))
+    # Megatron-LM refuses tensor parallelism without this setting of its CUDA runs.
+    env = {"PYTHONPATH": MCORE, "CUDA_VISIBLE_DEVICES": "", "CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+    proc = torchrun(tp, CHECK, spec, env=env, cwd=tmp_path)
+    assert proc.returncode == 0, f"megatron_load_check exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    return proc.stdout
+
+
+def test_a_torch_dist_run_written_again_keeps_its_stored_tensors_bit_for_bit(tmp_path):
+    out = tmp_path / "run"
+    run_ckpt("convert", RUN_TP2, out, "--to", "megatron")
+    assert (out / "latest_checkpointed_iteration.txt").read_text() == "3"
+    it = out / "iter_0000003"
+    assert sorted(p.name for p in it.iterdir()) == [".metadata", "__0_0.distcp", "metadata.json"]
+    assert (it / "metadata.json").read_text() == (RUN_TP2 / "iter_0000003" / "metadata.json").read_text()
+    # What megatron stored, as torch's own dcp_to_torch_save reads each: the same tensors.
+    run_ckpt("convert", it, tmp_path / "stored.safetensors", "--as-stored")
+    got, want = load_file(tmp_path / "stored.safetensors"), load_file(RUN_TP2 / "expected_stored.safetensors")
+    assert sorted(got) == sorted(want)
+    for k in want:
+        assert got[k].dtype == want[k].dtype and got[k].shape == want[k].shape, k
+        assert got[k].reshape(-1).view(torch.uint8).equal(want[k].reshape(-1).view(torch.uint8)), k
+
+
+@pytest.mark.parametrize("case", ["run_tp2", "tp2pp2"])
+def test_megatron_loads_a_rewritten_run_at_tp2_and_megatron_lm_finetunes_from_it(tmp_path, case):
+    """`run_tp2` is a Megatron-LM run (fp32, LayerNorm, biases); `tp2pp2` a bare
+    `dist_checkpointing.save` at TP 2 x PP 2 (bf16, SwiGLU, GQA, RMSNorm), which becomes a run
+    with the common state Megatron-LM needs."""
+    src = FIXTURES / "megatron" / case
+    source = src if case == "run_tp2" else src / "ckpt"
+    out = tmp_path / "run"
+    run_ckpt("convert", source, out, "--to", "megatron")
+    spec = json.loads((src / "case.json").read_text())
+    stdout = megatron_loads(tmp_path, spec, out, reference=source)
+    assert stdout.count(": ok") == 2, stdout
