@@ -927,6 +927,21 @@ pub enum Error {
         /// The save's pipeline stages.
         pp: u64,
     },
+    /// A model no Hugging Face architecture of the tables describes: a setting of it that
+    /// the closest family has no counterpart for.
+    #[error(
+        "{path}: no Hugging Face architecture holds this model: `{setting}` is {value} ({arch} has no such setting)"
+    )]
+    NoHfArchitecture {
+        /// The checkpoint.
+        path: PathBuf,
+        /// The closest family, the one asked.
+        arch: &'static str,
+        /// The model's setting with no counterpart, under the source's own name.
+        setting: &'static str,
+        /// Its value in the model.
+        value: String,
+    },
 }
 
 /// What a model map gets wrong about one tensor, for [`Error::BadModelMap`].
