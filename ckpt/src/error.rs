@@ -1016,6 +1016,18 @@ pub enum MapProblem {
         /// What the map builds (`one-rank model`, ...).
         view: &'static str,
     },
+    /// A source tensor of another shape than the model's configuration gives it.
+    #[error(
+        "it is made from `{source_name}`, of shape {found:?}, but the model's configuration gives it {expected:?}"
+    )]
+    SourceShape {
+        /// The source tensor.
+        source_name: String,
+        /// The shape the configuration gives.
+        expected: Vec<u64>,
+        /// The shape stored.
+        found: Vec<u64>,
+    },
 }
 
 /// [`Error::Misuse`]'s message: the misuse, after the destination unless it names its source.

@@ -10,6 +10,12 @@
 //! (`--arch`, [`Arch::from_name`]); a model no family describes is refused naming the setting
 //! that has no counterpart ([`crate::Error::NoHfArchitecture`]).
 
+// The reverse tables (Hugging Face → Megatron's stored keys) are joined by `convert --to megatron`.
+#[cfg_attr(not(test), allow(dead_code))]
+pub(crate) mod names;
+#[cfg_attr(not(test), allow(dead_code))]
+pub(crate) mod tables;
+
 use crate::read::dtype::Dtype;
 
 /// The norm a model uses before attention, before the MLP and at the end.
