@@ -927,6 +927,21 @@ pub enum Error {
         /// The save's pipeline stages.
         pp: u64,
     },
+    /// A model no Hugging Face architecture of the tables describes: a setting of it that
+    /// the closest family has no counterpart for.
+    #[error(
+        "{path}: no Hugging Face architecture holds this model: `{setting}` is {value} ({arch} has no such setting)"
+    )]
+    NoHfArchitecture {
+        /// The checkpoint.
+        path: PathBuf,
+        /// The closest family, the one asked.
+        arch: &'static str,
+        /// The model's setting with no counterpart, under the source's own name.
+        setting: &'static str,
+        /// Its value in the model.
+        value: String,
+    },
 }
 
 /// What a model map gets wrong about one tensor, for [`Error::BadModelMap`].
@@ -1000,6 +1015,18 @@ pub enum MapProblem {
     Unplaced {
         /// What the map builds (`one-rank model`, ...).
         view: &'static str,
+    },
+    /// A source tensor of another shape than the model's configuration gives it.
+    #[error(
+        "it is made from `{source_name}`, of shape {found:?}, but the model's configuration gives it {expected:?}"
+    )]
+    SourceShape {
+        /// The source tensor.
+        source_name: String,
+        /// The shape the configuration gives.
+        expected: Vec<u64>,
+        /// The shape stored.
+        found: Vec<u64>,
     },
 }
 

@@ -88,6 +88,7 @@ pub use formats::megatron::MegatronInfo;
 pub use formats::torch::allow::AllowGlobals;
 pub use fsdp_state::Region;
 pub use hub::{push, DownloadProgress, Pushed};
+pub use map::arch::{Arch, ModelConfig, MoeConfig, NormKind};
 pub use map::blockscale::BlockScaling;
 pub use ops::local::{KeyPart, LocalTensor, LocalValue};
 pub use ops::misuse::{Misuse, Opt};

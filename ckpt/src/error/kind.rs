@@ -100,7 +100,8 @@ impl Error {
             | Error::NothingToPush { .. }
             | Error::NotReshardable { .. }
             | Error::BadSaveTensor { .. }
-            | Error::DestinationLocked { .. } => ErrorKind::Usage,
+            | Error::DestinationLocked { .. }
+            | Error::NoHfArchitecture { .. } => ErrorKind::Usage,
             Error::Io { .. } | Error::HubRequest { .. } => ErrorKind::Io,
             Error::Collective { .. }
             | Error::OtherRank { .. }
@@ -192,6 +193,7 @@ impl Error {
             Error::BadMegatron { .. } => "BadMegatron",
             Error::MissingMegatronRank { .. } => "MissingMegatronRank",
             Error::BadModelMap { .. } => "BadModelMap",
+            Error::NoHfArchitecture { .. } => "NoHfArchitecture",
         }
     }
 }

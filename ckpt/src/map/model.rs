@@ -132,8 +132,6 @@ impl Piece {
     /// `g·period + start .. g·period + start + len` of the source tensor of `shape`, placed one
     /// after the other from row `to` of the target (megatron's fused QKV interleaves each query
     /// group's Q, K and V rows; Q is every group's first `q·d` rows).
-    // Not every direction is built by a format yet (the Megatron ↔ Hugging Face tables are).
-    #[cfg_attr(not(test), allow(dead_code))]
     pub(crate) fn groups(
         source: &str,
         shape: &[u64],
@@ -154,7 +152,6 @@ impl Piece {
     /// The inverse of [`Piece::groups`]: rows `g·len .. (g+1)·len` of the source tensor of
     /// `shape`, for each of `groups` groups `g`, placed at rows `g·period + start` of the target
     /// (Q, K and V of a Hugging Face model interleaved into megatron's fused QKV).
-    #[cfg_attr(not(test), allow(dead_code))]
     pub(crate) fn interleaved(
         source: &str,
         shape: &[u64],
@@ -192,12 +189,20 @@ impl Piece {
     }
 
     /// The piece moved by `by` in the target (a source's pieces placed in a concatenation).
-    // Not every direction is built by a format yet (the Megatron ↔ Hugging Face tables are).
-    #[cfg_attr(not(test), allow(dead_code))]
     pub(crate) fn shifted(mut self, by: &[u64]) -> Piece {
         for (o, b) in self.at.offsets.iter_mut().zip(by) {
             *o = o.saturating_add(*b);
         }
+        self
+    }
+
+    /// The piece put at index `index` of a new size-1 axis `axis` of the target (one layer's
+    /// or one expert's piece placed in a stacked tensor).
+    pub(crate) fn lifted(mut self, axis: usize, index: u64) -> Piece {
+        let axis = axis.min(self.axes.len());
+        self.at.offsets.insert(axis, index);
+        self.at.sizes.insert(axis, 1);
+        self.axes.insert(axis, Axis::New);
         self
     }
 
