@@ -18,9 +18,9 @@ use std::path::PathBuf;
 
 pub use kind::ErrorKind;
 pub use problem::{
-    BlockScaleProblem, BoxProblem, ChunkProblem, EntryProblem, HeaderJsonProblem, HubCorruption, HubUrlProblem,
-    IndexProblem, JsonKind, ManifestProblem, MetadataProblem, SaveTensorProblem, SizeProblem, TorchTensorProblem,
-    ZipProblem,
+    BlockScaleProblem, BoxProblem, ChunkProblem, EntryProblem, HeaderJsonProblem, HfConfigProblem, HubCorruption,
+    HubUrlProblem, IndexProblem, JsonKind, ManifestProblem, MetadataProblem, SaveTensorProblem, SizeProblem,
+    TorchTensorProblem, ZipProblem,
 };
 
 /// Everything that can go wrong while reading, planning or writing a checkpoint.
@@ -926,6 +926,17 @@ pub enum Error {
         tp: u64,
         /// The save's pipeline stages.
         pp: u64,
+    },
+    /// A Hugging Face `config.json` that does not say what the model is, or says something the
+    /// model tables have no place for.
+    #[error("{path}: `{key}` {problem}")]
+    BadHfConfig {
+        /// The `config.json`.
+        path: PathBuf,
+        /// The setting at fault (`config.json` itself when the file as a whole is).
+        key: String,
+        /// What is wrong with it.
+        problem: HfConfigProblem,
     },
     /// A model no Hugging Face architecture of the tables describes: a setting of it that
     /// the closest family has no counterpart for.

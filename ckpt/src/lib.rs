@@ -81,8 +81,8 @@ mod write;
 
 pub use error::{
     escape_controls, BlockScaleProblem, BoxProblem, ChunkProblem, EntryProblem, Error, ErrorKind, HeaderJsonProblem,
-    HubCorruption, HubUrlProblem, IndexProblem, JsonKind, ManifestProblem, MapProblem, MetadataProblem, Result,
-    SaveTensorProblem, SizeProblem, TorchTensorProblem, ZipProblem,
+    HfConfigProblem, HubCorruption, HubUrlProblem, IndexProblem, JsonKind, ManifestProblem, MapProblem,
+    MetadataProblem, Result, SaveTensorProblem, SizeProblem, TorchTensorProblem, ZipProblem,
 };
 pub use formats::megatron::MegatronInfo;
 pub use formats::torch::allow::AllowGlobals;

@@ -80,6 +80,7 @@ impl Error {
             | Error::BadMegatron { .. }
             | Error::MissingMegatronRank { .. }
             | Error::BadModelMap { .. }
+            | Error::BadHfConfig { .. }
             | Error::HubCorrupt { .. } => ErrorKind::InvalidData,
             Error::NotACheckpoint { .. }
             | Error::UnknownSafetensorsLayout { .. }
@@ -194,6 +195,7 @@ impl Error {
             Error::MissingMegatronRank { .. } => "MissingMegatronRank",
             Error::BadModelMap { .. } => "BadModelMap",
             Error::NoHfArchitecture { .. } => "NoHfArchitecture",
+            Error::BadHfConfig { .. } => "BadHfConfig",
         }
     }
 }

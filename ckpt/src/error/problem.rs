@@ -923,3 +923,74 @@ impl fmt::Display for ChunkProblem {
         }
     }
 }
+
+/// What is wrong with a Hugging Face `config.json` ([`super::Error::BadHfConfig`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum HfConfigProblem {
+    /// The folder has no `config.json`.
+    NoConfig,
+    /// The file is not JSON.
+    NotJson {
+        /// The parser's words.
+        cause: String,
+    },
+    /// A setting the model needs is absent.
+    Missing,
+    /// A setting that must be a whole number is not.
+    NotANumber {
+        /// The value as JSON.
+        found: String,
+    },
+    /// `model_type` names no family of the tables.
+    UnknownFamily {
+        /// The `model_type`.
+        found: String,
+        /// The families read.
+        known: String,
+    },
+    /// An activation other than SiLU.
+    Activation {
+        /// The `hidden_act`.
+        found: String,
+    },
+    /// A setting turned on that megatron's layout of the family has no place for.
+    NoPlace {
+        /// The family.
+        family: &'static str,
+    },
+    /// Key/value heads that do not divide the attention heads (or none).
+    Heads {
+        /// The `num_key_value_heads` (or `num_attention_heads`).
+        found: u64,
+    },
+    /// A weights dtype that is not a float.
+    Dtype {
+        /// The dtype named.
+        found: String,
+    },
+}
+
+impl fmt::Display for HfConfigProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            HfConfigProblem::NoConfig => {
+                write!(f, "is missing: a Hugging Face folder's `config.json` says what the model is")
+            }
+            HfConfigProblem::NotJson { cause } => write!(f, "is not JSON: {cause}"),
+            HfConfigProblem::Missing => write!(f, "is missing"),
+            HfConfigProblem::NotANumber { found } => write!(f, "is {found}, not a whole number"),
+            HfConfigProblem::UnknownFamily { found, known } => {
+                write!(f, "is `{}`, not one of the families read ({known})", found.escape_debug())
+            }
+            HfConfigProblem::Activation { found } => {
+                write!(f, "is `{}`; the tables read SiLU-gated MLPs", found.escape_debug())
+            }
+            HfConfigProblem::NoPlace { family } => {
+                write!(f, "is on, which megatron's {family} layout has no place for")
+            }
+            HfConfigProblem::Heads { found } => write!(f, "is {found}, which does not divide the heads"),
+            HfConfigProblem::Dtype { found } => write!(f, "is `{}`, not a float dtype", found.escape_debug()),
+        }
+    }
+}

@@ -41,6 +41,11 @@ fn variant_name_is_the_debug_name() {
         Error::BadMegatron { path: "ckpt".into(), key: Some("k".into()), rank: Some(0), reason: "r".into() },
         Error::MissingMegatronRank { path: "ckpt".into(), rank: 1, tp: 2, pp: 1 },
         Error::NoHfArchitecture { path: "ckpt".into(), arch: "llama", setting: "swiglu", value: "off".into() },
+        Error::BadHfConfig {
+            path: "config.json".into(),
+            key: "hidden_act".into(),
+            problem: crate::HfConfigProblem::Activation { found: "gelu".into() },
+        },
         Error::BadModelMap {
             path: "ckpt".into(),
             tensor: "w".into(),

@@ -128,6 +128,11 @@ impl super::FormatOps for HfShardedFormat {
     fn catalog(&self, _: Format, root: PathBuf, _: &crate::OpenOptions) -> Result<Scan> {
         catalog(root)
     }
+
+    /// A Hugging Face model folder (its `config.json` beside the weights) as a Megatron-LM run.
+    fn to_megatron(&self, ck: &Checkpoint, out: &Path, opts: &crate::WriteOptions<'_>) -> Result<crate::Outcome> {
+        super::megatron::save::from_hf(ck, out, opts)
+    }
 }
 
 /// The catalog of a sharded checkpoint, with every disagreement between the index and its

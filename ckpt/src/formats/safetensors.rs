@@ -162,6 +162,11 @@ impl super::FormatOps for SafetensorsFormat {
     fn catalog(&self, _: Format, root: PathBuf, _: &crate::OpenOptions) -> Result<Scan> {
         catalog(root)
     }
+
+    /// A Hugging Face model folder (its `config.json` beside the weights) as a Megatron-LM run.
+    fn to_megatron(&self, ck: &Checkpoint, out: &Path, opts: &crate::WriteOptions<'_>) -> Result<crate::Outcome> {
+        super::megatron::save::from_hf(ck, out, opts)
+    }
 }
 
 /// The catalog of one safetensors file.

@@ -4,7 +4,10 @@
     PYTHONPATH=/opt/mcore torchrun --nproc_per_node TP megatron_load_check.py SPEC.json
 
 SPEC.json: {"case": {...case.json...}, "tp": N, "reference": DIR, "ours": RUN_DIR,
-            "hf_logits": PATH (optional: safetensors with `tokens` and `logits` to match)}
+            "hf_logits": PATH (optional: safetensors with `input_ids` and `logits` to match)}
+
+A case with `rope_theta` is a Hugging Face model's (test_megatron_save.py's `hf_case`): built
+with that base, `norm_eps`, `head_dim`, `qkv_bias` and `qk_norm`.
 
 Each rank builds the case's GPTModel (local spec) at tensor parallel size `tp`, and:
 
@@ -41,10 +44,31 @@ def iteration_dir(run_dir):
         return os.path.join(run_dir, f"iter_{int(f.read().strip()):07d}")
 
 
+def build_hf_model(case, tp):
+    """GPTModel (local spec) for a Hugging Face family's settings: RoPE with the config's base,
+    RMSNorm with its epsilon, the head width, Qwen2's QKV biases, Qwen3's q/k norms."""
+    import dataclasses
+
+    import megatron_worker
+    from megatron.core import parallel_state
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+    config = megatron_worker.transformer_config(case, tp, 1)
+    config = dataclasses.replace(config, layernorm_epsilon=case["norm_eps"], kv_channels=case["head_dim"],
+                                 add_qkv_bias=case["qkv_bias"], qk_layernorm=case["qk_norm"])
+    spec = get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=case["qk_norm"])
+    return GPTModel(config=config, transformer_layer_spec=spec, vocab_size=case["vocab"],
+                    max_sequence_length=case["seq_len"], pre_process=parallel_state.is_pipeline_first_stage(),
+                    post_process=parallel_state.is_pipeline_last_stage(),
+                    share_embeddings_and_output_weights=case["tied"], position_embedding_type="rope",
+                    rotary_base=case["rope_theta"])
+
+
 def nan_model(case, tp):
     import megatron_worker
 
-    model = megatron_worker.build_model(case, tp, 1)
+    model = build_hf_model(case, tp) if "rope_theta" in case else megatron_worker.build_model(case, tp, 1)
     with torch.no_grad():
         for p in model.parameters():
             p.fill_(float("nan"))
@@ -143,7 +167,7 @@ def main():
         from safetensors.torch import load_file
 
         want = load_file(spec["hf_logits"])
-        got = logits(lm, want["tokens"].long(), tp).float()
+        got = logits(lm, want["input_ids"].long(), tp).float()
         diff = (got - want["logits"].float()).abs().max().item()
         assert diff < 1e-4, f"logits differ from the recorded ones by {diff}"
         print(f"rank {torch.distributed.get_rank()}: logits max |diff| {diff:.3g}")

@@ -63,3 +63,31 @@ def test_megatron_loads_a_rewritten_run_at_tp2_and_megatron_lm_finetunes_from_it
     spec = json.loads((src / "case.json").read_text())
     stdout = megatron_loads(tmp_path, spec, out, reference=source)
     assert stdout.count(": ok") == 2, stdout
+
+
+def hf_case(folder):
+    """megatron_load_check.py's case for a transformers model folder, from its `config.json`."""
+    c = json.loads((folder / "config.json").read_text())
+    model_type = c["model_type"]
+    heads = c["num_attention_heads"]
+    return {"layers": c["num_hidden_layers"], "hidden": c["hidden_size"], "ffn": c["intermediate_size"],
+            "heads": heads, "query_groups": c.get("num_key_value_heads", heads),
+            "head_dim": c.get("head_dim") or c["hidden_size"] // heads, "vocab": c["vocab_size"],
+            "seq_len": c["max_position_embeddings"], "swiglu": True, "tied": c.get("tie_word_embeddings", False),
+            "dtype": c.get("dtype", "float32"), "norms_dtype": None, "normalization": "RMSNorm",
+            "bias_linear": False, "position_embedding": "rope", "seed": 0,
+            "rope_theta": c["rope_parameters"]["rope_theta"], "norm_eps": c["rms_norm_eps"],
+            "qkv_bias": model_type == "qwen2", "qk_norm": model_type == "qwen3"}
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+def test_a_hugging_face_model_converts_to_a_run_megatron_loads_at_tp2_with_its_logits(tmp_path, arch):
+    """transformers 5.24 folders (`fixtures/megatron_arch/hf/`: Llama GQA in two shards, Qwen2
+    with QKV biases and tied embeddings, Qwen3 with q/k norms) converted to a Megatron-LM run:
+    megatron at tensor parallel 2 loads it (`dist_checkpointing.load`, and `load_checkpoint
+    --finetune`) and its forward gives the logits transformers recorded (max |diff| < 1e-4)."""
+    folder = FIXTURES / "megatron_arch" / "hf" / arch
+    out = tmp_path / "run"
+    run_ckpt("convert", folder, out, "--to", "megatron")
+    stdout = megatron_loads(tmp_path, hf_case(folder), out, hf_logits=folder / "logits.safetensors")
+    assert stdout.count(": ok") == 2 and stdout.count("logits max |diff|") == 2, stdout

@@ -225,3 +225,145 @@ pub(crate) fn model_args(meta: &super::MegatronInfo) -> Vec<(String, Leaf)> {
     put("untie_embeddings_and_output_weights", meta.tied_embeddings.map(|t| Leaf::Bool(!t)));
     args
 }
+
+/// The linears of a layer of megatron's local spec whose (empty) `_extra_state` megatron saves
+/// and loads as a `ShardedObject` per layer.
+const LINEARS: [&str; 4] =
+    ["self_attention.linear_proj", "self_attention.linear_qkv", "mlp.linear_fc1", "mlp.linear_fc2"];
+
+/// A Hugging Face folder (its `config.json` beside the weights) written as a Megatron-LM run
+/// folder at iteration 0: the family's tables map the Hub tensors to megatron's stored keys
+/// (fused QKV per query group, `[gate; up]`, stacked layers; [`crate::map::arch::tables`]), the
+/// `args` say the model under Megatron-LM's names, and each layer's linears get the empty
+/// `_extra_state` megatron's local spec saves.
+pub(crate) fn from_hf(ck: &Checkpoint, out: &Path, opts: &WriteOptions<'_>) -> Result<Outcome> {
+    use crate::map::arch::{hf_config, tables};
+    let folder =
+        if ck.root.is_dir() { ck.root.clone() } else { ck.root.parent().unwrap_or(Path::new(".")).to_path_buf() };
+    let path = folder.join("config.json");
+    if !path.is_file() {
+        let problem = crate::HfConfigProblem::NoConfig;
+        return Err(Error::BadHfConfig { path, key: "config.json".into(), problem });
+    }
+    let data = crate::read::io::read_capped(&path, hf_config::MAX_CONFIG_LEN)?;
+    let (config, arch) = hf_config::parse(&path, &data)?;
+    if let Some((setting, value)) = arch.mismatch(&config) {
+        return Err(Error::NoHfArchitecture { path, arch: arch.name(), setting, value });
+    }
+    let map = tables::from_hf(&ck.root, &config, arch, &ck.tensors)?;
+    let stored = map.apply(&ck.root, &ck.tensors)?;
+    let tensors = stored.into_iter().map(|t| RunTensor { key: t.name.clone(), info: t }).collect();
+    let mut values =
+        vec![RunValue::Written { key: COMMON_STATE_KEY.to_string(), value: common_state(&config_args(&config), 0) }];
+    if tables::Keys::of(&config) == tables::Keys::Stacked && config.moe.is_none() {
+        let layers = config.num_layers;
+        for layer in 0..layers {
+            for linear in LINEARS {
+                let key = format!("decoder.layers.{linear}._extra_state/shard_{layer}_{layers}");
+                values.push(RunValue::Written { key, value: WNode::List(vec![WNode::Leaf(Leaf::None)]) });
+            }
+        }
+    }
+    write_run(ck, tensors, values, out, 0, opts)
+}
+
+/// Megatron-LM's `args` for a model of `config`, under its argument names.
+pub(crate) fn config_args(c: &crate::map::arch::ModelConfig) -> Vec<(String, Leaf)> {
+    use crate::map::arch::NormKind;
+    let int = |v: u64| Leaf::Int(i64::try_from(v).unwrap_or(i64::MAX));
+    let s = |v: &str| Leaf::Str(v.to_string());
+    let mut args = vec![
+        ("num_layers", int(c.num_layers)),
+        ("hidden_size", int(c.hidden_size)),
+        ("ffn_hidden_size", int(c.ffn_hidden_size)),
+        ("num_attention_heads", int(c.num_attention_heads)),
+        ("group_query_attention", Leaf::Bool(c.num_query_groups != c.num_attention_heads)),
+        ("num_query_groups", int(c.num_query_groups)),
+        ("kv_channels", int(c.head_dim)),
+        ("max_position_embeddings", int(c.max_position_embeddings)),
+        ("padded_vocab_size", int(c.vocab_size)),
+        ("normalization", s(if c.norm == NormKind::RmsNorm { "RMSNorm" } else { "LayerNorm" })),
+        ("norm_epsilon", Leaf::Float(c.norm_eps)),
+        ("swiglu", Leaf::Bool(c.swiglu)),
+        ("untie_embeddings_and_output_weights", Leaf::Bool(!c.tied_embeddings)),
+        ("add_bias_linear", Leaf::Bool(false)),
+        ("add_qkv_bias", Leaf::Bool(c.qkv_bias)),
+        ("qk_layernorm", Leaf::Bool(c.qk_norm)),
+        ("position_embedding_type", s("rope")),
+        ("rotary_base", Leaf::Float(c.rope_theta)),
+        ("bf16", Leaf::Bool(c.dtype == crate::Dtype::BF16)),
+        ("fp16", Leaf::Bool(c.dtype == crate::Dtype::F16)),
+        ("tensor_model_parallel_size", int(1)),
+        ("pipeline_model_parallel_size", int(1)),
+    ];
+    if let Some(m) = &c.moe {
+        args.extend([
+            ("num_experts", int(m.num_experts)),
+            ("moe_router_topk", int(m.top_k)),
+            ("moe_ffn_hidden_size", int(m.ffn_hidden_size)),
+            ("moe_layer_freq", Leaf::List(m.moe_layers.iter().map(|&x| int(u64::from(x))).collect())),
+        ]);
+        if let Some(shared) = m.shared_expert_ffn_hidden_size {
+            args.push(("moe_shared_expert_intermediate_size", int(shared)));
+            args.push(("moe_shared_expert_gate", Leaf::Bool(m.shared_expert_gate)));
+        }
+    }
+    args.into_iter().map(|(k, v)| (k.to_string(), v)).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use std::path::PathBuf;
+
+    use super::*;
+    use crate::map::arch::{hf_config, tables};
+
+    fn hf(arch: &str) -> PathBuf {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../fixtures/megatron_arch/hf").join(arch)
+    }
+
+    /// transformers' folders written as Megatron runs and read back through the tables'
+    /// Megatron → Hub map: every Hub tensor bit for bit, under its own name.
+    #[test]
+    fn a_hugging_face_model_comes_back_from_its_megatron_run_bit_for_bit() {
+        for arch in ["llama", "qwen2", "qwen3"] {
+            let tmp = tempfile::tempdir().unwrap();
+            let src = Checkpoint::open(hf(arch).to_str().unwrap()).unwrap();
+            let out = tmp.path().join("run");
+            let options = crate::ConvertOptions { to: Some(crate::TargetFormat::Megatron), ..Default::default() };
+            crate::convert(&src, &out, &options, &WriteOptions::default()).unwrap();
+            let run = Checkpoint::open(out.to_str().unwrap()).unwrap();
+            let config = hf(arch).join("config.json");
+            let (model, family) = hf_config::parse(&config, &std::fs::read(&config).unwrap()).unwrap();
+            let map = tables::to_hf(&run.root, &model, family, None, &run.tensors).unwrap();
+            let back = map.apply(&run.root, &run.tensors).unwrap();
+            let tied = model.tied_embeddings.then_some("lm_head.weight");
+            let want: Vec<&TensorInfo> = src.tensors.iter().filter(|t| Some(t.name.as_str()) != tied).collect();
+            assert_eq!(back.len(), want.len(), "{arch}");
+            for t in want {
+                let got = back.iter().find(|b| b.name == t.name).unwrap_or_else(|| panic!("{arch}: {}", t.name));
+                assert_eq!((got.dtype, &got.shape), (t.dtype, &t.shape), "{arch}: {}", t.name);
+                assert_eq!(run.read_tensor(got).unwrap(), src.read_tensor(t).unwrap(), "{arch}: {}", t.name);
+            }
+            // The run says the model under Megatron-LM's names.
+            let m = run.megatron().unwrap();
+            assert_eq!(m.num_layers, Some(model.num_layers), "{arch}");
+            assert_eq!(m.num_query_groups, Some(model.num_query_groups), "{arch}");
+            assert_eq!(m.tied_embeddings, Some(model.tied_embeddings), "{arch}");
+        }
+    }
+
+    #[test]
+    fn a_folder_without_config_json_is_refused_naming_it() {
+        let tmp = tempfile::tempdir().unwrap();
+        let file = tmp.path().join("model.safetensors");
+        std::fs::copy(hf("qwen3").join("model.safetensors"), &file).unwrap();
+        let src = Checkpoint::open(file.to_str().unwrap()).unwrap();
+        let options = crate::ConvertOptions { to: Some(crate::TargetFormat::Megatron), ..Default::default() };
+        let err = crate::convert(&src, &tmp.path().join("run"), &options, &WriteOptions::default()).unwrap_err();
+        let msg = err.to_string();
+        assert!(msg.contains("config.json") && msg.contains("is missing"), "{msg}");
+        assert!(!tmp.path().join("run").exists());
+    }
+}

@@ -10,6 +10,7 @@
 //! (`--arch`, [`Arch::from_name`]); a model no family describes is refused naming the setting
 //! that has no counterpart ([`crate::Error::NoHfArchitecture`]).
 
+pub(crate) mod hf_config;
 // The reverse tables (Hugging Face → Megatron's stored keys) are joined by `convert --to megatron`.
 #[cfg_attr(not(test), allow(dead_code))]
 pub(crate) mod names;
