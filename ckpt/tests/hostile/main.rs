@@ -11,6 +11,7 @@ mod crc;
 mod dcp;
 mod dcp_nd;
 mod deepspeed;
+mod hf_to_megatron;
 mod megatron;
 mod peak_memory;
 mod pickle_budget;
