@@ -322,6 +322,8 @@ def convert(
     max_shard_size: Optional[Size] = None,
     dedupe: bool = False,
     world_size: Optional[int] = None,
+    arch: Optional[str] = None,
+    vocab_size: Optional[int] = None,
     tag: Optional[str] = None,
     checksums: bool = False,
     allow_expanded: bool = False,
@@ -329,7 +331,10 @@ def convert(
     as_stored: bool = False,
     group: Any = None,
 ) -> Outcome:
-    """``ckpt convert``: to safetensors, torch (``.bin``/``.pt``) or DCP (``to="dcp"``).
+    """``ckpt convert``: to safetensors, torch (``.bin``/``.pt``), DCP (``to="dcp"``) or a
+    Hugging Face model folder (``to="hf"``, of a Megatron checkpoint: ``config.json`` and
+    safetensors under the Hub's names; ``arch`` names the family instead of the one recognized
+    from the saved ``args``, ``vocab_size`` keeps the vocabulary's first rows).
     ``allow_globals`` and ``as_stored`` as in :func:`load`.
 
     Called from every rank of a torch.distributed job (the default process group when one is
@@ -347,6 +352,8 @@ def convert(
             max_shard_size=_size(max_shard_size),
             dedupe=dedupe,
             world_size=world_size,
+            arch=arch,
+            vocab_size=vocab_size,
             tag=tag,
             checksums=checksums,
             allow_expanded=allow_expanded,

@@ -132,6 +132,11 @@ pub(crate) fn from_args(layout: &'static str, args: Option<&Leaf>) -> MegatronIn
     }
 }
 
+/// The saved `args` of a `torch_dist` checkpoint, where Megatron-LM saved them.
+pub(crate) fn saved_args(dcp: &DcpSource) -> Option<&Leaf> {
+    lookup(common(dcp)?, &["args"])
+}
+
 /// The saved `args.NAME` of a `torch_dist` checkpoint, where Megatron-LM saved them.
 pub(crate) fn arg<'a>(dcp: &'a DcpSource, name: &str) -> Option<&'a Leaf> {
     lookup(common(dcp)?, &["args", name])

@@ -38,6 +38,7 @@
 //! and checked like any other catalog.
 
 mod buckets;
+mod config;
 #[doc(hidden)]
 pub(crate) mod fuzz;
 mod info;
@@ -250,6 +251,10 @@ impl super::FormatOps for MegatronFormat {
 
     fn optimizer_state(&self, ck: &Checkpoint) -> Result<Vec<TensorInfo>> {
         optimizer::optimizer_state(ck)
+    }
+
+    fn model_config(&self, ck: &Checkpoint) -> Result<crate::map::arch::ModelConfig> {
+        config::model_config(ck)
     }
 }
 
