@@ -941,13 +941,15 @@ pub enum Error {
     /// A model no Hugging Face architecture of the tables describes: a setting of it that
     /// the closest family has no counterpart for.
     #[error(
-        "{path}: no Hugging Face architecture holds this model: `{setting}` is {value} ({arch} has no such setting)"
+        "{path}: no Hugging Face architecture holds this model: `{setting}` is {value}, and {}",
+        arch_note(.arch)
     )]
     NoHfArchitecture {
         /// The checkpoint.
         path: PathBuf,
-        /// The closest family, the one asked.
-        arch: &'static str,
+        /// The family asked (the closest one, or the one named); `None` when the setting is one
+        /// no family has.
+        arch: Option<&'static str>,
         /// The model's setting with no counterpart, under the source's own name.
         setting: &'static str,
         /// Its value in the model.
@@ -1039,6 +1041,14 @@ pub enum MapProblem {
         /// The shape stored.
         found: Vec<u64>,
     },
+}
+
+/// The family a [`Error::NoHfArchitecture`] names, or that it is none of them.
+fn arch_note(arch: &Option<&'static str>) -> String {
+    match arch {
+        Some(a) => format!("`{a}` has no counterpart for it"),
+        None => "no family of the tables has a counterpart for it".into(),
+    }
 }
 
 /// [`Error::Misuse`]'s message: the misuse, after the destination unless it names its source.

@@ -201,10 +201,20 @@ pub enum Command {
         #[command(flatten)]
         shards: ShardArgs,
         /// The output format, when DST's extension does not say it: `safetensors`, `torch`,
-        /// `dcp` (a torch.distributed.checkpoint folder; needs `--world-size`), or `megatron` (a
-        /// Megatron-LM `torch_dist` run folder).
+        /// `dcp` (a torch.distributed.checkpoint folder; needs `--world-size`), `hf` (a Hugging
+        /// Face model folder of a Megatron checkpoint: `config.json` and safetensors under the
+        /// Hub's names, which transformers, vLLM and SGLang load), or `megatron` (a Megatron-LM
+        /// `torch_dist` run folder, of a Megatron checkpoint or a Hugging Face folder).
         #[arg(long, value_parser = str::parse::<ckpt::TargetFormat>)]
         to: Option<ckpt::TargetFormat>,
+        /// With `--to hf`: the architecture to write (`llama`, `qwen2`, `qwen3`, `mixtral`,
+        /// `qwen2_moe`, `qwen3_moe`) instead of the one recognized from the saved `args`.
+        #[arg(long, value_name = "NAME", value_parser = str::parse::<ckpt::Arch>)]
+        arch: Option<ckpt::Arch>,
+        /// With `--to hf`: keep the first N rows of the vocabulary (embeddings and output layer)
+        /// instead of all the checkpoint's rows, padding included.
+        #[arg(long, value_name = "N")]
+        vocab_size: Option<u64>,
         /// Drop tensors that are exact aliases of another (tied weights) instead of copying them.
         #[arg(long)]
         dedupe: bool,

@@ -127,6 +127,8 @@ fn flag(option: ckpt::Opt, value: Option<&str>) -> String {
         ckpt::Opt::Model => "--model",
         ckpt::Opt::Optimizer => "--optimizer",
         ckpt::Opt::Checksums => "--checksums",
+        ckpt::Opt::Arch => "--arch",
+        ckpt::Opt::VocabSize => "--vocab-size",
         _ => "an option",
     };
     match value {
@@ -277,6 +279,8 @@ fn operate(
             to,
             dedupe,
             world_size,
+            arch,
+            vocab_size,
             open: o,
             ..
         } => {
@@ -295,6 +299,8 @@ fn operate(
                 max_shard_size,
                 dedupe: *dedupe,
                 world_size: *world_size,
+                arch: *arch,
+                vocab_size: *vocab_size,
             };
             // The library's check of the options, before anything is read.
             let format = settle(job, src, options.check(dst).map_err(Into::into))?;

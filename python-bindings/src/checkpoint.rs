@@ -216,7 +216,7 @@ pub(crate) fn merge(
 
 /// `ckpt convert`.
 #[pyfunction]
-#[pyo3(signature = (src, out, *, to=None, dtype=None, max_shard_size=None, dedupe=false, world_size=None, tag=None, checksums=false, allow_expanded=false, allow_globals=None, as_stored=false, comm=None))]
+#[pyo3(signature = (src, out, *, to=None, dtype=None, max_shard_size=None, dedupe=false, world_size=None, arch=None, vocab_size=None, tag=None, checksums=false, allow_expanded=false, allow_globals=None, as_stored=false, comm=None))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn convert(
     py: Python<'_>,
@@ -227,6 +227,8 @@ pub(crate) fn convert(
     max_shard_size: Option<&Bound<'_, PyAny>>,
     dedupe: bool,
     world_size: Option<&Bound<'_, PyAny>>,
+    arch: Option<&str>,
+    vocab_size: Option<&Bound<'_, PyAny>>,
     tag: Option<String>,
     checksums: bool,
     allow_expanded: bool,
@@ -236,9 +238,11 @@ pub(crate) fn convert(
 ) -> PyResult<String> {
     let max_shard_size = args::opt_uint(max_shard_size, "max_shard_size", 0, u64::MAX)?;
     let world_size = args::opt_uint(world_size, "world_size", 0, u64::MAX)?;
+    let vocab_size = args::opt_uint(vocab_size, "vocab_size", 0, u64::MAX)?;
+    let arch = arch.map(str::parse::<ckpt::Arch>).transpose().map_err(errors::usage)?;
     let to = to.map(str::parse::<TargetFormat>).transpose().map_err(errors::usage)?;
     let dtype = dtype.map(str::parse::<ckpt::Dtype>).transpose().map_err(errors::usage)?;
-    let options = ConvertOptions { to, dtype, max_shard_size, dedupe, world_size, blocks: None };
+    let options = ConvertOptions { to, dtype, max_shard_size, dedupe, world_size, blocks: None, arch, vocab_size };
     // The library's check of the options, before anything is read.
     options.check(&out).map_err(errors::ckpt)?;
     let ck = open(py, src, tag, allow_globals, as_stored, false);

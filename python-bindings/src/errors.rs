@@ -181,6 +181,8 @@ fn keyword(option: ckpt::Opt, value: Option<&str>) -> String {
         ckpt::Opt::MaxShardSize => "max_shard_size",
         ckpt::Opt::Dedupe => "dedupe",
         ckpt::Opt::WorldSize => "world_size",
+        ckpt::Opt::Arch => "arch",
+        ckpt::Opt::VocabSize => "vocab_size",
         // Not arguments of the Python functions: the library's own spelling.
         other => return other.library_spelling(value),
     };

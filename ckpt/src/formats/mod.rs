@@ -95,6 +95,13 @@ pub(crate) trait FormatOps: Sync {
         Err(not_for_format(Opt::Optimizer, ck))
     }
 
+    /// The model `ck` holds, format-neutral, for the architecture tables (a conversion to a
+    /// Hugging Face folder). By default refused: the source does not say what model it is.
+    fn model_config(&self, ck: &Checkpoint) -> Result<crate::map::arch::ModelConfig> {
+        let misuse = Misuse::HfFromFormat { source: ck.root.clone(), format: ck.format };
+        Err(Error::Misuse { path: ck.root.clone(), misuse })
+    }
+
     /// Whether a merge of this format may be sharded into a folder, as `zero_to_fp32
     /// --max_shard_size` does. By default not: `split` shards a checkpoint.
     fn merges_into_shards(&self) -> bool {
@@ -185,7 +192,7 @@ pub(crate) fn plan_state_dict(
 ) -> Result<Placed> {
     match to {
         TargetFormat::Torch => torch::writer::plan(outs, values, meta, dest, plan),
-        TargetFormat::Safetensors | TargetFormat::Dcp | TargetFormat::Megatron => {
+        TargetFormat::Safetensors | TargetFormat::Dcp | TargetFormat::Hf | TargetFormat::Megatron => {
             safetensors::plan(outs, meta, dest, plan)
         }
     }

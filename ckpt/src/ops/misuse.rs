@@ -45,6 +45,10 @@ pub enum Opt {
     Optimizer,
     /// [`crate::WriteOptions::checksums`], the `SHA256SUMS` manifest.
     Checksums,
+    /// [`crate::ConvertOptions::arch`], the Hugging Face family to write.
+    Arch,
+    /// [`crate::ConvertOptions::vocab_size`], the vocabulary rows to keep.
+    VocabSize,
 }
 
 impl Opt {
@@ -66,6 +70,8 @@ impl Opt {
             Opt::Model => "model",
             Opt::Optimizer => "optimizer",
             Opt::Checksums => "checksums",
+            Opt::Arch => "arch",
+            Opt::VocabSize => "vocab_size",
         };
         match value {
             Some(v) => format!("`{name}` = `{v}`"),
@@ -156,6 +162,31 @@ pub enum Misuse {
         /// A folder of the output other than the manifest's (relative to it, when inside it).
         folder: std::path::PathBuf,
     },
+    /// A Hugging Face model asked of a source whose format does not say what model it holds
+    /// (only Megatron checkpoints do: their saved `args`).
+    HfFromFormat {
+        /// The source.
+        source: PathBuf,
+        /// The source's format.
+        format: Format,
+    },
+    /// An option a Hugging Face output does not take (`extra`).
+    NotForHf {
+        /// The option given.
+        extra: Opt,
+    },
+    /// An option that only applies to a Hugging Face output (`arch`, `vocab_size`).
+    OnlyForHf {
+        /// The option given.
+        option: Opt,
+    },
+    /// A vocabulary of 0 rows, or of more than the word embeddings hold.
+    VocabBeyondRows {
+        /// The rows asked for.
+        asked: u64,
+        /// The rows the checkpoint holds.
+        rows: u64,
+    },
 }
 
 /// What an option that [`Misuse::OptionNotForFormat`] refuses applies to.
@@ -178,6 +209,7 @@ impl Misuse {
     /// sentence is about, if any).
     pub fn describe(&self, spell: &dyn Fn(Opt, Option<&str>) -> String) -> String {
         let dcp = || spell(Opt::To, Some("dcp"));
+        let hf = || spell(Opt::To, Some("hf"));
         match self {
             Misuse::DcpTakesOnlyWorldSize { .. } => format!("{} takes only {}", dcp(), spell(Opt::WorldSize, None)),
             Misuse::DcpNeedsWorldSize => format!("{} needs {}", dcp(), spell(Opt::WorldSize, Some("M"))),
@@ -231,6 +263,18 @@ impl Misuse {
                 spell(Opt::Checksums, None),
                 crate::escape_controls(&folder.display().to_string())
             ),
+            Misuse::HfFromFormat { source, format } => format!(
+                "{} converts Megatron checkpoints (whose saved `args` say what model they hold) only; {} is {}",
+                hf(),
+                source.display(),
+                format.name()
+            ),
+            Misuse::NotForHf { extra } => format!("{} does not take {}", hf(), spell(*extra, None)),
+            Misuse::OnlyForHf { option } => format!("{} only applies to {}", spell(*option, None), hf()),
+            Misuse::VocabBeyondRows { asked, rows } => format!(
+                "{} keeps the first rows of the word embeddings: from 1 to {rows} here, not {asked}",
+                spell(Opt::VocabSize, None)
+            ),
         }
     }
 
@@ -239,7 +283,10 @@ impl Misuse {
     pub fn names_its_source(&self) -> bool {
         matches!(
             self,
-            Misuse::OptionNotForFormat { .. } | Misuse::RevisionForPath { .. } | Misuse::BadGlobalPattern { .. }
+            Misuse::OptionNotForFormat { .. }
+                | Misuse::RevisionForPath { .. }
+                | Misuse::BadGlobalPattern { .. }
+                | Misuse::HfFromFormat { .. }
         )
     }
 }

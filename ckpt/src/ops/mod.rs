@@ -17,6 +17,7 @@
 //! A folder of parts (an accelerate `save_state` folder) answers a merge with its members, each
 //! merged here as its own format merges it; its reshard rewrites the whole folder.
 
+mod hf;
 pub(crate) mod local;
 pub(crate) mod misuse;
 pub(crate) mod outcome;
@@ -29,6 +30,7 @@ use std::path::Path;
 
 use crate::error::{Error, Result};
 use crate::formats;
+use crate::map::arch::Arch;
 use crate::map::blockscale::{self, BlockScaling, Compute};
 use crate::ops::misuse::{Misuse, Opt};
 pub use crate::ops::outcome::Outcome;
@@ -51,6 +53,9 @@ pub enum TargetFormat {
     Torch,
     /// A torch.distributed.checkpoint folder in FSDP2's layout (needs a world size).
     Dcp,
+    /// A Hugging Face model folder (`config.json`, safetensors under the Hub's names) of a
+    /// source that says what model it holds (a Megatron checkpoint).
+    Hf,
     /// A Megatron-LM `torch_dist` run folder (tracker, `iter_NNNNNNN/`), which megatron-core
     /// loads at any parallel layout.
     Megatron,
@@ -63,6 +68,7 @@ impl TargetFormat {
             TargetFormat::Safetensors => "safetensors",
             TargetFormat::Torch => "torch",
             TargetFormat::Dcp => "dcp",
+            TargetFormat::Hf => "hf",
             TargetFormat::Megatron => "megatron",
         }
     }
@@ -71,12 +77,12 @@ impl TargetFormat {
 impl std::str::FromStr for TargetFormat {
     type Err = String;
 
-    /// `safetensors`, `torch`, `dcp` or `megatron`.
+    /// `safetensors`, `torch`, `dcp`, `hf` or `megatron`.
     fn from_str(s: &str) -> std::result::Result<Self, String> {
-        [TargetFormat::Safetensors, TargetFormat::Torch, TargetFormat::Dcp, TargetFormat::Megatron]
+        [TargetFormat::Safetensors, TargetFormat::Torch, TargetFormat::Dcp, TargetFormat::Hf, TargetFormat::Megatron]
             .into_iter()
             .find(|f| f.name() == s)
-            .ok_or_else(|| format!("the output format is `safetensors`, `torch`, `dcp` or `megatron`, not `{s}`"))
+            .ok_or_else(|| format!("the output format is `safetensors`, `torch`, `dcp`, `hf` or `megatron`, not `{s}`"))
     }
 }
 
@@ -97,6 +103,13 @@ pub struct ConvertOptions {
     pub world_size: Option<u64>,
     /// Dequantize or quantize block-scaled FP8 weights (not with `dtype`).
     pub blocks: Option<BlockScaling>,
+    /// With [`TargetFormat::Hf`]: the family to write, instead of the one the source's
+    /// configuration is recognized as.
+    pub arch: Option<Arch>,
+    /// With [`TargetFormat::Hf`]: keep the first this many rows of the vocabulary (the word
+    /// embeddings and the output layer), instead of all the rows the checkpoint holds (padding
+    /// included).
+    pub vocab_size: Option<u64>,
 }
 
 impl ConvertOptions {
@@ -121,6 +134,29 @@ impl ConvertOptions {
             BlockScaling::Dequantize { .. } => Opt::Dequantize,
             BlockScaling::Quantize { .. } => Opt::Quantize,
         });
+        if format != TargetFormat::Hf {
+            let hf_only = [(self.arch.is_some(), Opt::Arch), (self.vocab_size.is_some(), Opt::VocabSize)];
+            if let Some((_, option)) = hf_only.into_iter().find(|(given, _)| *given) {
+                return Err(misuse(Misuse::OnlyForHf { option }));
+            }
+        }
+        if format == TargetFormat::Hf {
+            // A Hugging Face model is a folder: a file name already contradicted `to` above.
+            let extra = [(self.dedupe, Opt::Dedupe), (self.world_size.is_some(), Opt::WorldSize)]
+                .into_iter()
+                .find_map(|(given, o)| given.then_some(o))
+                .or(blocks);
+            if let Some(extra) = extra {
+                return Err(misuse(Misuse::NotForHf { extra }));
+            }
+            if let Some(dtype) = self.dtype.filter(|d| !crate::map::cast::is_castable(*d)) {
+                return Err(misuse(Misuse::NotAFloatDtype { dtype }));
+            }
+            if self.vocab_size == Some(0) {
+                return Err(misuse(Misuse::VocabBeyondRows { asked: 0, rows: 0 }));
+            }
+            return Ok(format);
+        }
         if format == TargetFormat::Dcp {
             let extra = [
                 (self.dtype.is_some(), Opt::Dtype),
@@ -409,6 +445,9 @@ fn convert_here(ck: &Checkpoint, dst: &Path, options: &ConvertOptions, opts: &Wr
         let world = options.world_size.unwrap_or_default();
         check_world(world, dst)?;
         return ck.format().ops().to_dcp(ck, dst, world, opts);
+    }
+    if format == TargetFormat::Hf {
+        return hf::convert(ck, dst, options, opts);
     }
     if format == TargetFormat::Megatron {
         return ck.format().ops().to_megatron(ck, dst, opts);

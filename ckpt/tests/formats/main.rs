@@ -13,6 +13,7 @@ mod deepspeed;
 mod fp8;
 mod megatron;
 mod megatron_arch;
+mod megatron_moe;
 mod safetensors;
 mod torch;
 mod torch_compat;

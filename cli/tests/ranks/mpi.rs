@@ -214,6 +214,19 @@ fn every_operation_writes_the_one_process_bytes_at_any_number_of_ranks() {
         ),
         ("merge Megatron torch_dist", &out_file, vec!["merge".into(), f("megatron/tp2pp2/ckpt"), "{out}".into()]),
         ("merge Megatron legacy", &out_file, vec!["merge".into(), f("megatron/legacy_tp2pp2"), "{out}".into()]),
+        (
+            "convert a Megatron MoE save to a Hugging Face folder",
+            &out,
+            vec![
+                "convert".into(),
+                f("megatron_moe/mixtral_ep2"),
+                "{out}".into(),
+                "--to".into(),
+                "hf".into(),
+                "--max-shard-size".into(),
+                "15KB".into(),
+            ],
+        ),
     ];
     for (name, out, args) in &cases {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();

@@ -158,6 +158,8 @@ def convert(
     max_shard_size: Optional[int] = None,
     dedupe: bool = False,
     world_size: Optional[int] = None,
+    arch: Optional[str] = None,
+    vocab_size: Optional[int] = None,
     tag: Optional[str] = None,
     checksums: bool = False,
     allow_expanded: bool = False,

@@ -322,6 +322,8 @@ def convert(
     max_shard_size: Optional[Size] = None,
     dedupe: bool = False,
     world_size: Optional[int] = None,
+    arch: Optional[str] = None,
+    vocab_size: Optional[int] = None,
     tag: Optional[str] = None,
     checksums: bool = False,
     allow_expanded: bool = False,
@@ -330,7 +332,11 @@ def convert(
     group: Any = None,
 ) -> Outcome:
     """``ckpt convert``: to safetensors, torch (``.bin``/``.pt``), DCP (``to="dcp"``) or a
-    Megatron-LM ``torch_dist`` run folder (``to="megatron"``).
+    Hugging Face model folder (``to="hf"``, of a Megatron checkpoint: ``config.json`` and
+    safetensors under the Hub's names; ``arch`` names the family instead of the one recognized
+    from the saved ``args``, ``vocab_size`` keeps the vocabulary's first rows), or a Megatron-LM
+    ``torch_dist`` run folder (``to="megatron"``, of a Megatron checkpoint or a Hugging Face
+    folder).
     ``allow_globals`` and ``as_stored`` as in :func:`load`.
 
     Called from every rank of a torch.distributed job (the default process group when one is
@@ -348,6 +354,8 @@ def convert(
             max_shard_size=_size(max_shard_size),
             dedupe=dedupe,
             world_size=world_size,
+            arch=arch,
+            vocab_size=vocab_size,
             tag=tag,
             checksums=checksums,
             allow_expanded=allow_expanded,

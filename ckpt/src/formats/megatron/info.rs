@@ -45,6 +45,15 @@ pub struct MegatronInfo {
     /// The distributed optimizer's form (`dp_reshardable`, `fully_reshardable`), when the
     /// checkpoint holds an optimizer.
     pub optimizer: Option<String>,
+    /// Experts per mixture-of-experts layer (`args.num_experts`); absent for a dense model.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub num_experts: Option<u64>,
+    /// Experts each token is routed to (`args.moe_router_topk`), for a mixture-of-experts model.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub moe_router_topk: Option<u64>,
+    /// Expert parallel size, for a mixture-of-experts model.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub expert_parallel: Option<u64>,
 }
 
 /// The value at `path` (dict keys) in `leaf`; a record is looked into through its `state`.
@@ -111,6 +120,7 @@ pub(crate) fn from_saved(common: Option<&Leaf>) -> MegatronInfo {
 /// What Megatron-LM's saved `args` (an `argparse.Namespace` record) say of the run and model.
 pub(crate) fn from_args(layout: &'static str, args: Option<&Leaf>) -> MegatronInfo {
     let arg = |name: &str| args.and_then(|a| lookup(a, &[name]));
+    let experts = uint(arg("num_experts")).filter(|&n| n > 0);
     MegatronInfo {
         layout,
         iteration: None,
@@ -129,7 +139,17 @@ pub(crate) fn from_args(layout: &'static str, args: Option<&Leaf>) -> MegatronIn
         swiglu: flag(arg("swiglu")),
         tied_embeddings: flag(arg("untie_embeddings_and_output_weights")).map(|untied| !untied),
         optimizer: None,
+        // Megatron-LM keeps `moe_router_topk` (2) and the expert parallel size (1) in the args
+        // of dense runs too: they say something only where there are experts.
+        num_experts: experts,
+        moe_router_topk: experts.and(uint(arg("moe_router_topk"))),
+        expert_parallel: experts.and(uint(arg("expert_model_parallel_size"))),
     }
+}
+
+/// The saved `args` of a `torch_dist` checkpoint, where Megatron-LM saved them.
+pub(crate) fn saved_args(dcp: &DcpSource) -> Option<&Leaf> {
+    lookup(common(dcp)?, &["args"])
 }
 
 /// The saved `args.NAME` of a `torch_dist` checkpoint, where Megatron-LM saved them.
@@ -168,6 +188,7 @@ pub(crate) fn description(m: &MegatronInfo) -> Description {
         n("iteration", m.iteration),
         n("tensor parallel", m.tensor_parallel),
         n("pipeline parallel", m.pipeline_parallel),
+        n("expert parallel", m.expert_parallel),
         m.optimizer.as_ref().map(|o| format!("optimizer {}", crate::escape_controls(o))),
     ]
     .into_iter()
@@ -181,6 +202,8 @@ pub(crate) fn description(m: &MegatronInfo) -> Description {
         n("query groups", m.num_query_groups),
         b("swiglu", m.swiglu),
         b("tied embeddings", m.tied_embeddings),
+        n("experts", m.num_experts),
+        n("top-k", m.moe_router_topk),
     ]
     .into_iter()
     .flatten()

@@ -86,6 +86,13 @@ pub(crate) struct Ranks {
     tied: bool,
 }
 
+impl Ranks {
+    /// The saved `args` (the first rank's; every rank saves the same).
+    pub(crate) fn args(&self) -> Option<&Leaf> {
+        self.ranks.first()?.ck.values.iter().find(|(k, _)| k == "args").map(|(_, v)| v)
+    }
+}
+
 /// One rank's file, read.
 #[derive(Debug)]
 struct RankFile {

@@ -42,6 +42,7 @@
 //! reads, so that megatron loads it at any parallel layout.
 
 mod buckets;
+mod config;
 #[doc(hidden)]
 pub(crate) mod fuzz;
 mod info;
@@ -264,6 +265,10 @@ impl super::FormatOps for MegatronFormat {
             Format::MegatronTorchDist => save::rewrite_torch_dist(ck, out, opts),
             _ => Err(super::not_for_format(crate::Opt::To, ck)),
         }
+    }
+
+    fn model_config(&self, ck: &Checkpoint) -> Result<crate::map::arch::ModelConfig> {
+        config::model_config(ck)
     }
 }
 

@@ -56,6 +56,56 @@ pub(crate) fn stacked(key: &str) -> Option<Stacked<'_>> {
     None
 }
 
+/// A per-layer key of a model of unlike layers: `decoder.layers.3.mlp.router.weight` (megatron
+/// numbers each layer by its global index when the layers differ, as a dense first layer or
+/// `moe_layer_freq` makes them).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct PerLayer<'a> {
+    /// The block's prefix, ending in `layers.`.
+    pub block: &'a str,
+    /// The global layer number.
+    pub layer: u64,
+    /// The key within the layer, as stored (TransformerEngine's norm names).
+    pub within: &'a str,
+}
+
+/// Where `key` is a per-layer key: a `layers` segment, a layer number, and a name within it.
+pub(crate) fn per_layer(key: &str) -> Option<PerLayer<'_>> {
+    let mut at = 0;
+    for seg in key.split('.') {
+        let end = at + seg.len();
+        if seg == "layers" {
+            let rest = key.get(end + 1..)?;
+            let (number, within) = rest.split_once('.')?;
+            if within.is_empty() || number.is_empty() || !number.bytes().all(|b| b.is_ascii_digit()) {
+                return None;
+            }
+            let layer = number.parse().ok()?;
+            return Some(PerLayer { block: &key[..end + 1], layer, within });
+        }
+        at = end + 1;
+    }
+    None
+}
+
+/// What megatron's `SequentialMLP` stores stacked on an expert axis, within a layer: the
+/// experts' module prefix (`mlp.experts.`) and the key within one expert (`linear_fc1.weight`).
+/// Megatron writes its local experts `local_experts.<l>.linear_fc1.weight` as
+/// `experts.linear_fc1.weight` of the experts module, one more leading axis for the global
+/// expert index (`sharded_state_dict` of `SequentialMLP`), hence `mlp.experts.experts.`.
+pub(crate) fn expert_axis(within: &str) -> Option<(&str, &str)> {
+    const STACKED: &str = "experts.experts.";
+    let at = within.match_indices(STACKED).map(|(i, _)| i).find(|&i| i == 0 || within.as_bytes()[i - 1] == b'.')?;
+    let rest = &within[at + STACKED.len()..];
+    (!rest.is_empty()).then(|| (&within[..at + "experts.".len()], rest))
+}
+
+/// The one-rank model's name, within a layer, of expert `expert`'s `rest` under the experts
+/// module `prefix` (see [`expert_axis`]).
+pub(crate) fn expert_name(prefix: &str, expert: u64, rest: &str) -> String {
+    format!("{prefix}local_experts.{expert}.{rest}")
+}
+
 /// The name a key within a layer has in the local spec's module tree.
 pub(crate) fn module_name(within: &str) -> String {
     for (te, local) in FUSED_NORMS {
@@ -130,6 +180,30 @@ mod tests {
         assert_eq!(stacked("decoder.layers."), None);
         let mtp = stacked("mtp.layers.0.x");
         assert_eq!(mtp, None);
+    }
+
+    #[test]
+    fn a_layers_segment_followed_by_a_number_is_a_per_layer_key() {
+        let p = per_layer("decoder.layers.12.mlp.router.weight");
+        assert_eq!(p, Some(PerLayer { block: "decoder.layers.", layer: 12, within: "mlp.router.weight" }));
+        assert_eq!(per_layer("decoder.layers.mlp.router.weight"), None);
+        assert_eq!(per_layer("decoder.layers.3"), None);
+        assert_eq!(per_layer("decoder.layers.3."), None);
+        assert_eq!(per_layer("embedding.word_embeddings.weight"), None);
+    }
+
+    #[test]
+    fn sequential_experts_are_stacked_under_experts_experts() {
+        let e = expert_axis("mlp.experts.experts.linear_fc1.weight");
+        assert_eq!(e, Some(("mlp.experts.", "linear_fc1.weight")));
+        assert_eq!(
+            expert_name("mlp.experts.", 3, "linear_fc2.weight"),
+            "mlp.experts.local_experts.3.linear_fc2.weight"
+        );
+        assert_eq!(expert_axis("mlp.shared_experts.linear_fc1.weight"), None);
+        assert_eq!(expert_axis("mlp.router.weight"), None);
+        assert_eq!(expert_axis("mlp.experts.experts."), None);
+        assert_eq!(expert_axis("mlp.xexperts.experts.linear_fc1.weight"), None);
     }
 
     #[test]

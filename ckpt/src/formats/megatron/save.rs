@@ -248,7 +248,7 @@ pub(crate) fn from_hf(ck: &Checkpoint, out: &Path, opts: &WriteOptions<'_>) -> R
     let data = crate::read::io::read_capped(&path, hf_config::MAX_CONFIG_LEN)?;
     let (config, arch) = hf_config::parse(&path, &data)?;
     if let Some((setting, value)) = arch.mismatch(&config) {
-        return Err(Error::NoHfArchitecture { path, arch: arch.name(), setting, value });
+        return Err(Error::NoHfArchitecture { path, arch: Some(arch.name()), setting, value });
     }
     let map = tables::from_hf(&ck.root, &config, arch, &ck.tensors)?;
     let stored = map.apply(&ck.root, &ck.tensors)?;

@@ -45,21 +45,107 @@ pub(super) fn as_stored(t: &DcpTensor) -> TensorInfo {
     }
 }
 
-/// True for the keys of the model's tensors: not the optimizer's state, and not a tensor kept
-/// inside a non-tensor value (`rng_state/shard_…`; megatron's own keys have no `/`).
+/// True for the keys of the model's tensors: not the optimizer's state (`optimizer.…`, and a
+/// chained optimizer's `chained_<i>.optimizer.…`, which an MoE run saves: one optimizer over the
+/// dense parameters, one over the experts), and not a tensor kept inside a non-tensor value
+/// (`rng_state/shard_…`; megatron's own keys have no `/`).
 pub(super) fn is_model_key(key: &str) -> bool {
-    !key.starts_with("optimizer.") && !key.contains('/')
+    !is_optimizer_key(key) && !key.contains('/')
+}
+
+/// True for the keys of the optimizer's state, chained or not.
+pub(super) fn is_optimizer_key(key: &str) -> bool {
+    let unchained = match key.strip_prefix("chained_").and_then(|r| r.split_once('.')) {
+        Some((i, rest)) if !i.is_empty() && i.bytes().all(|b| b.is_ascii_digit()) => rest,
+        _ => key,
+    };
+    unchained.starts_with("optimizer.")
+}
+
+/// One stored key of the decoder's layers: its block, where its layer axis is (a stacked key's
+/// leading axis) or which layer it is (a per-layer key), the key within a layer, and where the
+/// expert axis is when it holds `SequentialMLP`'s experts.
+struct LayerKey<'a> {
+    tensor: &'a DcpTensor,
+    block: &'a str,
+    layer: Layer,
+    /// The experts' module prefix and the key within one expert.
+    experts: Option<(&'a str, &'a str)>,
+    within: &'a str,
+}
+
+#[derive(Clone, Copy)]
+enum Layer {
+    /// Axis 0 holds the layers.
+    Stacked,
+    /// A per-layer key of this layer.
+    One(u64),
+}
+
+impl LayerKey<'_> {
+    /// The axes before the tensor as one layer (one expert) holds it.
+    fn lead(&self) -> usize {
+        usize::from(matches!(self.layer, Layer::Stacked)) + usize::from(self.experts.is_some())
+    }
+
+    /// The layers it holds.
+    fn layers(&self) -> std::ops::Range<u64> {
+        match self.layer {
+            Layer::Stacked => 0..self.tensor.shape.first().copied().unwrap_or(0),
+            Layer::One(n) => n..n + 1,
+        }
+    }
+
+    /// The experts it holds (0 for a key without an expert axis).
+    fn experts(&self) -> u64 {
+        match self.experts {
+            Some(_) => self.tensor.shape.get(self.lead() - 1).copied().unwrap_or(0),
+            None => 0,
+        }
+    }
+
+    /// The one-rank model's tensors of layer `layer`: the key's slice of it, or one per expert.
+    fn targets(&self, layer: u64) -> Vec<Target> {
+        let t = self.tensor;
+        let shape = t.shape[self.lead()..].to_vec();
+        let mut held = Vec::new();
+        if matches!(self.layer, Layer::Stacked) {
+            held.push((0, layer));
+        }
+        match self.experts {
+            None => {
+                let name = names::layer_name(names::Stacked { block: self.block, within: self.within }, layer);
+                let piece = match self.layer {
+                    Layer::Stacked => Piece::index(t.key.clone(), &t.shape, 0, layer),
+                    Layer::One(_) => Piece::whole(t.key.clone(), &t.shape),
+                };
+                vec![Target::new(name, shape, vec![piece])]
+            }
+            Some((prefix, rest)) => (0..self.experts())
+                .map(|e| {
+                    let mut held = held.clone();
+                    held.push((held.len(), e));
+                    let name = format!("{}{layer}.{}", self.block, names::expert_name(prefix, e, rest));
+                    Target::new(name, shape.clone(), vec![Piece::indices(t.key.clone(), &t.shape, &held)])
+                })
+                .collect(),
+        }
+    }
 }
 
 /// The model as megatron holds it on one rank, as a map of the stored tensors: every stacked
-/// key cut into its layers, named by their global index, norms under their module names; the
-/// optimizer's tensors are left out, as is a stacked key of no layers.
+/// key cut into its layers, named by their global index, per-layer keys under their module
+/// names, `SequentialMLP`'s experts cut out of their expert axis
+/// (`decoder.layers.mlp.experts.experts.linear_fc1.weight` `[L, E, 2f, h]` →
+/// `decoder.layers.N.mlp.experts.local_experts.E.linear_fc1.weight`), fused norms under their
+/// module names; the optimizer's tensors are left out, as is a stacked key of no layers. Experts
+/// stored any other way (grouped GEMM's fused weights) are refused by name, as is a router whose
+/// expert count is not its layer's.
 fn one_rank(dcp: &DcpSource, loc: &Location) -> Result<ModelMap> {
     let mut map = ModelMap::new("one-rank model");
-    // The stacked keys, laid out layer by layer where the first of them stood, as the
-    // model's `state_dict()` orders them.
-    let mut stacked = Vec::new();
+    let mut keys = Vec::new();
     let mut layers_at = None;
+    let num_experts = info::uint(info::arg(dcp, "num_experts"));
     for t in &dcp.tensors {
         if !is_model_key(&t.key) {
             map.leave_out(t.key.clone());
@@ -71,32 +157,84 @@ fn one_rank(dcp: &DcpSource, loc: &Location) -> Result<ModelMap> {
             rank: None,
             reason,
         };
-        let Some(s) = names::stacked(&t.key) else {
-            map.push(Target::renamed(t.key.clone(), t.key.clone(), &t.shape));
-            continue;
+        let (block, layer, within) = match (names::stacked(&t.key), names::per_layer(&t.key)) {
+            (Some(s), _) => (s.block, Layer::Stacked, s.within),
+            (None, Some(p)) => (p.block, Layer::One(p.layer), p.within),
+            (None, None) => {
+                map.push(Target::renamed(t.key.clone(), t.key.clone(), &t.shape));
+                continue;
+            }
         };
-        if s.within.contains("experts.") {
-            return Err(bad("mixture-of-experts layers (a second stacked axis) are not read yet".into()));
+        let experts = names::expert_axis(within);
+        if experts.is_none() && within.contains("experts.") && !within.contains("shared_experts.") {
+            return Err(bad("experts stored other than as `SequentialMLP`'s `experts.experts.` (grouped GEMM's fused weights) are not read yet".into()));
         }
-        let Some(&count) = t.shape.first() else {
-            return Err(bad("a stacked layer key holds a 0-d tensor, with no layer axis".into()));
-        };
-        if count == 0 {
-            // No layer to cut out, no element to lose.
+        let key = LayerKey { tensor: t, block, layer, experts, within };
+        if t.shape.len() < key.lead() {
+            let axes = if experts.is_some() { "a layer and an expert axis" } else { "a layer axis" };
+            return Err(bad(format!("a {}-d tensor has no room for {axes}", t.shape.len())));
+        }
+        if let (Some((_, _)), Some(n)) = (experts, num_experts) {
+            if key.experts() != n {
+                return Err(bad(format!(
+                    "the expert axis holds {} experts, but args.num_experts is {n}",
+                    key.experts()
+                )));
+            }
+        }
+        if key.layers().is_empty() || (experts.is_some() && key.experts() == 0) {
+            // No layer (no expert) to cut out, no element to lose.
             map.leave_out(t.key.clone());
         }
         layers_at.get_or_insert(map.len());
-        stacked.push((s, t));
+        keys.push(key);
     }
-    let layers = stacked.iter().map(|(_, t)| t.shape[0]).max().unwrap_or(0);
+    check_routers(&keys, loc)?;
+    let layers = keys.iter().map(|k| k.layers().end).max().unwrap_or(0);
     let mut per_layer = Vec::new();
     for layer in 0..layers {
-        for (s, t) in stacked.iter().filter(|(_, t)| layer < t.shape[0]) {
-            let piece = Piece::index(t.key.clone(), &t.shape, 0, layer);
-            per_layer.push(Target::new(names::layer_name(*s, layer), t.shape[1..].to_vec(), vec![piece]));
+        let (plain, experts): (Vec<_>, Vec<_>) =
+            keys.iter().filter(|k| k.layers().contains(&layer)).partition(|k| k.experts.is_none());
+        for k in plain {
+            per_layer.extend(k.targets(layer));
         }
+        // The experts one after the other, as the module tree holds them.
+        let mut by_expert: Vec<Target> = experts.iter().flat_map(|k| k.targets(layer)).collect();
+        by_expert.sort_by_key(|t| expert_of(&t.name));
+        per_layer.extend(by_expert);
     }
     let at = layers_at.unwrap_or(map.len());
     map.splice(at, per_layer);
     Ok(map)
+}
+
+/// The expert number in a one-rank expert name (`…local_experts.<e>.…`), for ordering.
+fn expert_of(name: &str) -> u64 {
+    name.split_once("local_experts.").and_then(|(_, r)| r.split('.').next()).and_then(|n| n.parse().ok()).unwrap_or(0)
+}
+
+/// Each layer's router scores as many experts as the layer's expert axis holds (`router.weight`
+/// `[E, h]`, `router.expert_bias` `[E]`): a router of another count would route tokens to experts
+/// that are not there, or never to some that are.
+fn check_routers(keys: &[LayerKey<'_>], loc: &Location) -> Result<()> {
+    for router in keys.iter().filter(|k| k.experts.is_none() && k.within.contains("router.")) {
+        let Some(&count) = router.tensor.shape.get(router.lead()) else { continue };
+        for layer in router.layers() {
+            let held = keys
+                .iter()
+                .filter(|k| k.experts.is_some() && k.block == router.block && k.layers().contains(&layer))
+                .map(LayerKey::experts)
+                .find(|&e| e != count);
+            if let Some(experts) = held {
+                let reason = format!("layer {layer}'s router scores {count} experts, but the layer holds {experts}");
+                return Err(Error::BadMegatron {
+                    path: loc.dir.join(dcp::METADATA_NAME),
+                    key: Some(router.tensor.key.clone()),
+                    rank: None,
+                    reason,
+                });
+            }
+        }
+    }
+    Ok(())
 }

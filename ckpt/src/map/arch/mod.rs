@@ -11,10 +11,7 @@
 //! that has no counterpart ([`crate::Error::NoHfArchitecture`]).
 
 pub(crate) mod hf_config;
-// The reverse tables (Hugging Face → Megatron's stored keys) are joined by `convert --to megatron`.
-#[cfg_attr(not(test), allow(dead_code))]
 pub(crate) mod names;
-#[cfg_attr(not(test), allow(dead_code))]
 pub(crate) mod tables;
 
 use crate::read::dtype::Dtype;
@@ -192,19 +189,20 @@ impl Arch {
                     return Some(("moe_shared_expert_intermediate_size", "set".into()))
                 }
                 Arch::Mixtral if dense_layers => return Some(("moe_layer_freq", "a dense layer".into())),
-                Arch::Qwen2Moe if shared != m.shared_expert_gate => {
-                    return Some(("moe_shared_expert_gate", yes_no(m.shared_expert_gate)))
-                }
+                // Qwen2-MoE's block always has a shared expert and its sigmoid gate.
+                Arch::Qwen2Moe if !shared => return Some(("moe_shared_expert_intermediate_size", "none".into())),
+                Arch::Qwen2Moe if !m.shared_expert_gate => return Some(("moe_shared_expert_gate", yes_no(false))),
+                // Mixtral weighs the chosen experts to one.
+                Arch::Mixtral if !m.norm_topk_prob => return Some(("moe_router_pre_softmax", yes_no(true))),
                 _ => {}
             }
         }
         None
     }
 
-    /// The family that holds `config`: the first of [`Arch::ALL`] that does, or the setting
-    /// (and its value) none has a counterpart for, as the first family of its kind (dense or
-    /// MoE) words it.
-    pub fn recognize(config: &ModelConfig) -> std::result::Result<Arch, (&'static str, String)> {
+    /// The family that holds `config`: the first of [`Arch::ALL`] that does, or the closest
+    /// family and the setting (with its value) it has no counterpart for.
+    pub fn recognize(config: &ModelConfig) -> std::result::Result<Arch, (Arch, &'static str, String)> {
         if let Some(a) = Arch::ALL.into_iter().find(|a| a.mismatch(config).is_none()) {
             return Ok(a);
         }
@@ -218,7 +216,20 @@ impl Arch {
             (true, false, true) => Arch::Qwen3Moe,
             _ => first,
         };
-        Err(closest.mismatch(config).unwrap_or(("architecture", "unknown".into())))
+        let (setting, value) = closest.mismatch(config).unwrap_or(("architecture", "unknown".into()));
+        Err((closest, setting, value))
+    }
+}
+
+impl std::str::FromStr for Arch {
+    type Err = String;
+
+    /// A family by its `model_type` (`llama`, `qwen2_moe`; `-` taken as `_`).
+    fn from_str(s: &str) -> std::result::Result<Arch, String> {
+        Arch::from_name(s).ok_or_else(|| {
+            let names: Vec<String> = Arch::ALL.iter().map(|a| format!("`{a}`")).collect();
+            format!("the architecture is one of {}, not `{}`", names.join(", "), s.escape_debug())
+        })
     }
 }
 
