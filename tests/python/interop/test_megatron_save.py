@@ -6,6 +6,8 @@ A `torch_dist` source written again keeps every stored tensor and value bit for 
 then reads it at tensor parallel 2 (`megatron_load_check.py`): `dist_checkpointing.load` gives
 the parameters megatron reads from its own save, and Megatron-LM's `load_checkpoint` with
 `--finetune --no-load-optim --no-load-rng` starts from it at iteration 0 with the same ones.
+A transformers folder written as a run is loaded the same way at tensor parallel 2 and gives the
+logits transformers recorded, and comes back through `--to hf` bit for bit.
 """
 
 import json
@@ -91,3 +93,29 @@ def test_a_hugging_face_model_converts_to_a_run_megatron_loads_at_tp2_with_its_l
     run_ckpt("convert", folder, out, "--to", "megatron")
     stdout = megatron_loads(tmp_path, hf_case(folder), out, hf_logits=folder / "logits.safetensors")
     assert stdout.count(": ok") == 2 and stdout.count("logits max |diff|") == 2, stdout
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+def test_a_hugging_face_model_comes_back_from_its_megatron_run_bit_for_bit(tmp_path, arch):
+    """HF → `--to megatron` → `--to hf`: the Hub tensors come back bit for bit (a tied model's
+    `lm_head.weight` is not written, as `save_pretrained` leaves it out), and transformers
+    5.24 loads the folder with the logits it recorded."""
+    from transformers import AutoModelForCausalLM
+
+    folder = FIXTURES / "megatron_arch" / "hf" / arch
+    run_ckpt("convert", folder, tmp_path / "run", "--to", "megatron")
+    run_ckpt("convert", tmp_path / "run", tmp_path / "hf", "--to", "hf")
+    run_ckpt("merge", folder, tmp_path / "want.safetensors")
+    run_ckpt("merge", tmp_path / "hf", tmp_path / "got.safetensors")
+    want, got = load_file(tmp_path / "want.safetensors"), load_file(tmp_path / "got.safetensors")
+    if json.loads((folder / "config.json").read_text()).get("tie_word_embeddings"):
+        want.pop("lm_head.weight", None)
+    assert sorted(got) == sorted(want)
+    for k in want:
+        assert got[k].dtype == want[k].dtype and got[k].shape == want[k].shape, k
+        assert got[k].reshape(-1).view(torch.uint8).equal(want[k].reshape(-1).view(torch.uint8)), k
+    recorded = load_file(folder / "logits.safetensors")
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", attn_implementation="eager").eval()
+    with torch.no_grad():
+        logits = model(recorded["input_ids"]).logits
+    assert (logits - recorded["logits"]).abs().max().item() < 1e-4
