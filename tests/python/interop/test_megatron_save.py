@@ -119,3 +119,50 @@ def test_a_hugging_face_model_comes_back_from_its_megatron_run_bit_for_bit(tmp_p
     with torch.no_grad():
         logits = model(recorded["input_ids"]).logits
     assert (logits - recorded["logits"]).abs().max().item() < 1e-4
+
+
+def moe_argv(folder):
+    """Megatron-LM's command line of `fixtures/gen/megatron_moe_fixtures.py` (local spec,
+    SequentialMLP experts) for a transformers MoE folder's config, on one rank."""
+    import sys
+
+    sys.path.insert(0, str(FIXTURES / "gen"))
+    import megatron_moe_fixtures as moe
+
+    c = json.loads((folder / "config.json").read_text())
+    arch = "mixtral" if c["model_type"] == "mixtral" else "qwen2moe"
+    case = dict(moe.BASE, arch=arch, layers=c["num_hidden_layers"], hidden=c["hidden_size"],
+                ffn=c["intermediate_size"], heads=c["num_attention_heads"], query_groups=c["num_key_value_heads"],
+                seq_len=c["max_position_embeddings"], vocab=c["vocab_size"],
+                experts=c.get("num_local_experts") or c["num_experts"], topk=c["num_experts_per_tok"],
+                moe_ffn=c.get("moe_intermediate_size") or c["intermediate_size"], eps=c["rms_norm_eps"],
+                rope_theta=c["rope_parameters"]["rope_theta"], seed=1,
+                layer_freq=[0 if i in c.get("mlp_only_layers", []) else 1 for i in range(c["num_hidden_layers"])],
+                shared_ffn=c.get("shared_expert_intermediate_size"))
+    argv = moe.argv_for(case, 1, 1)
+    if arch != "mixtral" and not c.get("tie_word_embeddings"):
+        argv.append("--untie-embeddings-and-output-weights")
+    return argv
+
+
+@pytest.mark.parametrize("arch", ["mixtral", "qwen2_moe"])
+def test_a_hugging_face_moe_model_converts_to_a_run_megatron_loads_with_its_logits(tmp_path, arch):
+    """transformers 5.24's Mixtral (every layer MoE: experts stacked twice) and Qwen2-MoE (a
+    dense first layer: per-layer keys; a gated shared expert; QKV biases) written as Megatron-LM
+    runs: megatron's `dist_checkpointing.load` of an MoE GPTModel (`megatron_moe_worker.py`'s
+    `logits` mode, one rank) reads every parameter and its forward gives transformers' logits."""
+    from safetensors.torch import load_file as load
+
+    folder = FIXTURES / "megatron_arch" / "hf" / arch
+    run_ckpt("convert", folder, tmp_path / "run", "--to", "megatron")
+    recorded = load(folder / "logits.safetensors")
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"mode": "logits", "argv": moe_argv(folder), "ckpt": str(tmp_path / "run" / "iter_0000000"),
+                                "out": str(tmp_path / "m.safetensors"), "out_extra": str(tmp_path / "m.json"),
+                                "logits": str(tmp_path / "logits.safetensors"),
+                                "tokens": recorded["input_ids"].tolist()}))
+    env = {"PYTHONPATH": f"{MCORE}:{FIXTURES / 'gen'}", "CUDA_VISIBLE_DEVICES": "", "CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+    proc = torchrun(1, FIXTURES / "gen" / "megatron_moe_worker.py", spec, env=env, cwd=tmp_path)
+    assert proc.returncode == 0, f"megatron_moe_worker exited {proc.returncode}:\n{proc.stderr[-6000:]}"
+    got = load(tmp_path / "logits.safetensors")["logits"]
+    assert (got - recorded["logits"]).abs().max().item() < 1e-4

@@ -226,16 +226,52 @@ pub(crate) fn model_args(meta: &super::MegatronInfo) -> Vec<(String, Leaf)> {
     args
 }
 
-/// The linears of a layer of megatron's local spec whose (empty) `_extra_state` megatron saves
-/// and loads as a `ShardedObject` per layer.
-const LINEARS: [&str; 4] =
-    ["self_attention.linear_proj", "self_attention.linear_qkv", "mlp.linear_fc1", "mlp.linear_fc2"];
+/// The keys of the (empty) `_extra_state` megatron's local spec saves for each linear of a model
+/// of `config`, as megatron-core 0.19.2 keys them: per layer (and per expert) `ShardedObject`s
+/// under the stacked key (`shard_<layer>_<layers>`, experts `shard_<layer>.<expert>_<layers>.<experts>`)
+/// or, when layers differ, under each layer's key (`shard_0_1`, experts `shard_<expert>_<experts>`).
+/// Its loader refuses a checkpoint that lacks one.
+fn extra_state_keys(config: &crate::map::arch::ModelConfig) -> Vec<String> {
+    use crate::map::arch::tables::Keys;
+    let (layers, experts) = (config.num_layers, config.moe.as_ref().map_or(0, |m| m.num_experts));
+    let shared = config.moe.as_ref().is_some_and(|m| m.shared_expert_ffn_hidden_size.is_some());
+    let per_layer = Keys::of(config) == Keys::PerLayer;
+    let mut keys = Vec::new();
+    for layer in 0..layers {
+        let (block, one) = match per_layer {
+            true => (format!("decoder.layers.{layer}."), "0_1".to_string()),
+            false => ("decoder.layers.".to_string(), format!("{layer}_{layers}")),
+        };
+        let mut put = |linear: &str, shard: &str| keys.push(format!("{block}{linear}._extra_state/shard_{shard}"));
+        put("self_attention.linear_proj", &one);
+        put("self_attention.linear_qkv", &one);
+        if !config.is_moe_layer(layer) {
+            put("mlp.linear_fc1", &one);
+            put("mlp.linear_fc2", &one);
+            continue;
+        }
+        for fc in ["linear_fc1", "linear_fc2"] {
+            for expert in 0..experts {
+                let shard = match per_layer {
+                    true => format!("{expert}_{experts}"),
+                    false => format!("{layer}.{expert}_{layers}.{experts}"),
+                };
+                put(&format!("mlp.experts.experts.{fc}"), &shard);
+            }
+        }
+        if shared {
+            put("mlp.shared_experts.linear_fc1", &one);
+            put("mlp.shared_experts.linear_fc2", &one);
+        }
+    }
+    keys
+}
 
 /// A Hugging Face folder (its `config.json` beside the weights) written as a Megatron-LM run
 /// folder at iteration 0: the family's tables map the Hub tensors to megatron's stored keys
 /// (fused QKV per query group, `[gate; up]`, stacked layers; [`crate::map::arch::tables`]), the
-/// `args` say the model under Megatron-LM's names, and each layer's linears get the empty
-/// `_extra_state` megatron's local spec saves.
+/// `args` say the model under Megatron-LM's names, and each linear gets the empty `_extra_state`
+/// megatron's local spec saves ([`extra_state_keys`]).
 pub(crate) fn from_hf(ck: &Checkpoint, out: &Path, opts: &WriteOptions<'_>) -> Result<Outcome> {
     use crate::map::arch::{hf_config, tables};
     let folder =
@@ -255,14 +291,8 @@ pub(crate) fn from_hf(ck: &Checkpoint, out: &Path, opts: &WriteOptions<'_>) -> R
     let tensors = stored.into_iter().map(|t| RunTensor { key: t.name.clone(), info: t }).collect();
     let mut values =
         vec![RunValue::Written { key: COMMON_STATE_KEY.to_string(), value: common_state(&config_args(&config), 0) }];
-    if tables::Keys::of(&config) == tables::Keys::Stacked && config.moe.is_none() {
-        let layers = config.num_layers;
-        for layer in 0..layers {
-            for linear in LINEARS {
-                let key = format!("decoder.layers.{linear}._extra_state/shard_{layer}_{layers}");
-                values.push(RunValue::Written { key, value: WNode::List(vec![WNode::Leaf(Leaf::None)]) });
-            }
-        }
+    for key in extra_state_keys(&config) {
+        values.push(RunValue::Written { key, value: WNode::List(vec![WNode::Leaf(Leaf::None)]) });
     }
     write_run(ck, tensors, values, out, 0, opts)
 }
