@@ -150,9 +150,45 @@ def logits(model, tokens, tp):
     return gather_from_tensor_model_parallel_region(out) if tp > 1 else out
 
 
+def moe_main(spec):
+    """An MoE run at expert parallel size `ep` (spec["argv"], Megatron-LM's command line):
+    `megatron_moe_worker.py`'s model, NaN-filled, `dist_checkpointing.load` of ours, no NaN
+    left, and the forward's logits (every rank holds them whole at TP 1) against the recorded."""
+    import megatron_moe_worker as moe
+    from megatron.core import dist_checkpointing
+    from megatron.core.enums import ModelType
+    from megatron.training.training import get_model
+    from megatron.training.utils import get_ltor_masks_and_position_ids
+    from safetensors.torch import load_file
+
+    moe.init_megatron(spec["argv"])
+    gpt = moe.w.unwrapped(get_model(moe.model_provider, ModelType.encoder_or_decoder, wrap_with_ddp=False))
+    with torch.no_grad():
+        for p in gpt.parameters():
+            p.fill_(float("nan"))
+    sharded = gpt.sharded_state_dict()
+    loaded = dist_checkpointing.load(sharded, iteration_dir(spec["ours"]))
+    gpt.load_state_dict({k: loaded[k] for k in sharded}, strict=True)
+    no_nan(params(gpt), "dist_checkpointing.load")
+    want = load_file(spec["hf_logits"])
+    tokens = want["input_ids"].long()
+    mask, _, position_ids = get_ltor_masks_and_position_ids(tokens, 0, 0, False, False, False, False)
+    gpt.eval()
+    with torch.no_grad():
+        got = gpt(tokens, position_ids, mask).float()
+    diff = (got - want["logits"].float()).abs().max().item()
+    assert diff < 1e-4, f"logits differ from the recorded ones by {diff}"
+    print(f"rank {torch.distributed.get_rank()}: logits max |diff| {diff:.3g}")
+    torch.distributed.barrier()
+    print(f"rank {torch.distributed.get_rank()}: ok")
+    torch.distributed.destroy_process_group()
+
+
 def main():
     spec = json.load(open(sys.argv[1]))
     megatron_cpu.install()
+    if spec.get("argv"):
+        return moe_main(spec)
     case, tp = spec["case"], spec["tp"]
     megatron_worker = __import__("megatron_worker")
     megatron_worker.init_parallel(tp, 1)

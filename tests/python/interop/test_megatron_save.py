@@ -6,8 +6,9 @@ A `torch_dist` source written again keeps every stored tensor and value bit for 
 then reads it at tensor parallel 2 (`megatron_load_check.py`): `dist_checkpointing.load` gives
 the parameters megatron reads from its own save, and Megatron-LM's `load_checkpoint` with
 `--finetune --no-load-optim --no-load-rng` starts from it at iteration 0 with the same ones.
-A transformers folder written as a run is loaded the same way at tensor parallel 2 and gives the
-logits transformers recorded, and comes back through `--to hf` bit for bit.
+A transformers folder written as a run is loaded the same way at tensor parallel 2 (MoE models:
+expert parallel 1 and 2) and gives the logits transformers recorded, and comes back through
+`--to hf` bit for bit.
 """
 
 import json
@@ -121,7 +122,7 @@ def test_a_hugging_face_model_comes_back_from_its_megatron_run_bit_for_bit(tmp_p
     assert (logits - recorded["logits"]).abs().max().item() < 1e-4
 
 
-def moe_argv(folder):
+def moe_argv(folder, ep=1):
     """Megatron-LM's command line of `fixtures/gen/megatron_moe_fixtures.py` (local spec,
     SequentialMLP experts) for a transformers MoE folder's config, on one rank."""
     import sys
@@ -139,7 +140,7 @@ def moe_argv(folder):
                 rope_theta=c["rope_parameters"]["rope_theta"], seed=1,
                 layer_freq=[0 if i in c.get("mlp_only_layers", []) else 1 for i in range(c["num_hidden_layers"])],
                 shared_ffn=c.get("shared_expert_intermediate_size"))
-    argv = moe.argv_for(case, 1, 1)
+    argv = moe.argv_for(case, ep, ep)
     if arch != "mixtral" and not c.get("tie_word_embeddings"):
         argv.append("--untie-embeddings-and-output-weights")
     return argv
@@ -166,3 +167,19 @@ def test_a_hugging_face_moe_model_converts_to_a_run_megatron_loads_with_its_logi
     assert proc.returncode == 0, f"megatron_moe_worker exited {proc.returncode}:\n{proc.stderr[-6000:]}"
     got = load(tmp_path / "logits.safetensors")["logits"]
     assert (got - recorded["logits"]).abs().max().item() < 1e-4
+
+
+@pytest.mark.parametrize("arch", ["mixtral", "qwen2_moe"])
+def test_megatron_loads_a_converted_moe_model_at_expert_parallel_2_with_its_logits(tmp_path, arch):
+    """The same runs read by megatron at expert parallel 2 (each rank builds two of the four
+    experts; `megatron_load_check.py`'s MoE mode): every parameter found, transformers' logits."""
+    folder = FIXTURES / "megatron_arch" / "hf" / arch
+    out = tmp_path / "run"
+    run_ckpt("convert", folder, out, "--to", "megatron")
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"argv": moe_argv(folder, ep=2), "ours": str(out),
+                                "hf_logits": str(folder / "logits.safetensors")}))
+    env = {"PYTHONPATH": f"{MCORE}:{FIXTURES / 'gen'}", "CUDA_VISIBLE_DEVICES": "", "CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+    proc = torchrun(2, CHECK, spec, env=env, cwd=tmp_path)
+    assert proc.returncode == 0, f"megatron_load_check exited {proc.returncode}:\n{proc.stderr[-6000:]}"
+    assert proc.stdout.count(": ok") == 2 and proc.stdout.count("logits max |diff|") == 2, proc.stdout

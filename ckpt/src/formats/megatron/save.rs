@@ -18,7 +18,13 @@
 //! holds what Megatron-LM's `load_checkpoint` reads besides the model: `checkpoint_version` (3.0:
 //! an absent version makes it reorder the fused QKV rows of checkpoints older than 2.0),
 //! `iteration`, `args` (an `argparse.Namespace`) and `content_metadata`. A run started with
-//! `--finetune --no-load-optim --no-load-rng` reads nothing else.
+//! `--finetune --no-load-optim --no-load-rng` reads nothing else of it; megatron's loader also
+//! wants every `_extra_state` item the model's sharded state dict names (the local spec's are
+//! `[None]`), and refuses a checkpoint without one.
+//!
+//! Two sources are written so: a `torch_dist` save again, as stored ([`rewrite_torch_dist`]), and
+//! a Hugging Face folder, its `config.json` read into a [`crate::map::arch::ModelConfig`] and its
+//! tensors mapped to megatron's stored keys by the family's table ([`from_hf`]).
 //!
 //! The order is megatron's: the DCP files, `.metadata`, then `metadata.json` (without which megatron
 //! calls the save unfinished), then the tracker, which names the iteration only once it is whole.
