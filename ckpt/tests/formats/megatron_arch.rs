@@ -2,14 +2,15 @@
 //! (`torch_dist`, float32) of models built to be exactly a Hugging Face architecture (Llama
 //! TP2 x PP2, tied Llama, Qwen2 with QKV bias and a padded vocabulary, Qwen3 with q/k norm and a
 //! head dim other than hidden / heads), written by megatron-core 0.19.2's own `save_checkpoint`
-//! (`fixtures/gen/megatron_arch_fixtures.py`). Each run folder merges to megatron's one-rank
-//! state dict, `expected_model.safetensors`, tensor for tensor. (The `hf/` folders beside them
+//! (`fixtures/gen/megatron_arch_fixtures.py`), plus the same Llama at PP 2 with virtual pipeline
+//! 2 and in the legacy per-rank format (TP 2 x PP 2, PP 2 x VPP 2, uneven stages). Each run folder
+//! merges to megatron's one-rank state dict, `expected_model.safetensors`, tensor for tensor. (The `hf/` folders beside them
 //! are transformers' own and are read by the conversion tests.)
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use crate::common;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use ckpt::{Checkpoint, WriteOptions};
 use common::{load, reference};
@@ -34,15 +35,39 @@ fn cases() -> Vec<(PathBuf, serde_json::Value)> {
     out
 }
 
+/// Legacy layouts the reader does not place yet: virtual chunks (`model0`/`model1` in each rank
+/// file, whose layers megatron numbers by `get_transformer_layer_offset`). Until it does, they
+/// may be refused, by name; they may never merge to anything but megatron's state dict. Once
+/// read, a case moves out of this list into the ones that must merge (the uneven-stage legacy
+/// case already has).
+const MAY_BE_REFUSED: &[&str] = &["llama_legacy_pp2_vpp2"];
+
+/// Merges the case's run folder; `Err` is the error of `open` or `merge`.
+fn merge(dir: &Path, case: &serde_json::Value, out: &Path) -> Result<(), ckpt::Error> {
+    let src = dir.join(case["run_dir"].as_str().unwrap());
+    let ck = Checkpoint::open(src.to_str().unwrap())?;
+    ckpt::merge(&ck, out, &Default::default(), &WriteOptions::default()).map(|_| ())
+}
+
 #[test]
 fn each_architecture_merges_to_megatrons_one_rank_state_dict() {
     for (dir, case) in cases() {
-        let src = dir.join(case["run_dir"].as_str().unwrap());
-        let ck = Checkpoint::open(src.to_str().unwrap()).unwrap();
+        let name = dir.file_name().unwrap().to_str().unwrap();
         let tmp = tempfile::tempdir().unwrap();
         let out = tmp.path().join("model.safetensors");
-        ckpt::merge(&ck, &out, &Default::default(), &WriteOptions::default()).unwrap();
-        assert_eq!(load(&out).0, reference(&dir.join("expected_model.safetensors"), ""), "{}", dir.display());
+        match merge(&dir, &case, &out) {
+            Ok(()) => {
+                assert_eq!(load(&out).0, reference(&dir.join("expected_model.safetensors"), ""), "{}", dir.display())
+            }
+            Err(e) if MAY_BE_REFUSED.contains(&name) => {
+                assert!(
+                    matches!(e, ckpt::Error::BadMegatron { .. }),
+                    "{name}: refused, but not as a Megatron layout: {e}"
+                );
+                assert!(!out.exists(), "{name}: refused but wrote {}", out.display());
+            }
+            Err(e) => panic!("{name}: {e}"),
+        }
     }
 }
 
