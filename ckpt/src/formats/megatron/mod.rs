@@ -38,6 +38,7 @@
 //! and checked like any other catalog.
 
 mod buckets;
+mod chained;
 #[doc(hidden)]
 pub(crate) mod fuzz;
 mod info;
