@@ -43,6 +43,10 @@ struct Slab<'a> {
     numel: u64,
 }
 
+/// The router's saved buffers (`TopKRouter`: the expert bias of aux-loss-free balancing, quantile
+/// balancing's bias): model tensors the optimizer holds no state for.
+const ROUTER_BUFFERS: &[&str] = &["mlp.router.expert_bias", "mlp.router.qb_beta"];
+
 /// Each stored key's byte ranges per state: by (stored key, state), the slabs (their leading
 /// indices) and their ranges.
 type States<'a> = BTreeMap<(&'a str, &'a str), Vec<(Vec<u64>, Vec<Chunk>)>>;
@@ -192,6 +196,10 @@ fn slabs(dcp: &DcpSource) -> std::result::Result<(Vec<Slab<'_>>, Vec<Slab<'_>>),
             }
             _ => return Err(unknown()),
         };
+        if ROUTER_BUFFERS.contains(&within) {
+            // Updated by the router itself, not by the optimizer: no state to find.
+            continue;
+        }
         if names::expert_axis(within).is_some() {
             for l in &layers {
                 experts.push(Slab { tensor: t, held: l.iter().copied().collect(), numel: 0 });
