@@ -126,3 +126,5 @@ fixtures: setup mcore
 	PATH=$(VENV)/bin:$$PATH PYTHONPATH=$(MCORE) $(PY) fixtures/gen/megatron_legacy_fixtures.py
 	PATH=$(VENV)/bin:$$PATH PYTHONPATH=$(MCORE) $(PY) fixtures/gen/megatron_arch_fixtures.py
 	PATH=$(VENV)/bin:$$PATH PYTHONPATH=$(MCORE) $(PY) fixtures/gen/megatron_moe_fixtures.py
+	$(PY) fixtures/gen/megatron_moe_hf_check.py
+	PYTHONPATH=$(MCORE) $(PY) fixtures/gen/hostile_megatron_moe.py

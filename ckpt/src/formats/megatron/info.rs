@@ -170,6 +170,9 @@ pub(crate) fn describe(loc: &Location, dcp: &DcpSource) -> MegatronInfo {
     m.optimizer = m.optimizer.or_else(|| {
         dcp.tensors.iter().any(|t| t.key.starts_with("optimizer.state.")).then(|| "fully_reshardable".to_string())
     });
+    // A chained optimizer (a mixture-of-experts run's) records no form in `common_state`; its
+    // flat buckets are the `dp_reshardable` form.
+    m.optimizer = m.optimizer.or_else(|| super::chained::is_chained(dcp).then(|| "dp_reshardable".to_string()));
     m.iteration = m.iteration.or(loc.iteration);
     m.num_layers = m.num_layers.or(stacked_layers);
     m.hidden_size =
