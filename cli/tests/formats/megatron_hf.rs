@@ -178,3 +178,21 @@ fn what_no_hugging_face_family_holds_is_refused_by_name() {
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("`--arch` only applies to `--to hf`"), "{}", stderr(&o));
 }
+
+#[test]
+fn dtype_casts_every_weight_and_the_config_says_so() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = fixtures().join("megatron_arch/qwen3_tp2/run");
+    let out = tmp.path().join("hf");
+    let o = run(&["convert", src.to_str().unwrap(), out.to_str().unwrap(), "--to", "hf", "--dtype", "bf16"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let config: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join("config.json")).unwrap()).unwrap();
+    assert_eq!((config["dtype"].as_str(), config["torch_dtype"].as_str()), (Some("bfloat16"), Some("bfloat16")));
+    assert_eq!(config["model_type"], "qwen3");
+    let hf = tensors(&out.join("model.safetensors"));
+    assert!(hf.values().all(|t| t.0 == "BF16"), "every tensor is bf16");
+    assert!(
+        hf.contains_key("model.layers.1.self_attn.q_norm.weight")
+            && hf.contains_key("model.layers.1.self_attn.k_norm.weight")
+    );
+}
