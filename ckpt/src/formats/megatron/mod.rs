@@ -43,6 +43,10 @@
 //! torch's `dcp_to_torch_save` gives them. Both views, and a legacy save's stitching of its
 //! ranks' pieces, are model maps ([`crate::map::model`]) over the tensors as stored, applied
 //! and checked like any other catalog.
+//!
+//! What model a save holds, format-neutral ([`crate::ModelConfig`]), comes from the saved `args`
+//! ([`config`]); the architecture tables ([`crate::map::arch`]) turn the one-rank model into a
+//! Hugging Face one from it (`convert --to hf`).
 
 mod buckets;
 mod chained;
