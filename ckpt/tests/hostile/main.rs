@@ -12,6 +12,7 @@ mod dcp;
 mod dcp_nd;
 mod deepspeed;
 mod megatron;
+mod megatron_hf;
 mod megatron_moe;
 mod peak_memory;
 mod pickle_budget;

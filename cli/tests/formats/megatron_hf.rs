@@ -127,7 +127,7 @@ fn what_no_hugging_face_family_holds_is_refused_by_name() {
             format!(
                 "{}: no Hugging Face architecture holds this model: `position_embedding_type` is `learned_absolute`, and \
                  no family of the tables has a counterpart for it",
-                f("megatron/run_tp2")
+                f("megatron/run_tp2/iter_0000003/__0_0.distcp")
             ),
         ),
         (

@@ -147,9 +147,12 @@ pub(crate) fn from_args(layout: &'static str, args: Option<&Leaf>) -> MegatronIn
     }
 }
 
-/// The saved `args` of a `torch_dist` checkpoint, where Megatron-LM saved them.
-pub(crate) fn saved_args(dcp: &DcpSource) -> Option<&Leaf> {
-    lookup(common(dcp)?, &["args"])
+/// The saved `args` of a `torch_dist` checkpoint, where Megatron-LM saved them, and the rank
+/// file that holds them.
+pub(crate) fn saved_args(dcp: &DcpSource) -> Option<(&std::path::Path, &Leaf)> {
+    let item = dcp.bytes.iter().find(|b| b.key.split('/').next() == Some("common_state"))?;
+    let file = dcp.files.get(item.chunk.file)?;
+    Some((file.path.as_path(), lookup(saved_dict(&item.value), &["args"])?))
 }
 
 /// The saved `args.NAME` of a `torch_dist` checkpoint, where Megatron-LM saved them.
