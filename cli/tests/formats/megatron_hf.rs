@@ -162,6 +162,10 @@ fn what_no_hugging_face_family_holds_is_refused_by_name() {
             vec![f("megatron_arch/llama_tp2pp2/run"), "--dedupe".into()],
             "`--to hf` does not take `--dedupe`".into(),
         ),
+        (
+            vec![f("megatron_arch/llama_tp2pp2/run"), "--as-stored".into()],
+            "`--to hf` does not take `--as-stored`".into(),
+        ),
     ];
     for (args, message) in cases {
         let mut all =

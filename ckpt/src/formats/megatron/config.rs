@@ -31,6 +31,12 @@ fn args(ck: &Checkpoint) -> Option<(&Path, &Leaf)> {
 
 /// The model `ck` (a Megatron checkpoint) holds, from its saved `args`.
 pub(super) fn model_config(ck: &Checkpoint) -> Result<ModelConfig> {
+    // The tables read the model as megatron holds it on one rank; `as_stored` shows the stored
+    // keys (stacked layers) instead.
+    if ck.tensors.iter().any(|t| super::names::stacked(&t.name).is_some()) {
+        let misuse = crate::Misuse::NotForHf { extra: crate::Opt::AsStored };
+        return Err(Error::Misuse { path: ck.root.clone(), misuse });
+    }
     let Some((args_path, args)) = args(ck) else {
         let path = ck.root.clone();
         return Err(Error::BadMegatron {
