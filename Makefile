@@ -126,4 +126,7 @@ fixtures: setup mcore
 	PATH=$(VENV)/bin:$$PATH PYTHONPATH=$(MCORE) $(PY) fixtures/gen/megatron_train_fixtures.py train_dp2 train_tp2dp2
 	PATH=$(VENV)/bin:$$PATH PYTHONPATH=$(MCORE) $(PY) fixtures/gen/megatron_legacy_fixtures.py
 	PATH=$(VENV)/bin:$$PATH PYTHONPATH=$(MCORE) $(PY) fixtures/gen/megatron_arch_fixtures.py
+	PATH=$(VENV)/bin:$$PATH PYTHONPATH=$(MCORE) $(PY) fixtures/gen/hostile_megatron_hf.py
 	PATH=$(VENV)/bin:$$PATH PYTHONPATH=$(MCORE) $(PY) fixtures/gen/megatron_moe_fixtures.py
+	$(PY) fixtures/gen/megatron_moe_hf_check.py
+	PYTHONPATH=$(MCORE) $(PY) fixtures/gen/hostile_megatron_moe.py

@@ -172,6 +172,11 @@ pub enum Command {
     /// The format follows DST's extension (`.safetensors`; `.bin`, `.pt`, `.pth`), or `--to`;
     /// any other DST is a folder of huggingface_hub-style shards. Torch files are read without
     /// executing their pickle.
+    ///
+    /// `--to hf` writes a Megatron checkpoint (`torch_dist` or legacy, any parallel layout) as a
+    /// Hugging Face model folder: `config.json` from the saved `args` and the weights under the
+    /// Hub's names (Llama, Qwen2, Qwen3, Mixtral, Qwen2-MoE, Qwen3-MoE, recognized from the
+    /// `args` or named with `--arch`).
     #[command(group(clap::ArgGroup::new("blocks").args(["dequantize", "quantize"])))]
     Convert {
         /// A safetensors file or sharded folder, a torch file, or a `pytorch_model.bin.index.json` set.

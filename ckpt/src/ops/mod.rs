@@ -62,7 +62,7 @@ pub enum TargetFormat {
 }
 
 impl TargetFormat {
-    /// The format's name: `safetensors`, `torch` or `dcp` (what [`str::parse`] takes).
+    /// The format's name: `safetensors`, `torch`, `dcp` or `hf` (what [`str::parse`] takes).
     pub fn name(self) -> &'static str {
         match self {
             TargetFormat::Safetensors => "safetensors",
@@ -151,9 +151,6 @@ impl ConvertOptions {
             }
             if let Some(dtype) = self.dtype.filter(|d| !crate::map::cast::is_castable(*d)) {
                 return Err(misuse(Misuse::NotAFloatDtype { dtype }));
-            }
-            if self.vocab_size == Some(0) {
-                return Err(misuse(Misuse::VocabBeyondRows { asked: 0, rows: 0 }));
             }
             return Ok(format);
         }

@@ -13,6 +13,7 @@ mod dcp_nd;
 mod deepspeed;
 mod hf_to_megatron;
 mod megatron;
+mod megatron_hf;
 mod megatron_moe;
 mod peak_memory;
 mod pickle_budget;

@@ -127,7 +127,7 @@ fn what_no_hugging_face_family_holds_is_refused_by_name() {
             format!(
                 "{}: no Hugging Face architecture holds this model: `position_embedding_type` is `learned_absolute`, and \
                  no family of the tables has a counterpart for it",
-                f("megatron/run_tp2")
+                f("megatron/run_tp2/iter_0000003/__0_0.distcp")
             ),
         ),
         (
@@ -162,6 +162,10 @@ fn what_no_hugging_face_family_holds_is_refused_by_name() {
             vec![f("megatron_arch/llama_tp2pp2/run"), "--dedupe".into()],
             "`--to hf` does not take `--dedupe`".into(),
         ),
+        (
+            vec![f("megatron_arch/llama_tp2pp2/run"), "--as-stored".into()],
+            "`--to hf` does not take `--as-stored`".into(),
+        ),
     ];
     for (args, message) in cases {
         let mut all =
@@ -177,4 +181,22 @@ fn what_no_hugging_face_family_holds_is_refused_by_name() {
     let o = run(&["convert", &f("megatron_arch/llama_tp2pp2/run"), out.to_str().unwrap(), "--arch", "llama"]);
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("`--arch` only applies to `--to hf`"), "{}", stderr(&o));
+}
+
+#[test]
+fn dtype_casts_every_weight_and_the_config_says_so() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = fixtures().join("megatron_arch/qwen3_tp2/run");
+    let out = tmp.path().join("hf");
+    let o = run(&["convert", src.to_str().unwrap(), out.to_str().unwrap(), "--to", "hf", "--dtype", "bf16"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let config: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join("config.json")).unwrap()).unwrap();
+    assert_eq!((config["dtype"].as_str(), config["torch_dtype"].as_str()), (Some("bfloat16"), Some("bfloat16")));
+    assert_eq!(config["model_type"], "qwen3");
+    let hf = tensors(&out.join("model.safetensors"));
+    assert!(hf.values().all(|t| t.0 == "BF16"), "every tensor is bf16");
+    assert!(
+        hf.contains_key("model.layers.1.self_attn.q_norm.weight")
+            && hf.contains_key("model.layers.1.self_attn.k_norm.weight")
+    );
 }

@@ -119,7 +119,8 @@ class CheckpointInfo:
     #: (``layout``, ``iteration``, ``tensor_parallel``, ``pipeline_parallel``, ``num_layers``,
     #: ``hidden_size``, ``ffn_hidden_size``, ``num_attention_heads``, ``num_query_groups``,
     #: ``swiglu``, ``tied_embeddings``, ``optimizer``; ``None`` where the checkpoint does not
-    #: tell); ``None`` for any other format.
+    #: tell; for a mixture-of-experts run also ``num_experts``, ``moe_router_topk`` and
+    #: ``expert_parallel``, absent for a dense one); ``None`` for any other format.
     megatron: Optional[Dict[str, Any]] = None
     #: The ``statekit.inspect/2`` document, as ``ckpt inspect --json`` prints it.
     document: Optional[Dict[str, Any]] = dataclasses.field(default=None, compare=False, repr=False)

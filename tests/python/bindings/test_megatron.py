@@ -257,3 +257,24 @@ def test_as_stored_is_refused_for_other_formats(call, tmp_path):
     assert isinstance(e.value, ValueError)
     assert not any(tmp_path.iterdir()), "nothing is written when an option is refused"
 
+
+
+def test_convert_to_hf_writes_the_hub_folder_the_cli_writes(tmp_path):
+    """`ckpt.convert(src, out, to="hf")` is `ckpt convert SRC OUT --to hf`: a `config.json` and
+    the Hub-named tensors, here of a tied Llama run with its padded vocabulary cut to 30 rows."""
+    src = ROOT / "fixtures" / "megatron" / "legacy_tp2pp2"
+    out = tmp_path / "hf"
+    done = ckpt.convert(src, out, to="hf", arch="llama", vocab_size=30)
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
+    assert done.tensors == 2 + 4 * 9
+    config = json.loads((out / "config.json").read_text())
+    assert (config["model_type"], config["vocab_size"], config["tie_word_embeddings"]) == ("llama", 30, True)
+    written = safetensors.torch.load_file(out / "model.safetensors")
+    merged = safetensors.torch.load_file(src / "expected_model.safetensors")
+    assert "lm_head.weight" not in written
+    assert torch.equal(written["model.embed_tokens.weight"], merged["embedding.word_embeddings.weight"][:30])
+    gate, up = merged["decoder.layers.2.mlp.linear_fc1.weight"].chunk(2)
+    assert torch.equal(written["model.layers.2.mlp.gate_proj.weight"], gate)
+    assert torch.equal(written["model.layers.2.mlp.up_proj.weight"], up)
+    with pytest.raises(BadOption, match=r"`arch` only applies to `to=\"hf\"`"):
+        ckpt.convert(src, tmp_path / "x.safetensors", arch="llama")

@@ -26,8 +26,11 @@ CASES = {
     "qwen2_tp2": "megatron_arch/qwen2_tp2",
     "qwen3_tp2": "megatron_arch/qwen3_tp2",
     "llama_pp2_vpp2": "megatron_arch/llama_pp2_vpp2",
+    "llama_legacy_tp2pp2": "megatron_arch/llama_legacy_tp2pp2",
+    "llama_legacy_pp2_uneven": "megatron_arch/llama_legacy_pp2_uneven",
     "mixtral_ep2": "megatron_moe/mixtral_ep2",
     "mixtral_ep2dp2": "megatron_moe/mixtral_ep2dp2",
+    "mixtral_tp2ep2": "megatron_moe/mixtral_tp2ep2",
     "qwen2moe_ep2": "megatron_moe/qwen2moe_ep2",
 }
 

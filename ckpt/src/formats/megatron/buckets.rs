@@ -48,8 +48,8 @@ const PARAM_ALIGN: u64 = 64;
 /// Where each parameter of megatron's GPT model registers, outside the layers and within one
 /// (local spec, `TransformerLayer`'s and `SelfAttention`'s construction order); weights before
 /// biases.
-const REGISTRATION: &[&str] = &["embedding.word_embeddings.weight", "embedding.position_embeddings.weight"];
-const LAYER_REGISTRATION: &[&str] = &[
+pub(super) const REGISTRATION: &[&str] = &["embedding.word_embeddings.weight", "embedding.position_embeddings.weight"];
+pub(super) const LAYER_REGISTRATION: &[&str] = &[
     "input_layernorm.weight",
     "input_layernorm.bias",
     "self_attention.linear_proj.weight",
@@ -62,12 +62,21 @@ const LAYER_REGISTRATION: &[&str] = &[
     "self_attention.k_layernorm.bias",
     "pre_mlp_layernorm.weight",
     "pre_mlp_layernorm.bias",
+    // A mixture-of-experts layer's dense parameters (`MoELayer`: the router, then the experts,
+    // which live in a grad buffer of their own, then the shared experts; a module's own
+    // parameters come before its children's, so the shared experts' gate before their linears).
+    "mlp.router.weight",
+    "mlp.shared_experts.gate_weight",
+    "mlp.shared_experts.linear_fc1.weight",
+    "mlp.shared_experts.linear_fc1.bias",
+    "mlp.shared_experts.linear_fc2.weight",
+    "mlp.shared_experts.linear_fc2.bias",
     "mlp.linear_fc1.weight",
     "mlp.linear_fc1.bias",
     "mlp.linear_fc2.weight",
     "mlp.linear_fc2.bias",
 ];
-const AFTER_LAYERS: &[&str] =
+pub(super) const AFTER_LAYERS: &[&str] =
     &["decoder.final_layernorm.weight", "decoder.final_layernorm.bias", "output_layer.weight", "output_layer.bias"];
 
 /// A layer's byte ranges of one state of one stored key.
@@ -88,7 +97,7 @@ struct Param<'a> {
 }
 
 /// One model-parallel rank's buckets (`dp_group_idx_G`): by bucket index, by state.
-type Domain<'a> = BTreeMap<u64, BTreeMap<&'a str, &'a DcpTensor>>;
+pub(super) type Domain<'a> = BTreeMap<u64, BTreeMap<&'a str, &'a DcpTensor>>;
 
 /// The optimizer state of every parameter, named as the `fully_reshardable` form names it.
 pub(crate) fn per_parameter(ck: &Checkpoint, m: &Megatron, dcp: &DcpSource) -> Result<Vec<TensorInfo>> {
@@ -185,10 +194,20 @@ pub(crate) fn per_parameter(ck: &Checkpoint, m: &Megatron, dcp: &DcpSource) -> R
 
 /// The bucket tensors of each model-parallel rank, in rank order.
 fn domains(dcp: &DcpSource) -> std::result::Result<Vec<Domain<'_>>, (String, String)> {
+    domains_under(dcp, "")
+}
+
+/// The bucket tensors of each rank's optimizer whose keys start with `chain` (`chained_1.` for
+/// the second optimizer of a chain, empty for an unchained one), in `dp_group_idx` order.
+pub(super) fn domains_under<'a>(
+    dcp: &'a DcpSource,
+    chain: &str,
+) -> std::result::Result<Vec<Domain<'a>>, (String, String)> {
+    let prefix = format!("{chain}{BUCKET_PREFIX}");
     let mut by_group: BTreeMap<u64, Domain<'_>> = BTreeMap::new();
-    for t in dcp.tensors.iter().filter(|t| t.key.starts_with(BUCKET_PREFIX)) {
+    for t in dcp.tensors.iter().filter(|t| t.key.starts_with(&prefix)) {
         let bad = |reason: &str| (t.key.clone(), reason.to_string());
-        let rest = &t.key[BUCKET_PREFIX.len()..];
+        let rest = &t.key[prefix.len()..];
         let (group, rest) =
             rest.split_once(".gbuf_idx_").ok_or_else(|| bad("not a bucket tensor (`...gbuf_idx_I...`)"))?;
         let group: u64 = group.parse().map_err(|_| bad("its `dp_group_idx` is not a number"))?;
@@ -362,7 +381,7 @@ fn recorded_sizes(dcp: &DcpSource, group: usize) -> Option<(String, Vec<u64>)> {
 
 /// Why the parameters do not fit the checkpoint's buckets.
 #[derive(Debug, PartialEq, Eq)]
-enum Misfit {
+pub(super) enum Misfit {
     /// Parameter `param` (registration index) ends at `end`, past its bucket's `size`.
     Overfilled { param: usize, bucket: usize, size: u64, end: u64 },
     /// Parameter `param` is left when every bucket is full.
@@ -375,7 +394,7 @@ enum Misfit {
 /// bucket and its start in it, laid out in reverse, each start on a multiple of
 /// [`PARAM_ALIGN`], a bucket closing when it reaches its stored size (`sizes`, without the end
 /// padding).
-fn place(numels: &[u64], sizes: &[u64]) -> std::result::Result<Vec<(u64, u64)>, Misfit> {
+pub(super) fn place(numels: &[u64], sizes: &[u64]) -> std::result::Result<Vec<(u64, u64)>, Misfit> {
     let mut placed = vec![(0, 0); numels.len()];
     let (mut bucket, mut at) = (0usize, 0u64);
     for (param, &numel) in numels.iter().enumerate().rev() {
@@ -475,7 +494,12 @@ fn model_params(dcp: &DcpSource, swiglu: bool, tp: u64) -> std::result::Result<V
 }
 
 /// The byte ranges of elements `start..end` of a 1-D tensor made of `boxes`.
-fn flat_range(boxes: &[TensorBox], start: u64, end: u64, elem: u64) -> std::result::Result<Vec<Chunk>, String> {
+pub(super) fn flat_range(
+    boxes: &[TensorBox],
+    start: u64,
+    end: u64,
+    elem: u64,
+) -> std::result::Result<Vec<Chunk>, String> {
     let mut sorted: Vec<&TensorBox> = boxes.iter().collect();
     sorted.sort_by_key(|b| b.region.offsets[0]);
     let mut out = Vec::new();

@@ -7,6 +7,8 @@
 //! routers, multi-latent attention, ...) are refused here by their argument's name, before any
 //! family is asked; the families then refuse what tells them apart ([`Arch::mismatch`]).
 
+use std::path::Path;
+
 use crate::error::{Error, Result};
 use crate::map::arch::{ModelConfig, MoeConfig, NormKind};
 use crate::read::catalog::Checkpoint;
@@ -17,8 +19,9 @@ use super::info::{self, lookup, uint, Megatron};
 /// The word embeddings' one-rank name, whose rows are the padded vocabulary.
 const EMBEDDING: &str = "embedding.word_embeddings.weight";
 
-/// The saved `args` of `ck`, a Megatron checkpoint, where Megatron-LM saved them.
-fn args(ck: &Checkpoint) -> Option<&Leaf> {
+/// The saved `args` of `ck`, a Megatron checkpoint, where Megatron-LM saved them, and the file
+/// (a legacy rank's) or folder (a `torch_dist` iteration) they were read from.
+fn args(ck: &Checkpoint) -> Option<(&Path, &Leaf)> {
     let m = ck.detail::<Megatron>()?;
     if let Some(dcp) = &m.dcp {
         return info::saved_args(dcp);
@@ -28,16 +31,26 @@ fn args(ck: &Checkpoint) -> Option<&Leaf> {
 
 /// The model `ck` (a Megatron checkpoint) holds, from its saved `args`.
 pub(super) fn model_config(ck: &Checkpoint) -> Result<ModelConfig> {
-    let path = ck.root.clone();
-    let bad = |key: Option<String>, reason: String| Error::BadMegatron { path: path.clone(), key, rank: None, reason };
-    let Some(args) = args(ck) else {
-        return Err(bad(
-            None,
-            "the checkpoint holds no saved `args` (Megatron-LM's `save_checkpoint` saves them; a bare \
+    // The tables read the model as megatron holds it on one rank; `as_stored` shows the stored
+    // keys (stacked layers) instead.
+    if ck.tensors.iter().any(|t| super::names::stacked(&t.name).is_some()) {
+        let misuse = crate::Misuse::NotForHf { extra: crate::Opt::AsStored };
+        return Err(Error::Misuse { path: ck.root.clone(), misuse });
+    }
+    let Some((args_path, args)) = args(ck) else {
+        let path = ck.root.clone();
+        return Err(Error::BadMegatron {
+            path,
+            key: None,
+            rank: None,
+            reason: "the checkpoint holds no saved `args` (Megatron-LM's `save_checkpoint` saves them; a bare \
              `dist_checkpointing.save` does not), so its heads, query groups and norms are not known"
                 .into(),
-        ));
+        });
     };
+    // Settings are refused naming the file that saved them.
+    let path = args_path.to_path_buf();
+    let bad = |key: Option<String>, reason: String| Error::BadMegatron { path: path.clone(), key, rank: None, reason };
     let arg = |name: &str| lookup(args, &[name]);
     let num = |name: &str| uint(arg(name));
     let need = |name: &str| {

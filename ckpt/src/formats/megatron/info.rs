@@ -147,9 +147,12 @@ pub(crate) fn from_args(layout: &'static str, args: Option<&Leaf>) -> MegatronIn
     }
 }
 
-/// The saved `args` of a `torch_dist` checkpoint, where Megatron-LM saved them.
-pub(crate) fn saved_args(dcp: &DcpSource) -> Option<&Leaf> {
-    lookup(common(dcp)?, &["args"])
+/// The saved `args` of a `torch_dist` checkpoint, where Megatron-LM saved them, and the rank
+/// file that holds them.
+pub(crate) fn saved_args(dcp: &DcpSource) -> Option<(&std::path::Path, &Leaf)> {
+    let item = dcp.bytes.iter().find(|b| b.key.split('/').next() == Some("common_state"))?;
+    let file = dcp.files.get(item.chunk.file)?;
+    Some((file.path.as_path(), lookup(saved_dict(&item.value), &["args"])?))
 }
 
 /// The saved `args.NAME` of a `torch_dist` checkpoint, where Megatron-LM saved them.
@@ -170,6 +173,9 @@ pub(crate) fn describe(loc: &Location, dcp: &DcpSource) -> MegatronInfo {
     m.optimizer = m.optimizer.or_else(|| {
         dcp.tensors.iter().any(|t| t.key.starts_with("optimizer.state.")).then(|| "fully_reshardable".to_string())
     });
+    // A chained optimizer (a mixture-of-experts run's) records no form in `common_state`; its
+    // flat buckets are the `dp_reshardable` form.
+    m.optimizer = m.optimizer.or_else(|| super::chained::is_chained(dcp).then(|| "dp_reshardable".to_string()));
     m.iteration = m.iteration.or(loc.iteration);
     m.num_layers = m.num_layers.or(stacked_layers);
     m.hidden_size =

@@ -87,9 +87,10 @@ pub(crate) struct Ranks {
 }
 
 impl Ranks {
-    /// The saved `args` (the first rank's; every rank saves the same).
-    pub(crate) fn args(&self) -> Option<&Leaf> {
-        self.ranks.first()?.ck.values.iter().find(|(k, _)| k == "args").map(|(_, v)| v)
+    /// The saved `args` (the first rank's; every rank saves the same), and the file they are in.
+    pub(crate) fn args(&self) -> Option<(&Path, &Leaf)> {
+        let first = self.ranks.first()?;
+        first.ck.values.iter().find(|(k, _)| k == "args").map(|(_, v)| (first.ck.root.as_path(), v))
     }
 }
 

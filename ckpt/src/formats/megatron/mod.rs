@@ -22,6 +22,13 @@
 //!   item `KEY/shard_<offsets>_<shape>`, a `torch.save` of the value; `common_state/shard_0_1`
 //!   holds the rest of the saved dict. The `.metadata` pickle carries megatron's extra
 //!   attribute `all_local_plans` (every rank's save plan), read here as opaque records.
+//!   Mixture-of-experts layers store `SequentialMLP`'s experts with one more stacked axis, the
+//!   global expert index (`decoder.layers.mlp.experts.experts.linear_fc1.weight` of shape
+//!   `[L, E, 2f, h]`), each expert-parallel rank writing its experts at their global index; a
+//!   model whose layers differ (a dense first layer, `--moe-layer-freq` as a list) stores every
+//!   layer under its own number instead (`decoder.layers.3.mlp.router.weight`). The optimizer of
+//!   an MoE run is chained: `chained_0.` before the dense optimizer's keys, `chained_1.` before
+//!   the experts'.
 //! - **legacy** (`--ckpt-format torch`): one `torch.save` per model-parallel rank,
 //!   `mp_rank_TT/model_optim_rng.pt` (`mp_rank_TT_PPP/` with pipeline parallelism), each holding
 //!   that rank's local pieces under module names with stage-local layer numbers.
@@ -37,11 +44,16 @@
 //! ranks' pieces, are model maps ([`crate::map::model`]) over the tensors as stored, applied
 //! and checked like any other catalog.
 //!
+//! What model a save holds, format-neutral ([`crate::ModelConfig`]), comes from the saved `args`
+//! ([`config`]); the architecture tables ([`crate::map::arch`]) turn the one-rank model into a
+//! Hugging Face one from it (`convert --to hf`).
+//!
 //! [`save`] writes a Megatron-LM run folder (`convert --to megatron`): megatron's stored keys
 //! and global shapes, each tensor whole, with the common state Megatron-LM's `load_checkpoint`
 //! reads, so that megatron loads it at any parallel layout.
 
 mod buckets;
+mod chained;
 mod config;
 #[doc(hidden)]
 pub(crate) mod fuzz;

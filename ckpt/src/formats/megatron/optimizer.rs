@@ -25,16 +25,8 @@ pub(crate) fn optimizer_state(ck: &Checkpoint) -> Result<Vec<TensorInfo>> {
     let Some(dcp) = &m.dcp else {
         return Err(refuse("the checkpoint holds no optimizer state".into()));
     };
-    // A mixture-of-experts run chains two distributed optimizers (`chained_0.…` over the dense
-    // parameters, `chained_1.…` over the experts, one bucket set per expert-parallel rank), whose
-    // bucket layouts this reader does not derive yet: refused rather than read as a dense run's.
-    if let Some(t) = dcp.tensors.iter().find(|t| t.key.starts_with("chained_")) {
-        return Err(Error::BadMegatron {
-            path: ck.root.clone(),
-            key: Some(t.key.clone()),
-            rank: None,
-            reason: "the chained optimizer of a mixture-of-experts run is not read yet".into(),
-        });
+    if super::chained::is_chained(dcp) {
+        return super::chained::per_parameter(ck, m, dcp);
     }
     match m.meta.optimizer.as_deref() {
         Some("fully_reshardable") => Ok(dcp

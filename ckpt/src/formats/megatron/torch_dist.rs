@@ -238,3 +238,46 @@ fn check_routers(keys: &[LayerKey<'_>], loc: &Location) -> Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Dtype;
+
+    fn tensor(key: &str, shape: &[u64]) -> DcpTensor {
+        DcpTensor { key: key.into(), path: vec![], dtype: Dtype::F32, shape: shape.to_vec(), boxes: vec![] }
+    }
+
+    fn layer_key(t: &DcpTensor) -> LayerKey<'_> {
+        let (block, layer, within) = match (names::stacked(&t.key), names::per_layer(&t.key)) {
+            (Some(s), _) => (s.block, Layer::Stacked, s.within),
+            (None, Some(p)) => (p.block, Layer::One(p.layer), p.within),
+            (None, None) => unreachable!("a layer key"),
+        };
+        LayerKey { tensor: t, block, layer, experts: names::expert_axis(within), within }
+    }
+
+    fn routers(tensors: &[DcpTensor]) -> std::result::Result<(), String> {
+        let keys: Vec<LayerKey<'_>> = tensors.iter().map(layer_key).collect();
+        let loc = Location { dir: "iter".into(), tracker: None, iteration: None };
+        check_routers(&keys, &loc).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn a_router_scores_as_many_experts_as_its_layer_holds() {
+        let fc1 = tensor("decoder.layers.mlp.experts.experts.linear_fc1.weight", &[2, 4, 32, 16]);
+        assert_eq!(routers(&[fc1, tensor("decoder.layers.mlp.router.weight", &[2, 4, 16])]), Ok(()));
+        let fc1 = tensor("decoder.layers.mlp.experts.experts.linear_fc1.weight", &[2, 4, 32, 16]);
+        let err = routers(&[fc1, tensor("decoder.layers.mlp.router.weight", &[2, 3, 16])])
+            .expect_err("a router of 3 experts");
+        assert_eq!(
+            err,
+            "iter/.metadata: `decoder.layers.mlp.router.weight`: layer 0's router scores 3 experts, but the layer holds 4"
+        );
+        // Per-layer keys: each layer's router against that layer's experts.
+        let fc2 = tensor("decoder.layers.2.mlp.experts.experts.linear_fc2.weight", &[8, 16, 16]);
+        let bias = tensor("decoder.layers.2.mlp.router.expert_bias", &[6]);
+        let err = routers(&[fc2, bias]).expect_err("a router of 3 experts");
+        assert!(err.ends_with("layer 2's router scores 6 experts, but the layer holds 8"), "{err}");
+    }
+}
