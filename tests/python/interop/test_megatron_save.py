@@ -96,7 +96,7 @@ def test_a_hugging_face_model_converts_to_a_run_megatron_loads_at_tp2_with_its_l
     assert stdout.count(": ok") == 2 and stdout.count("logits max |diff|") == 2, stdout
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe"])
 def test_a_hugging_face_model_comes_back_from_its_megatron_run_bit_for_bit(tmp_path, arch):
     """HF → `--to megatron` → `--to hf`: the Hub tensors come back bit for bit (a tied model's
     `lm_head.weight` is not written, as `save_pretrained` leaves it out), and transformers

@@ -338,6 +338,9 @@ pub(crate) fn config_args(c: &crate::map::arch::ModelConfig) -> Vec<(String, Lea
             ("moe_router_topk", int(m.top_k)),
             ("moe_ffn_hidden_size", int(m.ffn_hidden_size)),
             ("moe_layer_freq", Leaf::List(m.moe_layers.iter().map(|&x| int(u64::from(x))).collect())),
+            // Softmax over every expert before the top-k keeps each one's share of all of them:
+            // the top-k weights are not renormalized (`norm_topk_prob` off).
+            ("moe_router_pre_softmax", Leaf::Bool(!m.norm_topk_prob)),
         ]);
         if let Some(shared) = m.shared_expert_ffn_hidden_size {
             args.push(("moe_shared_expert_intermediate_size", int(shared)));
@@ -363,7 +366,7 @@ mod tests {
     /// Megatron → Hub map: every Hub tensor bit for bit, under its own name.
     #[test]
     fn a_hugging_face_model_comes_back_from_its_megatron_run_bit_for_bit() {
-        for arch in ["llama", "qwen2", "qwen3"] {
+        for arch in ["llama", "qwen2", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe"] {
             let tmp = tempfile::tempdir().unwrap();
             let src = Checkpoint::open(hf(arch).to_str().unwrap()).unwrap();
             let out = tmp.path().join("run");

@@ -203,8 +203,13 @@ fn moe_of(json: &Value, arch: Arch, num_layers: u64, path: &Path) -> Result<MoeC
         None => Err(bad(key, P::Missing)),
         Some(v) => v.as_u64().ok_or_else(|| bad(key, P::NotANumber { found: v.to_string() })),
     };
-    let experts_key = if arch == Arch::Mixtral { "num_local_experts" } else { "num_experts" };
-    let num_experts = need(experts_key)?;
+    // Mixtral says `num_local_experts`; Qwen's MoE configs `num_experts`, except transformers
+    // 5.x's Qwen3-MoE, which writes Mixtral's name.
+    let (first, other) = match arch {
+        Arch::Mixtral => ("num_local_experts", "num_experts"),
+        _ => ("num_experts", "num_local_experts"),
+    };
+    let num_experts = need(if json.get(first).is_some() || json.get(other).is_none() { first } else { other })?;
     let top_k = need("num_experts_per_tok")?;
     let ffn_key = if arch == Arch::Mixtral { "intermediate_size" } else { "moe_intermediate_size" };
     let ffn_hidden_size = need(ffn_key)?;
