@@ -227,6 +227,16 @@ fn every_operation_writes_the_one_process_bytes_at_any_number_of_ranks() {
                 "15KB".into(),
             ],
         ),
+        (
+            "convert a Megatron-LM run to a Megatron run",
+            &out,
+            vec!["convert".into(), f("megatron/run_tp2"), "{out}".into(), "--to".into(), "megatron".into()],
+        ),
+        (
+            "convert a Hugging Face MoE folder to a Megatron run",
+            &out,
+            vec!["convert".into(), f("megatron_arch/hf/qwen2_moe"), "{out}".into(), "--to".into(), "megatron".into()],
+        ),
     ];
     for (name, out, args) in &cases {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
