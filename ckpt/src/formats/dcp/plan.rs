@@ -83,6 +83,8 @@ pub(crate) fn write_dcp(
     world: u64,
     opts: &WriteOptions<'_>,
 ) -> Result<Outcome> {
+    // Refused before the folder is created.
+    check(tensors, out, world)?;
     // `.metadata` records the folder's absolute path; a dry run plans without creating it.
     let abs = match opts.job.is_some_and(crate::Job::is_dry_run) {
         true => std::path::absolute(out).at(out)?,
@@ -131,6 +133,15 @@ pub(crate) fn plan_dcp(
     abs: &Path,
     world: u64,
 ) -> Result<Planned> {
+    let world_len = check(tensors, out, world)?;
+    let per_rank = place(tensors, values, world, world_len);
+    let (mut plan, items, bytes) = lay_out(tensors, values, &per_rank, out)?;
+    plan.trailers.push((out.join(super::METADATA_NAME), encode::encode(&items, abs, &encode::uuid4())));
+    Ok(Planned { plan, bytes })
+}
+
+/// The world size as a count of rank files, once `tensors` are known to fit torch files.
+fn check(tensors: &[SrcTensor], out: &Path, world: u64) -> Result<usize> {
     let world_len = usize::try_from(world)
         .map_err(|_| Error::Misuse { path: out.to_path_buf(), misuse: crate::Misuse::WorldSizeOutOfRange { world } })?;
     for t in tensors {
@@ -138,10 +149,7 @@ pub(crate) fn plan_dcp(
             return Err(Error::NotInTorch { dst: out.to_path_buf(), tensor: t.key.clone(), dtype: t.info.dtype });
         }
     }
-    let per_rank = place(tensors, values, world, world_len);
-    let (mut plan, items, bytes) = lay_out(tensors, values, &per_rank, out)?;
-    plan.trailers.push((out.join(super::METADATA_NAME), encode::encode(&items, abs, &encode::uuid4())));
-    Ok(Planned { plan, bytes })
+    Ok(world_len)
 }
 
 /// Who holds what: sharded rows first, then each whole tensor and value on the rank with the
