@@ -12,6 +12,7 @@ mod dcp_nd;
 mod deepspeed;
 mod fp8;
 mod megatron;
+mod megatron_stages;
 mod safetensors;
 mod torch;
 mod torch_compat;

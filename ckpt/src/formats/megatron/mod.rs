@@ -44,6 +44,8 @@ mod info;
 mod legacy;
 pub(crate) mod names;
 mod optimizer;
+mod rank_folders;
+mod stages;
 mod torch_dist;
 
 pub use info::MegatronInfo;
