@@ -12,6 +12,7 @@ mod dcp;
 mod dcp_nd;
 mod deepspeed;
 mod megatron;
+mod megatron_legacy;
 mod peak_memory;
 mod pickle_budget;
 mod safetensors;
