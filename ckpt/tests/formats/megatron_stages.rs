@@ -1,6 +1,7 @@
 //! Megatron saves whose layers or experts are spread in ways a plain TP × PP grid does not
-//! tell: a legacy mixture-of-experts save at expert parallel 2 (`fixtures/megatron_legacy_moe/`,
-//! `mp_rank_TT_EEE` folders), and pipeline stages with virtual chunks or an uneven first stage
+//! tell: legacy mixture-of-experts saves at expert parallel 2 (`fixtures/megatron_legacy_moe/`:
+//! `ep2`, whose `mp_rank_00_001` is expert rank 1, `pp2ep2` in `mp_rank_TT_PPP_EEE` folders, and
+//! `tp2ep2`, experts cut by tensor parallelism), and pipeline stages with virtual chunks or an uneven first stage
 //! (`fixtures/megatron_stages/`), each saved by megatron-core 0.19.2's `save_checkpoint` in the
 //! legacy layout (`torch/`) and, for the stages, in `torch_dist` (`torch_dist/`) from the same
 //! state (`fixtures/gen/megatron_stages_fixtures.py`). `expected_model.safetensors` is megatron's
@@ -32,7 +33,7 @@ fn cases() -> Vec<(PathBuf, PathBuf, serde_json::Value)> {
         }
     }
     out.sort_by(|a, b| a.1.cmp(&b.1));
-    assert_eq!(out.len(), 5, "the table lost its cases: {out:?}");
+    assert_eq!(out.len(), 7, "the table lost its cases: {out:?}");
     out
 }
 

@@ -8,4 +8,5 @@ mod accelerate;
 mod dcp;
 mod deepspeed;
 mod megatron;
+mod megatron_stages;
 mod trainer;

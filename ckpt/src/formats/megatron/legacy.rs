@@ -1,10 +1,14 @@
 //! A legacy save (`--ckpt-format torch`): one `torch.save` per model-parallel rank, stitched
 //! into the one-rank model.
 //!
-//! `iter_N/mp_rank_TT/model_optim_rng.pt` (`mp_rank_TT_PPP/` with pipeline parallelism) holds
+//! `iter_N/mp_rank_TT/model_optim_rng.pt` (`_PPP` appended with pipeline parallelism, `_EEE`
+//! with expert parallelism; [`super::rank_folders`] says which is which) holds
 //! `{args, iteration, checkpoint_version, model, optimizer, rng_state, ...}`; `model` is the
 //! rank's local module state under module names, with layer numbers counted within its
-//! pipeline stage. Nothing records how a tensor was split; megatron's parallel layers decide:
+//! pipeline stage. With virtual pipeline stages the rank holds one model chunk per virtual
+//! stage, `model0`, `model1`, ..., each numbering its layers from 0; where a chunk's layers sit
+//! is megatron's rule, not the file's ([`super::stages`]). Nothing records how a tensor was
+//! split; megatron's parallel layers decide:
 //! the column-parallel linears (`linear_qkv`, `linear_fc1`, the word embeddings and the output
 //! layer) cut their weight and bias on dim 0, the row-parallel ones (`linear_proj`,
 //! `linear_fc2`) their weight on dim 1 and keep the bias whole, everything else is whole on
@@ -13,6 +17,15 @@
 //! rank holds whole query groups, in order, so `linear_qkv` is a plain concatenation. The last
 //! stage of a tied model keeps a copy of the word embeddings as `output_layer.weight`, which
 //! the one-rank tied model does not have.
+//!
+//! Mixture-of-experts layers: each expert rank holds its `num_experts / ep` experts under local
+//! indices (SequentialMLP's `mlp.experts.local_experts.<e>.linear_fc1.weight`, TEGroupedMLP's
+//! `mlp.experts.linear_fc1.weight<e>`), the one-rank model's expert `ep_rank · experts/ep + e`
+//! under SequentialMLP's name; expert tensors split over tensor-parallel ranks like the dense
+//! MLP's (expert tensor parallelism other than the dense one is refused). Everything else in the
+//! layer (attention, norms, the router) is the same on every expert rank: expert rank 0's is
+//! read. The removed GroupedMLP's `experts.weight1`/`weight2` are refused by name: megatron-core
+//! 0.19.2's source no longer has their layout.
 //!
 //! The stitching is a model map ([`crate::map::model`]) over every rank's tensors, named
 //! `mp_rank_TT[_PPP]/<name>`: each one-rank tensor is its ranks' row ranges, and every rank

@@ -23,8 +23,14 @@
 //!   holds the rest of the saved dict. The `.metadata` pickle carries megatron's extra
 //!   attribute `all_local_plans` (every rank's save plan), read here as opaque records.
 //! - **legacy** (`--ckpt-format torch`): one `torch.save` per model-parallel rank,
-//!   `mp_rank_TT/model_optim_rng.pt` (`mp_rank_TT_PPP/` with pipeline parallelism), each holding
-//!   that rank's local pieces under module names with stage-local layer numbers.
+//!   `mp_rank_TT/model_optim_rng.pt` (`_PPP` appended with pipeline parallelism, `_EEE` with
+//!   expert parallelism), each holding that rank's local pieces under module names with
+//!   chunk-local layer numbers (`model`, or `model0`, `model1`, ... with virtual pipeline
+//!   stages) and rank-local expert numbers.
+//!
+//! With virtual pipeline stages or uneven first and last stages, a `torch_dist` save needs
+//! nothing more: its stacked axis is already the global layer index megatron computed. A legacy
+//! save's chunks are placed by megatron's `get_transformer_layer_offset` ([`stages`]).
 //!
 //! # Here
 //!
