@@ -33,7 +33,7 @@ fn cases() -> Vec<(PathBuf, PathBuf, serde_json::Value)> {
         }
     }
     out.sort_by(|a, b| a.1.cmp(&b.1));
-    assert_eq!(out.len(), 7, "the table lost its cases: {out:?}");
+    assert_eq!(out.len(), 8, "the table lost its cases: {out:?}");
     out
 }
 
@@ -63,5 +63,23 @@ fn inspect_tells_the_runs_layers_and_ranks() {
         assert_eq!(ck.world_size(), case["world_size"].as_u64(), "{}", src.display());
         let report = ckpt::verify(src.to_str().unwrap()).unwrap();
         assert!(report.is_valid(), "{}: {:?}", src.display(), report.problems);
+    }
+}
+
+/// These saves were written with `--no-save-optim`: asked for the optimizer, each says so, by
+/// the first rank's file, rather than failing on what a missing optimizer does not hold.
+#[test]
+fn a_legacy_save_without_an_optimizer_says_so() {
+    for (_, src, _) in cases().into_iter().filter(|c| c.1.ends_with("torch")) {
+        let tmp = tempfile::tempdir().unwrap();
+        let ck = Checkpoint::open(src.to_str().unwrap()).unwrap();
+        let options = ckpt::MergeOptions { optimizer: true, ..Default::default() };
+        let err = ckpt::merge(&ck, &tmp.path().join("m.safetensors"), &options, &WriteOptions::default()).unwrap_err();
+        let first = ["mp_rank_00", "mp_rank_00_000", "mp_rank_00_000_000"]
+            .iter()
+            .map(|n| src.join("iter_0000001").join(n).join("model_optim_rng.pt"))
+            .find(|p| p.is_file())
+            .unwrap();
+        assert_eq!(err.to_string(), format!("{}: the checkpoint holds no optimizer state", first.display()));
     }
 }

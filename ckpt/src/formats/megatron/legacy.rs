@@ -608,6 +608,20 @@ impl Ranks {
             rank: None,
             reason: format!("{what}: the optimizer's layout per rank is not derived yet"),
         };
+        // Megatron-LM saved without `--no-save-optim` writes `optimizer` into every rank's file.
+        let has_optimizer = |r: &RankFile| {
+            r.distrib.is_some()
+                || r.ck.tensors.iter().any(|t| t.name.starts_with("optimizer."))
+                || r.ck.values.iter().any(|(k, _)| k.starts_with("optimizer"))
+        };
+        if !self.ranks.iter().any(has_optimizer) {
+            return Err(Error::BadMegatron {
+                path: self.ranks[0].ck.root.clone(),
+                key: None,
+                rank: None,
+                reason: "the checkpoint holds no optimizer state".into(),
+            });
+        }
         if self.chunks > 1 {
             return Err(refuse("virtual pipeline chunks (`model0`, `model1`, ...)"));
         }
