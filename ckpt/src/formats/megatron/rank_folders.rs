@@ -244,4 +244,27 @@ mod tests {
         let g = grid(&["mp_rank_00_001_001", "mp_rank_00_000_001", "mp_rank_00_001_000", "mp_rank_00_000_000"], both);
         assert_eq!(g.iter().map(|r| (r.1, r.2)).collect::<Vec<_>>(), [(0, 0), (0, 1), (1, 0), (1, 1)]);
     }
+
+    #[test]
+    fn names_past_the_folders_or_the_args_are_refused_before_they_size_anything() {
+        let refused = |names: &[&str], sizes: Sizes| {
+            let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
+            rank_grid(Path::new("it"), &names, sizes).unwrap_err().to_string()
+        };
+        let ep2 = Sizes { pipeline: Some(1), expert: Some(2) };
+        assert_eq!(
+            refused(&["mp_rank_00_000", "mp_rank_00_18446744073709551615"], ep2),
+            "it/mp_rank_00_18446744073709551615/model_optim_rng.pt (rank 0): the folder's name gives expert rank \
+             18446744073709551615, but `args.expert_model_parallel_size` is 2"
+        );
+        assert_eq!(
+            refused(&["mp_rank_00_000_000", "mp_rank_00_000_5"], Sizes::default()),
+            "it/mp_rank_00_000_5 (rank 0): the folder's name gives expert rank 5, but the iteration holds 2 rank folders"
+        );
+        assert_eq!(
+            refused(&["mp_rank_00", "mp_rank_00_001"], Sizes::default()),
+            "it: some rank folders name a pipeline stage and others do not"
+        );
+        assert!(refused(&[], ep2).starts_with("it: no checkpoint found"));
+    }
 }
