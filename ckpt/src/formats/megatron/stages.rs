@@ -35,7 +35,11 @@ impl Stages {
     /// The placement the saved `args` give, or why it is not read. `None` when the args do not
     /// say the number of layers (a save without Megatron-LM's `args`).
     pub(crate) fn from_args(args: Option<&Leaf>) -> Result<Option<Stages>, String> {
-        let arg = |name: &str| args.and_then(|a| info::lookup(a, &[name]));
+        Stages::from_lookup(|name| args.and_then(|a| info::lookup(a, &[name])))
+    }
+
+    /// The same, with `arg` giving the saved `args.NAME` (a `torch_dist` save's `common_state`).
+    pub(crate) fn from_lookup<'a>(arg: impl Fn(&str) -> Option<&'a Leaf>) -> Result<Option<Stages>, String> {
         let set = |name: &str| !matches!(arg(name), None | Some(Leaf::None));
         let flag = |name: &str| matches!(arg(name), Some(Leaf::Bool(true)));
         if set("pipeline_model_parallel_layout") {
