@@ -122,6 +122,9 @@ fixtures: setup mcore
 	python3 fixtures/gen/hostile_pickle_budget.py
 	python3 fixtures/gen/hostile_broadcast_buffer.py
 	python3 fixtures/gen/hostile_package.py
+	PATH=$(VENV)/bin:$$PATH PYTHONPATH=$(MCORE) $(PY) fixtures/gen/megatron_stages_fixtures.py
+	PYTHONPATH=$(MCORE) $(PY) fixtures/gen/hostile_megatron_legacy.py
+	PATH=$(VENV)/bin:$$PATH PYTHONPATH=$(MCORE) $(PY) fixtures/gen/megatron_train_fixtures.py train_uneven_pp2dp2
 	PATH=$(VENV)/bin:$$PATH PYTHONPATH=$(MCORE) $(PY) fixtures/gen/megatron_fixtures.py
 	PATH=$(VENV)/bin:$$PATH PYTHONPATH=$(MCORE) $(PY) fixtures/gen/megatron_train_fixtures.py train_dp2 train_tp2dp2
 	PATH=$(VENV)/bin:$$PATH PYTHONPATH=$(MCORE) $(PY) fixtures/gen/megatron_legacy_fixtures.py

@@ -14,6 +14,7 @@ mod fp8;
 mod megatron;
 mod megatron_arch;
 mod megatron_moe;
+mod megatron_stages;
 mod safetensors;
 mod torch;
 mod torch_compat;

@@ -221,7 +221,8 @@ fn as_stored_applies_to_torch_dist_checkpoints_only() {
 }
 
 /// Megatron-LM training saves (the distributed optimizer, Adam, on 2 data-parallel ranks, and
-/// on tensor parallel 2 × data parallel 2 and pipeline parallel 2 × data parallel 2), each saved twice from the same state: once
+/// on tensor parallel 2 × data parallel 2 and pipeline parallel 2 × data parallel 2, even and with
+/// an uneven first stage of 1 layer of 3), each saved twice from the same state: once
 /// `dp_reshardable` (flat buckets per model-parallel rank), once `fully_reshardable` (per
 /// parameter). `merge --optimizer` reads either with no option to say how. From the
 /// `fully_reshardable` save it gives what megatron stored; from the `dp_reshardable` one the
@@ -230,7 +231,7 @@ fn as_stored_applies_to_torch_dist_checkpoints_only() {
 /// tensors as the `fully_reshardable` save).
 #[test]
 fn both_optimizer_forms_merge_to_the_per_parameter_state() {
-    for case in ["train_dp2", "train_tp2dp2", "train_pp2dp2"] {
+    for case in ["train_dp2", "train_tp2dp2", "train_pp2dp2", "train_uneven_pp2dp2"] {
         let dir = root().join(case);
         let spec: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(dir.join("case.json")).unwrap()).unwrap();

@@ -15,6 +15,7 @@ mod hf_to_megatron;
 mod megatron;
 mod megatron_hf;
 mod megatron_moe;
+mod megatron_legacy;
 mod peak_memory;
 mod pickle_budget;
 mod safetensors;

@@ -9,4 +9,5 @@ mod dcp;
 mod deepspeed;
 mod megatron;
 mod megatron_hf;
+mod megatron_stages;
 mod trainer;

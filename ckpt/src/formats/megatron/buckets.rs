@@ -18,7 +18,7 @@
 //!
 //! Under tensor and pipeline parallelism each model-parallel rank `G` (tensor rank + tensor size
 //! × pipeline stage: the rank in megatron's model-parallel group) has buckets of its own over its
-//! stage's parameters (the layers split evenly over the stages, the embeddings on the first, the
+//! stage's parameters (the layers as megatron places them over the stages, the embeddings on the first, the
 //! final norm and output layer on the last) and its pieces of them, laid out by the same rules; a parameter's state is its ranks' pieces put
 //! back as megatron's parallel layers cut them ([`names::split_of`]): concatenated on dim 0, row
 //! by row on dim 1, SwiGLU's two halves each concatenated, a replicated tensor taken from rank 0.
@@ -28,7 +28,8 @@
 //! overfills or leaves unfilled, bucket sizes that disagree with the recorded
 //! `per_bucket_numel_unpadded`, several grad buffers (a model of several dtypes), uneven or
 //! virtual pipeline stages, or tied embeddings under pipeline parallelism are refused by name
-//! rather than guessed.
+//! rather than guessed. Uneven first and last stages hold the layers megatron's placement gives
+//! them ([`super::stages`]).
 
 use std::collections::BTreeMap;
 
@@ -241,46 +242,58 @@ pub(super) fn domains_under<'a>(
 }
 
 /// Which pipeline stage holds each parameter: the embeddings the first, the final norm and the
-/// output layer the last, the layers split evenly (megatron's default; the settings that split
-/// them otherwise are refused, as is a tied output layer's copy on the last stage).
+/// output layer the last, the layers as megatron places them ([`super::stages`]: evenly, or with
+/// an uneven first or last stage). Virtual pipeline stages (a grad buffer per model chunk) and a
+/// tied output layer's copy on the last stage are refused.
 struct Stages {
     count: u64,
-    layers_per_stage: u64,
+    /// The first global layer of each stage, in stage order.
+    starts: Vec<u64>,
 }
 
 impl Stages {
     fn new(m: &Megatron, dcp: &DcpSource, pp: u64) -> std::result::Result<Stages, String> {
         let layers = m.meta.num_layers.unwrap_or(0);
         if pp == 1 {
-            return Ok(Stages { count: 1, layers_per_stage: layers.max(1) });
+            return Ok(Stages { count: 1, starts: vec![0] });
         }
-        for uneven in [
-            "decoder_first_pipeline_num_layers",
-            "decoder_last_pipeline_num_layers",
-            "pipeline_model_parallel_layout",
-            "num_layers_per_virtual_pipeline_stage",
-            "num_virtual_stages_per_pipeline_rank",
-        ] {
-            if info::arg(dcp, uneven).is_some_and(|v| *v != Leaf::None) {
+        for chunks in ["num_layers_per_virtual_pipeline_stage", "num_virtual_stages_per_pipeline_rank"] {
+            if info::arg(dcp, chunks).is_some_and(|v| *v != Leaf::None) {
                 return Err(format!(
-                    "`args.{uneven}` is set: layouts over uneven or virtual pipeline stages are not derived yet"
+                    "`args.{chunks}` is set: layouts over virtual pipeline stages (a grad buffer per model chunk) \
+                     are not derived yet"
                 ));
             }
         }
         if m.meta.tied_embeddings != Some(false) {
             return Err("tied embeddings under pipeline parallelism (a copy in its own bucket on the last stage) are not derived yet".into());
         }
-        if layers == 0 || !layers.is_multiple_of(pp) {
-            return Err(format!("{layers} layers do not split evenly over {pp} pipeline stages"));
+        let placement = super::stages::Stages::from_lookup(|name| info::arg(dcp, name))?;
+        let placement = placement.filter(|s| s.pipeline == pp && s.num_layers == layers);
+        let Some(placement) = placement else {
+            // Without the args' placement, megatron's default: the layers split evenly.
+            if layers == 0 || !layers.is_multiple_of(pp) {
+                return Err(format!("{layers} layers do not split evenly over {pp} pipeline stages"));
+            }
+            return Ok(Stages { count: pp, starts: (0..pp).map(|s| s * (layers / pp)).collect() });
+        };
+        let mut starts = Vec::new();
+        for stage in 0..pp {
+            placement.layers(stage, 0)?;
+            let start = placement.offset(stage, 0).ok_or("megatron's layer offsets overflow")?;
+            starts.push(start);
         }
-        Ok(Stages { count: pp, layers_per_stage: layers / pp })
+        Ok(Stages { count: pp, starts })
     }
 
     /// The stage holding `p`.
     fn holding(&self, p: &Param<'_>) -> u64 {
         match p.order.0 {
             0 => 0,
-            1 => p.layer.unwrap_or(0) / self.layers_per_stage,
+            1 => {
+                let layer = p.layer.unwrap_or(0);
+                self.starts.iter().rposition(|&s| s <= layer).unwrap_or(0) as u64
+            }
             _ => self.count - 1,
         }
     }

@@ -6,6 +6,7 @@
 
 use std::path::Path;
 
+use super::rank_folders::{self, Sizes};
 use super::{info, legacy};
 use crate::formats::torch::flatten;
 use crate::formats::torch::pickle::{self, Load};
@@ -48,18 +49,23 @@ pub(crate) fn rank_folders(data: &[u8]) {
         let _ = super::iteration_of(name);
         let _ = legacy::local_layer(name);
     }
-    match legacy::rank_grid(Path::new("fuzz/iter_0000001"), &names) {
-        Ok(grid) => {
-            let (tp, pp) = grid.last().map(|&(t, s, _)| (t + 1, s + 1)).unwrap_or_default();
-            assert_eq!(grid.len() as u64, tp * pp, "the grid of {tp} × {pp} ranks is not whole");
-            for (i, (t, stage, path)) in grid.iter().enumerate() {
-                assert_eq!((i as u64 % tp, i as u64 / tp), (*t, *stage));
-                let folder = path.parent().and_then(Path::file_name).and_then(|n| n.to_str());
-                let ranks = folder.and_then(legacy::ranks_of);
-                assert_eq!(ranks.map(|(t, s, _)| (t, s.unwrap_or(0))), Some((*t, *stage)), "{path:?}");
+    // Without `args`, as the names alone say; then as a run with expert parallelism only would.
+    let sizes = [Sizes::default(), Sizes { pipeline: Some(1), expert: Some(2) }];
+    for sizes in sizes {
+        match rank_folders::rank_grid(Path::new("fuzz/iter_0000001"), &names, sizes) {
+            Ok(grid) => {
+                let last = grid.last().map(|r| (r.tp + 1, r.pp + 1, r.ep + 1)).unwrap_or_default();
+                assert_eq!(grid.len() as u64, last.0 * last.1 * last.2, "the grid of {last:?} ranks is not whole");
+                for (i, r) in grid.iter().enumerate() {
+                    let i = i as u64;
+                    assert_eq!((i % last.0, i / last.0 % last.2, i / (last.0 * last.2)), (r.tp, r.ep, r.pp));
+                    let folder = r.file.parent().and_then(Path::file_name).and_then(|n| n.to_str());
+                    let ranks = folder.and_then(rank_folders::ranks_of);
+                    assert_eq!(ranks.map(|(t, _, _)| t), Some(r.tp), "{r:?}");
+                }
             }
+            Err(e) => one_line(&e),
         }
-        Err(e) => one_line(&e),
     }
 }
 

@@ -1,10 +1,14 @@
 //! A legacy save (`--ckpt-format torch`): one `torch.save` per model-parallel rank, stitched
 //! into the one-rank model.
 //!
-//! `iter_N/mp_rank_TT/model_optim_rng.pt` (`mp_rank_TT_PPP/` with pipeline parallelism) holds
+//! `iter_N/mp_rank_TT/model_optim_rng.pt` (`_PPP` appended with pipeline parallelism, `_EEE`
+//! with expert parallelism; [`super::rank_folders`] says which is which) holds
 //! `{args, iteration, checkpoint_version, model, optimizer, rng_state, ...}`; `model` is the
 //! rank's local module state under module names, with layer numbers counted within its
-//! pipeline stage. Nothing records how a tensor was split; megatron's parallel layers decide:
+//! pipeline stage. With virtual pipeline stages the rank holds one model chunk per virtual
+//! stage, `model0`, `model1`, ..., each numbering its layers from 0; where a chunk's layers sit
+//! is megatron's rule, not the file's ([`super::stages`]). Nothing records how a tensor was
+//! split; megatron's parallel layers decide:
 //! the column-parallel linears (`linear_qkv`, `linear_fc1`, the word embeddings and the output
 //! layer) cut their weight and bias on dim 0, the row-parallel ones (`linear_proj`,
 //! `linear_fc2`) their weight on dim 1 and keep the bias whole, everything else is whole on
@@ -13,6 +17,15 @@
 //! rank holds whole query groups, in order, so `linear_qkv` is a plain concatenation. The last
 //! stage of a tied model keeps a copy of the word embeddings as `output_layer.weight`, which
 //! the one-rank tied model does not have.
+//!
+//! Mixture-of-experts layers: each expert rank holds its `num_experts / ep` experts under local
+//! indices (SequentialMLP's `mlp.experts.local_experts.<e>.linear_fc1.weight`, TEGroupedMLP's
+//! `mlp.experts.linear_fc1.weight<e>`), the one-rank model's expert `ep_rank · experts/ep + e`
+//! under SequentialMLP's name; expert tensors split over tensor-parallel ranks like the dense
+//! MLP's (expert tensor parallelism other than the dense one is refused). Everything else in the
+//! layer (attention, norms, the router) is the same on every expert rank: expert rank 0's is
+//! read. The removed GroupedMLP's `experts.weight1`/`weight2` are refused by name: megatron-core
+//! 0.19.2's source no longer has their layout.
 //!
 //! The stitching is a model map ([`crate::map::model`]) over every rank's tensors, named
 //! `mp_rank_TT[_PPP]/<name>`: each one-rank tensor is its ranks' row ranges, and every rank
@@ -26,6 +39,8 @@ use std::sync::Arc;
 use super::info::{self, Megatron};
 use super::names::{self, split_of, Split};
 use super::optimizer::STATE_PREFIX;
+use super::rank_folders::{rank_grid, ranks_of, Rank, Sizes};
+use super::stages::Stages;
 use super::Location;
 use crate::error::{Error, Result};
 use crate::formats::torch;
@@ -40,16 +55,6 @@ pub(crate) const RANK_FILE: &str = "model_optim_rng.pt";
 /// The distributed optimizer's file beside it.
 const DISTRIB_FILE: &str = "distrib_optim.pt";
 
-/// A rank folder's name: `mp_rank_TT`, `mp_rank_TT_PPP`, or with an expert rank `_EEE`.
-pub(super) fn ranks_of(name: &str) -> Option<(u64, Option<u64>, Option<u64>)> {
-    let rest = name.strip_prefix("mp_rank_")?;
-    let mut parts = rest.split('_').map(|p| p.parse::<u64>().ok().filter(|_| p.bytes().all(|b| b.is_ascii_digit())));
-    let tp = parts.next()??;
-    let pp = parts.next().map(|p| p.ok_or(())).transpose().ok()?;
-    let ep = parts.next().map(|p| p.ok_or(())).transpose().ok()?;
-    parts.next().is_none().then_some((tp, pp, ep))
-}
-
 /// True when `dir` holds megatron's per-rank folders.
 pub(crate) fn is_legacy(dir: &Path) -> bool {
     std::fs::read_dir(dir).is_ok_and(|entries| {
@@ -62,6 +67,9 @@ pub(crate) fn is_legacy(dir: &Path) -> bool {
 /// A rank's piece of a tensor: its tensor-parallel rank, its file's index among the ranks, and
 /// the tensor in that file.
 type Piece<'a> = (u64, usize, &'a TensorInfo);
+
+/// The global index of the first layer of each (stage, model chunk).
+type Offsets = BTreeMap<(u64, u64), u64>;
 
 /// A one-rank tensor name, with the pipeline stage that holds it.
 type StageName = (u64, String);
@@ -79,9 +87,15 @@ pub(crate) struct Ranks {
     distrib_base: Vec<usize>,
     /// The grad buffers' bucket size on the first pipeline stage, as the saved `args` give it.
     bucket_size: std::result::Result<Option<u64>, String>,
-    /// The global index of each stage's first layer.
-    layer_offset: Vec<u64>,
+    /// The global index of the first layer of each (stage, model chunk).
+    layer_offset: Offsets,
     tp: u64,
+    pp: u64,
+    ep: u64,
+    /// Model chunks per stage (virtual pipeline stages).
+    chunks: u64,
+    /// Experts each expert-parallel rank holds.
+    local_experts: u64,
     swiglu: bool,
     tied: bool,
 }
@@ -99,6 +113,7 @@ impl Ranks {
 struct RankFile {
     tp: u64,
     pp: u64,
+    ep: u64,
     ck: Checkpoint,
     /// The distributed optimizer's `distrib_optim.pt` beside it, read.
     distrib: Option<Checkpoint>,
@@ -109,6 +124,62 @@ impl RankFile {
     fn parameters(&self) -> Vec<&TensorInfo> {
         self.ck.tensors.iter().filter(|t| t.name.starts_with("model.") && !t.name.ends_with("_extra_state")).collect()
     }
+
+    fn bad(&self, key: Option<&str>, reason: String) -> Error {
+        Error::BadMegatron { path: self.ck.root.clone(), key: key.map(str::to_string), rank: Some(self.tp), reason }
+    }
+}
+
+/// The model chunk of a rank file's tensor and its name within the chunk: `model.X` is the one
+/// chunk of a save without virtual stages, `model<k>.X` chunk `k` of one with them.
+pub(super) fn chunk_of(name: &str) -> Option<(u64, &str)> {
+    let rest = name.strip_prefix("model")?;
+    let (k, local) = rest.split_once('.')?;
+    if k.is_empty() {
+        return Some((0, local));
+    }
+    let k = k.parse().ok().filter(|_| k.bytes().all(|b| b.is_ascii_digit()))?;
+    Some((k, local))
+}
+
+/// An expert's tensor within a layer: the spec's own name, read as its local index.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Expert<'a> {
+    /// The expert's index among its rank's experts (`u64::MAX` for the removed GroupedMLP's
+    /// `weight1`/`weight2`, which hold every local expert at once).
+    pub local: u64,
+    /// The name within the expert's MLP (`linear_fc1.weight`).
+    pub within: &'a str,
+}
+
+impl Expert<'_> {
+    /// The one-rank model's name of this expert on expert rank `ep` (SequentialMLP's).
+    pub(super) fn global_name(&self, ep: u64, local_experts: u64) -> String {
+        let e = ep.saturating_mul(local_experts).saturating_add(self.local);
+        format!("mlp.experts.local_experts.{e}.{}", self.within)
+    }
+}
+
+/// The expert a layer's tensor belongs to: SequentialMLP's `mlp.experts.local_experts.<e>.X`,
+/// TEGroupedMLP's `mlp.experts.linear_fc1.weight<e>`, or GroupedMLP's `mlp.experts.weight1`.
+pub(super) fn expert_of(within: &str) -> Option<Expert<'_>> {
+    let rest = within.strip_prefix("mlp.experts.")?;
+    if let Some(r) = rest.strip_prefix("local_experts.") {
+        let (e, within) = r.split_once('.')?;
+        let local = e.parse().ok().filter(|_| e.bytes().all(|b| b.is_ascii_digit()))?;
+        return Some(Expert { local, within });
+    }
+    if rest == "weight1" || rest == "weight2" {
+        return Some(Expert { local: u64::MAX, within: rest });
+    }
+    // TEGroupedMLP: a parameter per expert, its local index at the end of the name.
+    let digits = rest.len() - rest.bytes().rev().take_while(|b| b.is_ascii_digit()).count();
+    let (stem, e) = rest.split_at(digits);
+    let stem = stem.strip_suffix("weight").map(|_| stem).or_else(|| stem.strip_suffix("bias").map(|_| stem))?;
+    if e.is_empty() || !stem.contains('.') {
+        return None;
+    }
+    Some(Expert { local: e.parse().ok()?, within: stem })
 }
 
 /// The catalog of the legacy save at `loc`, named by `root`.
@@ -125,6 +196,11 @@ pub(super) fn catalog(root: PathBuf, loc: Location) -> Result<Scan> {
     let tied = meta.tied_embeddings.unwrap_or(true);
     let tp = ranks.iter().map(|r| r.tp).max().unwrap_or(0) + 1;
     let pp = ranks.iter().map(|r| r.pp).max().unwrap_or(0) + 1;
+    let ep = ranks.iter().map(|r| r.ep).max().unwrap_or(0) + 1;
+    let bad = |reason: String| Error::BadMegatron { path: loc.dir.clone(), key: None, rank: None, reason };
+    let stages = Stages::from_args(args).map_err(bad)?;
+    let chunks = stages.as_ref().map_or(1, Stages::chunks);
+    let local_experts = experts_per_rank(args, tp, ep).map_err(bad)?;
 
     // Every file's tensors become boxes of the one catalog: their file indices shift.
     let mut files: Vec<SourceFile> = Vec::new();
@@ -136,16 +212,25 @@ pub(super) fn catalog(root: PathBuf, loc: Location) -> Result<Scan> {
         files.extend(r.distrib.iter().flat_map(|d| d.files.iter().cloned()));
     }
     let bucket_size = bucket_size(args);
-    let (layer_offset, total_layers) = stage_offsets(&ranks, pp)?;
+    check_chunks_and_experts(&ranks, chunks, local_experts)?;
+    let (layer_offset, total_layers) = stage_offsets(&ranks, pp, chunks, stages.as_ref())?;
     if let Some(n) = meta.num_layers.filter(|&n| n != total_layers) {
-        return Err(Error::BadMegatron {
-            path: loc.dir.clone(),
-            key: None,
-            rank: None,
-            reason: format!("the stages hold {total_layers} layers in all, but `args.num_layers` is {n}"),
-        });
+        return Err(bad(format!("the stages hold {total_layers} layers in all, but `args.num_layers` is {n}")));
     }
-    let legacy = Ranks { ranks, base_of, distrib_base, layer_offset, tp, swiglu, tied, bucket_size };
+    let legacy = Ranks {
+        ranks,
+        base_of,
+        distrib_base,
+        layer_offset,
+        tp,
+        pp,
+        ep,
+        chunks,
+        local_experts,
+        swiglu,
+        tied,
+        bucket_size,
+    };
     let tensors = legacy.one_rank(&root)?;
     meta.iteration = iteration;
     meta.tensor_parallel = Some(tp);
@@ -157,31 +242,113 @@ pub(super) fn catalog(root: PathBuf, loc: Location) -> Result<Scan> {
         f.metadata = vec![("format".to_string(), "pt".to_string())];
     }
     let mut parts = Parts::new(Format::MegatronLegacy, root, files, tensors);
-    parts.world_size = Some(world.unwrap_or(tp * pp));
+    parts.world_size = Some(world.unwrap_or(tp * pp * ep));
     parts.members.extend(loc.tracker.clone());
     parts.detail = Some(Arc::new(Megatron { meta, dcp: None, legacy: Some(legacy) }));
     Ok(Scan::clean(Checkpoint::new(parts)?))
 }
 
-/// The global index of each stage's first layer (layers counted on its tensor-parallel rank 0,
-/// each stage's numbered from 0), and the layers in all.
-fn stage_offsets(ranks: &[RankFile], pp: u64) -> Result<(Vec<u64>, u64)> {
-    let mut offsets = Vec::with_capacity(pp as usize);
-    let mut total = 0u64;
-    for stage in 0..pp {
-        offsets.push(total);
-        let Some(r) = ranks.iter().find(|r| r.pp == stage && r.tp == 0) else { continue };
-        let layers: BTreeSet<u64> =
-            r.ck.tensors.iter().filter_map(|t| local_layer(&t.name).map(|(_, l, _)| l)).collect();
-        if let Some((i, l)) = layers.iter().enumerate().find(|(i, l)| *i as u64 != **l) {
-            return Err(Error::BadMegatron {
-                path: r.ck.root.clone(),
-                key: None,
-                rank: Some(r.tp),
-                reason: format!("its layers are not numbered from 0 (layer {l} is its {i}th)"),
-            });
+/// The experts each expert-parallel rank holds (`args.num_experts` / `ep`), 0 without experts;
+/// refused where the experts do not tile the ranks, or where expert tensor parallelism differs
+/// from the dense one (a rank folder's tensor rank would then not say the expert's).
+fn experts_per_rank(args: Option<&Leaf>, tp: u64, ep: u64) -> std::result::Result<u64, String> {
+    let arg = |name: &str| info::uint(args.and_then(|a| info::lookup(a, &[name])));
+    let Some(experts) = arg("num_experts") else { return Ok(0) };
+    if !experts.is_multiple_of(ep) {
+        return Err(format!("`args.num_experts` {experts} does not divide over the {ep} expert ranks"));
+    }
+    if let Some(etp) = arg("expert_tensor_parallel_size").filter(|&etp| etp != tp) {
+        return Err(format!(
+            "`args.expert_tensor_parallel_size` {etp} differs from the tensor parallel size {tp}: not read yet"
+        ));
+    }
+    Ok(experts / ep)
+}
+
+/// Every model tensor is in a chunk the virtual stages have, and every expert's local index is
+/// one its rank holds; the removed GroupedMLP's fused `weight1`/`weight2` is refused by name.
+fn check_chunks_and_experts(ranks: &[RankFile], chunks: u64, local_experts: u64) -> Result<()> {
+    for r in ranks {
+        for t in &r.ck.tensors {
+            let Some((k, local)) = chunk_of(&t.name) else { continue };
+            if k >= chunks {
+                return Err(r.bad(
+                    Some(&t.name),
+                    format!(
+                        "model chunk {k}, but the saved args give {chunks} model chunk(s) per stage \
+                         (`args.virtual_pipeline_model_parallel_size`)"
+                    ),
+                ));
+            }
+            let Some((_, _, within)) = local_layer(local) else { continue };
+            let Some(e) = expert_of(within) else { continue };
+            if e.local == u64::MAX {
+                return Err(r.bad(
+                    Some(&t.name),
+                    "the removed GroupedMLP's fused expert weights: megatron-core 0.19.2 no longer documents \
+                     their layout, so they are not read"
+                        .into(),
+                ));
+            }
+            if e.local >= local_experts {
+                return Err(r.bad(
+                    Some(&t.name),
+                    format!(
+                        "local expert {}, but each expert rank holds {local_experts} (`args.num_experts`)",
+                        e.local
+                    ),
+                ));
+            }
         }
-        total += layers.len() as u64;
+    }
+    Ok(())
+}
+
+/// The global index of each (stage, chunk)'s first layer, and the layers in all. With the saved
+/// `args`, megatron's own placement ([`Stages`]), each chunk checked to hold the layers it
+/// gives, numbered from 0; without, each stage's layers (on its first rank) follow the last.
+fn stage_offsets(ranks: &[RankFile], pp: u64, chunks: u64, stages: Option<&Stages>) -> Result<(Offsets, u64)> {
+    let mut offsets = BTreeMap::new();
+    let mut total = 0u64;
+    let mut counted = Vec::new();
+    for stage in 0..pp {
+        let Some(r) = ranks.iter().find(|r| r.pp == stage && r.tp == 0 && r.ep == 0) else { continue };
+        for chunk in 0..chunks {
+            let layers: BTreeSet<u64> =
+                r.ck.tensors
+                    .iter()
+                    .filter_map(|t| chunk_of(&t.name).filter(|c| c.0 == chunk))
+                    .filter_map(|(_, local)| local_layer(local).map(|(_, l, _)| l))
+                    .collect();
+            if let Some((i, l)) = layers.iter().enumerate().find(|(i, l)| *i as u64 != **l) {
+                let at = if chunks > 1 { format!(" of model chunk {chunk}") } else { String::new() };
+                return Err(r.bad(None, format!("its layers{at} are not numbered from 0 (layer {l} is its {i}th)")));
+            }
+            offsets.insert((stage, chunk), total);
+            total += layers.len() as u64;
+            counted.push((r, stage, chunk, layers.len() as u64));
+        }
+    }
+    let Some(stages) = stages else { return Ok((offsets, total)) };
+    if stages.num_layers != total {
+        // Said by the caller, as a count.
+        return Ok((offsets, total));
+    }
+    for (r, stage, chunk, n) in counted {
+        let want = stages.layers(stage, chunk).map_err(|reason| r.bad(None, reason))?;
+        let Some(offset) = stages.offset(stage, chunk) else {
+            return Err(r.bad(None, format!("megatron's layer offset of stage {stage}, chunk {chunk} overflows")));
+        };
+        if n != want {
+            return Err(r.bad(
+                None,
+                format!(
+                    "pipeline stage {stage}, model chunk {chunk} holds {n} layers, where megatron's placement from \
+                     the saved args gives {want}"
+                ),
+            ));
+        }
+        offsets.insert((stage, chunk), offset);
     }
     Ok((offsets, total))
 }
@@ -270,7 +437,9 @@ fn map_reason(e: Error) -> String {
     }
 }
 
-/// Every rank's file, each read once, checked to form a whole grid of tensor × pipeline ranks.
+/// Every rank's file, each read once, checked to form a whole grid of tensor × pipeline ×
+/// expert ranks. What a folder name's numbers mean is the saved `args`' to say (see
+/// [`rank_folders`]): they are read from the first rank folder's file.
 fn read_ranks(dir: &Path) -> Result<Vec<RankFile>> {
     let allow = AllowGlobals::new(super::SAVE_GLOBALS.iter().copied())?;
     let mut names = Vec::new();
@@ -281,97 +450,47 @@ fn read_ranks(dir: &Path) -> Result<Vec<RankFile>> {
             names.push(name);
         }
     }
-    let grid = rank_grid(dir, &names)?;
-    let (tp, pp) = grid.last().map_or((0, 0), |&(t, stage, _)| (t + 1, stage + 1));
+    names.sort();
+    let first = names.iter().map(|n| dir.join(n).join(RANK_FILE)).find(|p| {
+        p.parent().and_then(|d| d.file_name()).and_then(|n| n.to_str()).and_then(ranks_of).is_some() && p.is_file()
+    });
+    let mut read: BTreeMap<PathBuf, Checkpoint> = BTreeMap::new();
+    let mut sizes = Sizes::default();
+    if let Some(path) = first {
+        let ck = torch::catalog(path.clone(), Format::Torch, &allow)?.checkpoint;
+        let args = ck.values.iter().find(|(k, _)| k == "args").map(|(_, v)| v);
+        let arg = |name: &str| info::uint(args.and_then(|a| info::lookup(a, &[name])));
+        sizes = Sizes { pipeline: arg("pipeline_model_parallel_size"), expert: arg("expert_model_parallel_size") };
+        read.insert(path, ck);
+    }
+    let grid = rank_grid(dir, &names, sizes)?;
+    let last = grid.last().map_or((0, 0, 0), |r| (r.tp + 1, r.pp + 1, r.ep + 1));
     let mut ranks = Vec::with_capacity(grid.len());
-    for (rank, stage, path) in grid {
-        if !path.is_file() {
-            return Err(Error::MissingMegatronRank { path, rank, tp, pp });
+    for Rank { tp, pp, ep, file } in grid {
+        if !file.is_file() {
+            if last.2 > 1 {
+                let reason = format!(
+                    "missing: the save has {} tensor-parallel × {} pipeline × {} expert ranks, but this rank's file \
+                     is not there",
+                    last.0, last.1, last.2
+                );
+                return Err(Error::BadMegatron { path: file, key: None, rank: Some(tp), reason });
+            }
+            return Err(Error::MissingMegatronRank { path: file, rank: tp, tp: last.0, pp: last.1 });
         }
-        let distrib_path = path.with_file_name(DISTRIB_FILE);
-        let scan = torch::catalog(path, Format::Torch, &allow)?;
+        let distrib_path = file.with_file_name(DISTRIB_FILE);
+        let ck = match read.remove(&file) {
+            Some(ck) => ck,
+            None => torch::catalog(file, Format::Torch, &allow)?.checkpoint,
+        };
         let distrib = if distrib_path.is_file() {
             Some(torch::catalog(distrib_path, Format::Torch, &allow)?.checkpoint)
         } else {
             None
         };
-        ranks.push(RankFile { tp: rank, pp: stage, ck: scan.checkpoint, distrib });
+        ranks.push(RankFile { tp, pp, ep, ck, distrib });
     }
     Ok(ranks)
-}
-
-/// The rank files of the folders `names` of `dir`, by pipeline stage then tensor-parallel
-/// rank: `(tp, stage, file)`, each file the one its folder names, checked to form a whole grid
-/// before anything is read (the caller looks for the files). The ranks in the names are inputs:
-/// none sizes a loop or an allocation before it is checked against the number of folders (a
-/// name claiming rank 2^64 - 1 once overflowed the grid's size).
-pub(super) fn rank_grid(dir: &Path, names: &[String]) -> Result<Vec<(u64, u64, PathBuf)>> {
-    let mut found: BTreeMap<(u64, u64), &str> = BTreeMap::new();
-    let (mut staged, mut unstaged) = (false, false);
-    for name in names {
-        let Some((tp, pp, ep)) = ranks_of(name) else { continue };
-        if ep.is_some() {
-            return Err(Error::BadMegatron {
-                path: dir.join(name).join(RANK_FILE),
-                key: None,
-                rank: Some(tp),
-                reason: "expert-parallel saves are not read yet".into(),
-            });
-        }
-        staged |= pp.is_some();
-        unstaged |= pp.is_none();
-        // `mp_rank_1` and `mp_rank_01` name the same rank: which one megatron wrote is not ours
-        // to guess.
-        if let Some(first) = found.insert((pp.unwrap_or(0), tp), name) {
-            let (a, b) = if first < name.as_str() { (first, name.as_str()) } else { (name.as_str(), first) };
-            return Err(Error::BadMegatron {
-                path: dir.to_path_buf(),
-                key: None,
-                rank: Some(tp),
-                reason: format!(
-                    "the rank folders `{}` and `{}` name the same rank",
-                    a.escape_debug(),
-                    b.escape_debug()
-                ),
-            });
-        }
-    }
-    if staged && unstaged {
-        return Err(Error::BadMegatron {
-            path: dir.to_path_buf(),
-            key: None,
-            rank: None,
-            reason: "some rank folders name a pipeline stage and others do not".into(),
-        });
-    }
-    if found.is_empty() {
-        return Err(Error::NotACheckpoint { path: dir.to_path_buf() });
-    }
-    // A whole grid of `n` folders numbers its ranks and stages below `n`: a name past that
-    // cannot be part of one, and is refused before it sizes anything.
-    let n = found.len() as u64;
-    if let Some((&(stage, t), name)) = found.iter().find(|(&(stage, t), _)| stage >= n || t >= n) {
-        let what = if t >= n { format!("tensor-parallel rank {t}") } else { format!("pipeline stage {stage}") };
-        return Err(Error::BadMegatron {
-            path: dir.join(name),
-            key: None,
-            rank: Some(t),
-            reason: format!("the folder's name gives {what}, but the iteration holds {n} rank folders"),
-        });
-    }
-    let tp = found.keys().map(|k| k.1).max().unwrap_or(0) + 1;
-    let pp = found.keys().map(|k| k.0).max().unwrap_or(0) + 1;
-    if tp.checked_mul(pp) != Some(n) {
-        // The first rank missing in grid order: within `n + 1` steps, each step before it a
-        // folder that is there.
-        let (t, stage) = (0..pp)
-            .flat_map(|stage| (0..tp).map(move |t| (t, stage)))
-            .find(|&(t, stage)| !found.contains_key(&(stage, t)))
-            .unwrap_or((0, 0));
-        let name = if staged { format!("mp_rank_{t:02}_{stage:03}") } else { format!("mp_rank_{t:02}") };
-        return Err(Error::MissingMegatronRank { path: dir.join(name).join(RANK_FILE), rank: t, tp, pp });
-    }
-    Ok(found.into_iter().map(|((stage, t), name)| (t, stage, dir.join(name).join(RANK_FILE))).collect())
 }
 
 impl Ranks {
@@ -383,6 +502,9 @@ impl Ranks {
         for (ri, r) in self.ranks.iter().enumerate() {
             for t in &r.ck.tensors {
                 let Some(name) = self.one_rank_name(r, &t.name) else { continue };
+                if self.is_copy(r, &name) {
+                    continue;
+                }
                 let key = (r.pp, name);
                 if !pieces.contains_key(&key) {
                     order.push(key.clone());
@@ -401,15 +523,16 @@ impl Ranks {
 
     /// The one-rank model: every rank's tensors, seen through one model map that stitches each
     /// tensor from its stage's tensor-parallel pieces and leaves out what the one-rank model
-    /// does not hold (the optimizer, RNG states, `_extra_state`, a tied output's copy, and the
-    /// other ranks' copies of a tensor every rank holds whole).
+    /// does not hold (the optimizer, RNG states, `_extra_state`, a tied output's copy, the
+    /// other ranks' copies of a tensor every rank holds whole, and the other expert ranks'
+    /// copies of the layers' dense tensors).
     fn one_rank(&self, root: &Path) -> Result<Vec<TensorInfo>> {
         let mut sources = Vec::new();
         let mut map = ModelMap::new("one-rank model");
         for (ri, r) in self.ranks.iter().enumerate() {
             for t in &r.ck.tensors {
                 let source = self.source_name(ri, &t.name);
-                if self.one_rank_name(r, &t.name).is_none() {
+                if self.one_rank_name(r, &t.name).is_none_or(|name| self.is_copy(r, &name)) {
                     map.leave_out(source.clone());
                 }
                 sources.push(moved(t, source, self.base_of[ri]));
@@ -452,17 +575,30 @@ impl Ranks {
         self.ranks.iter().any(|r| r.distrib.is_some())
     }
 
-    /// The one-rank name of a rank's model tensor (`model.` taken off, layers numbered
-    /// globally), or `None` for what the one-rank model does not hold.
+    /// The one-rank name of a rank's model tensor (`model.` or `model<k>.` taken off, layers
+    /// numbered globally by megatron's placement of the chunk, experts by their global index),
+    /// or `None` for what the one-rank model does not hold.
     fn one_rank_name(&self, r: &RankFile, name: &str) -> Option<String> {
-        let local = name.strip_prefix("model.")?;
+        let (chunk, local) = chunk_of(name)?;
         if local.ends_with("_extra_state") || (self.tied && local == "output_layer.weight") {
             return None;
         }
         Some(match local_layer(local) {
-            Some((block, l, rest)) => format!("{block}{}.{rest}", self.layer_offset[r.pp as usize] + l),
+            Some((block, l, rest)) => {
+                let layer = self.layer_offset.get(&(r.pp, chunk))? + l;
+                match expert_of(rest) {
+                    Some(e) => format!("{block}{layer}.{}", e.global_name(r.ep, self.local_experts)),
+                    None => format!("{block}{layer}.{rest}"),
+                }
+            }
             None => local.to_string(),
         })
+    }
+
+    /// True when the one-rank tensor `name` of rank `r` is a copy: every expert rank holds the
+    /// layers' other tensors (they are data-parallel there), expert rank 0's is the one read.
+    fn is_copy(&self, r: &RankFile, name: &str) -> bool {
+        r.ep != 0 && !name.contains(".mlp.experts.local_experts.")
     }
 
     /// The optimizer state per parameter of a save without the distributed optimizer, named as
@@ -474,6 +610,32 @@ impl Ranks {
     /// parameters into two groups, in their order: weight decay (the rest), then none (biases
     /// and 1-D parameters); torch numbers them across the groups in order.
     pub(crate) fn optimizer_state(&self) -> Result<Vec<TensorInfo>> {
+        let refuse = |what: &str| Error::BadMegatron {
+            path: self.ranks[0].ck.root.clone(),
+            key: Some("optimizer".into()),
+            rank: None,
+            reason: format!("{what}: the optimizer's layout per rank is not derived yet"),
+        };
+        // Megatron-LM saved without `--no-save-optim` writes `optimizer` into every rank's file.
+        let has_optimizer = |r: &RankFile| {
+            r.distrib.is_some()
+                || r.ck.tensors.iter().any(|t| t.name.starts_with("optimizer."))
+                || r.ck.values.iter().any(|(k, _)| k.starts_with("optimizer"))
+        };
+        if !self.ranks.iter().any(has_optimizer) {
+            return Err(Error::BadMegatron {
+                path: self.ranks[0].ck.root.clone(),
+                key: None,
+                rank: None,
+                reason: "the checkpoint holds no optimizer state".into(),
+            });
+        }
+        if self.chunks > 1 {
+            return Err(refuse("virtual pipeline chunks (`model0`, `model1`, ...)"));
+        }
+        if self.ep > 1 {
+            return Err(refuse("expert parallelism (a chained optimizer per expert rank)"));
+        }
         if self.has_distributed_optimizer() {
             return self.distributed_state();
         }
@@ -589,7 +751,7 @@ impl Ranks {
     /// must come to that total.
     fn distributed_state(&self) -> Result<Vec<TensorInfo>> {
         let mut owned: Vec<(String, &str, u64, usize, TensorInfo)> = Vec::new();
-        let stages = self.layer_offset.len();
+        let stages = self.pp;
         for (ri, r) in self.ranks.iter().enumerate() {
             let bad = |reason: String| Error::BadMegatron {
                 path: r.ck.root.with_file_name(DISTRIB_FILE),
@@ -714,17 +876,30 @@ mod tests {
     use super::*;
 
     #[test]
-    fn rank_folders_name_their_ranks() {
-        assert_eq!(ranks_of("mp_rank_00"), Some((0, None, None)));
-        assert_eq!(ranks_of("mp_rank_01_002"), Some((1, Some(2), None)));
-        assert_eq!(ranks_of("mp_rank_01_002_003"), Some((1, Some(2), Some(3))));
-        assert_eq!(ranks_of("mp_rank_x"), None);
-        assert_eq!(ranks_of("mp_rank_"), None);
-        assert_eq!(ranks_of("mp_rank_1_2_3_4"), None);
+    fn a_rank_files_tensors_name_their_chunk_and_layer() {
+        assert_eq!(chunk_of("model.decoder.final_layernorm.weight"), Some((0, "decoder.final_layernorm.weight")));
+        assert_eq!(chunk_of("model1.decoder.layers.0.x"), Some((1, "decoder.layers.0.x")));
+        assert_eq!(chunk_of("optimizer.state.0.exp_avg"), None);
+        assert_eq!(chunk_of("model_x.y"), None);
         assert_eq!(
             local_layer("decoder.layers.3.mlp.linear_fc1.weight"),
             Some(("decoder.layers.", 3, "mlp.linear_fc1.weight"))
         );
         assert_eq!(local_layer("decoder.final_layernorm.weight"), None);
+    }
+
+    #[test]
+    fn experts_of_either_spec_take_their_global_sequential_names() {
+        let cases = [
+            ("mlp.experts.local_experts.1.linear_fc1.weight", 1, Some("mlp.experts.local_experts.3.linear_fc1.weight")),
+            ("mlp.experts.linear_fc2.weight0", 1, Some("mlp.experts.local_experts.2.linear_fc2.weight")),
+            ("mlp.experts.linear_fc1.bias1", 0, Some("mlp.experts.local_experts.1.linear_fc1.bias")),
+            ("mlp.router.weight", 1, None),
+            ("mlp.shared_experts.linear_fc1.weight", 1, None),
+        ];
+        for (within, ep, want) in cases {
+            assert_eq!(expert_of(within).map(|e| e.global_name(ep, 2)), want.map(str::to_string), "{within}");
+        }
+        assert_eq!(expert_of("mlp.experts.weight1").map(|e| e.local), Some(u64::MAX));
     }
 }

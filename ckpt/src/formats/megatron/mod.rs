@@ -30,8 +30,14 @@
 //!   an MoE run is chained: `chained_0.` before the dense optimizer's keys, `chained_1.` before
 //!   the experts'.
 //! - **legacy** (`--ckpt-format torch`): one `torch.save` per model-parallel rank,
-//!   `mp_rank_TT/model_optim_rng.pt` (`mp_rank_TT_PPP/` with pipeline parallelism), each holding
-//!   that rank's local pieces under module names with stage-local layer numbers.
+//!   `mp_rank_TT/model_optim_rng.pt` (`_PPP` appended with pipeline parallelism, `_EEE` with
+//!   expert parallelism), each holding that rank's local pieces under module names with
+//!   chunk-local layer numbers (`model`, or `model0`, `model1`, ... with virtual pipeline
+//!   stages) and rank-local expert numbers.
+//!
+//! With virtual pipeline stages or uneven first and last stages, a `torch_dist` save needs
+//! nothing more: its stacked axis is already the global layer index megatron computed. A legacy
+//! save's chunks are placed by megatron's `get_transformer_layer_offset` ([`stages`]).
 //!
 //! # Here
 //!
@@ -62,6 +68,8 @@ mod legacy;
 pub(crate) mod names;
 mod optimizer;
 pub(crate) mod save;
+mod rank_folders;
+mod stages;
 mod torch_dist;
 
 pub use info::MegatronInfo;
