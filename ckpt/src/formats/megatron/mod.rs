@@ -67,8 +67,8 @@ mod info;
 mod legacy;
 pub(crate) mod names;
 mod optimizer;
-pub(crate) mod save;
 mod rank_folders;
+pub(crate) mod save;
 mod stages;
 mod torch_dist;
 
