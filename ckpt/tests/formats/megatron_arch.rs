@@ -35,12 +35,10 @@ fn cases() -> Vec<(PathBuf, serde_json::Value)> {
     out
 }
 
-/// Legacy layouts the reader does not place yet: virtual chunks (`model0`/`model1` in each rank
-/// file, whose layers megatron numbers by `get_transformer_layer_offset`). Until it does, they
-/// may be refused, by name; they may never merge to anything but megatron's state dict. Once
-/// read, a case moves out of this list into the ones that must merge (the uneven-stage legacy
-/// case already has).
-const MAY_BE_REFUSED: &[&str] = &["llama_legacy_pp2_vpp2"];
+/// Layouts the reader may refuse, by name, but never merge to anything but megatron's state
+/// dict. Empty: every case, the legacy virtual-chunk one included (its layers placed by
+/// megatron's `get_transformer_layer_offset`), must merge.
+const MAY_BE_REFUSED: &[&str] = &[];
 
 /// Merges the case's run folder; `Err` is the error of `open` or `merge`.
 fn merge(dir: &Path, case: &serde_json::Value, out: &Path) -> Result<(), ckpt::Error> {
