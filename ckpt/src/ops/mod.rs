@@ -113,6 +113,19 @@ pub struct ConvertOptions {
 }
 
 impl ConvertOptions {
+    /// The first option given that only shapes safetensors or torch output (a cast, shards,
+    /// dropped aliases): what a DCP folder or a Megatron run folder, which keep the tensors as
+    /// they lay them out, refuse.
+    fn file_shaping_option(&self) -> Option<Opt> {
+        [
+            (self.dtype.is_some(), Opt::Dtype),
+            (self.max_shard_size.is_some(), Opt::MaxShardSize),
+            (self.dedupe, Opt::Dedupe),
+        ]
+        .into_iter()
+        .find_map(|(given, o)| given.then_some(o))
+    }
+
     /// The format [`convert`] writes to `dst` with these options, or the [`Misuse`] that makes
     /// them impossible, found before anything is read: the one check of these options, for
     /// every caller.
@@ -155,14 +168,7 @@ impl ConvertOptions {
             return Ok(format);
         }
         if format == TargetFormat::Dcp {
-            let extra = [
-                (self.dtype.is_some(), Opt::Dtype),
-                (self.max_shard_size.is_some(), Opt::MaxShardSize),
-                (self.dedupe, Opt::Dedupe),
-            ]
-            .into_iter()
-            .find_map(|(given, o)| given.then_some(o))
-            .or(blocks);
+            let extra = self.file_shaping_option().or(blocks);
             if let Some(extra) = extra {
                 return Err(misuse(Misuse::DcpTakesOnlyWorldSize { extra }));
             }
@@ -176,14 +182,7 @@ impl ConvertOptions {
         }
         if format == TargetFormat::Megatron {
             // A run folder keeps the tensors as megatron stores them.
-            let extra = [
-                (self.dtype.is_some(), Opt::Dtype),
-                (self.max_shard_size.is_some(), Opt::MaxShardSize),
-                (self.dedupe, Opt::Dedupe),
-            ]
-            .into_iter()
-            .find_map(|(given, o)| given.then_some(o))
-            .or(blocks);
+            let extra = self.file_shaping_option().or(blocks);
             if let Some(option) = extra {
                 return Err(misuse(Misuse::NotForTarget { option, to: format.name() }));
             }

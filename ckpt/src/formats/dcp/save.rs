@@ -332,8 +332,8 @@ fn metadata_items(dir: &Path, said: &[Said]) -> Result<Vec<OutItem>> {
 }
 
 /// `dir` as `.metadata` records it: absolute, through its nearest existing folder's real path
-/// (the folder itself does not exist yet).
-fn absolute(dir: &Path) -> Result<PathBuf> {
+/// (the folder itself does not exist yet). Megatron's run folders record theirs the same way.
+pub(crate) fn absolute(dir: &Path) -> Result<PathBuf> {
     let abs = std::path::absolute(dir).at(dir)?;
     let mut rest = Vec::new();
     let mut at = abs.as_path();

@@ -34,7 +34,7 @@
 use std::path::{Path, PathBuf};
 
 use super::{CONFIG_NAME, TRACKER_NAME};
-use crate::error::{Error, IoContext, Result};
+use crate::error::{Error, Result};
 use crate::formats::dcp::metadata::PathElem;
 use crate::formats::dcp::plan::{self, SrcBytes, SrcTensor, ValueData};
 use crate::formats::torch::writer::{self, WNode};
@@ -111,7 +111,7 @@ pub(crate) fn write_run(
         };
         items.push(SrcBytes { path: vec![PathElem::Key(key.clone())], key, data });
     }
-    let abs = absolute(&dir)?;
+    let abs = crate::formats::dcp::save::absolute(&dir)?;
     let plan::Planned { mut plan, bytes } = plan::plan_dcp(&tensors, &items, &dir, &abs, 1)?;
     plan.trailers.push((dir.join(CONFIG_NAME), CONFIG_JSON.as_bytes().to_vec()));
     plan.trailers.push((tracker, iteration.to_string().into_bytes()));
@@ -124,26 +124,6 @@ pub(crate) fn write_run(
         world_size: Some(1),
         ..Outcome::default()
     })
-}
-
-/// `path` made absolute through its nearest existing folder's real path, as `.metadata`
-/// records the folder (which does not exist yet).
-fn absolute(path: &Path) -> Result<PathBuf> {
-    let abs = std::path::absolute(path).at(path)?;
-    let mut rest = Vec::new();
-    let mut at = abs.as_path();
-    loop {
-        if let Ok(real) = std::fs::canonicalize(at) {
-            return Ok(rest.iter().rev().fold(real, |p, n| p.join(n)));
-        }
-        match (at.parent(), at.file_name()) {
-            (Some(parent), Some(name)) => {
-                rest.push(name.to_os_string());
-                at = parent;
-            }
-            _ => return Ok(abs),
-        }
-    }
 }
 
 /// Megatron-LM's common state for a run that starts from these weights: `[{"args": Namespace,
