@@ -95,7 +95,8 @@ pub use ops::misuse::{Misuse, Opt};
 pub use ops::save::{save_safetensors, MemoryTensor, SaveOptions};
 pub use ops::sharded::save_sharded;
 pub use ops::{
-    convert, merge, reshard, split, ConvertOptions, MergeOptions, Outcome, TargetFormat, MAX_WORLD_SIZE, OPTIMIZER_NAME,
+    convert, merge, reshard, split, ConvertOptions, MergeOptions, ModelParallel, Outcome, TargetFormat, MAX_WORLD_SIZE,
+    OPTIMIZER_NAME,
 };
 pub use plan::shares::RankShare;
 pub use plan::size::{parse_size, DEFAULT_MAX_SHARD_SIZE};

@@ -208,8 +208,10 @@ pub enum Command {
         /// The output format, when DST's extension does not say it: `safetensors`, `torch`,
         /// `dcp` (a torch.distributed.checkpoint folder; needs `--world-size`), `hf` (a Hugging
         /// Face model folder of a Megatron checkpoint: `config.json` and safetensors under the
-        /// Hub's names, which transformers, vLLM and SGLang load), or `megatron` (a Megatron-LM
-        /// `torch_dist` run folder, of a Megatron checkpoint or a Hugging Face folder).
+        /// Hub's names, which transformers, vLLM and SGLang load), `megatron` (a Megatron-LM
+        /// `torch_dist` run folder, of a Megatron checkpoint or a Hugging Face folder), or
+        /// `megatron-legacy` (Megatron-LM's per-rank `mp_rank_*` files, cut for
+        /// `--tensor-parallel`, `--pipeline-parallel` and `--expert-parallel`).
         #[arg(long, value_parser = str::parse::<ckpt::TargetFormat>)]
         to: Option<ckpt::TargetFormat>,
         /// With `--to hf`: the architecture to write (`llama`, `qwen2`, `qwen3`, `mixtral`,
@@ -220,6 +222,16 @@ pub enum Command {
         /// instead of all the checkpoint's rows, padding included.
         #[arg(long, value_name = "N")]
         vocab_size: Option<u64>,
+        /// With `--to megatron-legacy`: the tensor-parallel ranks to cut the model for (default 1).
+        #[arg(long, value_name = "T")]
+        tensor_parallel: Option<u64>,
+        /// With `--to megatron-legacy`: the pipeline stages, each `num_layers / P` layers (default 1).
+        #[arg(long, value_name = "P")]
+        pipeline_parallel: Option<u64>,
+        /// With `--to megatron-legacy`: the expert-parallel ranks of a mixture-of-experts model
+        /// (default 1).
+        #[arg(long, value_name = "E")]
+        expert_parallel: Option<u64>,
         /// Drop tensors that are exact aliases of another (tied weights) instead of copying them.
         #[arg(long)]
         dedupe: bool,

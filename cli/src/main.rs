@@ -129,6 +129,9 @@ fn flag(option: ckpt::Opt, value: Option<&str>) -> String {
         ckpt::Opt::Checksums => "--checksums",
         ckpt::Opt::Arch => "--arch",
         ckpt::Opt::VocabSize => "--vocab-size",
+        ckpt::Opt::TensorParallel => "--tensor-parallel",
+        ckpt::Opt::PipelineParallel => "--pipeline-parallel",
+        ckpt::Opt::ExpertParallel => "--expert-parallel",
         _ => "an option",
     };
     match value {
@@ -281,6 +284,9 @@ fn operate(
             world_size,
             arch,
             vocab_size,
+            tensor_parallel,
+            pipeline_parallel,
+            expert_parallel,
             open: o,
             ..
         } => {
@@ -301,6 +307,9 @@ fn operate(
                 world_size: *world_size,
                 arch: *arch,
                 vocab_size: *vocab_size,
+                tensor_parallel: *tensor_parallel,
+                pipeline_parallel: *pipeline_parallel,
+                expert_parallel: *expert_parallel,
             };
             // The library's check of the options, before anything is read.
             let format = settle(job, src, options.check(dst).map_err(Into::into))?;

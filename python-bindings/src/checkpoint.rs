@@ -216,7 +216,7 @@ pub(crate) fn merge(
 
 /// `ckpt convert`.
 #[pyfunction]
-#[pyo3(signature = (src, out, *, to=None, dtype=None, max_shard_size=None, dedupe=false, world_size=None, arch=None, vocab_size=None, tag=None, checksums=false, allow_expanded=false, allow_globals=None, as_stored=false, comm=None))]
+#[pyo3(signature = (src, out, *, to=None, dtype=None, max_shard_size=None, dedupe=false, world_size=None, arch=None, vocab_size=None, tensor_parallel=None, pipeline_parallel=None, expert_parallel=None, tag=None, checksums=false, allow_expanded=false, allow_globals=None, as_stored=false, comm=None))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn convert(
     py: Python<'_>,
@@ -229,6 +229,9 @@ pub(crate) fn convert(
     world_size: Option<&Bound<'_, PyAny>>,
     arch: Option<&str>,
     vocab_size: Option<&Bound<'_, PyAny>>,
+    tensor_parallel: Option<&Bound<'_, PyAny>>,
+    pipeline_parallel: Option<&Bound<'_, PyAny>>,
+    expert_parallel: Option<&Bound<'_, PyAny>>,
     tag: Option<String>,
     checksums: bool,
     allow_expanded: bool,
@@ -242,7 +245,22 @@ pub(crate) fn convert(
     let arch = arch.map(str::parse::<ckpt::Arch>).transpose().map_err(errors::usage)?;
     let to = to.map(str::parse::<TargetFormat>).transpose().map_err(errors::usage)?;
     let dtype = dtype.map(str::parse::<ckpt::Dtype>).transpose().map_err(errors::usage)?;
-    let options = ConvertOptions { to, dtype, max_shard_size, dedupe, world_size, blocks: None, arch, vocab_size };
+    let tensor_parallel = args::opt_uint(tensor_parallel, "tensor_parallel", 0, u64::MAX)?;
+    let pipeline_parallel = args::opt_uint(pipeline_parallel, "pipeline_parallel", 0, u64::MAX)?;
+    let expert_parallel = args::opt_uint(expert_parallel, "expert_parallel", 0, u64::MAX)?;
+    let options = ConvertOptions {
+        to,
+        dtype,
+        max_shard_size,
+        dedupe,
+        world_size,
+        blocks: None,
+        arch,
+        vocab_size,
+        tensor_parallel,
+        pipeline_parallel,
+        expert_parallel,
+    };
     // The library's check of the options, before anything is read.
     options.check(&out).map_err(errors::ckpt)?;
     let ck = open(py, src, tag, allow_globals, as_stored, false);

@@ -183,6 +183,9 @@ fn keyword(option: ckpt::Opt, value: Option<&str>) -> String {
         ckpt::Opt::WorldSize => "world_size",
         ckpt::Opt::Arch => "arch",
         ckpt::Opt::VocabSize => "vocab_size",
+        ckpt::Opt::TensorParallel => "tensor_parallel",
+        ckpt::Opt::PipelineParallel => "pipeline_parallel",
+        ckpt::Opt::ExpertParallel => "expert_parallel",
         // Not arguments of the Python functions: the library's own spelling.
         other => return other.library_spelling(value),
     };

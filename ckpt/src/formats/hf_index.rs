@@ -130,8 +130,14 @@ impl super::FormatOps for HfShardedFormat {
     }
 
     /// A Hugging Face model folder (its `config.json` beside the weights) as a Megatron-LM run.
-    fn to_megatron(&self, ck: &Checkpoint, out: &Path, opts: &crate::WriteOptions<'_>) -> Result<crate::Outcome> {
-        super::megatron::save::from_hf(ck, out, opts)
+    fn to_megatron(
+        &self,
+        ck: &Checkpoint,
+        out: &Path,
+        layout: crate::ops::RunLayout,
+        opts: &crate::WriteOptions<'_>,
+    ) -> Result<crate::Outcome> {
+        super::megatron::save::from_hf(ck, out, layout, opts)
     }
 }
 

@@ -28,7 +28,7 @@ use crate::error::{Error, Result};
 use crate::ops::misuse::{Misuse, Opt};
 use crate::ops::outcome::Outcome;
 use crate::ops::request::{Merge, MergeOptions};
-use crate::ops::TargetFormat;
+use crate::ops::{RunLayout, TargetFormat};
 use crate::plan::{Dest, Meta, Out, Placed};
 use crate::read::catalog::{Checkpoint, Format, Scan, SourceFile, TensorInfo};
 use crate::read::value::Leaf;
@@ -121,10 +121,11 @@ pub(crate) trait FormatOps: Sync {
         dcp::write(ck, out, world, opts)
     }
 
-    /// Writes `ck` as a Megatron-LM `torch_dist` run folder `out` (`convert` to Megatron). By
-    /// default refused: only a source whose tensors are megatron's own is written so.
-    fn to_megatron(&self, ck: &Checkpoint, out: &Path, opts: &WriteOptions<'_>) -> Result<Outcome> {
-        let _ = (out, opts);
+    /// Writes `ck` as a Megatron-LM run folder `out` in `layout` (`convert` to Megatron). By
+    /// default refused: only a source whose tensors are megatron's own, or a Hugging Face
+    /// model's, is written so.
+    fn to_megatron(&self, ck: &Checkpoint, out: &Path, layout: RunLayout, opts: &WriteOptions<'_>) -> Result<Outcome> {
+        let _ = (out, layout, opts);
         Err(not_for_format(Opt::To, ck))
     }
 }
@@ -192,9 +193,11 @@ pub(crate) fn plan_state_dict(
 ) -> Result<Placed> {
     match to {
         TargetFormat::Torch => torch::writer::plan(outs, values, meta, dest, plan),
-        TargetFormat::Safetensors | TargetFormat::Dcp | TargetFormat::Hf | TargetFormat::Megatron => {
-            safetensors::plan(outs, meta, dest, plan)
-        }
+        TargetFormat::Safetensors
+        | TargetFormat::Dcp
+        | TargetFormat::Hf
+        | TargetFormat::Megatron
+        | TargetFormat::MegatronLegacy => safetensors::plan(outs, meta, dest, plan),
     }
 }
 

@@ -49,6 +49,12 @@ pub enum Opt {
     Arch,
     /// [`crate::ConvertOptions::vocab_size`], the vocabulary rows to keep.
     VocabSize,
+    /// [`crate::ConvertOptions::tensor_parallel`].
+    TensorParallel,
+    /// [`crate::ConvertOptions::pipeline_parallel`].
+    PipelineParallel,
+    /// [`crate::ConvertOptions::expert_parallel`].
+    ExpertParallel,
 }
 
 impl Opt {
@@ -72,6 +78,9 @@ impl Opt {
             Opt::Checksums => "checksums",
             Opt::Arch => "arch",
             Opt::VocabSize => "vocab_size",
+            Opt::TensorParallel => "tensor_parallel",
+            Opt::PipelineParallel => "pipeline_parallel",
+            Opt::ExpertParallel => "expert_parallel",
         };
         match value {
             Some(v) => format!("`{name}` = `{v}`"),
@@ -187,6 +196,29 @@ pub enum Misuse {
         /// The rows the checkpoint holds.
         rows: u64,
     },
+    /// A parallel size for an output other than Megatron's legacy layout.
+    OnlyForMegatronLegacy {
+        /// The option given.
+        option: Opt,
+    },
+    /// A parallel size of 0, or over [`crate::MAX_WORLD_SIZE`].
+    ParallelOutOfRange {
+        /// The option given.
+        option: Opt,
+        /// The size asked for.
+        size: u64,
+    },
+    /// A parallel size that does not divide what megatron splits over those ranks.
+    DoesNotSplit {
+        /// The option given.
+        option: Opt,
+        /// The size asked for.
+        size: u64,
+        /// What is split (`attention heads`).
+        what: &'static str,
+        /// How many of them the model has.
+        count: u64,
+    },
 }
 
 /// What an option that [`Misuse::OptionNotForFormat`] refuses applies to.
@@ -271,6 +303,16 @@ impl Misuse {
             ),
             Misuse::NotForHf { extra } => format!("{} does not take {}", hf(), spell(*extra, None)),
             Misuse::OnlyForHf { option } => format!("{} only applies to {}", spell(*option, None), hf()),
+            Misuse::OnlyForMegatronLegacy { option } => {
+                format!("{} only applies to {}", spell(*option, None), spell(Opt::To, Some("megatron-legacy")))
+            }
+            Misuse::ParallelOutOfRange { option, size } => {
+                format!("{} must be from 1 to {}, not {size}", spell(*option, None), crate::MAX_WORLD_SIZE)
+            }
+            Misuse::DoesNotSplit { option, size, what, count } => format!(
+                "{} cannot cut the model: its {count} {what} do not divide over {size} ranks",
+                spell(*option, Some(&size.to_string()))
+            ),
             Misuse::VocabBeyondRows { asked, rows } => format!(
                 "{} keeps the first rows of the word embeddings: from 1 to {rows} here, not {asked}",
                 spell(Opt::VocabSize, None)

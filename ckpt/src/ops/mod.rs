@@ -59,6 +59,9 @@ pub enum TargetFormat {
     /// A Megatron-LM `torch_dist` run folder (tracker, `iter_NNNNNNN/`), which megatron-core
     /// loads at any parallel layout.
     Megatron,
+    /// Megatron-LM's legacy per-rank layout (`--ckpt-format torch`: `mp_rank_TT[_PPP][_EEE]/`
+    /// folders), for the tensor, pipeline and expert parallel sizes the options give.
+    MegatronLegacy,
 }
 
 impl TargetFormat {
@@ -70,6 +73,7 @@ impl TargetFormat {
             TargetFormat::Dcp => "dcp",
             TargetFormat::Hf => "hf",
             TargetFormat::Megatron => "megatron",
+            TargetFormat::MegatronLegacy => "megatron-legacy",
         }
     }
 }
@@ -77,12 +81,23 @@ impl TargetFormat {
 impl std::str::FromStr for TargetFormat {
     type Err = String;
 
-    /// `safetensors`, `torch`, `dcp`, `hf` or `megatron`.
+    /// `safetensors`, `torch`, `dcp`, `hf`, `megatron` or `megatron-legacy`.
     fn from_str(s: &str) -> std::result::Result<Self, String> {
-        [TargetFormat::Safetensors, TargetFormat::Torch, TargetFormat::Dcp, TargetFormat::Hf, TargetFormat::Megatron]
-            .into_iter()
-            .find(|f| f.name() == s)
-            .ok_or_else(|| format!("the output format is `safetensors`, `torch`, `dcp`, `hf` or `megatron`, not `{s}`"))
+        [
+            TargetFormat::Safetensors,
+            TargetFormat::Torch,
+            TargetFormat::Dcp,
+            TargetFormat::Hf,
+            TargetFormat::Megatron,
+            TargetFormat::MegatronLegacy,
+        ]
+        .into_iter()
+        .find(|f| f.name() == s)
+        .ok_or_else(|| {
+            format!(
+                "the output format is `safetensors`, `torch`, `dcp`, `hf`, `megatron` or `megatron-legacy`, not `{s}`"
+            )
+        })
     }
 }
 
@@ -110,6 +125,35 @@ pub struct ConvertOptions {
     /// embeddings and the output layer), instead of all the rows the checkpoint holds (padding
     /// included).
     pub vocab_size: Option<u64>,
+    /// With [`TargetFormat::MegatronLegacy`]: the tensor-parallel ranks to cut the model for
+    /// (1 when `None`).
+    pub tensor_parallel: Option<u64>,
+    /// With [`TargetFormat::MegatronLegacy`]: the pipeline stages (1 when `None`).
+    pub pipeline_parallel: Option<u64>,
+    /// With [`TargetFormat::MegatronLegacy`]: the expert-parallel ranks of a mixture-of-experts
+    /// model (1 when `None`).
+    pub expert_parallel: Option<u64>,
+}
+
+/// Which of Megatron-LM's layouts a run folder is written in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum RunLayout {
+    /// `torch_dist`: global tensors, loaded at any parallel layout.
+    TorchDist,
+    /// The legacy per-rank files, cut for this layout.
+    Legacy(ModelParallel),
+}
+
+/// The model-parallel layout of a legacy Megatron output: tensor-parallel ranks, pipeline
+/// stages, expert-parallel ranks (each at least 1).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ModelParallel {
+    /// Tensor-parallel ranks.
+    pub tensor: u64,
+    /// Pipeline stages.
+    pub pipeline: u64,
+    /// Expert-parallel ranks.
+    pub expert: u64,
 }
 
 impl ConvertOptions {
@@ -126,6 +170,24 @@ impl ConvertOptions {
         .find_map(|(given, o)| given.then_some(o))
     }
 
+    /// The parallel sizes given, each with the option that gives it.
+    fn parallel_options(&self) -> [(Option<u64>, Opt); 3] {
+        [
+            (self.tensor_parallel, Opt::TensorParallel),
+            (self.pipeline_parallel, Opt::PipelineParallel),
+            (self.expert_parallel, Opt::ExpertParallel),
+        ]
+    }
+
+    /// The legacy layout these options give (every size 1 unless given).
+    pub(crate) fn model_parallel(&self) -> ModelParallel {
+        ModelParallel {
+            tensor: self.tensor_parallel.unwrap_or(1),
+            pipeline: self.pipeline_parallel.unwrap_or(1),
+            expert: self.expert_parallel.unwrap_or(1),
+        }
+    }
+
     /// The format [`convert`] writes to `dst` with these options, or the [`Misuse`] that makes
     /// them impossible, found before anything is read: the one check of these options, for
     /// every caller.
@@ -136,6 +198,7 @@ impl ConvertOptions {
         let format = match (self.to, file) {
             (Some(TargetFormat::Dcp), _) => TargetFormat::Dcp,
             (Some(TargetFormat::Megatron), _) => TargetFormat::Megatron,
+            (Some(TargetFormat::MegatronLegacy), _) => TargetFormat::MegatronLegacy,
             (Some(a), Some((b, ext))) if a != b => {
                 return Err(misuse(Misuse::ToContradictsExtension { to: a.name(), ext }));
             }
@@ -147,6 +210,11 @@ impl ConvertOptions {
             BlockScaling::Dequantize { .. } => Opt::Dequantize,
             BlockScaling::Quantize { .. } => Opt::Quantize,
         });
+        if format != TargetFormat::MegatronLegacy {
+            if let Some((_, option)) = self.parallel_options().into_iter().find(|(given, _)| given.is_some()) {
+                return Err(misuse(Misuse::OnlyForMegatronLegacy { option }));
+            }
+        }
         if format != TargetFormat::Hf {
             let hf_only = [(self.arch.is_some(), Opt::Arch), (self.vocab_size.is_some(), Opt::VocabSize)];
             if let Some((_, option)) = hf_only.into_iter().find(|(given, _)| *given) {
@@ -180,11 +248,16 @@ impl ConvertOptions {
         if self.world_size.is_some() {
             return Err(misuse(Misuse::WorldSizeWithoutDcp));
         }
-        if format == TargetFormat::Megatron {
+        if matches!(format, TargetFormat::Megatron | TargetFormat::MegatronLegacy) {
             // A run folder keeps the tensors as megatron stores them.
             let extra = self.file_shaping_option().or(blocks);
             if let Some(option) = extra {
                 return Err(misuse(Misuse::NotForTarget { option, to: format.name() }));
+            }
+            for (size, option) in self.parallel_options() {
+                if let Some(size) = size.filter(|s| *s == 0 || *s > MAX_WORLD_SIZE) {
+                    return Err(misuse(Misuse::ParallelOutOfRange { option, size }));
+                }
             }
             return Ok(format);
         }
@@ -446,7 +519,10 @@ fn convert_here(ck: &Checkpoint, dst: &Path, options: &ConvertOptions, opts: &Wr
         return hf::convert(ck, dst, options, opts);
     }
     if format == TargetFormat::Megatron {
-        return ck.format().ops().to_megatron(ck, dst, opts);
+        return ck.format().ops().to_megatron(ck, dst, RunLayout::TorchDist, opts);
+    }
+    if format == TargetFormat::MegatronLegacy {
+        return ck.format().ops().to_megatron(ck, dst, RunLayout::Legacy(options.model_parallel()), opts);
     }
     let blocks = match options.blocks {
         Some(b) => Some(block_plan(ck, b, dst)?),

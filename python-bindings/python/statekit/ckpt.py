@@ -325,6 +325,9 @@ def convert(
     world_size: Optional[int] = None,
     arch: Optional[str] = None,
     vocab_size: Optional[int] = None,
+    tensor_parallel: Optional[int] = None,
+    pipeline_parallel: Optional[int] = None,
+    expert_parallel: Optional[int] = None,
     tag: Optional[str] = None,
     checksums: bool = False,
     allow_expanded: bool = False,
@@ -335,9 +338,10 @@ def convert(
     """``ckpt convert``: to safetensors, torch (``.bin``/``.pt``), DCP (``to="dcp"``) or a
     Hugging Face model folder (``to="hf"``, of a Megatron checkpoint: ``config.json`` and
     safetensors under the Hub's names; ``arch`` names the family instead of the one recognized
-    from the saved ``args``, ``vocab_size`` keeps the vocabulary's first rows), or a Megatron-LM
+    from the saved ``args``, ``vocab_size`` keeps the vocabulary's first rows), a Megatron-LM
     ``torch_dist`` run folder (``to="megatron"``, of a Megatron checkpoint or a Hugging Face
-    folder).
+    folder), or Megatron-LM's legacy per-rank files (``to="megatron-legacy"``, cut for
+    ``tensor_parallel``, ``pipeline_parallel`` and ``expert_parallel`` ranks, each 1 by default).
     ``allow_globals`` and ``as_stored`` as in :func:`load`.
 
     Called from every rank of a torch.distributed job (the default process group when one is
@@ -357,6 +361,9 @@ def convert(
             world_size=world_size,
             arch=arch,
             vocab_size=vocab_size,
+            tensor_parallel=tensor_parallel,
+            pipeline_parallel=pipeline_parallel,
+            expert_parallel=expert_parallel,
             tag=tag,
             checksums=checksums,
             allow_expanded=allow_expanded,

@@ -3,8 +3,9 @@
 
     PYTHONPATH=/opt/mcore torchrun --nproc_per_node TP megatron_load_check.py SPEC.json
 
-SPEC.json: {"case": {...case.json...}, "tp": N, "reference": DIR, "ours": RUN_DIR,
-            "hf_logits": PATH (optional: safetensors with `input_ids` and `logits` to match)}
+SPEC.json: {"case": {...case.json...}, "tp": N, "pp": N (default 1), "reference": DIR, "ours": RUN_DIR,
+            "hf_logits": PATH (optional: safetensors with `input_ids` and `logits` to match),
+            "legacy": true (optional: RUN_DIR is in the legacy per-rank layout)}
 
 A case with `rope_theta` is a Hugging Face model's (test_megatron_save.py's `hf_case`): built
 with that base, `norm_eps`, `head_dim`, `qkv_bias` and `qk_norm`.
@@ -20,6 +21,16 @@ Each rank builds the case's GPTModel (local spec) at tensor parallel size `tp`, 
    with the same parameters;
 3. with `hf_logits`: the forward's logits of the loaded model, gathered over TP, must match
    the recorded ones (max |diff| < 1e-4).
+
+With `legacy`, ours is Megatron-LM's legacy per-rank layout (`--to megatron-legacy`), which
+only `load_checkpoint` reads: each rank's file must hold exactly the keys of its model's
+`state_dict()` (`_extra_state` included; megatron's strict load would otherwise fall back to a
+lax one), and the parameters `load_checkpoint` gives must equal, bit for bit, those
+`dist_checkpointing.load` gives from the reference (a `torch_dist` run of the same model) at
+the same tensor and pipeline parallel sizes.
+
+An MoE spec (`argv`) with `legacy` does the same on megatron_moe_worker.py's model: ours the
+`torch_dist` run, `legacy` the legacy one.
 """
 
 import json
@@ -54,7 +65,7 @@ def build_hf_model(case, tp):
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
-    config = megatron_worker.transformer_config(case, tp, 1)
+    config = megatron_worker.transformer_config(case, tp, parallel_state.get_pipeline_model_parallel_world_size())
     config = dataclasses.replace(config, layernorm_epsilon=case["norm_eps"], kv_channels=case["head_dim"],
                                  add_qkv_bias=case["qkv_bias"], qk_layernorm=case["qk_norm"])
     spec = get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=case["qk_norm"])
@@ -68,7 +79,10 @@ def build_hf_model(case, tp):
 def nan_model(case, tp):
     import megatron_worker
 
-    model = build_hf_model(case, tp) if "rope_theta" in case else megatron_worker.build_model(case, tp, 1)
+    from megatron.core import parallel_state
+
+    pp = parallel_state.get_pipeline_model_parallel_world_size()
+    model = build_hf_model(case, tp) if "rope_theta" in case else megatron_worker.build_model(case, tp, pp)
     with torch.no_grad():
         for p in model.parameters():
             p.fill_(float("nan"))
@@ -118,14 +132,14 @@ class _CpuTensors:
         return torch.tensor(*args, **kwargs)
 
 
-def load_megatron_lm(case, tp, run_dir):
+def load_megatron_lm(case, tp, run_dir, pp=1):
     """Megatron-LM's `load_checkpoint`, as a fine-tuning run starting from `run_dir` calls it."""
     import megatron_worker
     from megatron.training import checkpointing, global_vars
     from megatron.training.arguments import parse_args, validate_args
     from megatron.training.checkpointing import load_checkpoint
 
-    case = {**case, "tp": tp, "pp": 1}
+    case = {**case, "tp": tp, "pp": pp}
     sys.argv = megatron_worker.megatron_lm_argv(case, "/nonexistent-save")
     sys.argv += ["--load", run_dir, "--finetune", "--no-load-optim", "--no-load-rng"]
     args = parse_args()
@@ -136,6 +150,18 @@ def load_megatron_lm(case, tp, run_dir):
     iteration, _ = load_checkpoint([model], None, None, strict=True)
     assert iteration == 0, f"load_checkpoint started at iteration {iteration}, not 0 (--finetune)"
     return model
+
+
+def rank_file_keys_are_the_models(model, run_dir):
+    """The file megatron's `load_checkpoint` reads on this rank holds exactly the keys of the
+    rank's `state_dict()`."""
+    from megatron.training.checkpointing import get_checkpoint_name
+
+    path = get_checkpoint_name(run_dir, 0, release=False)
+    saved = torch.load(path, map_location="cpu", weights_only=False)
+    assert saved["checkpoint_version"] == 3.0, f"{path}: checkpoint_version {saved['checkpoint_version']}"
+    want, got = set(model.state_dict()), set(saved["model"])
+    assert got == want, f"{path}: keys differ from the model's: missing {sorted(want - got)}, extra {sorted(got - want)}"
 
 
 def logits(model, tokens, tp):
@@ -151,9 +177,9 @@ def logits(model, tokens, tp):
 
 
 def moe_main(spec):
-    """An MoE run at expert parallel size `ep` (spec["argv"], Megatron-LM's command line):
+    """An MoE run at the layout of spec["argv"] (Megatron-LM's command line):
     `megatron_moe_worker.py`'s model, NaN-filled, `dist_checkpointing.load` of ours, no NaN
-    left, and the forward's logits (every rank holds them whole at TP 1) against the recorded."""
+    left, and the forward's logits (gathered over TP) against the recorded."""
     import megatron_moe_worker as moe
     from megatron.core import dist_checkpointing
     from megatron.core.enums import ModelType
@@ -170,15 +196,58 @@ def moe_main(spec):
     loaded = dist_checkpointing.load(sharded, iteration_dir(spec["ours"]))
     gpt.load_state_dict({k: loaded[k] for k in sharded}, strict=True)
     no_nan(params(gpt), "dist_checkpointing.load")
+    if spec.get("legacy"):
+        from megatron.training import checkpointing, get_args
+        from megatron.training.checkpointing import load_checkpoint
+
+        want = params(gpt)
+        with torch.no_grad():
+            for p in gpt.parameters():
+                p.fill_(float("nan"))
+        args = get_args()
+        args.load, args.finetune, args.no_load_optim, args.no_load_rng = spec["legacy"], True, True, True
+        checkpointing.torch = _CpuTensors()
+        iteration, _ = load_checkpoint([gpt], None, None, strict=True)
+        assert iteration == 0, f"load_checkpoint started at iteration {iteration}, not 0 (--finetune)"
+        rank_file_keys_are_the_models(gpt, spec["legacy"])
+        same(params(gpt), want, "load_checkpoint of the legacy ranks")
     want = load_file(spec["hf_logits"])
     tokens = want["input_ids"].long()
     mask, _, position_ids = get_ltor_masks_and_position_ids(tokens, 0, 0, False, False, False, False)
     gpt.eval()
     with torch.no_grad():
-        got = gpt(tokens, position_ids, mask).float()
+        got = gpt(tokens, position_ids, mask)
+    from megatron.core import parallel_state
+    from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
+
+    if parallel_state.get_tensor_model_parallel_world_size() > 1:
+        # The output layer is vocabulary-parallel: each rank holds its rows' logits.
+        got = gather_from_tensor_model_parallel_region(got)
+    got = got.float()
     diff = (got - want["logits"].float()).abs().max().item()
     assert diff < 1e-4, f"logits differ from the recorded ones by {diff}"
     print(f"rank {torch.distributed.get_rank()}: logits max |diff| {diff:.3g}")
+    torch.distributed.barrier()
+    print(f"rank {torch.distributed.get_rank()}: ok")
+    torch.distributed.destroy_process_group()
+
+
+def legacy_main(spec, case, tp, pp):
+    """Ours in the legacy layout: what `load_checkpoint` reads of it against what
+    `dist_checkpointing.load` reads of the reference, and the logits on one stage."""
+    want = params(load_dist(case, tp, spec["reference"]))
+    no_nan(want, "dist_checkpointing.load")
+    lm = load_megatron_lm(case, tp, spec["ours"], pp)
+    rank_file_keys_are_the_models(lm, spec["ours"])
+    same(params(lm), want, "load_checkpoint of the legacy ranks")
+    if spec.get("hf_logits") and pp == 1:
+        from safetensors.torch import load_file
+
+        recorded = load_file(spec["hf_logits"])
+        got = logits(lm, recorded["input_ids"].long(), tp).float()
+        diff = (got - recorded["logits"].float()).abs().max().item()
+        assert diff < 1e-4, f"logits differ from the recorded ones by {diff}"
+        print(f"rank {torch.distributed.get_rank()}: logits max |diff| {diff:.3g}")
     torch.distributed.barrier()
     print(f"rank {torch.distributed.get_rank()}: ok")
     torch.distributed.destroy_process_group()
@@ -189,9 +258,11 @@ def main():
     megatron_cpu.install()
     if spec.get("argv"):
         return moe_main(spec)
-    case, tp = spec["case"], spec["tp"]
+    case, tp, pp = spec["case"], spec["tp"], spec.get("pp", 1)
     megatron_worker = __import__("megatron_worker")
-    megatron_worker.init_parallel(tp, 1)
+    megatron_worker.init_parallel(tp, pp)
+    if spec.get("legacy"):
+        return legacy_main(spec, case, tp, pp)
     ours = params(load_dist(case, tp, spec["ours"]))
     if spec.get("reference"):
         same(ours, params(load_dist(case, tp, spec["reference"])), "dist_checkpointing.load")

@@ -122,9 +122,9 @@ def test_a_hugging_face_model_comes_back_from_its_megatron_run_bit_for_bit(tmp_p
     assert (logits - recorded["logits"]).abs().max().item() < 1e-4
 
 
-def moe_argv(folder, ep=1):
+def moe_argv(folder, ep=1, tp=1):
     """Megatron-LM's command line of `fixtures/gen/megatron_moe_fixtures.py` (local spec,
-    SequentialMLP experts) for a transformers MoE folder's config, on one rank."""
+    SequentialMLP experts) for a transformers MoE folder's config, on `ep · tp` ranks."""
     import sys
 
     sys.path.insert(0, str(FIXTURES / "gen"))
@@ -140,7 +140,7 @@ def moe_argv(folder, ep=1):
                 rope_theta=c["rope_parameters"]["rope_theta"], seed=1,
                 layer_freq=[0 if i in c.get("mlp_only_layers", []) else 1 for i in range(c["num_hidden_layers"])],
                 shared_ffn=c.get("shared_expert_intermediate_size"))
-    argv = moe.argv_for(case, ep, ep)
+    argv = moe.argv_for(case, ep * tp, ep, tp)
     if arch != "mixtral" and not c.get("tie_word_embeddings"):
         argv.append("--untie-embeddings-and-output-weights")
     return argv
@@ -183,3 +183,65 @@ def test_megatron_loads_a_converted_moe_model_at_expert_parallel_2_with_its_logi
     proc = torchrun(2, CHECK, spec, env=env, cwd=tmp_path)
     assert proc.returncode == 0, f"megatron_load_check exited {proc.returncode}:\n{proc.stderr[-6000:]}"
     assert proc.stdout.count(": ok") == 2 and proc.stdout.count("logits max |diff|") == 2, proc.stdout
+
+
+def legacy_ranks(tp, pp, ep=1):
+    """megatron's rank folder names for a layout (`get_checkpoint_name`)."""
+    return sorted(f"mp_rank_{t:02d}" + (f"_{p:03d}" if pp > 1 else "") + (f"_{e:03d}" if ep > 1 else "")
+                  for t in range(tp) for p in range(pp) for e in range(ep))
+
+
+@pytest.mark.parametrize("arch,pp", [("llama", 2), ("qwen2", 2), ("qwen3", 1)])
+def test_a_hugging_face_model_in_megatrons_legacy_layout_is_what_megatron_lm_loads(tmp_path, arch, pp):
+    """`--to megatron-legacy --tensor-parallel 2 --pipeline-parallel P` of transformers'
+    folders (Llama and Qwen2 at TP 2 x PP 2, Qwen2's tied embeddings copied to the last stage;
+    Qwen3 at TP 2): Megatron-LM's `load_checkpoint --finetune` at that layout reads, on every
+    rank, a file holding exactly its model's keys and the parameters `dist_checkpointing.load`
+    gives from the `--to megatron` run of the same folder, bit for bit; on one stage the
+    forward gives transformers' logits. Read back by ckpt, the ranks are the Hub tensors."""
+    folder = FIXTURES / "megatron_arch" / "hf" / arch
+    dist, legacy = tmp_path / "dist", tmp_path / "legacy"
+    run_ckpt("convert", folder, dist, "--to", "megatron")
+    run_ckpt("convert", folder, legacy, "--to", "megatron-legacy", "--tensor-parallel", "2",
+             "--pipeline-parallel", str(pp))
+    assert (legacy / "latest_checkpointed_iteration.txt").read_text() == "0"
+    assert sorted(p.name for p in (legacy / "iter_0000000").iterdir()) == legacy_ranks(2, pp)
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"case": hf_case(folder), "tp": 2, "pp": pp, "ours": str(legacy), "reference": str(dist),
+                                "legacy": True, "hf_logits": str(folder / "logits.safetensors")}))
+    env = {"PYTHONPATH": MCORE, "CUDA_VISIBLE_DEVICES": "", "CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+    proc = torchrun(2 * pp, CHECK, spec, env=env, cwd=tmp_path)
+    assert proc.returncode == 0, f"megatron_load_check exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    assert proc.stdout.count(": ok") == 2 * pp, proc.stdout
+    assert proc.stdout.count("logits max |diff|") == (2 if pp == 1 else 0), proc.stdout
+
+    run_ckpt("convert", legacy, tmp_path / "hf", "--to", "hf")
+    run_ckpt("merge", folder, tmp_path / "want.safetensors")
+    run_ckpt("merge", tmp_path / "hf", tmp_path / "got.safetensors")
+    want, got = load_file(tmp_path / "want.safetensors"), load_file(tmp_path / "got.safetensors")
+    if json.loads((folder / "config.json").read_text()).get("tie_word_embeddings"):
+        want.pop("lm_head.weight", None)
+    assert sorted(got) == sorted(want)
+    for k in want:
+        assert got[k].reshape(-1).view(torch.uint8).equal(want[k].reshape(-1).view(torch.uint8)), k
+
+
+@pytest.mark.parametrize("arch", ["mixtral", "qwen2_moe"])
+def test_megatron_lm_loads_a_moe_model_at_tp2_ep2_from_either_layout_with_its_logits(tmp_path, arch):
+    """transformers' Mixtral and Qwen2-MoE (a dense first layer, a gated shared expert) as a
+    `torch_dist` run and as legacy ranks at TP 2 x EP 2, read by megatron at TP 2 x EP 2 (four
+    ranks, two data-parallel): `dist_checkpointing.load` of the run finds every parameter,
+    `load_checkpoint --finetune` of the legacy ranks gives the same ones bit for bit from files
+    holding exactly each rank's keys, and the forward gives transformers' logits."""
+    folder = FIXTURES / "megatron_arch" / "hf" / arch
+    run, legacy = tmp_path / "run", tmp_path / "legacy"
+    run_ckpt("convert", folder, run, "--to", "megatron")
+    run_ckpt("convert", folder, legacy, "--to", "megatron-legacy", "--tensor-parallel", "2", "--expert-parallel", "2")
+    assert sorted(p.name for p in (legacy / "iter_0000000").iterdir()) == legacy_ranks(2, 1, 2)
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"argv": moe_argv(folder, ep=2, tp=2), "ours": str(run), "legacy": str(legacy),
+                                "hf_logits": str(folder / "logits.safetensors")}))
+    env = {"PYTHONPATH": f"{MCORE}:{FIXTURES / 'gen'}", "CUDA_VISIBLE_DEVICES": "", "CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+    proc = torchrun(4, CHECK, spec, env=env, cwd=tmp_path)
+    assert proc.returncode == 0, f"megatron_load_check exited {proc.returncode}:\n{proc.stderr[-6000:]}"
+    assert proc.stdout.count(": ok") == 4 and proc.stdout.count("logits max |diff|") == 4, proc.stdout

@@ -65,6 +65,7 @@ mod config;
 pub(crate) mod fuzz;
 mod info;
 mod legacy;
+mod legacy_save;
 pub(crate) mod names;
 mod optimizer;
 mod rank_folders;
@@ -278,13 +279,16 @@ impl super::FormatOps for MegatronFormat {
         optimizer::optimizer_state(ck)
     }
 
-    /// A `torch_dist` save is written again as stored; a legacy save's pieces are not yet laid
-    /// out as megatron's global tensors for this.
-    fn to_megatron(&self, ck: &Checkpoint, out: &Path, opts: &crate::WriteOptions<'_>) -> Result<crate::Outcome> {
-        match ck.format {
-            Format::MegatronTorchDist => save::rewrite_torch_dist(ck, out, opts),
-            _ => Err(super::not_for_format(crate::Opt::To, ck)),
-        }
+    /// A `torch_dist` save is written again as stored; a legacy save's one-rank model is stacked
+    /// into megatron's global keys; either is cut into a legacy layout's ranks.
+    fn to_megatron(
+        &self,
+        ck: &Checkpoint,
+        out: &Path,
+        layout: crate::ops::RunLayout,
+        opts: &crate::WriteOptions<'_>,
+    ) -> Result<crate::Outcome> {
+        save::from_megatron(ck, out, layout, opts)
     }
 
     fn model_config(&self, ck: &Checkpoint) -> Result<crate::map::arch::ModelConfig> {

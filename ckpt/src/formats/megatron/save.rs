@@ -39,6 +39,7 @@ use crate::formats::dcp::metadata::PathElem;
 use crate::formats::dcp::plan::{self, SrcBytes, SrcTensor, ValueData};
 use crate::formats::torch::writer::{self, WNode};
 use crate::ops::outcome::Outcome;
+use crate::ops::RunLayout;
 use crate::read::catalog::{Checkpoint, TensorInfo};
 use crate::read::value::Leaf;
 use crate::write::WriteOptions;
@@ -48,7 +49,7 @@ pub(crate) const CONFIG_JSON: &str = r#"{"sharded_backend": "torch_dist", "shard
 
 /// The `checkpoint_version` Megatron-LM writes, and the lowest at which it loads the fused QKV
 /// rows as they are.
-const CHECKPOINT_VERSION: f64 = 3.0;
+pub(super) const CHECKPOINT_VERSION: f64 = 3.0;
 
 /// The key of megatron's common state item.
 pub(crate) const COMMON_STATE_KEY: &str = "common_state/shard_0_1";
@@ -257,8 +258,9 @@ fn extra_state_keys(config: &crate::map::arch::ModelConfig) -> Vec<String> {
 /// folder at iteration 0: the family's tables map the Hub tensors to megatron's stored keys
 /// (fused QKV per query group, `[gate; up]`, stacked layers; [`crate::map::arch::tables`]), the
 /// `args` say the model under Megatron-LM's names, and each linear gets the empty `_extra_state`
-/// megatron's local spec saves ([`extra_state_keys`]).
-pub(crate) fn from_hf(ck: &Checkpoint, out: &Path, opts: &WriteOptions<'_>) -> Result<Outcome> {
+/// megatron's local spec saves ([`extra_state_keys`]). In the legacy layout, the tables map the
+/// Hub tensors to the one-rank model's names instead, which [`super::legacy_save`] cuts.
+pub(crate) fn from_hf(ck: &Checkpoint, out: &Path, layout: RunLayout, opts: &WriteOptions<'_>) -> Result<Outcome> {
     use crate::map::arch::{hf_config, tables};
     let folder =
         if ck.root.is_dir() { ck.root.clone() } else { ck.root.parent().unwrap_or(Path::new(".")).to_path_buf() };
@@ -272,19 +274,78 @@ pub(crate) fn from_hf(ck: &Checkpoint, out: &Path, opts: &WriteOptions<'_>) -> R
     if let Some((setting, value)) = arch.mismatch(&config) {
         return Err(Error::NoHfArchitecture { path, arch: Some(arch.name()), setting, value });
     }
-    let map = tables::from_hf(&ck.root, &config, arch, &ck.tensors)?;
-    let stored = map.apply(&ck.root, &ck.tensors)?;
-    let tensors = stored.into_iter().map(|t| RunTensor { key: t.name.clone(), info: t }).collect();
-    let mut values =
-        vec![RunValue::Written { key: COMMON_STATE_KEY.to_string(), value: common_state(&config_args(&config), 0) }];
-    for key in extra_state_keys(&config) {
-        values.push(RunValue::Written { key, value: WNode::List(vec![WNode::Leaf(Leaf::None)]) });
+    let keys = match layout {
+        RunLayout::TorchDist => tables::Keys::of(&config),
+        RunLayout::Legacy(_) => tables::Keys::OneRank,
+    };
+    let mapped = tables::from_hf(&ck.root, &config, arch, keys, &ck.tensors)?.apply(&ck.root, &ck.tensors)?;
+    match layout {
+        RunLayout::TorchDist => write_model_run(ck, &config, mapped, 0, out, opts),
+        RunLayout::Legacy(parallel) => super::legacy_save::write(ck, &config, &mapped, parallel, 0, out, opts),
     }
-    write_run(ck, tensors, values, out, 0, opts)
 }
 
-/// Megatron-LM's `args` for a model of `config`, under its argument names.
-pub(crate) fn config_args(c: &crate::map::arch::ModelConfig) -> Vec<(String, Leaf)> {
+/// A Megatron checkpoint written as a run folder in `layout`, at its own iteration: a
+/// `torch_dist` save as stored ([`rewrite_torch_dist`]); a legacy save's one-rank model stacked
+/// into the keys a `torch_dist` save of its model stores, or either cut into legacy ranks. The
+/// latter two need the model its saved `args` describe ([`super::config::model_config`]).
+pub(crate) fn from_megatron(
+    ck: &Checkpoint,
+    out: &Path,
+    layout: RunLayout,
+    opts: &WriteOptions<'_>,
+) -> Result<Outcome> {
+    if layout == RunLayout::TorchDist && ck.format == crate::read::catalog::Format::MegatronTorchDist {
+        return rewrite_torch_dist(ck, out, opts);
+    }
+    let Some(m) = ck.detail::<super::info::Megatron>() else {
+        return Err(crate::formats::not_for_format(crate::Opt::To, ck));
+    };
+    let iteration = m.meta.iteration.unwrap_or(0);
+    let config = super::config::model_config(ck)?;
+    match layout {
+        RunLayout::TorchDist => {
+            use crate::map::arch::{tables, Arch};
+            let arch = Arch::recognize(&config).map_err(|(a, setting, value)| Error::NoHfArchitecture {
+                path: ck.root.clone(),
+                arch: Some(a.name()),
+                setting,
+                value,
+            })?;
+            let map = tables::from_one_rank(&ck.root, &config, arch, &ck.tensors)?;
+            let stored = map.apply(&ck.root, &ck.tensors)?;
+            write_model_run(ck, &config, stored, iteration, out, opts)
+        }
+        RunLayout::Legacy(parallel) => {
+            super::legacy_save::write(ck, &config, &ck.tensors, parallel, iteration, out, opts)
+        }
+    }
+}
+
+/// The stored tensors of a model of `config` written as a run folder at `iteration`, with the
+/// common state of a run (`args` from `config`) and the `_extra_state` items megatron's loader
+/// wants.
+fn write_model_run(
+    ck: &Checkpoint,
+    config: &crate::map::arch::ModelConfig,
+    stored: Vec<TensorInfo>,
+    iteration: u64,
+    out: &Path,
+    opts: &WriteOptions<'_>,
+) -> Result<Outcome> {
+    let tensors = stored.into_iter().map(|t| RunTensor { key: t.name.clone(), info: t }).collect();
+    let args = config_args(config, crate::ModelParallel { tensor: 1, pipeline: 1, expert: 1 });
+    let mut values =
+        vec![RunValue::Written { key: COMMON_STATE_KEY.to_string(), value: common_state(&args, iteration) }];
+    for key in extra_state_keys(config) {
+        values.push(RunValue::Written { key, value: WNode::List(vec![WNode::Leaf(Leaf::None)]) });
+    }
+    write_run(ck, tensors, values, out, iteration, opts)
+}
+
+/// Megatron-LM's `args` for a model of `config` run at the model-parallel sizes `parallel`,
+/// under its argument names.
+pub(crate) fn config_args(c: &crate::map::arch::ModelConfig, parallel: crate::ModelParallel) -> Vec<(String, Leaf)> {
     use crate::map::arch::NormKind;
     let int = |v: u64| Leaf::Int(i64::try_from(v).unwrap_or(i64::MAX));
     let s = |v: &str| Leaf::Str(v.to_string());
@@ -309,8 +370,9 @@ pub(crate) fn config_args(c: &crate::map::arch::ModelConfig) -> Vec<(String, Lea
         ("rotary_base", Leaf::Float(c.rope_theta)),
         ("bf16", Leaf::Bool(c.dtype == crate::Dtype::BF16)),
         ("fp16", Leaf::Bool(c.dtype == crate::Dtype::F16)),
-        ("tensor_model_parallel_size", int(1)),
-        ("pipeline_model_parallel_size", int(1)),
+        ("tensor_model_parallel_size", int(parallel.tensor)),
+        ("pipeline_model_parallel_size", int(parallel.pipeline)),
+        ("expert_model_parallel_size", int(parallel.expert)),
     ];
     if let Some(m) = &c.moe {
         args.extend([

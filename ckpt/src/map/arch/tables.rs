@@ -37,7 +37,7 @@ pub(crate) enum Part {
 }
 
 /// Where a Megatron tensor sits: a model-wide tensor, one of a layer, one of an expert.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub(crate) enum Mcore {
     Global(&'static str),
     Layer { layer: u64, within: String },
@@ -286,6 +286,9 @@ pub(crate) enum Keys {
     /// One key per layer (`decoder.layers.N.…`; experts with an expert axis), as megatron
     /// writes layers that differ.
     PerLayer,
+    /// The one-rank model's names, every layer and expert a tensor of its own: what a legacy
+    /// save's ranks are cut from.
+    OneRank,
 }
 
 impl Keys {
@@ -304,6 +307,7 @@ fn stored_of(mcore: &Mcore, keys: Keys, config: &ModelConfig) -> (String, Vec<u6
     let experts = config.moe.as_ref().map_or(0, |m| m.num_experts);
     match (mcore, keys) {
         (Mcore::Global(n), _) => ((*n).to_string(), vec![], vec![]),
+        (_, Keys::OneRank) => (mcore.one_rank(), vec![], vec![]),
         (Mcore::Layer { within, .. }, Keys::Stacked) => {
             (names::stored_stacked(within), vec![config.num_layers], vec![layer_of(mcore)])
         }
@@ -325,19 +329,22 @@ fn layer_of(mcore: &Mcore) -> u64 {
 }
 
 /// The keys a Megatron `torch_dist` save of a model of `config` stores, with their global
-/// shapes, from the Hub tensors `sources` of family `arch` (all of the vocabulary's rows). A Hub
-/// tensor missing or of another shape is refused naming it; the tied `lm_head.weight` some
-/// folders keep and the rotary `inv_freq` buffers older ones saved are left out.
-pub(crate) fn from_hf(root: &Path, config: &ModelConfig, arch: Arch, sources: &[TensorInfo]) -> Result<ModelMap> {
+/// shapes, from the Hub tensors `sources` of family `arch` (all of the vocabulary's rows); with
+/// [`Keys::OneRank`], the one-rank model's tensors instead. A Hub tensor missing or of another
+/// shape is refused naming it; the tied `lm_head.weight` some folders keep and the rotary
+/// `inv_freq` buffers older ones saved are left out.
+pub(crate) fn from_hf(
+    root: &Path,
+    config: &ModelConfig,
+    arch: Arch,
+    keys: Keys,
+    sources: &[TensorInfo],
+) -> Result<ModelMap> {
     let by_name: HashMap<&str, &TensorInfo> = sources.iter().map(|t| (t.name.as_str(), t)).collect();
-    let keys = Keys::of(config);
-    // Stored keys in the order first met, each with its shape and pieces.
-    let mut order: Vec<String> = Vec::new();
-    let mut targets: HashMap<String, (Vec<u64>, Vec<Piece>)> = HashMap::new();
+    let mut stored = Stored::default();
     for link in links(config, arch, None) {
         let src = source_shape(root, &by_name, &link.hf, &link.hf_shape, &link.hf)?;
-        let (key, lead, at) = stored_of(&link.mcore, keys, config);
-        let mut pieces = match link.part {
+        let pieces = match link.part {
             Part::Whole => vec![Piece::whole(link.hf.clone(), &src.shape)],
             Part::Rows { start, .. } => {
                 let mut by = vec![0; src.shape.len()];
@@ -348,23 +355,9 @@ pub(crate) fn from_hf(root: &Path, config: &ModelConfig, arch: Arch, sources: &[
                 Piece::interleaved(&link.hf, &src.shape, groups, period, start, len)
             }
         };
-        for (axis, &index) in at.iter().enumerate() {
-            pieces = pieces.into_iter().map(|p| p.lifted(axis, index)).collect();
-        }
-        let entry = targets.entry(key.clone()).or_insert_with(|| {
-            order.push(key);
-            let mut shape = lead.clone();
-            shape.extend(&link.mcore_shape);
-            (shape, Vec::new())
-        });
-        entry.1.extend(pieces);
+        stored.put(&link, keys, config, pieces);
     }
-    let mut map = ModelMap::new("Megatron torch_dist model");
-    for key in order {
-        if let Some((shape, pieces)) = targets.remove(&key) {
-            map.push(Target::new(key, shape, pieces));
-        }
-    }
+    let mut map = stored.into_map("Megatron torch_dist model");
     let hub = Hub { arch };
     if config.tied_embeddings && by_name.contains_key(hub.lm_head().as_str()) {
         map.leave_out(hub.lm_head());
@@ -373,6 +366,64 @@ pub(crate) fn from_hf(root: &Path, config: &ModelConfig, arch: Arch, sources: &[
         map.leave_out(t.name.clone());
     }
     Ok(map)
+}
+
+/// The keys a Megatron `torch_dist` save of a model of `config` stores, from the one-rank
+/// model's tensors `sources` (what a legacy save's ranks stitch into): each layer's tensor put
+/// at its index of the stacked key, each expert's at its layer's and its own. A tensor missing
+/// or of another shape is refused naming it; the tied output layer's copy is left out.
+pub(crate) fn from_one_rank(root: &Path, config: &ModelConfig, arch: Arch, sources: &[TensorInfo]) -> Result<ModelMap> {
+    let by_name: HashMap<&str, &TensorInfo> = sources.iter().map(|t| (t.name.as_str(), t)).collect();
+    let keys = Keys::of(config);
+    let mut stored = Stored::default();
+    let mut seen = std::collections::HashSet::new();
+    // A Megatron tensor several Hub tensors are parts of (the fused QKV) is one link per part.
+    for link in links(config, arch, None).into_iter().filter(|l| seen.insert(l.mcore.clone())) {
+        let name = link.mcore.one_rank();
+        let src = source_shape(root, &by_name, &name, &link.mcore_shape, &name)?;
+        let piece = Piece::whole(name, &src.shape);
+        stored.put(&link, keys, config, vec![piece]);
+    }
+    let mut map = stored.into_map("Megatron torch_dist model");
+    if config.tied_embeddings && by_name.contains_key(names::MCORE_OUTPUT) {
+        map.leave_out(names::MCORE_OUTPUT);
+    }
+    Ok(map)
+}
+
+/// Stored keys in the order first met, each with its shape and pieces.
+#[derive(Default)]
+struct Stored {
+    order: Vec<String>,
+    targets: HashMap<String, (Vec<u64>, Vec<Piece>)>,
+}
+
+impl Stored {
+    /// `pieces` (of one layer's, one expert's tensor) put where `link`'s Megatron tensor is
+    /// stored under `keys`.
+    fn put(&mut self, link: &Link, keys: Keys, config: &ModelConfig, mut pieces: Vec<Piece>) {
+        let (key, lead, at) = stored_of(&link.mcore, keys, config);
+        for (axis, &index) in at.iter().enumerate() {
+            pieces = pieces.into_iter().map(|p| p.lifted(axis, index)).collect();
+        }
+        let entry = self.targets.entry(key.clone()).or_insert_with(|| {
+            self.order.push(key);
+            let mut shape = lead.clone();
+            shape.extend(&link.mcore_shape);
+            (shape, Vec::new())
+        });
+        entry.1.extend(pieces);
+    }
+
+    fn into_map(mut self, view: &'static str) -> ModelMap {
+        let mut map = ModelMap::new(view);
+        for key in self.order {
+            if let Some((shape, pieces)) = self.targets.remove(&key) {
+                map.push(Target::new(key, shape, pieces));
+            }
+        }
+        map
+    }
 }
 
 #[cfg(test)]

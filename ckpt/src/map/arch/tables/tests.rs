@@ -154,7 +154,10 @@ fn hugging_face_to_megatron_and_back_reads_every_element_where_it_was() {
     for (case, config, arch) in cases() {
         let hf: Vec<(String, Vec<u64>)> = links(&config, arch, None).into_iter().map(|l| (l.hf, l.hf_shape)).collect();
         let hf = stored(&hf);
-        let to_mcore = from_hf(Path::new("hf"), &config, arch, &hf).unwrap().apply(Path::new("hf"), &hf).unwrap();
+        let to_mcore = from_hf(Path::new("hf"), &config, arch, Keys::of(&config), &hf)
+            .unwrap()
+            .apply(Path::new("hf"), &hf)
+            .unwrap();
         let per_layer = config.moe.as_ref().is_some_and(|m| m.moe_layers.contains(&false));
         assert_eq!(
             to_mcore.iter().any(|t| t.name.starts_with("decoder.layers.0.")),
@@ -178,7 +181,10 @@ fn the_stored_keys_have_megatrons_stacked_shapes() {
     let hf: Vec<(String, Vec<u64>)> =
         links(&config, Arch::Mixtral, None).into_iter().map(|l| (l.hf, l.hf_shape)).collect();
     let hf = stored(&hf);
-    let out = from_hf(Path::new("hf"), &config, Arch::Mixtral, &hf).unwrap().apply(Path::new("hf"), &hf).unwrap();
+    let out = from_hf(Path::new("hf"), &config, Arch::Mixtral, Keys::of(&config), &hf)
+        .unwrap()
+        .apply(Path::new("hf"), &hf)
+        .unwrap();
     let shape = |n: &str| out.iter().find(|t| t.name == n).map(|t| t.shape.clone());
     assert_eq!(shape("decoder.layers.mlp.experts.experts.linear_fc1.weight"), Some(vec![3, 3, 8, 8]));
     assert_eq!(shape("decoder.layers.mlp.experts.experts.linear_fc2.weight"), Some(vec![3, 3, 8, 4]));
@@ -283,4 +289,29 @@ fn a_megatron_tensor_no_hub_tensor_reads_is_refused() {
         "ckpt: tensor `decoder.layers.0.mlp.router.expert_bias`: no tensor of the Hugging Face model is made from it, \
          and it is not one the format leaves out"
     );
+}
+
+#[test]
+fn the_one_rank_model_is_the_stored_keys_cut_and_stacks_back_into_them() {
+    for (case, config, arch) in cases() {
+        let hf: Vec<(String, Vec<u64>)> = links(&config, arch, None).into_iter().map(|l| (l.hf, l.hf_shape)).collect();
+        let hf = stored(&hf);
+        let at = Path::new("hf");
+        let keys = from_hf(at, &config, arch, Keys::of(&config), &hf).unwrap().apply(at, &hf).unwrap();
+        let mut cut = one_rank(&config, &keys);
+        let mut direct = from_hf(at, &config, arch, Keys::OneRank, &hf).unwrap().apply(at, &hf).unwrap();
+        cut.sort_by(|a, b| a.name.cmp(&b.name));
+        direct.sort_by(|a, b| a.name.cmp(&b.name));
+        assert_eq!(cut.len(), direct.len(), "{case}");
+        for (a, b) in cut.iter().zip(&direct) {
+            assert_eq!((&a.name, &a.shape), (&b.name, &b.shape), "{case}");
+            assert_eq!(addresses(a), addresses(b), "{case}: {}", a.name);
+        }
+        let back = from_one_rank(at, &config, arch, &direct).unwrap().apply(at, &direct).unwrap();
+        assert_eq!(back.len(), keys.len(), "{case}");
+        for (a, b) in keys.iter().zip(&back) {
+            assert_eq!((&a.name, &a.shape), (&b.name, &b.shape), "{case}");
+            assert_eq!(addresses(a), addresses(b), "{case}: {}", a.name);
+        }
+    }
 }
