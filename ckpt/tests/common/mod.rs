@@ -118,3 +118,37 @@ pub fn copy_tree(src: &Path, dst: &Path) {
         copy_tree(&e.path(), &dst.join(e.file_name()));
     }
 }
+
+/// Writes the Megatron checkpoint `src` again in each of Megatron-LM's layouts (a `torch_dist`
+/// run, and legacy ranks at tensor parallel 2, pipeline parallel 2 where its `layers` halve,
+/// expert parallel `ep`) and checks that each merges to `want` (megatron's one-rank state dict)
+/// at the source's iteration: a legacy source stacked into `torch_dist`'s global keys, a
+/// `torch_dist` one cut into ranks.
+pub fn through_megatron_layouts(src: &Path, want: &Tensors, layers: u64, ep: u64) {
+    use ckpt::TargetFormat;
+    let ck = Checkpoint::open(src.to_str().unwrap()).unwrap();
+    let iteration = ck.megatron().unwrap().iteration.unwrap_or(0);
+    let pp = if layers.is_multiple_of(2) { 2 } else { 1 };
+    let layouts = [
+        ConvertOptions { to: Some(TargetFormat::Megatron), ..Default::default() },
+        ConvertOptions {
+            to: Some(TargetFormat::MegatronLegacy),
+            tensor_parallel: Some(2),
+            pipeline_parallel: Some(pp),
+            expert_parallel: Some(ep),
+            ..Default::default()
+        },
+    ];
+    for options in layouts {
+        let what = format!("{} {:?}", src.display(), options.to);
+        let tmp = tempfile::tempdir().unwrap();
+        let run = tmp.path().join("run");
+        ckpt::convert(&ck, &run, &options, &WriteOptions::default()).unwrap_or_else(|e| panic!("{what}: {e}"));
+        let tracker = std::fs::read_to_string(run.join("latest_checkpointed_iteration.txt")).unwrap();
+        assert_eq!(tracker, iteration.to_string(), "{what}");
+        let out = tmp.path().join("model.safetensors");
+        let back = Checkpoint::open(run.to_str().unwrap()).unwrap();
+        ckpt::merge(&back, &out, &Default::default(), &WriteOptions::default()).unwrap();
+        assert!(load(&out).0 == *want, "{what}: the tensors");
+    }
+}

@@ -94,3 +94,14 @@ fn the_fixtures_hold_what_their_case_says() {
         assert_eq!(logits["logits"].1, vec![2, 8, vocab]);
     }
 }
+
+/// Every case written again in each of Megatron-LM's layouts reads back as megatron's one-rank
+/// state dict ([`common::through_megatron_layouts`]).
+#[test]
+fn each_architecture_written_in_either_megatron_layout_merges_to_the_same_state_dict() {
+    for (dir, case) in cases() {
+        let src = dir.join(case["run_dir"].as_str().unwrap());
+        let want = reference(&dir.join("expected_model.safetensors"), "");
+        common::through_megatron_layouts(&src, &want, case["num_layers"].as_u64().unwrap(), 1);
+    }
+}

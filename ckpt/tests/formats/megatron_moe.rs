@@ -56,6 +56,16 @@ fn merge_equals_megatrons_one_rank_state_dict_experts_included() {
     }
 }
 
+/// Each run written again as a `torch_dist` run and as legacy ranks at TP 2 x EP 2 merges to the
+/// same state dict.
+#[test]
+fn each_run_written_in_either_megatron_layout_merges_to_the_same_state_dict() {
+    for (dir, case) in cases() {
+        let want = reference(&dir.join("expected_model.safetensors"), "");
+        common::through_megatron_layouts(&dir, &want, case["layers"].as_u64().unwrap(), 2);
+    }
+}
+
 #[test]
 fn inspect_says_how_many_experts_and_how_they_are_spread() {
     for (dir, case) in cases() {

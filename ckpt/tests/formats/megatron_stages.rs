@@ -52,6 +52,18 @@ fn merge_equals_megatrons_one_rank_state_dict() {
     }
 }
 
+/// Each save written again as a `torch_dist` run and as legacy ranks (TP 2, even stages, EP 2
+/// for the MoE ones) merges to the same state dict: virtual chunks and uneven stages
+/// included, since the one-rank model is what is cut.
+#[test]
+fn each_save_written_in_either_megatron_layout_merges_to_the_same_state_dict() {
+    for (dir, src, case) in cases() {
+        let want = reference(&dir.join("expected_model.safetensors"), "");
+        let ep = if case["experts"].as_u64().is_some() { 2 } else { 1 };
+        common::through_megatron_layouts(&src, &want, case["layers"].as_u64().unwrap(), ep);
+    }
+}
+
 #[test]
 fn inspect_tells_the_runs_layers_and_ranks() {
     for (_, src, case) in cases() {

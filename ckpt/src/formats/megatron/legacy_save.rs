@@ -248,6 +248,11 @@ pub(crate) fn write(
                         names.push(("output_layer.weight".to_string(), emb));
                     }
                 }
+                // A linear's `_extra_state` follows its last parameter, as its module saves it
+                // (a source may hold a module's weight and bias apart).
+                let module_of = |name: &str| name.rsplit_once('.').map_or("", |m| m.0).to_string();
+                let last_of: std::collections::HashMap<String, usize> =
+                    names.iter().enumerate().map(|(i, (n, _))| (module_of(n), i)).collect();
                 let mut entries = Vec::with_capacity(names.len() * 2);
                 for (i, (local, src)) in names.iter().enumerate() {
                     let split = split_of(local, config.swiglu);
@@ -255,10 +260,8 @@ pub(crate) fn write(
                         .map_err(|reason| bad(&src.name, reason))?;
                     entries.push(Entry::Tensor(local.clone(), map.len()));
                     map.push(Target::new(format!("{folder}/{local}"), shape, pieces));
-                    // A linear's `_extra_state` follows its last parameter, as its module saves it.
-                    let module = local.rsplit_once('.').map_or("", |m| m.0);
-                    let next_module = names.get(i + 1).and_then(|(n, _)| n.rsplit_once('.')).map(|m| m.0);
-                    if is_linear(module) && next_module != Some(module) {
+                    let module = module_of(local);
+                    if is_linear(&module) && last_of.get(&module) == Some(&i) {
                         entries.push(Entry::Extra(format!("{module}._extra_state")));
                     }
                 }
