@@ -200,3 +200,69 @@ fn dtype_casts_every_weight_and_the_config_says_so() {
             && hf.contains_key("model.layers.1.self_attn.k_norm.weight")
     );
 }
+
+/// `--to megatron-legacy`: a dry run lists megatron's rank files, the tracker last, and writes
+/// nothing; the run then writes them.
+#[test]
+fn legacy_ranks_are_planned_by_a_dry_run_then_written() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = fixtures().join("megatron_moe/mixtral_ep2");
+    let out = tmp.path().join("legacy");
+    let args = [
+        "convert",
+        src.to_str().unwrap(),
+        out.to_str().unwrap(),
+        "--to",
+        "megatron-legacy",
+        "--tensor-parallel",
+        "2",
+        "--pipeline-parallel",
+        "2",
+        "--expert-parallel",
+        "2",
+    ];
+    let o = run(&[&args[..], &["--dry-run", "--json"]].concat());
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(!out.exists(), "a dry run writes nothing");
+    let doc: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let files: Vec<String> = doc["files"].as_array().unwrap().iter().map(|f| f.as_str().unwrap().to_owned()).collect();
+    assert_eq!(files.len(), 9, "{files:?}");
+    assert!(files[0].ends_with("iter_0000002/mp_rank_00_000_000/model_optim_rng.pt"), "{files:?}");
+    assert!(files[7].ends_with("iter_0000002/mp_rank_01_001_001/model_optim_rng.pt"), "{files:?}");
+    assert!(files[8].ends_with("latest_checkpointed_iteration.txt"), "{files:?}");
+
+    let o = run(&args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    for f in &files {
+        assert!(Path::new(f).is_file(), "{f}");
+    }
+}
+
+/// A layout megatron could not build, and the parallel sizes given to another output, are
+/// refused in one line naming the flag, before anything is written.
+#[test]
+fn a_legacy_layout_that_does_not_cut_the_model_is_refused_by_flag() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = fixtures().join("megatron_arch/hf/qwen2_moe");
+    let out = tmp.path().join("legacy");
+    let cases: [(&[&str], &str); 4] = [
+        (
+            &["--to", "megatron-legacy", "--pipeline-parallel", "2"],
+            "`--pipeline-parallel 2` cannot cut the model: its 3 layers",
+        ),
+        (
+            &["--to", "megatron-legacy", "--tensor-parallel", "3"],
+            "`--tensor-parallel 3` cannot cut the model: its 4 attention heads",
+        ),
+        (&["--to", "megatron-legacy", "--expert-parallel", "0"], "`--expert-parallel` must be from 1 to"),
+        (&["--to", "megatron", "--tensor-parallel", "2"], "`--tensor-parallel` only applies to `--to megatron-legacy`"),
+    ];
+    for (flags, want) in cases {
+        let o = run(&[&["convert", src.to_str().unwrap(), out.to_str().unwrap()][..], flags].concat());
+        assert!(!o.status.success(), "{flags:?}");
+        let err = stderr(&o);
+        assert!(err.contains(want), "{flags:?}: {err}");
+        assert_eq!(err.lines().filter(|l| l.starts_with("error")).count(), 1, "{err}");
+        assert!(!out.exists(), "{flags:?}: refused but wrote {}", out.display());
+    }
+}

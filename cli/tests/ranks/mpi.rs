@@ -237,6 +237,15 @@ fn every_operation_writes_the_one_process_bytes_at_any_number_of_ranks() {
             &out,
             vec!["convert".into(), f("megatron_arch/hf/qwen2_moe"), "{out}".into(), "--to".into(), "megatron".into()],
         ),
+        (
+            "convert a Megatron MoE run to legacy ranks",
+            &out,
+            ["convert", &f("megatron_moe/mixtral_ep2"), "{out}", "--to", "megatron-legacy"]
+                .into_iter()
+                .chain(["--tensor-parallel", "2", "--pipeline-parallel", "2", "--expert-parallel", "2"])
+                .map(String::from)
+                .collect(),
+        ),
     ];
     for (name, out, args) in &cases {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
