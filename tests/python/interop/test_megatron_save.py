@@ -7,8 +7,13 @@ then reads it at tensor parallel 2 (`megatron_load_check.py`): `dist_checkpointi
 the parameters megatron reads from its own save, and Megatron-LM's `load_checkpoint` with
 `--finetune --no-load-optim --no-load-rng` starts from it at iteration 0 with the same ones.
 A transformers folder written as a run is loaded the same way at tensor parallel 2 (MoE models:
-expert parallel 1 and 2) and gives the logits transformers recorded, and comes back through
-`--to hf` bit for bit.
+expert parallel 1 and 2, and at TP 2 x EP 2) and gives the logits transformers recorded, and
+comes back through `--to hf` bit for bit.
+
+`--to megatron-legacy` cuts the same models into Megatron-LM's per-rank files (TP 2 x PP 2,
+TP 2, MoE at TP 2 x EP 2), which only Megatron-LM's `load_checkpoint` reads: every rank's file
+holds exactly its model's keys, and the parameters equal those `dist_checkpointing.load` gives
+from the `torch_dist` run of the same folder.
 """
 
 import json
@@ -131,7 +136,9 @@ def moe_argv(folder, ep=1, tp=1):
     import megatron_moe_fixtures as moe
 
     c = json.loads((folder / "config.json").read_text())
-    arch = "mixtral" if c["model_type"] == "mixtral" else "qwen2moe"
+    # Qwen3-MoE is Mixtral's layout with q/k norms: no shared expert, no QKV bias, the top-k
+    # weights renormalized (megatron's default order: top-k, then softmax).
+    arch = "qwen2moe" if c["model_type"] == "qwen2_moe" else "mixtral"
     case = dict(moe.BASE, arch=arch, layers=c["num_hidden_layers"], hidden=c["hidden_size"],
                 ffn=c["intermediate_size"], heads=c["num_attention_heads"], query_groups=c["num_key_value_heads"],
                 seq_len=c["max_position_embeddings"], vocab=c["vocab_size"],
@@ -141,12 +148,14 @@ def moe_argv(folder, ep=1, tp=1):
                 layer_freq=[0 if i in c.get("mlp_only_layers", []) else 1 for i in range(c["num_hidden_layers"])],
                 shared_ffn=c.get("shared_expert_intermediate_size"))
     argv = moe.argv_for(case, ep * tp, ep, tp)
+    if c["model_type"] == "qwen3_moe":
+        argv.append("--qk-layernorm")
     if arch != "mixtral" and not c.get("tie_word_embeddings"):
         argv.append("--untie-embeddings-and-output-weights")
     return argv
 
 
-@pytest.mark.parametrize("arch", ["mixtral", "qwen2_moe"])
+@pytest.mark.parametrize("arch", ["mixtral", "qwen2_moe", "qwen3_moe"])
 def test_a_hugging_face_moe_model_converts_to_a_run_megatron_loads_with_its_logits(tmp_path, arch):
     """transformers 5.24's Mixtral (every layer MoE: experts stacked twice) and Qwen2-MoE (a
     dense first layer: per-layer keys; a gated shared expert; QKV biases) written as Megatron-LM
@@ -169,7 +178,7 @@ def test_a_hugging_face_moe_model_converts_to_a_run_megatron_loads_with_its_logi
     assert (got - recorded["logits"]).abs().max().item() < 1e-4
 
 
-@pytest.mark.parametrize("arch", ["mixtral", "qwen2_moe"])
+@pytest.mark.parametrize("arch", ["mixtral", "qwen2_moe", "qwen3_moe"])
 def test_megatron_loads_a_converted_moe_model_at_expert_parallel_2_with_its_logits(tmp_path, arch):
     """The same runs read by megatron at expert parallel 2 (each rank builds two of the four
     experts; `megatron_load_check.py`'s MoE mode): every parameter found, transformers' logits."""
@@ -226,7 +235,7 @@ def test_a_hugging_face_model_in_megatrons_legacy_layout_is_what_megatron_lm_loa
         assert got[k].reshape(-1).view(torch.uint8).equal(want[k].reshape(-1).view(torch.uint8)), k
 
 
-@pytest.mark.parametrize("arch", ["mixtral", "qwen2_moe"])
+@pytest.mark.parametrize("arch", ["mixtral", "qwen2_moe", "qwen3_moe"])
 def test_megatron_lm_loads_a_moe_model_at_tp2_ep2_from_either_layout_with_its_logits(tmp_path, arch):
     """transformers' Mixtral and Qwen2-MoE (a dense first layer, a gated shared expert) as a
     `torch_dist` run and as legacy ranks at TP 2 x EP 2, read by megatron at TP 2 x EP 2 (four
