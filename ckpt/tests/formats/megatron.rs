@@ -283,3 +283,35 @@ fn a_legacy_saves_optimizer_merges_per_parameter() {
         assert!(got == reference(&dir.join("expected_optimizer.safetensors"), ""), "{case}: the optimizer");
     }
 }
+
+/// Every case cut into legacy ranks (TP 2, PP 2 where the layers halve) merges back to
+/// megatron's one-rank state dict, models no Hugging Face family describes included (learned
+/// positions, LayerNorm, biases); a bare `dist_checkpointing.save`, whose missing `args` do
+/// not say how the fused QKV's query groups fall, is refused saying so, writing nothing.
+#[test]
+fn each_case_cut_into_legacy_ranks_merges_back_to_the_same_state_dict() {
+    use ckpt::{ConvertOptions, TargetFormat};
+    for (dir, case) in cases() {
+        let ck = open(&source(&dir, &case), false);
+        let layers = ck.megatron().and_then(|m| m.num_layers).unwrap_or(0);
+        let options = ConvertOptions {
+            to: Some(TargetFormat::MegatronLegacy),
+            tensor_parallel: Some(2),
+            pipeline_parallel: Some(if layers.is_multiple_of(2) { 2 } else { 1 }),
+            ..Default::default()
+        };
+        let tmp = tempfile::tempdir().unwrap();
+        let run = tmp.path().join("run");
+        match ckpt::convert(&ck, &run, &options, &WriteOptions::default()) {
+            Ok(_) => {
+                let back = open(&run, false);
+                let got = merged(&back, &tmp.path().join("model.safetensors"));
+                assert_eq!(got, reference(&dir.join("expected_model.safetensors"), ""), "{}", dir.display());
+            }
+            Err(e) => {
+                assert!(e.to_string().contains("num_attention_heads"), "{}: {e}", dir.display());
+                assert!(!run.exists(), "{}: refused but wrote", dir.display());
+            }
+        }
+    }
+}

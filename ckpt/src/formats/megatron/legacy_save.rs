@@ -35,12 +35,14 @@
 
 use std::path::Path;
 
+use super::info::MegatronInfo;
 use super::legacy::{expert_of, RANK_FILE};
 use super::names::{split_of, Split};
-use super::save::{config_args, iteration_dir, CHECKPOINT_VERSION};
+use super::save::{config_args, iteration_dir, model_args, parallel_args, CHECKPOINT_VERSION};
 use super::TRACKER_NAME;
 use crate::error::{Error, Result};
 use crate::formats::torch::writer::{self, TorchSeal, WNode, WStorage, WTensor, WValue};
+use crate::map::arch::names::{MCORE_EMBEDDING, MCORE_OUTPUT};
 use crate::map::arch::ModelConfig;
 use crate::map::model::{ModelMap, Piece, Target};
 use crate::ops::misuse::{Misuse, Opt};
@@ -80,38 +82,102 @@ fn stage_of(name: &str) -> Option<Stage<'_>> {
     None
 }
 
-/// What megatron cuts over each kind of rank, checked to divide: a layout it could not build
-/// is refused before anything is read.
-fn check_divides(config: &ModelConfig, p: ModelParallel, out: &Path) -> Result<()> {
-    let moe = config.moe.as_ref();
-    let dense = (0..config.num_layers).any(|l| !config.is_moe_layer(l));
-    let mut cuts = vec![
-        (Opt::TensorParallel, p.tensor, "attention heads", Some(config.num_attention_heads)),
-        (Opt::TensorParallel, p.tensor, "query groups", Some(config.num_query_groups)),
-        (Opt::TensorParallel, p.tensor, "vocabulary rows", Some(config.vocab_size)),
-        (Opt::TensorParallel, p.tensor, "MLP hidden units", dense.then_some(config.ffn_hidden_size)),
-        (Opt::TensorParallel, p.tensor, "expert hidden units", moe.map(|m| m.ffn_hidden_size)),
-        (
-            Opt::TensorParallel,
-            p.tensor,
-            "shared-expert hidden units",
-            moe.and_then(|m| m.shared_expert_ffn_hidden_size),
-        ),
-        (Opt::PipelineParallel, p.pipeline, "layers", Some(config.num_layers)),
-        (Opt::ExpertParallel, p.expert, "experts", Some(moe.map_or(0, |m| m.num_experts))),
-    ];
-    // A model without experts is cut over one expert rank, which divides its none.
-    cuts.retain(|c| !(c.0 == Opt::ExpertParallel && c.1 == 1));
-    for (option, size, what, count) in cuts {
-        let Some(count) = count else { continue };
-        if count == 0 || !count.is_multiple_of(size) {
-            return Err(Error::Misuse {
-                path: out.to_path_buf(),
-                misuse: Misuse::DoesNotSplit { option, size, what, count },
-            });
+/// What cutting a model into ranks needs to know of it.
+pub(super) struct Model {
+    layers: u64,
+    experts: u64,
+    swiglu: bool,
+    tied: bool,
+    /// What megatron splits over the tensor-parallel ranks, and how many of each the model has.
+    tensor_cuts: Vec<(&'static str, u64)>,
+    /// Megatron-LM's `args` for the model, but for the parallel sizes.
+    args: Vec<(String, Leaf)>,
+}
+
+impl Model {
+    /// A model of a Hugging Face family's configuration.
+    pub(super) fn of_config(c: &ModelConfig) -> Model {
+        let moe = c.moe.as_ref();
+        let dense = (0..c.num_layers).any(|l| !c.is_moe_layer(l));
+        let cuts = [
+            ("attention heads", Some(c.num_attention_heads)),
+            ("query groups", Some(c.num_query_groups)),
+            ("vocabulary rows", Some(c.vocab_size)),
+            ("MLP hidden units", dense.then_some(c.ffn_hidden_size)),
+            ("expert hidden units", moe.map(|m| m.ffn_hidden_size)),
+            ("shared-expert hidden units", moe.and_then(|m| m.shared_expert_ffn_hidden_size)),
+        ];
+        Model {
+            layers: c.num_layers,
+            experts: moe.map_or(0, |m| m.num_experts),
+            swiglu: c.swiglu,
+            tied: c.tied_embeddings,
+            tensor_cuts: cuts.into_iter().filter_map(|(what, n)| n.map(|n| (what, n))).collect(),
+            args: config_args(c),
         }
     }
-    Ok(())
+
+    /// A Megatron checkpoint's model as its saved `args` and its one-rank tensors `one_rank`
+    /// say, for one no Hugging Face family describes (learned positions, biases): the heads and
+    /// query groups must be known, since tensor parallelism cuts the fused QKV by whole query
+    /// groups; every other cut is checked on the tensors themselves.
+    pub(super) fn of_megatron(ck: &Checkpoint, meta: &MegatronInfo, one_rank: &[TensorInfo]) -> Result<Model> {
+        let bad = |reason: String| Error::BadMegatron { path: ck.root.clone(), key: None, rank: None, reason };
+        let counted = one_rank
+            .iter()
+            .filter_map(|t| match stage_of(&t.name) {
+                Some(Stage::Layer { layer, .. }) => Some(layer + 1),
+                _ => None,
+            })
+            .max();
+        let Some(layers) = meta.num_layers.or(counted) else {
+            return Err(bad("the checkpoint says of no layers, so they cannot be placed on stages".into()));
+        };
+        let Some(heads) = meta.num_attention_heads else {
+            return Err(bad(
+                "the saved `args` do not give `num_attention_heads`, by which tensor parallelism cuts the \
+                 fused QKV rows"
+                    .into(),
+            ));
+        };
+        let groups = meta.num_query_groups.unwrap_or(heads);
+        let embedding = one_rank.iter().find(|t| t.name == MCORE_EMBEDDING);
+        let mut cuts = vec![("attention heads", heads), ("query groups", groups)];
+        cuts.extend(embedding.and_then(|e| e.shape.first()).map(|&rows| ("vocabulary rows", rows)));
+        let mut args = model_args(meta);
+        args.extend(
+            embedding
+                .and_then(|e| e.shape.first())
+                .map(|&rows| ("padded_vocab_size".to_string(), Leaf::Int(i64::try_from(rows).unwrap_or(i64::MAX)))),
+        );
+        Ok(Model {
+            layers,
+            experts: meta.num_experts.unwrap_or(0),
+            swiglu: meta.swiglu.unwrap_or(false),
+            tied: meta.tied_embeddings.unwrap_or_else(|| !one_rank.iter().any(|t| t.name == MCORE_OUTPUT)),
+            tensor_cuts: cuts,
+            args,
+        })
+    }
+
+    /// What megatron cuts over each kind of rank, checked to divide: a layout it could not
+    /// build is refused before anything is read.
+    fn check_divides(&self, p: ModelParallel, out: &Path) -> Result<()> {
+        let mut cuts: Vec<(Opt, u64, &str, u64)> =
+            self.tensor_cuts.iter().map(|&(what, n)| (Opt::TensorParallel, p.tensor, what, n)).collect();
+        cuts.push((Opt::PipelineParallel, p.pipeline, "layers", self.layers));
+        // A model without experts is cut over one expert rank, which divides its none.
+        if p.expert > 1 || self.experts > 0 {
+            cuts.push((Opt::ExpertParallel, p.expert, "experts", self.experts));
+        }
+        for (option, size, what, count) in cuts {
+            if count == 0 || !count.is_multiple_of(size) {
+                let misuse = Misuse::DoesNotSplit { option, size, what, count };
+                return Err(Error::Misuse { path: out.to_path_buf(), misuse });
+            }
+        }
+        Ok(())
+    }
 }
 
 /// The rank folder's name: megatron's `mp_rank_TT`, `_PPP` with pipeline stages, `_EEE` with
@@ -176,19 +242,19 @@ enum Entry {
     Extra(String),
 }
 
-/// Writes the one-rank model `one_rank` of a model of `config` (boxes of `ck`'s files) as the
+/// Writes the one-rank model `one_rank` of `model` (boxes of `ck`'s files) as the
 /// legacy layout `parallel` in the run folder `out`, at `iteration`. A run folder that already
 /// has this iteration or a tracker is refused, as for `torch_dist`.
 pub(crate) fn write(
     ck: &Checkpoint,
-    config: &ModelConfig,
+    model: &Model,
     one_rank: &[TensorInfo],
     parallel: ModelParallel,
     iteration: u64,
     out: &Path,
     opts: &WriteOptions<'_>,
 ) -> Result<Outcome> {
-    check_divides(config, parallel, out)?;
+    model.check_divides(parallel, out)?;
     let dir = iteration_dir(out, iteration);
     let tracker = out.join(TRACKER_NAME);
     for p in [&dir, &tracker] {
@@ -202,16 +268,13 @@ pub(crate) fn write(
         rank: None,
         reason,
     };
-    let per_stage = config.num_layers / parallel.pipeline;
-    let local_experts = config.moe.as_ref().map_or(0, |m| m.num_experts) / parallel.expert;
+    let per_stage = model.layers / parallel.pipeline;
+    let local_experts = model.experts / parallel.expert;
     let last = parallel.pipeline - 1;
     // A tied model's last stage keeps its own copy of the embeddings as the output layer.
-    let embedding = one_rank.iter().find(|t| t.name == crate::map::arch::names::MCORE_EMBEDDING);
-    let tied_copy = (config.tied_embeddings
-        && parallel.pipeline > 1
-        && !one_rank.iter().any(|t| t.name == crate::map::arch::names::MCORE_OUTPUT))
-    .then_some(embedding)
-    .flatten();
+    let embedding = one_rank.iter().find(|t| t.name == MCORE_EMBEDDING);
+    let has_output = one_rank.iter().any(|t| t.name == MCORE_OUTPUT);
+    let tied_copy = (model.tied && parallel.pipeline > 1 && !has_output).then_some(embedding).flatten();
 
     let mut map = ModelMap::new("Megatron legacy ranks");
     let mut ranks = Vec::new();
@@ -255,7 +318,7 @@ pub(crate) fn write(
                     names.iter().enumerate().map(|(i, (n, _))| (module_of(n), i)).collect();
                 let mut entries = Vec::with_capacity(names.len() * 2);
                 for (i, (local, src)) in names.iter().enumerate() {
-                    let split = split_of(local, config.swiglu);
+                    let split = split_of(local, model.swiglu);
                     let (shape, pieces) = cut(&src.name, &src.shape, split, t, parallel.tensor)
                         .map_err(|reason| bad(&src.name, reason))?;
                     entries.push(Entry::Tensor(local.clone(), map.len()));
@@ -277,9 +340,8 @@ pub(crate) fn write(
     }
     let tensors = map.apply(&ck.root, one_rank)?;
 
-    let args = WNode::Dict(
-        config_args(config, parallel).into_iter().map(|(k, v)| (WNode::Leaf(Leaf::Str(k)), WNode::Leaf(v))).collect(),
-    );
+    let args = model.args.iter().cloned().chain(parallel_args(parallel));
+    let args = WNode::Dict(args.map(|(k, v)| (WNode::Leaf(Leaf::Str(k)), WNode::Leaf(v))).collect());
     let namespace = WNode::Instance {
         module: "argparse".into(),
         name: "Namespace".into(),

@@ -281,7 +281,10 @@ pub(crate) fn from_hf(ck: &Checkpoint, out: &Path, layout: RunLayout, opts: &Wri
     let mapped = tables::from_hf(&ck.root, &config, arch, keys, &ck.tensors)?.apply(&ck.root, &ck.tensors)?;
     match layout {
         RunLayout::TorchDist => write_model_run(ck, &config, mapped, 0, out, opts),
-        RunLayout::Legacy(parallel) => super::legacy_save::write(ck, &config, &mapped, parallel, 0, out, opts),
+        RunLayout::Legacy(parallel) => {
+            let model = super::legacy_save::Model::of_config(&config);
+            super::legacy_save::write(ck, &model, &mapped, parallel, 0, out, opts)
+        }
     }
 }
 
@@ -302,10 +305,10 @@ pub(crate) fn from_megatron(
         return Err(crate::formats::not_for_format(crate::Opt::To, ck));
     };
     let iteration = m.meta.iteration.unwrap_or(0);
-    let config = super::config::model_config(ck)?;
     match layout {
         RunLayout::TorchDist => {
             use crate::map::arch::{tables, Arch};
+            let config = super::config::model_config(ck)?;
             let arch = Arch::recognize(&config).map_err(|(a, setting, value)| Error::NoHfArchitecture {
                 path: ck.root.clone(),
                 arch: Some(a.name()),
@@ -317,7 +320,14 @@ pub(crate) fn from_megatron(
             write_model_run(ck, &config, stored, iteration, out, opts)
         }
         RunLayout::Legacy(parallel) => {
-            super::legacy_save::write(ck, &config, &ck.tensors, parallel, iteration, out, opts)
+            use super::legacy_save::{write, Model};
+            // The saved `args` as a family reads them where one does (norms, rotary base, MoE
+            // settings), else what megatron's own keys and `args` say of the layout.
+            let model = match super::config::model_config(ck) {
+                Ok(config) => Model::of_config(&config),
+                Err(_) => Model::of_megatron(ck, &m.meta, &ck.tensors)?,
+            };
+            write(ck, &model, &ck.tensors, parallel, iteration, out, opts)
         }
     }
 }
@@ -334,7 +344,8 @@ fn write_model_run(
     opts: &WriteOptions<'_>,
 ) -> Result<Outcome> {
     let tensors = stored.into_iter().map(|t| RunTensor { key: t.name.clone(), info: t }).collect();
-    let args = config_args(config, crate::ModelParallel { tensor: 1, pipeline: 1, expert: 1 });
+    let one = crate::ModelParallel { tensor: 1, pipeline: 1, expert: 1 };
+    let args: Vec<_> = config_args(config).into_iter().chain(parallel_args(one)).collect();
     let mut values =
         vec![RunValue::Written { key: COMMON_STATE_KEY.to_string(), value: common_state(&args, iteration) }];
     for key in extra_state_keys(config) {
@@ -343,9 +354,19 @@ fn write_model_run(
     write_run(ck, tensors, values, out, iteration, opts)
 }
 
-/// Megatron-LM's `args` for a model of `config` run at the model-parallel sizes `parallel`,
-/// under its argument names.
-pub(crate) fn config_args(c: &crate::map::arch::ModelConfig, parallel: crate::ModelParallel) -> Vec<(String, Leaf)> {
+/// Megatron-LM's `args` for the model-parallel sizes `parallel`.
+pub(crate) fn parallel_args(parallel: crate::ModelParallel) -> Vec<(String, Leaf)> {
+    let int = |v: u64| Leaf::Int(i64::try_from(v).unwrap_or(i64::MAX));
+    vec![
+        ("tensor_model_parallel_size".to_string(), int(parallel.tensor)),
+        ("pipeline_model_parallel_size".to_string(), int(parallel.pipeline)),
+        ("expert_model_parallel_size".to_string(), int(parallel.expert)),
+    ]
+}
+
+/// Megatron-LM's `args` for a model of `config`, under its argument names (the parallel sizes
+/// are [`parallel_args`]).
+pub(crate) fn config_args(c: &crate::map::arch::ModelConfig) -> Vec<(String, Leaf)> {
     use crate::map::arch::NormKind;
     let int = |v: u64| Leaf::Int(i64::try_from(v).unwrap_or(i64::MAX));
     let s = |v: &str| Leaf::Str(v.to_string());
@@ -370,9 +391,6 @@ pub(crate) fn config_args(c: &crate::map::arch::ModelConfig, parallel: crate::Mo
         ("rotary_base", Leaf::Float(c.rope_theta)),
         ("bf16", Leaf::Bool(c.dtype == crate::Dtype::BF16)),
         ("fp16", Leaf::Bool(c.dtype == crate::Dtype::F16)),
-        ("tensor_model_parallel_size", int(parallel.tensor)),
-        ("pipeline_model_parallel_size", int(parallel.pipeline)),
-        ("expert_model_parallel_size", int(parallel.expert)),
     ];
     if let Some(m) = &c.moe {
         args.extend([
