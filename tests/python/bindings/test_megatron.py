@@ -278,3 +278,33 @@ def test_convert_to_hf_writes_the_hub_folder_the_cli_writes(tmp_path):
     assert torch.equal(written["model.layers.2.mlp.up_proj.weight"], up)
     with pytest.raises(BadOption, match=r"`arch` only applies to `to=\"hf\"`"):
         ckpt.convert(src, tmp_path / "x.safetensors", arch="llama")
+
+
+def test_convert_to_megatron_legacy_cuts_the_ranks_the_cli_cuts(tmp_path):
+    """`ckpt.convert(src, out, to="megatron-legacy", tensor_parallel=2, pipeline_parallel=2)` is
+    the CLI's `--to megatron-legacy --tensor-parallel 2 --pipeline-parallel 2`: megatron's four
+    rank files, each rank's pieces of megatron's one-rank tensors as its parallel layers cut
+    them (rows of the column-parallel, columns of the row-parallel), local layer numbers, the
+    tied embeddings copied to the last stage, and each linear's `_extra_state`."""
+    src = ROOT / "fixtures" / "megatron" / "legacy_tp2pp2"
+    out = tmp_path / "legacy"
+    done = ckpt.convert(src, out, to="megatron-legacy", tensor_parallel=2, pipeline_parallel=2)
+    it = out / "iter_0000001"
+    ranks = ["mp_rank_00_000", "mp_rank_00_001", "mp_rank_01_000", "mp_rank_01_001"]
+    assert sorted(p.name for p in it.iterdir()) == ranks
+    assert (out / "latest_checkpointed_iteration.txt").read_text() == "1"
+    saved = {r: torch.load(it / r / "model_optim_rng.pt", weights_only=False) for r in ranks}
+    assert done.tensors == sum(not k.endswith("_extra_state") for r in ranks for k in saved[r]["model"])
+    merged = safetensors.torch.load_file(src / "expected_model.safetensors")
+    last = saved["mp_rank_01_001"]
+    assert last["checkpoint_version"] == 3.0 and last["args"].tensor_model_parallel_size == 2
+    model = last["model"]
+    # Layers 2 and 3 are the last stage's 0 and 1; rank 1 holds the second half of each cut.
+    fc2 = merged["decoder.layers.3.mlp.linear_fc2.weight"]
+    assert torch.equal(model["decoder.layers.1.mlp.linear_fc2.weight"], fc2.chunk(2, dim=1)[1])
+    gate, up = merged["decoder.layers.2.mlp.linear_fc1.weight"].chunk(2)
+    assert torch.equal(model["decoder.layers.0.mlp.linear_fc1.weight"], torch.cat([gate.chunk(2)[1], up.chunk(2)[1]]))
+    assert torch.equal(model["output_layer.weight"], merged["embedding.word_embeddings.weight"].chunk(2)[1])
+    assert model["output_layer._extra_state"] is None and model["decoder.layers.0.mlp.linear_fc2._extra_state"] is None
+    with pytest.raises(BadOption, match=r"`tensor_parallel` only applies to `to=\"megatron-legacy\"`"):
+        ckpt.convert(src, tmp_path / "x", to="megatron", tensor_parallel=2)
