@@ -245,14 +245,14 @@ pub(super) fn domains_under<'a>(
 /// output layer the last, the layers as megatron places them ([`super::stages`]: evenly, or with
 /// an uneven first or last stage). Virtual pipeline stages (a grad buffer per model chunk) and a
 /// tied output layer's copy on the last stage are refused.
-struct Stages {
+pub(super) struct Stages {
     count: u64,
     /// The first global layer of each stage, in stage order.
     starts: Vec<u64>,
 }
 
 impl Stages {
-    fn new(m: &Megatron, dcp: &DcpSource, pp: u64) -> std::result::Result<Stages, String> {
+    pub(super) fn new(m: &Megatron, dcp: &DcpSource, pp: u64) -> std::result::Result<Stages, String> {
         let layers = m.meta.num_layers.unwrap_or(0);
         if pp == 1 {
             return Ok(Stages { count: 1, starts: vec![0] });
@@ -288,12 +288,15 @@ impl Stages {
 
     /// The stage holding `p`.
     fn holding(&self, p: &Param<'_>) -> u64 {
-        match p.order.0 {
+        self.of_place(p.order.0, p.layer.unwrap_or(0))
+    }
+
+    /// The stage holding a parameter registered before the layers (`place` 0), in layer
+    /// `layer` (1), or after them (2).
+    pub(super) fn of_place(&self, place: u8, layer: u64) -> u64 {
+        match place {
             0 => 0,
-            1 => {
-                let layer = p.layer.unwrap_or(0);
-                self.starts.iter().rposition(|&s| s <= layer).unwrap_or(0) as u64
-            }
+            1 => self.starts.iter().rposition(|&s| s <= layer).unwrap_or(0) as u64,
             _ => self.count - 1,
         }
     }

@@ -16,13 +16,18 @@
 //! `r·E/ep ..` of every MoE layer as its local experts `0 ..`, registered layer by layer, expert
 //! by expert, `linear_fc1` before `linear_fc2`.
 //!
+//! Under pipeline parallelism each stage has buckets of its own over its stage's parameters
+//! (megatron's placement of the layers, [`buckets::Stages`]): the dense optimizer's
+//! `dp_group_idx_<stage>`, the experts' `dp_group_idx_<stage · ep + expert rank>`.
+//!
 //! # Here
 //!
-//! Tensor and pipeline parallel 1 are read (each optimizer then has one bucket set per rank
-//! of its parallel group); the state of each parameter comes out as the `fully_reshardable` form
-//! names it (`optimizer.state.<state>.<stored key>`, the stored key's global shape, experts on
-//! their expert axis). Anything else (tensor or pipeline parallelism, a chain of other than two,
-//! expert tensor parallelism) is refused by name.
+//! Tensor parallel 1 is read, at any pipeline and expert parallel size; the state of each
+//! parameter comes out as the `fully_reshardable` form names it (`optimizer.state.<state>.<stored
+//! key>`, the stored key's global shape, experts on their expert axis). Tensor or expert tensor
+//! parallelism and a chain of other than two are refused by name: megatron's MoE layer does not
+//! train under tensor parallelism without sequence parallelism, which the local spec's norms
+//! refuse, so no such save could be written here to derive the layout from.
 
 use std::collections::BTreeMap;
 
@@ -41,6 +46,9 @@ struct Slab<'a> {
     /// The indices of the stored tensor's leading axes (a stacked key's layer, an expert).
     held: Vec<u64>,
     numel: u64,
+    /// Where it registers: before the layers (0), in layer `.1` (1), after them (2); which
+    /// pipeline stage holds it follows.
+    place: (u8, u64),
 }
 
 /// The router's saved buffers (`TopKRouter`: the expert bias of aux-loss-free balancing, quantile
@@ -71,50 +79,65 @@ pub(super) fn per_parameter(ck: &Checkpoint, m: &Megatron, dcp: &DcpSource) -> R
     {
         return Err(refuse(Some(&t.key), "a chain of other than a dense and an expert optimizer is not read".into()));
     }
-    let (tp, pp) = (m.meta.tensor_parallel.unwrap_or(1), m.meta.pipeline_parallel.unwrap_or(1));
+    let (tp, pp) = (m.meta.tensor_parallel.unwrap_or(1), m.meta.pipeline_parallel.unwrap_or(1).max(1));
     let etp = super::info::uint(super::info::arg(dcp, "expert_tensor_parallel_size")).unwrap_or(tp);
-    if tp != 1 || pp != 1 || etp != 1 {
+    if tp != 1 || etp != 1 {
         return Err(refuse(
             None,
             format!(
-                "the chained optimizer of a mixture-of-experts run is read at tensor, expert tensor and pipeline \
-                 parallel 1 only (the run has {tp}, {etp} and {pp})"
+                "the chained optimizer of a mixture-of-experts run is read at tensor and expert tensor parallel 1 \
+                 only (the run has {tp} and {etp}): megatron's MoE layer does not train under tensor parallelism \
+                 without sequence parallelism on the CPU these layouts were derived on"
             ),
         ));
     }
     let dense = buckets::domains_under(dcp, "chained_0.").map_err(|(k, r)| refuse(Some(&k), r))?;
     let experts = buckets::domains_under(dcp, "chained_1.").map_err(|(k, r)| refuse(Some(&k), r))?;
-    if dense.len() != 1 {
-        let reason = format!("the dense optimizer has {} bucket sets at tensor and pipeline parallel 1", dense.len());
+    if dense.len() as u64 != pp || !(experts.len() as u64).is_multiple_of(pp) {
+        let reason = format!(
+            "the dense optimizer has {} bucket sets and the experts' {} for {pp} pipeline stage(s)",
+            dense.len(),
+            experts.len()
+        );
         return Err(refuse(Some("chained_0.optimizer.distributed"), reason));
     }
+    let stages = buckets::Stages::new(m, dcp, pp).map_err(|r| refuse(None, r))?;
     let (dense_params, expert_params) = slabs(dcp).map_err(|(k, r)| refuse(Some(&k), r))?;
-    let ep = experts.len() as u64;
+    let stage_of = |s: &Slab<'_>| stages.of_place(s.place.0, s.place.1);
     let mut states = States::new();
-    lay_out(&dense[0], &dense_params, "chained_0", &mut states).map_err(|(k, r)| refuse(k.as_deref(), r))?;
-    // Each expert rank's local experts: the stored expert axis cut in `ep` equal runs.
-    for (r, domain) in experts.iter().enumerate() {
+    // Each stage's dense optimizer over its own parameters (`dp_group_idx` = its stage).
+    for (stage, domain) in dense.iter().enumerate() {
+        let held: Vec<&Slab<'_>> = dense_params.iter().filter(|s| stage_of(s) == stage as u64).collect();
+        let chain = format!("chained_0 stage {stage}");
+        lay_out(domain, &held, &chain, &mut states).map_err(|(k, r)| refuse(k.as_deref(), r))?;
+    }
+    // Each expert rank's local experts of its stage's layers: the stored expert axis cut in
+    // `ep` equal runs; `dp_group_idx` counts expert ranks within a stage, then stages (the
+    // expert model-parallel group's ranks, pipeline outermost).
+    let ep = experts.len() as u64 / pp;
+    for (idx, domain) in experts.iter().enumerate() {
+        let (stage, r) = (idx as u64 / ep, idx as u64 % ep);
         let mut local = Vec::new();
-        for s in &expert_params {
+        for s in expert_params.iter().filter(|s| stage_of(s) == stage) {
             let count = s.tensor.shape.get(s.held.len()).copied().unwrap_or(0);
             if ep == 0 || !count.is_multiple_of(ep) {
                 let reason = format!("{count} experts do not split over {ep} expert-parallel ranks");
                 return Err(refuse(Some(&s.tensor.key), reason));
             }
             let per = count / ep;
-            let first = r as u64 * per;
+            let first = r * per;
             local.extend((first..first + per).map(|e| {
                 let mut held = s.held.clone();
                 held.push(e);
                 let numel = s.tensor.shape[held.len()..].iter().product();
-                Slab { tensor: s.tensor, held, numel }
+                Slab { tensor: s.tensor, held, numel, place: s.place }
             }));
         }
         // Layer by layer, expert by expert, then by key (`linear_fc1` before `linear_fc2`).
         local.sort_by(|a, b| {
             (layer_of(a), a.held.last(), &a.tensor.key).cmp(&(layer_of(b), b.held.last(), &b.tensor.key))
         });
-        let chain = format!("chained_1 rank {r}");
+        let chain = format!("chained_1 stage {stage} expert rank {r}");
         lay_out(domain, &local, &chain, &mut states).map_err(|(k, r)| refuse(k.as_deref(), r))?;
     }
     let mut out = Vec::new();
@@ -147,21 +170,21 @@ fn state_names<'a>(domain: &Domain<'a>) -> Vec<(&'a str, crate::Dtype)> {
 
 /// Places `params` (registration order) in one rank's buckets and records each one's byte
 /// ranges per state.
-fn lay_out<'a>(
+fn lay_out<'a, S: std::borrow::Borrow<Slab<'a>>>(
     domain: &Domain<'a>,
-    params: &[Slab<'a>],
+    params: &[S],
     what: &str,
     states: &mut States<'a>,
 ) -> std::result::Result<(), (Option<String>, String)> {
     let sizes: Vec<u64> = domain.values().map(|s| s.values().next().map_or(0, |t| t.shape[0])).collect();
-    let numels: Vec<u64> = params.iter().map(|p| p.numel).collect();
+    let numels: Vec<u64> = params.iter().map(|p| p.borrow().numel).collect();
     let placed = buckets::place(&numels, &sizes).map_err(|m| {
         (
             None,
             format!("the buckets of {what} ({sizes:?} elements) do not fit megatron's layout of its parameters: {m:?}"),
         )
     })?;
-    for (p, (b, start)) in params.iter().zip(placed) {
+    for (p, (b, start)) in params.iter().map(|p| p.borrow()).zip(placed) {
         for (&state, t) in domain.get(&b).into_iter().flatten() {
             let elem = t.dtype.bits() / 8;
             let chunks =
@@ -191,7 +214,8 @@ fn slabs(dcp: &DcpSource) -> std::result::Result<(Vec<Slab<'_>>, Vec<Slab<'_>>),
                     Some(i) => (0, 0, i),
                     None => (2, 0, buckets::AFTER_LAYERS.iter().position(|n| *n == t.key).ok_or_else(unknown)?),
                 };
-                dense.push((order, Slab { tensor: t, held: vec![], numel: t.shape.iter().product() }));
+                let place = (order.0, 0);
+                dense.push((order, Slab { tensor: t, held: vec![], numel: t.shape.iter().product(), place }));
                 continue;
             }
             _ => return Err(unknown()),
@@ -202,7 +226,8 @@ fn slabs(dcp: &DcpSource) -> std::result::Result<(Vec<Slab<'_>>, Vec<Slab<'_>>),
         }
         if names::expert_axis(within).is_some() {
             for l in &layers {
-                experts.push(Slab { tensor: t, held: l.iter().copied().collect(), numel: 0 });
+                let layer = l.or(names::per_layer(&t.key).map(|p| p.layer)).unwrap_or(0);
+                experts.push(Slab { tensor: t, held: l.iter().copied().collect(), numel: 0, place: (1, layer) });
             }
             continue;
         }
@@ -212,7 +237,7 @@ fn slabs(dcp: &DcpSource) -> std::result::Result<(Vec<Slab<'_>>, Vec<Slab<'_>>),
             let number = l.or(names::per_layer(&t.key).map(|p| p.layer)).unwrap_or(0);
             let held: Vec<u64> = l.into_iter().collect();
             let numel = t.shape[held.len()..].iter().product();
-            dense.push(((1, number, index), Slab { tensor: t, held, numel }));
+            dense.push(((1, number, index), Slab { tensor: t, held, numel, place: (1, number) }));
         }
     }
     dense.sort_by_key(|(order, _)| *order);
