@@ -276,36 +276,50 @@ pub(crate) fn write(
     let has_output = one_rank.iter().any(|t| t.name == MCORE_OUTPUT);
     let tied_copy = (model.tied && parallel.pipeline > 1 && !has_output).then_some(embedding).flatten();
 
+    // Each one-rank tensor's stage and local name, once: the dense ones of each stage, which
+    // every expert rank of it holds, and the experts of each (stage, expert rank).
+    let mut local_names = Vec::with_capacity(one_rank.len());
+    let mut dense: Vec<Vec<usize>> = vec![Vec::new(); parallel.pipeline as usize];
+    let mut experts: Vec<Vec<usize>> = vec![Vec::new(); (parallel.pipeline * parallel.expert) as usize];
+    for (i, src) in one_rank.iter().enumerate() {
+        let Some(stage) = stage_of(&src.name) else {
+            return Err(bad(&src.name, "not a tensor of megatron's GPT model, so no rank holds it".into()));
+        };
+        let (p, expert, local) = match stage {
+            Stage::First => (0, None, src.name.clone()),
+            Stage::Last => (last, None, src.name.clone()),
+            Stage::Layer { layer, within } => {
+                let (p, l) = (layer / per_stage, layer % per_stage);
+                match expert_of(within) {
+                    Some(x) if local_experts > 0 => {
+                        let (e, i) = (x.local / local_experts, x.local % local_experts);
+                        (p, Some(e), format!("decoder.layers.{l}.mlp.experts.local_experts.{i}.{}", x.within))
+                    }
+                    _ => (p, None, format!("decoder.layers.{l}.{within}")),
+                }
+            }
+        };
+        local_names.push(local);
+        // A layer or expert past the model's is held by no rank: the map refuses it unplaced.
+        let list = match expert {
+            None => dense.get_mut(p as usize),
+            Some(e) if e < parallel.expert => experts.get_mut((p * parallel.expert + e) as usize),
+            Some(_) => None,
+        };
+        list.into_iter().for_each(|l| l.push(i));
+    }
+
     let mut map = ModelMap::new("Megatron legacy ranks");
     let mut ranks = Vec::new();
     for t in 0..parallel.tensor {
         for p in 0..parallel.pipeline {
             for e in 0..parallel.expert {
                 let folder = folder(t, p, e, parallel);
-                let mut names: Vec<(String, &TensorInfo)> = Vec::new();
-                for src in one_rank {
-                    let Some(stage) = stage_of(&src.name) else {
-                        return Err(bad(&src.name, "not a tensor of megatron's GPT model, so no rank holds it".into()));
-                    };
-                    let local = match stage {
-                        Stage::First if p == 0 => src.name.clone(),
-                        Stage::Last if p == last => src.name.clone(),
-                        Stage::Layer { layer, within } if layer / per_stage == p => {
-                            let l = layer % per_stage;
-                            match expert_of(within) {
-                                Some(x) if local_experts == 0 || x.local / local_experts != e => continue,
-                                Some(x) => format!(
-                                    "decoder.layers.{l}.mlp.experts.local_experts.{}.{}",
-                                    x.local % local_experts,
-                                    x.within
-                                ),
-                                None => format!("decoder.layers.{l}.{within}"),
-                            }
-                        }
-                        _ => continue,
-                    };
-                    names.push((local, src));
-                }
+                let mut held: Vec<usize> = dense[p as usize].clone();
+                held.extend(&experts[(p * parallel.expert + e) as usize]);
+                held.sort_unstable();
+                let mut names: Vec<(String, &TensorInfo)> =
+                    held.into_iter().map(|i| (local_names[i].clone(), &one_rank[i])).collect();
                 if p == last {
                     if let Some(emb) = tied_copy {
                         names.push(("output_layer.weight".to_string(), emb));
