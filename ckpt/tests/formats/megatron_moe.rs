@@ -1,7 +1,7 @@
 //! The Megatron mixture-of-experts fixture table: every folder of `fixtures/megatron_moe/` is a
 //! Megatron-LM run folder that megatron-core 0.19.2's `save_checkpoint` wrote at expert parallel
 //! 2 (`fixtures/gen/megatron_moe_fixtures.py`; `mixtral_tp2ep2` also at tensor parallel 2, experts
-//! included), beside `expected_model.safetensors`, the
+//! included; `mixtral_pp2ep2` over two pipeline stages, trained), beside `expected_model.safetensors`, the
 //! `state_dict()` of the same model built by megatron on one rank after its own load. Merging
 //! must give that state dict bit for bit: experts cut out of their expert axis, per-layer keys
 //! of a model whose first layer is dense, shared experts and their gate, routers. The chained
@@ -28,7 +28,7 @@ fn cases() -> Vec<(PathBuf, serde_json::Value)> {
         .collect();
     out.sort_by(|a, b| a.0.cmp(&b.0));
     let names: Vec<_> = out.iter().map(|(p, _)| p.file_name().unwrap().to_str().unwrap().to_string()).collect();
-    assert_eq!(names, ["mixtral_ep2", "mixtral_ep2dp2", "mixtral_tp2ep2", "qwen2moe_ep2"]);
+    assert_eq!(names, ["mixtral_ep2", "mixtral_ep2dp2", "mixtral_pp2ep2", "mixtral_tp2ep2", "qwen2moe_ep2"]);
     out
 }
 
@@ -121,7 +121,8 @@ fn one_rank_name(key: &str, index: &[usize]) -> String {
 
 /// `merge --optimizer` gives every parameter's fp32 main parameter and Adam moments, named as
 /// the `fully_reshardable` form names them (`optimizer.state.<state>.<stored key>`, experts on
-/// their expert axis), read from the two chained optimizers' flat buckets: each slab equals what
+/// their expert axis), read from the two chained optimizers' flat buckets (`mixtral_pp2ep2`:
+/// each of two pipeline stages with its own dense and expert buckets): each slab equals what
 /// the ranks held in memory when megatron saved (`expected_optimizer.safetensors`, by one-rank
 /// name).
 #[test]
