@@ -30,6 +30,7 @@ CASES = {
     "llama_legacy_pp2_uneven": "megatron_arch/llama_legacy_pp2_uneven",
     "mixtral_ep2": "megatron_moe/mixtral_ep2",
     "mixtral_ep2dp2": "megatron_moe/mixtral_ep2dp2",
+    "mixtral_pp2ep2": "megatron_moe/mixtral_pp2ep2",
     "mixtral_tp2ep2": "megatron_moe/mixtral_tp2ep2",
     "qwen2moe_ep2": "megatron_moe/qwen2moe_ep2",
 }
