@@ -77,6 +77,8 @@ pub(super) const LAYER_REGISTRATION: &[&str] = &[
     "mlp.linear_fc2.weight",
     "mlp.linear_fc2.bias",
 ];
+/// The word embeddings' stored key.
+const EMBEDDING: &str = "embedding.word_embeddings.weight";
 pub(super) const AFTER_LAYERS: &[&str] =
     &["decoder.final_layernorm.weight", "decoder.final_layernorm.bias", "output_layer.weight", "output_layer.bias"];
 
@@ -95,6 +97,9 @@ struct Param<'a> {
     split: Split,
     /// Where it registers: before the layers, in layer `n`, after them; then its index.
     order: (u8, u64, usize),
+    /// A tied model's last stage's copy of the word embeddings (its `output_layer.weight`): it
+    /// takes its room in the last stage's buckets, but its state is the embeddings' own.
+    copy: bool,
 }
 
 /// One model-parallel rank's buckets (`dp_group_idx_G`): by bucket index, by state.
@@ -135,6 +140,24 @@ pub(crate) fn per_parameter(ck: &Checkpoint, m: &Megatron, dcp: &DcpSource) -> R
 
     // The model's parameters in registration order, as each tensor-parallel rank holds them.
     let mut params = model_params(dcp, swiglu, tp).map_err(|(key, reason)| refuse(Some(&key), reason))?;
+    if pp > 1 && m.meta.tied_embeddings != Some(false) {
+        // The last stage's output layer is a parameter of its own there, registered where an
+        // untied one is, whose state megatron keeps equal to the embeddings'.
+        let at = AFTER_LAYERS.iter().position(|n| *n == "output_layer.weight").unwrap_or(AFTER_LAYERS.len());
+        let copy = params.iter().find(|p| p.key == EMBEDDING).map(|e| Param {
+            key: e.key,
+            layer: None,
+            shape: e.shape.clone(),
+            local: e.local,
+            split: e.split,
+            order: (2, 0, at),
+            copy: true,
+        });
+        let Some(copy) = copy else {
+            return Err(refuse(None, "a tied model under pipeline parallelism without its word embeddings".into()));
+        };
+        params.push(copy);
+    }
     params.sort_by_key(|p| p.order);
     // Where each model-parallel rank's grad buffer puts the pieces of its stage's parameters;
     // rank `G` is tensor-parallel rank `G % tp` of stage `G / tp`.
@@ -165,7 +188,7 @@ pub(crate) fn per_parameter(ck: &Checkpoint, m: &Megatron, dcp: &DcpSource) -> R
     // order of the global tensor.
     let states: Vec<&str> = domains[0].get(&0).map(|s| s.keys().copied().collect()).unwrap_or_default();
     let mut ranges: BTreeMap<(&str, &str), Vec<LayerRanges>> = BTreeMap::new();
-    for (i, p) in params.iter().enumerate() {
+    for (i, p) in params.iter().enumerate().filter(|(_, p)| !p.copy) {
         for &state in &states {
             let mut pieces = Vec::with_capacity(tp as usize);
             let first = (stages.holding(p) * tp) as usize;
@@ -243,8 +266,8 @@ pub(super) fn domains_under<'a>(
 
 /// Which pipeline stage holds each parameter: the embeddings the first, the final norm and the
 /// output layer the last, the layers as megatron places them ([`super::stages`]: evenly, or with
-/// an uneven first or last stage). Virtual pipeline stages (a grad buffer per model chunk) and a
-/// tied output layer's copy on the last stage are refused.
+/// an uneven first or last stage). Virtual pipeline stages (a grad buffer per model chunk) are
+/// refused.
 pub(super) struct Stages {
     count: u64,
     /// The first global layer of each stage, in stage order.
@@ -264,9 +287,6 @@ impl Stages {
                      are not derived yet"
                 ));
             }
-        }
-        if m.meta.tied_embeddings != Some(false) {
-            return Err("tied embeddings under pipeline parallelism (a copy in its own bucket on the last stage) are not derived yet".into());
         }
         let placement = super::stages::Stages::from_lookup(|name| info::arg(dcp, name))?;
         let placement = placement.filter(|s| s.pipeline == pp && s.num_layers == layers);
@@ -500,6 +520,7 @@ fn model_params(dcp: &DcpSource, swiglu: bool, tp: u64) -> std::result::Result<V
             local,
             split,
             order: (order.0, layer.unwrap_or(0), order.1),
+            copy: false,
         };
         match layers {
             Some(n) => out.extend((0..n).map(|l| param(Some(l)))),

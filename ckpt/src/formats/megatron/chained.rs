@@ -91,6 +91,11 @@ pub(super) fn per_parameter(ck: &Checkpoint, m: &Megatron, dcp: &DcpSource) -> R
             ),
         ));
     }
+    if pp > 1 && m.meta.tied_embeddings != Some(false) {
+        let reason = "tied embeddings under pipeline parallelism in a mixture-of-experts run (the last stage's copy \
+                      in the dense buckets) are not derived: no such save was written to check the layout against";
+        return Err(refuse(None, reason.into()));
+    }
     let dense = buckets::domains_under(dcp, "chained_0.").map_err(|(k, r)| refuse(Some(&k), r))?;
     let experts = buckets::domains_under(dcp, "chained_1.").map_err(|(k, r)| refuse(Some(&k), r))?;
     if dense.len() as u64 != pp || !(experts.len() as u64).is_multiple_of(pp) {

@@ -14,6 +14,9 @@ pub(crate) struct Limits {
     pub budget_per_byte: usize,
     /// Memory budget of any pickle, however short.
     pub budget_floor: usize,
+    /// Memory budget each pickle adds to a budget shared with others: what running one costs
+    /// whatever its length (its first arena, stack and memo slots, its value's walk).
+    pub budget_per_pickle: usize,
     /// Memory budget of the longest pickle.
     pub budget_cap: usize,
 }
@@ -31,36 +34,49 @@ impl Default for Limits {
             // small files of large values.
             budget_per_byte: 64,
             budget_floor: 16 << 20,
+            // A pickle of a few bytes (the `[None]` of an `_extra_state` item, of which a
+            // Megatron save of many experts holds one per expert and linear: 30 000 at
+            // DeepSeek-V3's size) is charged about 9.5 KiB as read and walked.
+            budget_per_pickle: 16 << 10,
             budget_cap: 1 << 30,
         }
     }
 }
 
-/// The memory budget of one pickle: `budget_per_byte` × its length + `budget_floor`, at most
-/// `budget_cap` bytes. The unpickler charges what it builds, and so does every walk over the
+/// The memory budget of one pickle: `budget_per_byte` × its length + `budget_per_pickle` +
+/// `budget_floor`, at most `budget_cap` bytes. The unpickler charges what it builds, and so does every walk over the
 /// result ([`super::Pickle::charge`]); charges are never given back, so what the walks build and
 /// throw away also counts, which bounds their time as well.
 ///
 /// Pickles whose values are kept together (the shards of one torch checkpoint, the bytes items
 /// of one DCP checkpoint, which may all name the same bytes) share one budget ([`Budget::shared`], [`super::Load::budget`]): it grows
-/// with each pickle's length, and its floor and cap count once.
+/// with each pickle's length and by `budget_per_pickle` with each pickle, and its floor and cap
+/// count once.
 #[derive(Debug)]
 pub(crate) struct Budget {
     limits: Limits,
     /// Bytes of pickle read under this budget.
     pub(super) len: Cell<usize>,
+    /// Pickles read under this budget.
+    pub(super) pickles: Cell<usize>,
     pub(super) used: Cell<usize>,
 }
 
 impl Budget {
     /// A budget for pickles read with `limits`, before any is read.
     pub(crate) fn shared(limits: Limits) -> Rc<Budget> {
-        Rc::new(Budget { limits, len: Cell::new(0), used: Cell::new(0) })
+        Rc::new(Budget { limits, len: Cell::new(0), pickles: Cell::new(0), used: Cell::new(0) })
     }
 
     fn limit(&self) -> usize {
         let l = &self.limits;
-        self.len.get().saturating_mul(l.budget_per_byte).saturating_add(l.budget_floor).min(l.budget_cap)
+        let per_pickle = self.pickles.get().saturating_mul(l.budget_per_pickle);
+        self.len
+            .get()
+            .saturating_mul(l.budget_per_byte)
+            .saturating_add(per_pickle)
+            .saturating_add(l.budget_floor)
+            .min(l.budget_cap)
     }
 
     /// Charges `bytes`; the error is the reason, naming the budget.

@@ -17,7 +17,7 @@
 //! nesting depth of containers, and every declared length checked against the bytes left.
 //!
 //! One memory budget bounds everything a pickle makes us hold ([`Budget`]): it grows with the
-//! pickle's length ([`Limits::budget_per_byte`] bytes per byte, plus a floor) up to a hard cap.
+//! pickle's length ([`Limits::budget_per_byte`] bytes per byte, plus [`Limits::budget_per_pickle`] and a floor) up to a hard cap.
 //! It counts what is really allocated, so that the peak RSS of a read stays within it: the
 //! pickle's own bytes, every arena slot and stack slot (as the arena and the stack grow), every
 //! buffer by its capacity and as the allocator's chunk ([`alloc_bytes`]), the memo and every
@@ -427,6 +427,7 @@ fn run(data: &[u8], how: Load<'_>) -> (R<Pickle>, Vec<String>) {
     let before = budget.len.get();
     let used_before = budget.used.get();
     budget.len.set(before.saturating_add(data.len()));
+    budget.pickles.set(budget.pickles.get().saturating_add(1));
     let mut m = Machine {
         data,
         pos: 0,
@@ -458,6 +459,7 @@ fn run(data: &[u8], how: Load<'_>) -> (R<Pickle>, Vec<String>) {
             // Everything the run built is dropped with it: a caller that runs the same bytes
             // again (to list their globals), or reads the next file, has the budget back.
             m.budget.len.set(before);
+            m.budget.pickles.set(m.budget.pickles.get().saturating_sub(1));
             m.budget.used.set(used_before);
             return (Err(e), m.globals);
         }

@@ -11,7 +11,13 @@ fn bad(data: &[u8], limits: Limits) -> String {
 
 #[test]
 fn one_memory_budget_scaled_to_the_pickle() {
-    let tiny = Limits { budget_per_byte: 2, budget_floor: 10_000, budget_cap: 1 << 20, ..Limits::default() };
+    let tiny = Limits {
+        budget_per_byte: 2,
+        budget_floor: 10_000,
+        budget_per_pickle: 0,
+        budget_cap: 1 << 20,
+        ..Limits::default()
+    };
     // 64 arena slots fit in 10 000 bytes, 128 do not: the arena is charged as it grows.
     let lists = |n: usize| [&b"\x80\x02"[..], &vec![b']'; n], b"."].concat();
     assert!(load(&lists(64), Load { limits: tiny, ..Load::default() }).is_ok());
@@ -27,6 +33,24 @@ fn one_memory_budget_scaled_to_the_pickle() {
     // The cap holds whatever the length.
     let capped = Limits { budget_cap: 5_000, ..tiny };
     assert!(bad(&lists(64), capped).ends_with("need more than 5000 bytes"));
+}
+
+/// Many short pickles sharing one budget (a Megatron save's `_extra_state` items, one per
+/// expert and linear) each bring what running one costs: 40 000 `[None]`s are read, where
+/// their bytes alone would have run out of budget after about 2 000.
+#[test]
+fn each_pickle_of_a_shared_budget_brings_its_own_allowance() {
+    let budget = Budget::shared(Limits::default());
+    let none = b"\x80\x02]q\x00Na.";
+    for i in 0..40_000 {
+        let p = load(none, Load::default().charging(&budget)).unwrap_or_else(|e| panic!("pickle {i}: {e:?}"));
+        // The walk a DCP bytes item gets, charged to the same budget.
+        crate::formats::torch::flatten::leaf_of_describing_tensors(&p).unwrap_or_else(|e| panic!("pickle {i}: {e}"));
+    }
+    // Each still pays its way: with almost no allowance, the same pickles soon run out.
+    let tight = Budget::shared(Limits { budget_floor: 0, budget_per_pickle: 64, ..Limits::default() });
+    let refused = (0..100).any(|_| load(none, Load::default().charging(&tight)).is_err());
+    assert!(refused);
 }
 
 #[test]
