@@ -11,7 +11,7 @@ cd "$(dirname "$0")"
   echo "compares statekit with the tool a user would otherwise run, in the same session on the same"
   echo "input. Timings come from a 2-core machine shared with other work, so single runs are noisy;"
   echo "ratios are the point."
-  for area in vs-cp crc ranks safetensors torch dcp dcp-tp deepspeed accelerate accelerate-state hub dataload dataload-sources mixture python train; do
+  for area in vs-cp crc ranks megatron-plan safetensors torch dcp dcp-tp deepspeed accelerate accelerate-state hub dataload dataload-sources mixture python train; do
     f="RESULTS-$area.md"
     [ -f "$f" ] || continue
     echo

@@ -1,7 +1,7 @@
 """Each copy-shaped ckpt operation against a durable `cp` of the same bytes, paired and alternated.
 
     /opt/statekit-venv/bin/python bench/vs_cp.py [--pairs 7] [--warmup 1] [--trace 3]
-        [--ops split,merge,convert,dcp,zero,dcp_tp,megatron] [--ckpt target/release/ckpt]
+        [--ops split,merge,convert,dcp,zero,dcp_tp,megatron,megatron_moe_hf] [--ckpt target/release/ckpt]
         [--no-write]
 
 The redesign's target is that split, merge, convert and the DCP and ZeRO merges each take at most
@@ -10,8 +10,11 @@ RSS; the merge of a DCP checkpoint sharded on two dims (FSDP2 + tensor parallel,
 row-wise shards are gathered row by row, at most 1.2x; the merge of a Megatron-Core `torch_dist`
 checkpoint (`megatron`: tensor parallel 2, whose row-parallel weights, split on their input dim,
 are gathered row by row too, into the model megatron holds on one rank, layers unstacked) has the
-same 1.2x target. Timings on a shared 2-core machine drift by more than that margin over a minute,
-so the two sides are never measured in separate batches: every operation runs as pairs, A (the
+same 1.2x target, and so has the conversion of a Megatron-LM mixture-of-experts run to a Hugging
+Face folder (`megatron_moe_hf`: `ckpt convert RUN OUT --to hf`, which splits the fused QKV rows
+per query group, so part of it is copied as row ranges rather than whole chunks). Timings on a
+shared 2-core machine drift by more than that margin over a minute, so the two sides are never
+measured in separate batches: every operation runs as pairs, A (the
 ckpt command) then B (the baseline), A, B, ... and the table reports the medians of each side and
 the median of the per-pair ratios (a drift that hits one pair hits both of its halves).
 
@@ -24,8 +27,9 @@ into the medians) split the time into phases: planning, copies, fsyncs.
 The baselines, B, copy the bytes the operation moves:
 - split: the output shards of the same split (`shards/`, which is also the merge input), copied as
   separate files by one `cp`, then each fsynced (`sync FILE...` calls fsync per file).
-- merge, convert, DCP and Megatron merges: the input data files (`*.safetensors`, the `.bin`,
-  the `*.distcp`), copied into the output folder by one `cp`, then each fsynced.
+- merge, convert, DCP and Megatron merges, the Megatron MoE conversion: the input data files
+  (`*.safetensors`, the `.bin`, the `*.distcp`), copied into the output folder by one `cp`, then
+  each fsynced.
 - ZeRO merge: the merge reads only the fp32 master partitions from `*_optim_states.pt`, a third of
   those files (the rest is Adam's two moments), so copying the input files would triple the bytes.
   The baseline copies, per rank, a file holding exactly that partition's bytes (cut once from the
@@ -37,7 +41,10 @@ torch DCP from FSDP2 + TP on a (dp=2, tp=2) mesh of 4 gloo ranks (bench/py/make_
 DeepSpeed ZeRO-3 on 2 CPU ranks (bench/ds_bench.py's worker), megatron-core 0.19.2's
 `dist_checkpointing.save` of a GPTModel at tensor parallel 2 on 2 gloo ranks
 (bench/py/make_megatron_checkpoint.py; needs megatron-core unpacked at /opt/mcore, see that file,
-and the op is skipped without it). Results: bench/RESULTS-vs-cp.md.
+and the op is skipped without it), and Megatron-LM's `save_checkpoint` of a Qwen2-MoE-style
+GPTModel at expert parallel 2 on 2 gloo ranks (bench/py/make_megatron_moe_checkpoint.py, same
+requirement; its `--check` compares a converted folder with megatron's one-rank load). Results:
+bench/RESULTS-vs-cp.md.
 """
 
 import argparse
@@ -60,8 +67,10 @@ DCP_LAYERS = 8  # 196 MiB embedding + 8 blocks of 96 MiB: 1.01 GB of bf16
 ZERO_GIB = 2.8  # ds_bench's size knob counts the optimizer files: 15 layers, 1.0 GB of fp32 params
 TP_LAYERS = 3  # blocks of 320 MiB (dim 4096, FFN 8192): 1.007 GB of bf16, on a (dp=2, tp=2) mesh
 MEGATRON_LAYERS = 7  # layers of 100.7 MB (hidden 2048, FFN 8192) + 2 x 131 MB vocab: 0.967 GB of bf16
+# megatron_moe_hf's run: 1 dense + 4 MoE layers (8 experts + a shared one), 1.057 GB of bf16; its
+# sizes are in bench/py/make_megatron_moe_checkpoint.py.
 # A/B targets; an op not named here has 1.1.
-TARGET = {"dcp_tp": 1.2, "megatron": 1.2}
+TARGET = {"dcp_tp": 1.2, "megatron": 1.2, "megatron_moe_hf": 1.2}
 TIME_FILE = os.path.join(WORK, "time.txt")
 
 
@@ -189,6 +198,14 @@ def inputs(ckpt, ops):
         else:
             log(f"skipping megatron: megatron-core is not unpacked at {make_megatron_checkpoint.MCORE} "
                 "(see the docstring of bench/py/make_megatron_checkpoint.py for the pip command)")
+    if "megatron_moe_hf" in ops:
+        sys.path.insert(0, os.path.join(ROOT, "bench", "py"))
+        import make_megatron_moe_checkpoint
+
+        if make_megatron_moe_checkpoint.available():
+            p["megatron_moe"] = make_megatron_moe_checkpoint.ensure(os.path.join(WORK, "megatron-moe"), env=env)
+        else:
+            log(f"skipping megatron_moe_hf: megatron-core is not unpacked at {make_megatron_moe_checkpoint.MCORE}")
     if "zero" in ops:
         p["zero"] = os.path.join(WORK, f"zero3-{ZERO_GIB}GiB")
         if not os.path.exists(os.path.join(p["zero"], "latest")):
@@ -260,6 +277,14 @@ def operations(ckpt, p, ops):
                              f"{MEGATRON_LAYERS} layers, bf16) into the one-rank model",
                              [ckpt, "--quiet", "merge", p["megatron"], "{out}/model.safetensors"],
                              distcp, distcp + [os.path.join(p["megatron"], n) for n in (".metadata", "metadata.json")])
+    if "megatron_moe" in p:
+        it = os.path.join(p["megatron_moe"], "iter_0000002")
+        distcp = files_in(it, "*.distcp")
+        table["megatron_moe_hf"] = ("`ckpt convert --to hf` of a Megatron-LM MoE run (Qwen2-MoE-style GPTModel, "
+                                    "EP 2 ranks, 1 dense + 4 MoE layers of 8 experts + a shared one, bf16) "
+                                    "into a Hugging Face folder",
+                                    [ckpt, "--quiet", "convert", p["megatron_moe"], "{out}", "--to", "hf"],
+                                    distcp, distcp + [os.path.join(it, n) for n in (".metadata", "metadata.json")])
     return table
 
 
@@ -379,7 +404,7 @@ def quart(r):
     return f" ({q[0]:.2f}–{q[2]:.2f})" if q else ""
 
 
-def report(results, pairs, warmup):
+def report(results, pairs, warmup, load=None):
     import platform
 
     mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
@@ -389,7 +414,9 @@ def report(results, pairs, warmup):
         "",
         f"Machine: {platform.machine()}, {os.cpu_count()} CPUs shared with other work, {mem:.0f} GiB RAM, "
         f"kernel {platform.release()}, {cp_ver}. `bench/vs_cp.py --pairs {pairs} --warmup {warmup}` on "
-        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.",
+        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}."
+        + (f" Load average (1, 5, 15 min) {' '.join(f'{x:.2f}' for x in load[0])} at the start, "
+           f"{' '.join(f'{x:.2f}' for x in load[1])} at the end." if load else ""),
         "",
         f"Each operation ran as {pairs} pairs (after {warmup} discarded warm-up pair(s)), alternated: A = the ckpt command, "
         "B = one `cp` of the same bytes into an empty folder followed by an fsync of each copy (`sync FILE...`). "
@@ -459,7 +486,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pairs", type=int, default=7, help="timed A,B pairs per operation (default 7)")
     ap.add_argument("--warmup", type=int, default=1, help="untimed pairs first (default 1)")
-    ap.add_argument("--ops", default="split,merge,convert,dcp,zero,dcp_tp,megatron")
+    ap.add_argument("--ops", default="split,merge,convert,dcp,zero,dcp_tp,megatron,megatron_moe_hf")
     ap.add_argument("--trace", type=int, default=3,
                     help="extra runs of each side under strace for the phase table (default 3; 0 skips it)")
     ap.add_argument("--ckpt", default=os.path.join(ROOT, "target", "release", "ckpt"))
@@ -476,14 +503,17 @@ def main():
     if not ops:
         raise SystemExit("nothing to measure")
     results = {}
+    # Other work on the machine shows here first: the load average, at both ends.
+    load_start = os.getloadavg()
     t0 = time.time()
     for name in ops:
         results[name] = measure(name, table[name], args.pairs, args.warmup, args.trace if shutil.which("strace") else 0)
     log(f"measured in {time.time() - t0:.0f} s")
-    text = report(results, args.pairs, args.warmup)
+    load = (load_start, os.getloadavg())
+    text = report(results, args.pairs, args.warmup, load)
     print(text)
     with open(os.path.join(WORK, "results.json"), "w") as f:
-        json.dump(results, f, indent=1)
+        json.dump(dict(results, load_average=load), f, indent=1)
     if not args.no_write:
         with open(os.path.join(ROOT, "bench", "RESULTS-vs-cp.md"), "w") as f:
             f.write(text)
