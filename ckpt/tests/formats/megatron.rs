@@ -231,7 +231,8 @@ fn as_stored_applies_to_torch_dist_checkpoints_only() {
 /// tensors as the `fully_reshardable` save).
 #[test]
 fn both_optimizer_forms_merge_to_the_per_parameter_state() {
-    for case in ["train_dp2", "train_tp2dp2", "train_pp2dp2", "train_uneven_pp2dp2"] {
+    for case in ["train_dp2", "train_tp2dp2", "train_pp2dp2", "train_uneven_pp2dp2", "train_pp2_tied", "train_pp2_vpp2"]
+    {
         let dir = root().join(case);
         let spec: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(dir.join("case.json")).unwrap()).unwrap();

@@ -18,18 +18,28 @@
 //!
 //! Under tensor and pipeline parallelism each model-parallel rank `G` (tensor rank + tensor size
 //! × pipeline stage: the rank in megatron's model-parallel group) has buckets of its own over its
-//! stage's parameters (the layers as megatron places them over the stages, the embeddings on the first, the
-//! final norm and output layer on the last) and its pieces of them, laid out by the same rules; a parameter's state is its ranks' pieces put
+//! stage's parameters (the layers as megatron places them over the stages, uneven first and last
+//! stages included, the embeddings on the first, the final norm and output layer on the last) and
+//! its pieces of them, laid out by the same rules; a parameter's state is its ranks' pieces put
 //! back as megatron's parallel layers cut them ([`names::split_of`]): concatenated on dim 0, row
 //! by row on dim 1, SwiGLU's two halves each concatenated, a replicated tensor taken from rank 0.
+//!
+//! With virtual pipeline stages each model chunk of a rank has a grad buffer of its own,
+//! `gbuf_idx_<chunk>` under the rank's `dp_group_idx`, over the chunk's layers (the embeddings
+//! in the first stage's first chunk, the final norm and output layer in the last stage's last
+//! chunk), its buckets numbered from 0; `per_bucket_numel_unpadded` lists each buffer's sizes.
+//!
+//! A tied model under pipeline parallelism keeps the word embeddings on the first stage and a
+//! copy as the last stage's `output_layer.weight`, each in a bucket of its own (megatron reduces
+//! their gradients together, apart from the rest): the bucket before one closes where it would
+//! have started, 64-aligned. The copy's state is the embeddings' own (the fixture checks it bit
+//! for bit), so it is laid out but not written.
 //!
 //! The registration order is that of megatron's GPT model with the local layer spec
 //! ([`REGISTRATION`]); a parameter whose place in it is not known, a bucket the derived layout
 //! overfills or leaves unfilled, bucket sizes that disagree with the recorded
-//! `per_bucket_numel_unpadded`, several grad buffers (a model of several dtypes), uneven or
-//! virtual pipeline stages, or tied embeddings under pipeline parallelism are refused by name
-//! rather than guessed. Uneven first and last stages hold the layers megatron's placement gives
-//! them ([`super::stages`]).
+//! `per_bucket_numel_unpadded`, or more grad buffers than model chunks (a model of several dtypes,
+//! which no save here was written with) are refused by name rather than guessed.
 
 use std::collections::BTreeMap;
 
@@ -113,15 +123,15 @@ pub(crate) fn per_parameter(ck: &Checkpoint, m: &Megatron, dcp: &DcpSource) -> R
         rank: None,
         reason,
     };
-    let domains = domains(dcp).map_err(|(key, reason)| refuse(Some(&key), reason))?;
+    let buffers = buffers_under(dcp, "").map_err(|(key, reason)| refuse(Some(&key), reason))?;
     let pp = m.meta.pipeline_parallel.unwrap_or(1).max(1);
-    let tp = domains.len() as u64 / pp;
-    if tp * pp != domains.len() as u64 || m.meta.tensor_parallel.is_some_and(|t| t != tp) {
+    let tp = buffers.len() as u64 / pp;
+    if tp * pp != buffers.len() as u64 || m.meta.tensor_parallel.is_some_and(|t| t != tp) {
         return Err(refuse(
             None,
             format!(
                 "the optimizer has {} model-parallel bucket sets for tensor parallel {:?} and pipeline parallel {pp}",
-                domains.len(),
+                buffers.len(),
                 m.meta.tensor_parallel
             ),
         ));
@@ -137,10 +147,22 @@ pub(crate) fn per_parameter(ck: &Checkpoint, m: &Megatron, dcp: &DcpSource) -> R
         }
     };
     let stages = Stages::new(m, dcp, pp).map_err(|r| refuse(None, r))?;
+    if let Some((g, b)) = buffers.iter().enumerate().find(|(_, b)| b.len() as u64 != stages.chunks()) {
+        return Err(refuse(
+            None,
+            format!(
+                "model-parallel rank {g} has {} grad buffers for {} model chunk(s): a model of several dtypes \
+                 (a grad buffer per dtype) is not derived yet",
+                b.len(),
+                stages.chunks()
+            ),
+        ));
+    }
 
     // The model's parameters in registration order, as each tensor-parallel rank holds them.
     let mut params = model_params(dcp, swiglu, tp).map_err(|(key, reason)| refuse(Some(&key), reason))?;
-    if pp > 1 && m.meta.tied_embeddings != Some(false) {
+    let tied = pp > 1 && m.meta.tied_embeddings != Some(false);
+    if tied {
         // The last stage's output layer is a parameter of its own there, registered where an
         // untied one is, whose state megatron keeps equal to the embeddings'.
         let at = AFTER_LAYERS.iter().position(|n| *n == "output_layer.weight").unwrap_or(AFTER_LAYERS.len());
@@ -159,43 +181,51 @@ pub(crate) fn per_parameter(ck: &Checkpoint, m: &Megatron, dcp: &DcpSource) -> R
         params.push(copy);
     }
     params.sort_by_key(|p| p.order);
-    // Where each model-parallel rank's grad buffer puts the pieces of its stage's parameters;
-    // rank `G` is tensor-parallel rank `G % tp` of stage `G / tp`.
-    let mut placed: Vec<Vec<(u64, u64)>> = vec![vec![(0, 0); params.len()]; domains.len()];
-    for (g, domain) in domains.iter().enumerate() {
+    // Where each model-parallel rank's grad buffers put the pieces of their chunk's parameters;
+    // rank `G` is tensor-parallel rank `G % tp` of stage `G / tp`, its buffer `B` model chunk
+    // `B`. Each parameter: its buffer, bucket and start there.
+    let mut placed: Vec<Vec<(usize, u64, u64)>> = vec![vec![(0, 0, 0); params.len()]; buffers.len()];
+    for (g, chunks) in buffers.iter().enumerate() {
         let stage = g as u64 / tp;
-        let members: Vec<usize> = (0..params.len()).filter(|&i| stages.holding(&params[i]) == stage).collect();
-        let numels: Vec<u64> = members.iter().map(|&i| params[i].local).collect();
-        let sizes: Vec<u64> = domain.values().map(|states| states.values().next().map_or(0, |t| t.shape[0])).collect();
-        if let Some((key, recorded)) = recorded_sizes(dcp, g) {
-            if recorded != sizes {
-                return Err(refuse(
-                    Some(&key),
-                    format!("records bucket sizes {recorded:?}, but the bucket tensors hold {sizes:?} elements"),
-                ));
+        for (b, domain) in chunks.iter().enumerate() {
+            let members: Vec<usize> =
+                (0..params.len()).filter(|&i| stages.holding(&params[i]) == (stage, b as u64)).collect();
+            let numels: Vec<u64> = members.iter().map(|&i| params[i].local).collect();
+            // A tied embedding (either copy) takes a bucket of its own, so that its gradient can
+            // be reduced with the other stage's copy alone.
+            let own: Vec<bool> = members.iter().map(|&i| tied && params[i].key == EMBEDDING).collect();
+            let sizes: Vec<u64> =
+                domain.values().map(|states| states.values().next().map_or(0, |t| t.shape[0])).collect();
+            if let Some((key, recorded)) = recorded_sizes(dcp, g, b) {
+                if recorded != sizes {
+                    return Err(refuse(
+                        Some(&key),
+                        format!("records bucket sizes {recorded:?}, but the bucket tensors hold {sizes:?} elements"),
+                    ));
+                }
             }
-        }
-        let at = place(&numels, &sizes).map_err(|m| {
-            let members: Vec<&Param<'_>> = members.iter().map(|&i| &params[i]).collect();
-            misfit(&refuse, &members, &sizes, g, m)
-        })?;
-        for (&i, a) in members.iter().zip(at) {
-            placed[g][i] = a;
+            let at = place(&numels, &own, &sizes).map_err(|m| {
+                let members: Vec<&Param<'_>> = members.iter().map(|&i| &params[i]).collect();
+                misfit(&refuse, &members, &sizes, g, m)
+            })?;
+            for (&i, (bucket, start)) in members.iter().zip(at) {
+                placed[g][i] = (b, bucket, start);
+            }
         }
     }
 
     // Each stored key's state: its layers' pieces, the ranks' pieces of each put in row-major
     // order of the global tensor.
-    let states: Vec<&str> = domains[0].get(&0).map(|s| s.keys().copied().collect()).unwrap_or_default();
+    let states: Vec<&str> = buffers[0][0].get(&0).map(|s| s.keys().copied().collect()).unwrap_or_default();
     let mut ranges: BTreeMap<(&str, &str), Vec<LayerRanges>> = BTreeMap::new();
     for (i, p) in params.iter().enumerate().filter(|(_, p)| !p.copy) {
         for &state in &states {
             let mut pieces = Vec::with_capacity(tp as usize);
-            let first = (stages.holding(p) * tp) as usize;
-            for (g, domain) in domains.iter().enumerate().skip(first).take(tp as usize) {
-                let (b, start) = placed[g][i];
-                let t = domain.get(&b).and_then(|s| s.get(state)).ok_or_else(|| {
-                    refuse(None, format!("bucket {b} of model-parallel rank {g} has no `{state}` tensor"))
+            let first = (stages.holding(p).0 * tp) as usize;
+            for g in first..first + tp as usize {
+                let (b, bucket, start) = placed[g][i];
+                let t = buffers[g][b].get(&bucket).and_then(|s| s.get(state)).ok_or_else(|| {
+                    refuse(None, format!("bucket {bucket} of model-parallel rank {g} has no `{state}` tensor"))
                 })?;
                 pieces.push((*t, start));
             }
@@ -208,7 +238,7 @@ pub(crate) fn per_parameter(ck: &Checkpoint, m: &Megatron, dcp: &DcpSource) -> R
         for &state in &states {
             let Some(mut parts) = ranges.remove(&(t.key.as_str(), state)) else { continue };
             parts.sort_by_key(|(layer, _)| *layer);
-            let dtype = domains[0][&0][state].dtype;
+            let dtype = buffers[0][0][&0][state].dtype;
             let chunks = parts.into_iter().flat_map(|(_, c)| c).collect();
             out.push(TensorInfo::ranges(format!("{STATE_PREFIX}{state}.{}", t.key), dtype, t.shape.clone(), chunks));
         }
@@ -216,28 +246,44 @@ pub(crate) fn per_parameter(ck: &Checkpoint, m: &Megatron, dcp: &DcpSource) -> R
     Ok(out)
 }
 
-/// The bucket tensors of each model-parallel rank, in rank order.
-fn domains(dcp: &DcpSource) -> std::result::Result<Vec<Domain<'_>>, (String, String)> {
-    domains_under(dcp, "")
-}
-
 /// The bucket tensors of each rank's optimizer whose keys start with `chain` (`chained_1.` for
-/// the second optimizer of a chain, empty for an unchained one), in `dp_group_idx` order.
+/// the second optimizer of a chain, empty for an unchained one), in `dp_group_idx` order, each
+/// rank's one grad buffer (`gbuf_idx_0`): what an optimizer of one model chunk and one dtype
+/// saves.
 pub(super) fn domains_under<'a>(
     dcp: &'a DcpSource,
     chain: &str,
 ) -> std::result::Result<Vec<Domain<'a>>, (String, String)> {
+    let mut out = Vec::new();
+    for (g, mut buffers) in buffers_under(dcp, chain)?.into_iter().enumerate() {
+        if buffers.len() != 1 {
+            let key = format!("{chain}{BUCKET_PREFIX}{g}");
+            return Err((
+                key,
+                "only one grad buffer per rank (`gbuf_idx_0`) is derived here: a model of several \
+                 dtypes or model chunks"
+                    .into(),
+            ));
+        }
+        out.extend(buffers.pop());
+    }
+    Ok(out)
+}
+
+/// The bucket tensors of each rank's optimizer whose keys start with `chain`, in `dp_group_idx`
+/// order, each rank's grad buffers in `gbuf_idx` order (one per model chunk and dtype).
+fn buffers_under<'a>(dcp: &'a DcpSource, chain: &str) -> std::result::Result<Vec<Vec<Domain<'a>>>, (String, String)> {
     let prefix = format!("{chain}{BUCKET_PREFIX}");
-    let mut by_group: BTreeMap<u64, Domain<'_>> = BTreeMap::new();
+    let mut by_group: BTreeMap<u64, BTreeMap<u64, Domain<'_>>> = BTreeMap::new();
     for t in dcp.tensors.iter().filter(|t| t.key.starts_with(&prefix)) {
         let bad = |reason: &str| (t.key.clone(), reason.to_string());
         let rest = &t.key[prefix.len()..];
         let (group, rest) =
             rest.split_once(".gbuf_idx_").ok_or_else(|| bad("not a bucket tensor (`...gbuf_idx_I...`)"))?;
         let group: u64 = group.parse().map_err(|_| bad("its `dp_group_idx` is not a number"))?;
-        if !rest.starts_with("0.") {
-            return Err(bad("only one grad buffer per rank is derived yet (`gbuf_idx_0`): a model of several dtypes"));
-        }
+        let (gbuf, rest) =
+            rest.split_once('.').ok_or_else(|| bad("not a bucket tensor (`...gbuf_idx_I.dtype_...`)"))?;
+        let gbuf: u64 = gbuf.parse().map_err(|_| bad("its `gbuf_idx` is not a number"))?;
         let parsed = rest.split_once(".bucket_idx_").and_then(|(_, b)| b.split_once('.'));
         let Some((b, state)) = parsed.and_then(|(b, s)| Some((b.parse::<u64>().ok()?, s))) else {
             return Err(bad("not a bucket tensor (`...bucket_idx_K.STATE`)"));
@@ -245,48 +291,46 @@ pub(super) fn domains_under<'a>(
         if t.shape.len() != 1 {
             return Err(bad("a bucket tensor that is not 1-D"));
         }
-        by_group.entry(group).or_default().entry(b).or_default().insert(state, t);
+        by_group.entry(group).or_default().entry(gbuf).or_default().entry(b).or_default().insert(state, t);
     }
     if by_group.keys().copied().ne(0..by_group.len() as u64) || by_group.is_empty() {
         return Err(("optimizer.distributed".into(), "the `dp_group_idx` values are not 0, 1, 2, ...".into()));
     }
-    for domain in by_group.values() {
-        if domain.keys().copied().ne(0..domain.len() as u64) {
-            return Err(("optimizer.distributed".into(), "the bucket indices are not 0, 1, 2, ...".into()));
+    for buffers in by_group.values() {
+        if buffers.keys().copied().ne(0..buffers.len() as u64) {
+            return Err(("optimizer.distributed".into(), "the `gbuf_idx` values are not 0, 1, 2, ...".into()));
         }
-        for states in domain.values() {
-            let first = states.values().next().map(|t| &t.shape);
-            if let Some((_, t)) = states.iter().find(|(_, t)| Some(&t.shape) != first) {
-                return Err((t.key.clone(), "disagrees with the bucket's other states on its size".into()));
+        for domain in buffers.values() {
+            if domain.keys().copied().ne(0..domain.len() as u64) {
+                return Err(("optimizer.distributed".into(), "the bucket indices are not 0, 1, 2, ...".into()));
+            }
+            for states in domain.values() {
+                let first = states.values().next().map(|t| &t.shape);
+                if let Some((_, t)) = states.iter().find(|(_, t)| Some(&t.shape) != first) {
+                    return Err((t.key.clone(), "disagrees with the bucket's other states on its size".into()));
+                }
             }
         }
     }
-    Ok(by_group.into_values().collect())
+    Ok(by_group.into_values().map(|b| b.into_values().collect()).collect())
 }
 
-/// Which pipeline stage holds each parameter: the embeddings the first, the final norm and the
-/// output layer the last, the layers as megatron places them ([`super::stages`]: evenly, or with
-/// an uneven first or last stage). Virtual pipeline stages (a grad buffer per model chunk) are
-/// refused.
+/// Which pipeline stage and model chunk holds each parameter: the embeddings the first stage's
+/// first chunk, the final norm and the output layer the last stage's last chunk, the layers as
+/// megatron places them ([`super::stages`]: evenly, with an uneven first or last stage, or over
+/// virtual pipeline stages, each model chunk with grad buffers of its own).
 pub(super) struct Stages {
     count: u64,
-    /// The first global layer of each stage, in stage order.
-    starts: Vec<u64>,
+    chunks: u64,
+    /// The first global layer of each (stage, chunk), in layer order.
+    starts: Vec<(u64, (u64, u64))>,
 }
 
 impl Stages {
     pub(super) fn new(m: &Megatron, dcp: &DcpSource, pp: u64) -> std::result::Result<Stages, String> {
         let layers = m.meta.num_layers.unwrap_or(0);
         if pp == 1 {
-            return Ok(Stages { count: 1, starts: vec![0] });
-        }
-        for chunks in ["num_layers_per_virtual_pipeline_stage", "num_virtual_stages_per_pipeline_rank"] {
-            if info::arg(dcp, chunks).is_some_and(|v| *v != Leaf::None) {
-                return Err(format!(
-                    "`args.{chunks}` is set: layouts over virtual pipeline stages (a grad buffer per model chunk) \
-                     are not derived yet"
-                ));
-            }
+            return Ok(Stages { count: 1, chunks: 1, starts: vec![(0, (0, 0))] });
         }
         let placement = super::stages::Stages::from_lookup(|name| info::arg(dcp, name))?;
         let placement = placement.filter(|s| s.pipeline == pp && s.num_layers == layers);
@@ -295,29 +339,44 @@ impl Stages {
             if layers == 0 || !layers.is_multiple_of(pp) {
                 return Err(format!("{layers} layers do not split evenly over {pp} pipeline stages"));
             }
-            return Ok(Stages { count: pp, starts: (0..pp).map(|s| s * (layers / pp)).collect() });
+            let starts = (0..pp).map(|s| (s * (layers / pp), (s, 0))).collect();
+            return Ok(Stages { count: pp, chunks: 1, starts });
         };
+        let chunks = placement.chunks();
         let mut starts = Vec::new();
         for stage in 0..pp {
-            placement.layers(stage, 0)?;
-            let start = placement.offset(stage, 0).ok_or("megatron's layer offsets overflow")?;
-            starts.push(start);
+            for chunk in 0..chunks {
+                if placement.layers(stage, chunk)? == 0 {
+                    continue;
+                }
+                let start = placement.offset(stage, chunk).ok_or("megatron's layer offsets overflow")?;
+                starts.push((start, (stage, chunk)));
+            }
         }
-        Ok(Stages { count: pp, starts })
+        starts.sort_unstable();
+        Ok(Stages { count: pp, chunks, starts })
     }
 
-    /// The stage holding `p`.
-    fn holding(&self, p: &Param<'_>) -> u64 {
+    /// The model chunks of each stage.
+    pub(super) fn chunks(&self) -> u64 {
+        self.chunks
+    }
+
+    /// The stage and chunk holding `p`.
+    fn holding(&self, p: &Param<'_>) -> (u64, u64) {
         self.of_place(p.order.0, p.layer.unwrap_or(0))
     }
 
-    /// The stage holding a parameter registered before the layers (`place` 0), in layer
-    /// `layer` (1), or after them (2).
-    pub(super) fn of_place(&self, place: u8, layer: u64) -> u64 {
+    /// The stage and chunk holding a parameter registered before the layers (`place` 0), in
+    /// layer `layer` (1), or after them (2).
+    pub(super) fn of_place(&self, place: u8, layer: u64) -> (u64, u64) {
         match place {
-            0 => 0,
-            1 => self.starts.iter().rposition(|&s| s <= layer).unwrap_or(0) as u64,
-            _ => self.count - 1,
+            0 => (0, 0),
+            1 => {
+                let at = self.starts.iter().rposition(|&(s, _)| s <= layer).unwrap_or(0);
+                self.starts.get(at).map_or((0, 0), |&(_, sc)| sc)
+            }
+            _ => (self.count - 1, self.chunks - 1),
         }
     }
 }
@@ -398,17 +457,21 @@ fn assemble(p: &Param<'_>, pieces: &[(&DcpTensor, u64)], tp: u64) -> std::result
 }
 
 /// The bucket sizes megatron recorded beside the buckets (`per_bucket_numel_unpadded`: per
-/// grad buffer, a dict from its dtype pair to one size per bucket), for grad buffer 0 of
+/// grad buffer, a dict from its dtype pair to one size per bucket), for grad buffer `gbuf` of
 /// model-parallel rank `group`, with the key they were read from.
-fn recorded_sizes(dcp: &DcpSource, group: usize) -> Option<(String, Vec<u64>)> {
+fn recorded_sizes(dcp: &DcpSource, group: usize, gbuf: usize) -> Option<(String, Vec<u64>)> {
     let key = format!("optimizer.distributed.dp_group_idx_{group}.per_bucket_numel_unpadded");
     let item = dcp.bytes.iter().find(|b| b.key.split('/').next() == Some(key.as_str()))?;
-    // A one-item list (the sharded object) around the list of grad buffers.
+    // One-item lists (the sharded object) around the list of grad buffers.
     let mut v = &item.value;
-    while let Leaf::List(items) = v {
-        v = items.first()?;
-    }
-    let Leaf::Dict(by_dtype) = v else { return None };
+    let buffers = loop {
+        match v {
+            Leaf::List(items) if items.len() == 1 && matches!(items[0], Leaf::List(_)) => v = &items[0],
+            Leaf::List(items) => break items,
+            _ => return None,
+        }
+    };
+    let Leaf::Dict(by_dtype) = buffers.get(gbuf)? else { return None };
     let (_, Leaf::List(sizes)) = by_dtype.first()? else { return None };
     let sizes: Option<Vec<u64>> =
         sizes.iter().map(|s| if let Leaf::Int(i) = s { u64::try_from(*i).ok() } else { None }).collect();
@@ -429,15 +492,27 @@ pub(super) enum Misfit {
 /// Where megatron's grad buffer puts each parameter (`numels` in registration order): its
 /// bucket and its start in it, laid out in reverse, each start on a multiple of
 /// [`PARAM_ALIGN`], a bucket closing when it reaches its stored size (`sizes`, without the end
-/// padding).
-pub(super) fn place(numels: &[u64], sizes: &[u64]) -> std::result::Result<Vec<(u64, u64)>, Misfit> {
+/// padding). A parameter marked `own` (a tied embedding under pipeline parallelism) takes a
+/// bucket of its own: the bucket before it closes where it would have started (at most the
+/// stored size, what is past its parameters being padding), and it fills its own.
+pub(super) fn place(numels: &[u64], own: &[bool], sizes: &[u64]) -> std::result::Result<Vec<(u64, u64)>, Misfit> {
     let mut placed = vec![(0, 0); numels.len()];
     let (mut bucket, mut at) = (0usize, 0u64);
     for (param, &numel) in numels.iter().enumerate().rev() {
+        let alone = own.get(param).copied().unwrap_or(false);
+        if alone && at > 0 {
+            let Some(&size) = sizes.get(bucket) else { return Err(Misfit::TooFewBuckets { param }) };
+            let start = at.div_ceil(PARAM_ALIGN) * PARAM_ALIGN;
+            if start > size {
+                return Err(Misfit::Overfilled { param, bucket, size, end: start });
+            }
+            bucket += 1;
+            at = 0;
+        }
         let Some(&size) = sizes.get(bucket) else { return Err(Misfit::TooFewBuckets { param }) };
         let start = at.div_ceil(PARAM_ALIGN) * PARAM_ALIGN;
         at = start + numel;
-        if at > size {
+        if at > size || (alone && at != size) {
             return Err(Misfit::Overfilled { param, bucket, size, end: at });
         }
         placed[param] = (bucket as u64, start);
@@ -574,7 +649,7 @@ mod tests {
         // final norm, output layer.
         let layer = [8, 64, 128, 8, 128, 128];
         let numels: Vec<u64> = std::iter::once(256).chain(layer).chain(layer).chain([8, 256]).collect();
-        let placed = place(&numels, &[768, 640, 320]);
+        let placed = place(&numels, &[], &[768, 640, 320]);
         let want = vec![
             (2, 64), // embedding
             (2, 0),  // layer 0
@@ -603,7 +678,7 @@ mod tests {
         let numels: Vec<u64> = std::iter::once(256).chain(layer).chain(layer).chain([8, 256]).collect();
         let (placed, sizes) = place_by_size(&numels, Some(600));
         assert_eq!(sizes, vec![768, 640, 320]);
-        assert_eq!(Ok(placed), place(&numels, &sizes));
+        assert_eq!(Ok(placed), place(&numels, &[], &sizes));
         let (one, sizes) = place_by_size(&[10, 20], None);
         assert_eq!((one, sizes), (vec![(0, 64), (0, 0)], vec![74]));
     }
@@ -611,9 +686,12 @@ mod tests {
     #[test]
     fn a_layout_that_does_not_fit_is_refused_not_guessed() {
         // A parameter megatron would not close the bucket on: it runs past the stored size.
-        assert_eq!(place(&[64, 100], &[120]), Err(Misfit::Overfilled { param: 0, bucket: 0, size: 120, end: 192 }));
-        assert_eq!(place(&[64, 64], &[64]), Err(Misfit::TooFewBuckets { param: 0 }));
-        assert_eq!(place(&[64], &[64, 64]), Err(Misfit::Unfilled { filled: 1 }));
-        assert_eq!(place(&[10, 20], &[74]), Ok(vec![(0, 64), (0, 0)]));
+        assert_eq!(
+            place(&[64, 100], &[], &[120]),
+            Err(Misfit::Overfilled { param: 0, bucket: 0, size: 120, end: 192 })
+        );
+        assert_eq!(place(&[64, 64], &[], &[64]), Err(Misfit::TooFewBuckets { param: 0 }));
+        assert_eq!(place(&[64], &[], &[64, 64]), Err(Misfit::Unfilled { filled: 1 }));
+        assert_eq!(place(&[10, 20], &[], &[74]), Ok(vec![(0, 64), (0, 0)]));
     }
 }

@@ -108,7 +108,12 @@ pub(super) fn per_parameter(ck: &Checkpoint, m: &Megatron, dcp: &DcpSource) -> R
     }
     let stages = buckets::Stages::new(m, dcp, pp).map_err(|r| refuse(None, r))?;
     let (dense_params, expert_params) = slabs(dcp).map_err(|(k, r)| refuse(Some(&k), r))?;
-    let stage_of = |s: &Slab<'_>| stages.of_place(s.place.0, s.place.1);
+    if stages.chunks() > 1 {
+        let reason = "virtual pipeline stages in a mixture-of-experts run (a grad buffer per model chunk in each \
+                      optimizer of the chain) are not derived: no such save was written to check the layout against";
+        return Err(refuse(None, reason.into()));
+    }
+    let stage_of = |s: &Slab<'_>| stages.of_place(s.place.0, s.place.1).0;
     let mut states = States::new();
     // Each stage's dense optimizer over its own parameters (`dp_group_idx` = its stage).
     for (stage, domain) in dense.iter().enumerate() {
@@ -183,7 +188,7 @@ fn lay_out<'a, S: std::borrow::Borrow<Slab<'a>>>(
 ) -> std::result::Result<(), (Option<String>, String)> {
     let sizes: Vec<u64> = domain.values().map(|s| s.values().next().map_or(0, |t| t.shape[0])).collect();
     let numels: Vec<u64> = params.iter().map(|p| p.borrow().numel).collect();
-    let placed = buckets::place(&numels, &sizes).map_err(|m| {
+    let placed = buckets::place(&numels, &[], &sizes).map_err(|m| {
         (
             None,
             format!("the buckets of {what} ({sizes:?} elements) do not fit megatron's layout of its parameters: {m:?}"),
