@@ -14,9 +14,10 @@ DeepSeek-V3's attention). Its template is bench/py/make_megatron_moe_checkpoint.
 by megatron-core 0.19.2 (needs /opt/mcore), and the script first checks the synthetic layout's
 rule against that real save (`make_dsv3_catalog.py --validate`). A second folder,
 bench/work/dsv3-plan/run-noextra, is the same without the experts' 29,696 `_extra_state` items
-(`--no-expert-extra-state`), which megatron does write: statekit at 75ecbae refuses the full folder
-(its non-tensor items share one unpickling budget), and the second folder times the plan of the
-same tensors. Both are timed and reported, refusals with their message.
+(`--no-expert-extra-state`), which megatron does write: statekit at 75ecbae refused the full folder
+(its non-tensor items share one unpickling budget, which then grew with their bytes alone; each
+pickle brings an allowance of its own since b46f562), and the second folder shows what those
+items cost. Both are timed and reported, a refusal with its message.
 
 Timed, each `--runs` times in turn, every process under `/usr/bin/time -v` (wall around the
 process, user + system CPU, peak RSS):
