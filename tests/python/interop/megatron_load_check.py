@@ -184,8 +184,6 @@ def moe_main(spec):
     from megatron.core import dist_checkpointing
     from megatron.core.enums import ModelType
     from megatron.training.training import get_model
-    from megatron.training.utils import get_ltor_masks_and_position_ids
-    from safetensors.torch import load_file
 
     moe.init_megatron(spec["argv"])
     gpt = moe.w.unwrapped(get_model(moe.model_provider, ModelType.encoder_or_decoder, wrap_with_ddp=False))
@@ -211,22 +209,26 @@ def moe_main(spec):
         assert iteration == 0, f"load_checkpoint started at iteration {iteration}, not 0 (--finetune)"
         rank_file_keys_are_the_models(gpt, spec["legacy"])
         same(params(gpt), want, "load_checkpoint of the legacy ranks")
-    want = load_file(spec["hf_logits"])
-    tokens = want["input_ids"].long()
-    mask, _, position_ids = get_ltor_masks_and_position_ids(tokens, 0, 0, False, False, False, False)
-    gpt.eval()
-    with torch.no_grad():
-        got = gpt(tokens, position_ids, mask)
     from megatron.core import parallel_state
-    from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
 
-    if parallel_state.get_tensor_model_parallel_world_size() > 1:
-        # The output layer is vocabulary-parallel: each rank holds its rows' logits.
-        got = gather_from_tensor_model_parallel_region(got)
-    got = got.float()
-    diff = (got - want["logits"].float()).abs().max().item()
+    check_logits(gpt, spec["hf_logits"], parallel_state.get_tensor_model_parallel_world_size())
+    finish()
+
+
+def check_logits(model, path, tp):
+    """The forward's logits of `model`, gathered over TP, against those recorded at `path`
+    (max |diff| < 1e-4)."""
+    from safetensors.torch import load_file
+
+    recorded = load_file(path)
+    got = logits(model, recorded["input_ids"].long(), tp).float()
+    diff = (got - recorded["logits"].float()).abs().max().item()
     assert diff < 1e-4, f"logits differ from the recorded ones by {diff}"
     print(f"rank {torch.distributed.get_rank()}: logits max |diff| {diff:.3g}")
+
+
+def finish():
+    """Every rank done: `ok`, then the process group torn down."""
     torch.distributed.barrier()
     print(f"rank {torch.distributed.get_rank()}: ok")
     torch.distributed.destroy_process_group()
@@ -241,16 +243,8 @@ def legacy_main(spec, case, tp, pp):
     rank_file_keys_are_the_models(lm, spec["ours"])
     same(params(lm), want, "load_checkpoint of the legacy ranks")
     if spec.get("hf_logits") and pp == 1:
-        from safetensors.torch import load_file
-
-        recorded = load_file(spec["hf_logits"])
-        got = logits(lm, recorded["input_ids"].long(), tp).float()
-        diff = (got - recorded["logits"].float()).abs().max().item()
-        assert diff < 1e-4, f"logits differ from the recorded ones by {diff}"
-        print(f"rank {torch.distributed.get_rank()}: logits max |diff| {diff:.3g}")
-    torch.distributed.barrier()
-    print(f"rank {torch.distributed.get_rank()}: ok")
-    torch.distributed.destroy_process_group()
+        check_logits(lm, spec["hf_logits"], tp)
+    finish()
 
 
 def main():
@@ -271,16 +265,8 @@ def main():
     lm = load_megatron_lm(case, tp, spec["ours"])
     same(params(lm), ours, "load_checkpoint --finetune")
     if spec.get("hf_logits"):
-        from safetensors.torch import load_file
-
-        want = load_file(spec["hf_logits"])
-        got = logits(lm, want["input_ids"].long(), tp).float()
-        diff = (got - want["logits"].float()).abs().max().item()
-        assert diff < 1e-4, f"logits differ from the recorded ones by {diff}"
-        print(f"rank {torch.distributed.get_rank()}: logits max |diff| {diff:.3g}")
-    torch.distributed.barrier()
-    print(f"rank {torch.distributed.get_rank()}: ok")
-    torch.distributed.destroy_process_group()
+        check_logits(lm, spec["hf_logits"], tp)
+    finish()
 
 
 if __name__ == "__main__":

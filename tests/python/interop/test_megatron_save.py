@@ -101,16 +101,11 @@ def test_a_hugging_face_model_converts_to_a_run_megatron_loads_at_tp2_with_its_l
     assert stdout.count(": ok") == 2 and stdout.count("logits max |diff|") == 2, stdout
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe"])
-def test_a_hugging_face_model_comes_back_from_its_megatron_run_bit_for_bit(tmp_path, arch):
-    """HF → `--to megatron` → `--to hf`: the Hub tensors come back bit for bit (a tied model's
-    `lm_head.weight` is not written, as `save_pretrained` leaves it out), and transformers
-    5.24 loads the folder with the logits it recorded."""
-    from transformers import AutoModelForCausalLM
-
-    folder = FIXTURES / "megatron_arch" / "hf" / arch
-    run_ckpt("convert", folder, tmp_path / "run", "--to", "megatron")
-    run_ckpt("convert", tmp_path / "run", tmp_path / "hf", "--to", "hf")
+def hub_tensors_come_back(folder, run, tmp_path):
+    """`run` (a Megatron run written from the transformers folder `folder`) converted `--to hf`
+    into `tmp_path/hf` holds the folder's tensors bit for bit (a tied model's `lm_head.weight`
+    is not written, as `save_pretrained` leaves it out)."""
+    run_ckpt("convert", run, tmp_path / "hf", "--to", "hf")
     run_ckpt("merge", folder, tmp_path / "want.safetensors")
     run_ckpt("merge", tmp_path / "hf", tmp_path / "got.safetensors")
     want, got = load_file(tmp_path / "want.safetensors"), load_file(tmp_path / "got.safetensors")
@@ -120,6 +115,18 @@ def test_a_hugging_face_model_comes_back_from_its_megatron_run_bit_for_bit(tmp_p
     for k in want:
         assert got[k].dtype == want[k].dtype and got[k].shape == want[k].shape, k
         assert got[k].reshape(-1).view(torch.uint8).equal(want[k].reshape(-1).view(torch.uint8)), k
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe"])
+def test_a_hugging_face_model_comes_back_from_its_megatron_run_bit_for_bit(tmp_path, arch):
+    """HF → `--to megatron` → `--to hf`: the Hub tensors come back bit for bit (a tied model's
+    `lm_head.weight` is not written, as `save_pretrained` leaves it out), and transformers
+    5.24 loads the folder with the logits it recorded."""
+    from transformers import AutoModelForCausalLM
+
+    folder = FIXTURES / "megatron_arch" / "hf" / arch
+    run_ckpt("convert", folder, tmp_path / "run", "--to", "megatron")
+    hub_tensors_come_back(folder, tmp_path / "run", tmp_path)
     recorded = load_file(folder / "logits.safetensors")
     model = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", attn_implementation="eager").eval()
     with torch.no_grad():
@@ -224,15 +231,7 @@ def test_a_hugging_face_model_in_megatrons_legacy_layout_is_what_megatron_lm_loa
     assert proc.stdout.count(": ok") == 2 * pp, proc.stdout
     assert proc.stdout.count("logits max |diff|") == (2 if pp == 1 else 0), proc.stdout
 
-    run_ckpt("convert", legacy, tmp_path / "hf", "--to", "hf")
-    run_ckpt("merge", folder, tmp_path / "want.safetensors")
-    run_ckpt("merge", tmp_path / "hf", tmp_path / "got.safetensors")
-    want, got = load_file(tmp_path / "want.safetensors"), load_file(tmp_path / "got.safetensors")
-    if json.loads((folder / "config.json").read_text()).get("tie_word_embeddings"):
-        want.pop("lm_head.weight", None)
-    assert sorted(got) == sorted(want)
-    for k in want:
-        assert got[k].reshape(-1).view(torch.uint8).equal(want[k].reshape(-1).view(torch.uint8)), k
+    hub_tensors_come_back(folder, legacy, tmp_path)
 
 
 @pytest.mark.parametrize("arch", ["mixtral", "qwen2_moe", "qwen3_moe"])
