@@ -27,7 +27,9 @@
 //! key>`, the stored key's global shape, experts on their expert axis). Tensor or expert tensor
 //! parallelism and a chain of other than two are refused by name: megatron's MoE layer does not
 //! train under tensor parallelism without sequence parallelism, which the local spec's norms
-//! refuse, so no such save could be written here to derive the layout from.
+//! refuse, so no such save could be written here to derive the layout from. Virtual pipeline
+//! stages and tied embeddings under pipeline parallelism, which the dense optimizer reads
+//! ([`buckets`]), are refused here too: no MoE save with them was written to check against.
 
 use std::collections::BTreeMap;
 
