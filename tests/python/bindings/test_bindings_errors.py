@@ -47,7 +47,7 @@ def test_reshard_of_a_plain_file_hints_at_the_python_call(tmp_path):
 def test_unknown_names_are_usage_errors_naming_the_argument(tmp_path):
     with pytest.raises(ValueError, match="unknown dtype `float8`"):
         ckpt.convert(MODEL, tmp_path / "x.safetensors", dtype="float8")
-    with pytest.raises(ValueError, match="the output format is `safetensors`, `torch`, `dcp`, `hf` or `megatron`, not `onnx`"):
+    with pytest.raises(ValueError, match="the output format is `safetensors`, `torch`, `dcp`, `hf`, `megatron` or `megatron-legacy`, not `onnx`"):
         ckpt.convert(MODEL, tmp_path / "x.safetensors", to="onnx")
 
 
