@@ -37,7 +37,7 @@ pub(super) fn convert(
             Some((setting, value)) => return Err(refuse(a, setting, value)),
             None => a,
         },
-        None => Arch::recognize(&config).map_err(|(a, setting, value)| refuse(a, setting, value))?,
+        None => Arch::recognized(&config, &ck.root)?,
     };
     let vocab = options.vocab_size;
     if let Some(asked) = vocab.filter(|n| *n == 0 || *n > config.vocab_size) {

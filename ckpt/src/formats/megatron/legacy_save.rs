@@ -38,8 +38,8 @@ use std::path::Path;
 use super::info::MegatronInfo;
 use super::legacy::{expert_of, RANK_FILE};
 use super::names::{split_of, Split};
-use super::save::{config_args, iteration_dir, model_args, parallel_args, CHECKPOINT_VERSION};
-use super::TRACKER_NAME;
+use super::rank_folders::Axes;
+use super::save::{config_args, model_args, namespace, new_iteration, parallel_args, CHECKPOINT_VERSION};
 use crate::error::{Error, Result};
 use crate::formats::torch::writer::{self, TorchSeal, WNode, WStorage, WTensor, WValue};
 use crate::map::arch::names::{MCORE_EMBEDDING, MCORE_OUTPUT};
@@ -183,14 +183,7 @@ impl Model {
 /// The rank folder's name: megatron's `mp_rank_TT`, `_PPP` with pipeline stages, `_EEE` with
 /// expert ranks.
 fn folder(t: u64, pp: u64, e: u64, p: ModelParallel) -> String {
-    let mut s = format!("mp_rank_{t:02}");
-    if p.pipeline > 1 {
-        s.push_str(&format!("_{pp:03}"));
-    }
-    if p.expert > 1 {
-        s.push_str(&format!("_{e:03}"));
-    }
-    s
+    Axes { pipeline: p.pipeline > 1, expert: p.expert > 1 }.folder(t, pp, e)
 }
 
 /// Tensor-parallel rank `r`'s piece of the one-rank tensor `source` of `shape`, split as
@@ -255,13 +248,7 @@ pub(crate) fn write(
     opts: &WriteOptions<'_>,
 ) -> Result<Outcome> {
     model.check_divides(parallel, out)?;
-    let dir = iteration_dir(out, iteration);
-    let tracker = out.join(TRACKER_NAME);
-    for p in [&dir, &tracker] {
-        if std::fs::symlink_metadata(p).is_ok() {
-            return Err(Error::OutputExists { path: p.clone(), appeared: false });
-        }
-    }
+    let (dir, tracker) = new_iteration(out, iteration)?;
     let bad = |key: &str, reason: String| Error::BadMegatron {
         path: ck.root.clone(),
         key: Some(key.to_string()),
@@ -354,14 +341,8 @@ pub(crate) fn write(
     }
     let tensors = map.apply(&ck.root, one_rank)?;
 
-    let args = model.args.iter().cloned().chain(parallel_args(parallel));
-    let args = WNode::Dict(args.map(|(k, v)| (WNode::Leaf(Leaf::Str(k)), WNode::Leaf(v))).collect());
-    let namespace = WNode::Instance {
-        module: "argparse".into(),
-        name: "Namespace".into(),
-        args: Vec::new(),
-        state: Some(Box::new(args)),
-    };
+    let args: Vec<_> = model.args.iter().cloned().chain(parallel_args(parallel)).collect();
+    let namespace = namespace(&args);
     let mut plan = Plan::default();
     let mut bytes = 0u64;
     for rank in &ranks {

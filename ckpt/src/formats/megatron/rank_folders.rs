@@ -33,6 +33,20 @@ pub(crate) struct Axes {
 }
 
 impl Axes {
+    /// The name of the folder of tensor rank `tp`, stage `pp` and expert rank `ep`, as megatron's
+    /// `get_checkpoint_name` writes it: `mp_rank_TT`, then `_PPP` and `_EEE` where these axes
+    /// are carried.
+    pub(crate) fn folder(self, tp: u64, pp: u64, ep: u64) -> String {
+        let mut name = format!("mp_rank_{tp:02}");
+        if self.pipeline {
+            name += &format!("_{pp:03}");
+        }
+        if self.expert {
+            name += &format!("_{ep:03}");
+        }
+        name
+    }
+
     /// What a name of `numbers` ranks carries when no `args` say: a stage, then an expert rank.
     fn by_count(numbers: usize) -> Axes {
         Axes { pipeline: numbers >= 2, expert: numbers >= 3 }
@@ -175,14 +189,7 @@ pub(crate) fn rank_grid(dir: &Path, names: &[String], sizes: Sizes) -> Result<Ve
             .flat_map(|s| (0..ep).flat_map(move |e| (0..tp).map(move |t| (s, e, t))))
             .find(|k| !found.contains_key(k))
             .unwrap_or((0, 0, 0));
-        let mut name = format!("mp_rank_{tp_m:02}");
-        if axes.pipeline {
-            name += &format!("_{pp_m:03}");
-        }
-        if axes.expert {
-            name += &format!("_{ep_m:03}");
-        }
-        let path = dir.join(name).join(RANK_FILE);
+        let path = dir.join(axes.folder(tp_m, pp_m, ep_m)).join(RANK_FILE);
         if ep > 1 {
             return Err(bad(
                 path,

@@ -73,6 +73,19 @@ pub(crate) fn iteration_dir(out: &Path, iteration: u64) -> PathBuf {
     out.join(format!("iter_{iteration:07}"))
 }
 
+/// The iteration folder and the tracker of a run folder `out` that is to get `iteration`,
+/// refused where either is already there: a run's history is not ours to replace.
+pub(super) fn new_iteration(out: &Path, iteration: u64) -> Result<(PathBuf, PathBuf)> {
+    let dir = iteration_dir(out, iteration);
+    let tracker = out.join(TRACKER_NAME);
+    for p in [&dir, &tracker] {
+        if std::fs::symlink_metadata(p).is_ok() {
+            return Err(Error::OutputExists { path: p.clone(), appeared: false });
+        }
+    }
+    Ok((dir, tracker))
+}
+
 /// Writes `tensors` and `values` (bytes read from `ck`'s files) as the Megatron-LM run folder
 /// `out` at `iteration`. A run folder that already has this iteration or a tracker is refused:
 /// a run's history is not ours to replace.
@@ -84,13 +97,7 @@ pub(crate) fn write_run(
     iteration: u64,
     opts: &WriteOptions<'_>,
 ) -> Result<Outcome> {
-    let dir = iteration_dir(out, iteration);
-    let tracker = out.join(TRACKER_NAME);
-    for p in [&dir, &tracker] {
-        if std::fs::symlink_metadata(p).is_ok() {
-            return Err(Error::OutputExists { path: p.clone(), appeared: false });
-        }
-    }
+    let (dir, tracker) = new_iteration(out, iteration)?;
     let tensors: Vec<SrcTensor> = tensors
         .into_iter()
         .map(|t| SrcTensor {
@@ -127,18 +134,23 @@ pub(crate) fn write_run(
     })
 }
 
+/// Megatron-LM's `args` as it pickles them: an `argparse.Namespace` of these settings, in order.
+pub(super) fn namespace(args: &[(String, Leaf)]) -> WNode {
+    let settings = args.iter().map(|(k, v)| (WNode::Leaf(Leaf::Str(k.clone())), WNode::Leaf(v.clone())));
+    WNode::Instance {
+        module: "argparse".into(),
+        name: "Namespace".into(),
+        args: Vec::new(),
+        state: Some(Box::new(WNode::Dict(settings.collect()))),
+    }
+}
+
 /// Megatron-LM's common state for a run that starts from these weights: `[{"args": Namespace,
 /// "checkpoint_version": 3.0, "iteration": N, "num_floating_point_operations_so_far": 0,
 /// "content_metadata": {...}}]`, as `save_checkpoint` pickles it (`args` as `argparse.Namespace`
 /// with the settings `args` gives, in order).
 pub(crate) fn common_state(args: &[(String, Leaf)], iteration: u64) -> WNode {
     let s = |x: &str| WNode::Leaf(Leaf::Str(x.into()));
-    let namespace = WNode::Instance {
-        module: "argparse".into(),
-        name: "Namespace".into(),
-        args: Vec::new(),
-        state: Some(Box::new(WNode::Dict(args.iter().map(|(k, v)| (s(k), WNode::Leaf(v.clone()))).collect()))),
-    };
     // What megatron-core 0.19.2's Megatron-LM saves; it decides how the model's and the
     // optimizer's sharded state dicts are built on load.
     let content = WNode::Dict(vec![
@@ -147,7 +159,7 @@ pub(crate) fn common_state(args: &[(String, Leaf)], iteration: u64) -> WNode {
     ]);
     let iteration = i64::try_from(iteration).unwrap_or(i64::MAX);
     WNode::List(vec![WNode::Dict(vec![
-        (s("args"), namespace),
+        (s("args"), namespace(args)),
         (s("checkpoint_version"), WNode::Leaf(Leaf::Float(CHECKPOINT_VERSION))),
         (s("iteration"), WNode::Leaf(Leaf::Int(iteration))),
         (s("num_floating_point_operations_so_far"), WNode::Leaf(Leaf::Int(0))),
@@ -309,12 +321,7 @@ pub(crate) fn from_megatron(
         RunLayout::TorchDist => {
             use crate::map::arch::{tables, Arch};
             let config = super::config::model_config(ck)?;
-            let arch = Arch::recognize(&config).map_err(|(a, setting, value)| Error::NoHfArchitecture {
-                path: ck.root.clone(),
-                arch: Some(a.name()),
-                setting,
-                value,
-            })?;
+            let arch = Arch::recognized(&config, &ck.root)?;
             let map = tables::from_one_rank(&ck.root, &config, arch, &ck.tensors)?;
             let stored = map.apply(&ck.root, &ck.tensors)?;
             write_model_run(ck, &config, stored, iteration, out, opts)

@@ -219,6 +219,17 @@ impl Arch {
         let (setting, value) = closest.mismatch(config).unwrap_or(("architecture", "unknown".into()));
         Err((closest, setting, value))
     }
+
+    /// [`Arch::recognize`] of the model of the checkpoint at `path`, its refusal the error that
+    /// names the checkpoint, the closest family and the setting.
+    pub(crate) fn recognized(config: &ModelConfig, path: &std::path::Path) -> crate::Result<Arch> {
+        Arch::recognize(config).map_err(|(a, setting, value)| crate::Error::NoHfArchitecture {
+            path: path.to_path_buf(),
+            arch: Some(a.name()),
+            setting,
+            value,
+        })
+    }
 }
 
 impl std::str::FromStr for Arch {
