@@ -141,14 +141,13 @@ impl Model {
             ));
         };
         let groups = meta.num_query_groups.unwrap_or(heads);
-        let embedding = one_rank.iter().find(|t| t.name == MCORE_EMBEDDING);
+        // The vocabulary rows as stored, padding included.
+        let rows = one_rank.iter().find(|t| t.name == MCORE_EMBEDDING).and_then(|e| e.shape.first().copied());
         let mut cuts = vec![("attention heads", heads), ("query groups", groups)];
-        cuts.extend(embedding.and_then(|e| e.shape.first()).map(|&rows| ("vocabulary rows", rows)));
+        cuts.extend(rows.map(|rows| ("vocabulary rows", rows)));
         let mut args = model_args(meta);
         args.extend(
-            embedding
-                .and_then(|e| e.shape.first())
-                .map(|&rows| ("padded_vocab_size".to_string(), Leaf::Int(i64::try_from(rows).unwrap_or(i64::MAX)))),
+            rows.map(|rows| ("padded_vocab_size".to_string(), Leaf::Int(i64::try_from(rows).unwrap_or(i64::MAX)))),
         );
         Ok(Model {
             layers,
