@@ -36,7 +36,7 @@ impl Default for Limits {
             budget_floor: 16 << 20,
             // A pickle of a few bytes (the `[None]` of an `_extra_state` item, of which a
             // Megatron save of many experts holds one per expert and linear: 30 000 at
-            // DeepSeek-V3's size) is charged about 9.5 KiB as read and walked.
+            // DeepSeek-V3's size) is charged about 9 KB as read and walked (8.9 KiB: 17.8 MB over 1,960 of them).
             budget_per_pickle: 16 << 10,
             budget_cap: 1 << 30,
         }
